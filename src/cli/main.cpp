@@ -1,0 +1,52 @@
+// moeserve: one binary, many subcommands (see registry.h).
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "cli/registry.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace moeserve::cli {
+std::vector<Subcommand>& registry() {
+  static std::vector<Subcommand> r;
+  return r;
+}
+}  // namespace moeserve::cli
+
+int main(int argc, char** argv) {
+  using namespace moeserve;
+  CLI::App app{"moeserve: an inference server for mixture-of-experts language models"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.set_version_flag("--version", std::string("moeserve ") + MOESERVE_VERSION);
+
+  auto& subs = cli::registry();
+  std::sort(subs.begin(), subs.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  std::map<CLI::App*, cli::RunFn> runners;
+  for (auto& s : subs) {
+    CLI::App* sub = app.add_subcommand(s.name, s.help);
+    runners[sub] = s.setup(sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  init_logging(log_level);
+  for (auto& [sub, run] : runners) {
+    if (sub->parsed()) {
+      try {
+        return run();
+      } catch (const Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+      }
+    }
+  }
+  return 1;
+}
