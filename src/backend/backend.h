@@ -1,0 +1,165 @@
+// The backend op interface: the seam between model code (src/model/) and kernels.
+//
+// Model code composes these ops and never calls a kernel directly. Each op is at the
+// granularity a CUDA backend wants to fuse. The CPU backend (backend/cpu/) implements
+// every op in plain fp32 with exact dequantisation and is the reference that every CUDA
+// op is tested against.
+//
+// Conventions:
+// - T = number of tokens in the batch, H = hidden size, all tensors row-major.
+// - Activations use `activation_dtype()` (F32 on CPU, BF16 on CUDA); weights keep their
+//   checkpoint dtype (BF16/F16/F32, or F8_E4M3 with block scales).
+// - Per-step metadata (positions, block tables, slot mapping) lives in `AttentionMeta`,
+//   planned on the host and uploaded into fixed device buffers (plan/run), so a decode
+//   step can be captured as one CUDA graph.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moeserve {
+
+// y = x @ W^T with W [out, in]. For FP8 block-scaled weights, scale_inv has shape
+// [ceil(out / block_out), ceil(in / block_in)] (f32) and W_real[o, i] =
+// fp8(W[o, i]) * scale_inv[o / block_out, i / block_in]; edge blocks may be partial.
+struct LinearWeight {
+  Tensor weight;     // [out, in]
+  Tensor scale_inv;  // empty unless weight.dtype == F8_E4M3
+  int block_out = 0;
+  int block_in = 0;
+  int64_t out_features() const { return weight.dim(0); }
+  int64_t in_features() const { return weight.dim(1); }
+  bool fp8() const { return weight.dtype == DType::F8_E4M3; }
+};
+
+// One expert's SwiGLU weights: y = w2 (silu(w1 x) * (w3 x)).
+struct ExpertWeights {
+  LinearWeight w1;  // gate [I, H]
+  LinearWeight w3;  // up   [I, H]
+  LinearWeight w2;  // down [H, I]
+};
+
+// One MoE layer as seen by one rank. Under expert parallelism (EP) a rank owns experts
+// [first_local_expert, first_local_expert + experts.size()); under tensor parallelism of
+// the experts each ExpertWeights holds this rank's slice of I.
+struct MoeWeights {
+  Tensor gate;        // router [E, H] (f32 in real checkpoints; any float dtype accepted)
+  Tensor score_bias;  // e_score_correction_bias [E] f32; empty when use_routing_bias is false
+  std::vector<ExpertWeights> experts;  // local experts
+  int num_experts = 0;                 // E, global
+  int top_k = 0;
+  int first_local_expert = 0;
+};
+
+// Routing result: for each token its top_k experts (global ids) and renormalised weights.
+struct MoeRouting {
+  Tensor expert_ids;  // [T, top_k] I32
+  Tensor weights;     // [T, top_k] F32
+};
+
+struct RopeParams {
+  int head_dim = 0;
+  int rotary_dim = 0;  // rotate the first rotary_dim dims of each head (NeoX / rotate-half)
+  float theta = 10000.f;
+};
+
+// Paged KV cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim] for K and V.
+struct KVCacheLayer {
+  Tensor k;
+  Tensor v;
+};
+
+// Per-step batch metadata shared by all layers. Sequences are laid out one after another
+// in the token dimension: sequence s owns query tokens [query_start[s], query_start[s+1]).
+struct AttentionMeta {
+  int num_seqs = 0;
+  int num_tokens = 0;
+  int block_size = 0;
+  int max_blocks_per_seq = 0;  // row stride of block_tables
+  int max_query_len = 0;
+  int max_context_len = 0;
+  Tensor positions;       // [T] I32: absolute position of each query token
+  Tensor query_start;     // [S + 1] I32: cumulative query offsets
+  Tensor context_lens;    // [S] I32: tokens in the KV cache after this step's writes
+  Tensor block_tables;    // [S, max_blocks_per_seq] I32: physical block of each logical block
+  Tensor slot_mapping;    // [T] I32: block * block_size + offset where each token's K/V goes
+};
+
+struct QkNormRopeArgs {
+  Tensor* q;  // [T, Hq_local * head_dim], normalised and rotated in place
+  Tensor* k;  // [T, Hkv_local * head_dim]
+  const Tensor* q_norm_weight;  // [Hq_local * head_dim]
+  const Tensor* k_norm_weight;  // [Hkv_local * head_dim]
+  const Tensor* positions;      // [T] I32
+  RopeParams rope;
+  float eps = 1e-6f;
+  // Full-width QK-norm over all heads. Under TP the mean of squares must cover every
+  // rank's heads: the model passes all-reduced sums of squares ([T] F32) and the global
+  // widths. When null, the op computes the statistic from the local q/k.
+  const Tensor* q_sum_squares = nullptr;
+  const Tensor* k_sum_squares = nullptr;
+  int64_t q_full_width = 0;  // 0 = local width
+  int64_t k_full_width = 0;
+};
+
+struct AttentionArgs {
+  const Tensor* q;  // [T, Hq * head_dim]
+  const KVCacheLayer* kv;
+  const AttentionMeta* meta;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;  // query head h reads kv head h / (num_q_heads / num_kv_heads)
+  int head_dim = 0;
+  float scale = 1.f;
+  Tensor* out;  // [T, Hq * head_dim]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  virtual DType activation_dtype() const = 0;
+
+  // Memory. alloc returns zeroed memory on the backend's device.
+  virtual Tensor alloc(DType t, const Shape& shape) = 0;
+  // Weight upload: a device copy of a host tensor (the CPU backend may return the view).
+  virtual Tensor upload(const Tensor& host) = 0;
+  // Host f32 copy of a device tensor (any dtype), for logits and tests.
+  virtual std::vector<float> download_f32(const Tensor& t) = 0;
+  // Copies a host buffer into an existing device tensor of the same byte size.
+  virtual void copy_from_host(Tensor& dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() {}
+
+  // out[t] = table[ids[t]]; table [V, H], ids [T] I32, out [T, H].
+  virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  // out = rmsnorm(x) * weight (statistics in f32).
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // residual += x; out = rmsnorm(residual) * weight. Fused so the sum is read once.
+  virtual void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                            Tensor& out) = 0;
+  // out [T, out] = x [T, in] @ W^T.
+  virtual void linear(const Tensor& x, const LinearWeight& w, Tensor& out) = 0;
+  // out [T] F32 = sum over columns of x^2 (for the TP all-reduce of the QK-norm statistic).
+  virtual void row_sum_squares(const Tensor& x, Tensor& out) = 0;
+  // Full-width RMSNorm of q and k, then partial NeoX RoPE on each head, in place.
+  virtual void qk_norm_rope(const QkNormRopeArgs& args) = 0;
+  // Writes this step's k/v [T, Hkv * head_dim] into the paged cache at meta.slot_mapping.
+  virtual void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) = 0;
+  // Causal GQA attention of each sequence's query tokens over its cached context
+  // (prefill, chunked prefill and decode alike).
+  virtual void attention(const AttentionArgs& args) = 0;
+  // Router: logits = x @ gate^T in f32, s = sigmoid(logits), choose top_k of s + bias
+  // (ties: lower expert id), weights = s[chosen] / sum(s[chosen]).
+  virtual void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) = 0;
+  // out [T, H] = sum_k weight[t,k] * expert_{id[t,k]}(x[t]) over the experts this rank
+  // owns (others contribute 0; an all-reduce across EP ranks completes the sum).
+  virtual void moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing,
+                           Tensor& out) = 0;
+  // out = a + b (elementwise, same shape).
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+};
+
+}  // namespace moeserve

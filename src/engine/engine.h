@@ -1,0 +1,106 @@
+// The engine's public surface, used by the server and the CLI.
+//
+// Threads: one engine thread owns all scheduling state (requests, sequences, KV blocks)
+// and drives the ModelExecutor. Callers (HTTP io threads, CLI) only call submit/abort/
+// stats, which enqueue work under a short mutex and never wait for a model step. Outputs
+// are delivered through the request's `on_output` callback, invoked on the engine thread:
+// it must be cheap and non-blocking (push into a queue, post to an io strand).
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/executor.h"
+
+namespace moeserve {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy (ties break to the lowest token id)
+  float top_p = 1.0f;
+  int top_k = 0;  // 0 or -1: disabled
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::optional<uint64_t> seed;
+  int max_tokens = 16;  // generated tokens at most (already clamped to the model length)
+  int min_tokens = 0;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int logprobs = -1;  // -1: none; k >= 0: sampled token's logprob plus k top alternatives
+};
+
+enum class FinishReason { None, Stop, Length, Abort, Error };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+struct TokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // sorted by logprob, descending
+};
+
+// One delivery for one request: the tokens generated since the last delivery.
+struct RequestOutput {
+  std::string request_id;
+  std::vector<int32_t> new_token_ids;
+  std::vector<TokenLogprob> logprobs;  // one per new token when requested
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::None;
+  std::optional<int32_t> stop_token_id;  // the EOS / stop token that finished it, if any
+  int num_prompt_tokens = 0;
+  int num_cached_tokens = 0;  // prompt tokens served from the prefix cache
+  int num_generated_tokens = 0;
+  std::string error;  // when finish_reason == Error
+};
+
+// Immutable once submitted.
+struct Request {
+  std::string id;
+  std::vector<int32_t> prompt_ids;
+  SamplingParams params;
+  std::function<void(RequestOutput&&)> on_output;
+  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+};
+
+struct EngineConfig {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 0;  // 0: the executor's
+  bool enable_prefix_caching = true;
+  int max_waiting_requests = 1024;  // submit() refuses beyond this (server answers 429/503)
+  std::vector<int32_t> eos_token_ids;
+};
+
+// Live counters for /metrics, read without stopping the engine.
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  double kv_cache_usage = 0;  // used blocks / total blocks, in [0, 1]
+  uint64_t prefix_cache_queries = 0;  // prompt tokens looked up
+  uint64_t prefix_cache_hits = 0;     // of those, served from the cache
+  uint64_t num_preemptions = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Returns false (and does not take the request) when the waiting queue is full.
+  // Throws moeserve::Error for an invalid request (e.g. prompt longer than max_model_len).
+  virtual bool submit(Request request) = 0;
+  // Cancels a request; frees its KV blocks; delivers a final output with Abort.
+  virtual void abort(const std::string& request_id) = 0;
+  virtual EngineStats stats() const = 0;
+  virtual const EngineConfig& config() const = 0;
+  virtual ExecutorInfo executor_info() const = 0;
+  // Stops accepting; finishes (or, after `grace`, aborts) what runs; joins the thread.
+  virtual void shutdown(std::chrono::milliseconds grace) = 0;
+};
+
+std::unique_ptr<Engine> make_engine(EngineConfig config, std::unique_ptr<ModelExecutor> executor);
+
+}  // namespace moeserve
