@@ -22,7 +22,7 @@ namespace {
 int32_t sample(const float* logits, int n, float temperature, std::mt19937_64& rng) {
   if (temperature <= 0.f) return argmax_lowest(logits, n);
   const float m = logits[argmax_lowest(logits, n)];
-  std::vector<double> p(size_t(n));
+  std::vector<double> p(static_cast<size_t>(n));
   double sum = 0;
   for (int i = 0; i < n; ++i) sum += p[i] = std::exp(double(logits[i] - m) / temperature);
   const double u = std::uniform_real_distribution<double>(0.0, sum)(rng);

@@ -45,19 +45,19 @@ struct Builder {
   const TinyModelOptions& o;
   std::vector<NamedTensor> out;
 
-  std::vector<float> draw(int64_t n, float mean, float std) {
-    std::vector<float> v(size_t(n));
-    for (auto& x : v) x = mean + std * rng.normal();
+  std::vector<float> draw(int64_t n, float mean, float sd) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = mean + sd * rng.normal();
     return v;
   }
-  void bf16(const std::string& name, Shape shape, float mean, float std) {
-    auto v = draw(shape_numel(shape), mean, std);
+  void bf16(const std::string& name, Shape shape, float mean, float sd) {
+    auto v = draw(shape_numel(shape), mean, sd);
     Tensor t = Tensor::host(DType::BF16, shape);
     for (size_t i = 0; i < v.size(); ++i) t.ptr<uint16_t>()[i] = f32_to_bf16(v[i]);
     out.push_back({name, t});
   }
-  void f32(const std::string& name, Shape shape, float mean, float std) {
-    auto v = draw(shape_numel(shape), mean, std);
+  void f32(const std::string& name, Shape shape, float mean, float sd) {
+    auto v = draw(shape_numel(shape), mean, sd);
     Tensor t = Tensor::host(DType::F32, shape);
     std::copy(v.begin(), v.end(), t.ptr<float>());
     out.push_back({name, t});
@@ -65,9 +65,9 @@ struct Builder {
   // A [rows, cols] linear weight, std 1/sqrt(cols): bf16, or FP8 with per-block f32 scales
   // (scale = block amax / 448, the multiplier stored as weight_scale_inv).
   void linear(const std::string& name, int64_t rows, int64_t cols) {
-    const float std = float(1.0 / std::sqrt(double(cols)));
-    if (!o.fp8) return bf16(name, {rows, cols}, 0.f, std);
-    auto v = draw(rows * cols, 0.f, std);
+    const float sd = float(1.0 / std::sqrt(double(cols)));
+    if (!o.fp8) return bf16(name, {rows, cols}, 0.f, sd);
+    auto v = draw(rows * cols, 0.f, sd);
     const int64_t b = o.block_size, sr = (rows + b - 1) / b, sc = (cols + b - 1) / b;
     Tensor w = Tensor::host(DType::F8_E4M3, {rows, cols}), s = Tensor::host(DType::F32, {sr, sc});
     for (int64_t br = 0; br < sr; ++br)
