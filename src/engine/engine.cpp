@@ -171,7 +171,14 @@ class EngineImpl final : public Engine {
       for (auto& r : incoming) admit(std::move(r));
       for (const auto& id : aborts) abort_now(id, FinishReason::Abort, "");
       if (stopping && std::chrono::steady_clock::now() >= deadline) abort_all(FinishReason::Abort, "");
-      if (sched_.has_work()) step();
+      if (sched_.has_work()) {
+        try {
+          step();
+        } catch (const std::exception& e) {  // an engine bug: fail what runs, keep serving
+          spdlog::error("engine step failed: {}", e.what());
+          abort_all(FinishReason::Error, std::string("internal engine error: ") + e.what());
+        }
+      }
       publish_stats();
       if (stopping && !sched_.has_work()) {
         std::lock_guard lk(mu_);
