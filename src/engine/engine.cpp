@@ -165,6 +165,8 @@ class EngineImpl final : public Engine {
         cv_.wait(lk, [&] { return !inbox_.empty() || !abort_inbox_.empty() || stop_requested_ || sched_.has_work(); });
         incoming.swap(inbox_);
         aborts.swap(abort_inbox_);
+        // Keep submit()'s queue-limit count exact while the drained requests are in flight.
+        waiting_.store(sched_.num_waiting() + static_cast<int>(incoming.size()), std::memory_order_relaxed);
         stopping = stop_requested_;
         deadline = deadline_;
       }
