@@ -84,8 +84,9 @@ Checkpoint Checkpoint::open(const std::string& dir_or_file) {
     std::map<std::string, std::shared_ptr<SafetensorsFile>> by_shard;
     for (const auto& [shard, tensor] : shard_first_tensor) {
       std::string sp = (fs::path(dir_or_file) / shard).string();
-      MS_CHECK(fs::is_regular_file(sp, ec), "{}: shard '{}' (holding tensor '{}') does not exist",
-               ip, sp, tensor);
+      MS_CHECK(fs::is_regular_file(sp, ec),
+               "{}: shard '{}' (holding tensor '{}') does not exist or is not a file", ip, sp,
+               tensor);
       by_shard[shard] = SafetensorsFile::open(sp);
       ck.files_[sp] = by_shard[shard];
     }

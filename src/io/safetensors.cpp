@@ -10,6 +10,8 @@
 // so there are no holes, no overlaps and no trailing bytes; end - begin == numel * dtype size
 // (computed with overflow checks). Everything is checked in open(), so get() can never read
 // outside the mapping.
+#include "io/safetensors.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -26,7 +28,6 @@
 #include <set>
 
 #include "core/error.h"
-#include "io/safetensors.h"
 
 namespace moeserve {
 namespace {
@@ -53,9 +54,8 @@ bool json_to_u64(const nlohmann::json& v, uint64_t* out) {
   return false;
 }
 
-// Parses and validates one tensor entry; `size_limit` is the data section size.
-TensorInfo parse_entry(const std::string& path, const std::string& name,
-                       const nlohmann::json& e) {
+// Parses and validates one tensor entry (offsets are checked against the file in check_layout).
+TensorInfo parse_entry(const std::string& path, const std::string& name, const nlohmann::json& e) {
   MS_CHECK(e.is_object(), "{}: tensor '{}': header entry is not an object", path, name);
   auto dt = e.find("dtype");
   auto sh = e.find("shape");
@@ -98,8 +98,8 @@ TensorInfo parse_entry(const std::string& path, const std::string& name,
   MS_CHECK(json_to_u64((*off)[0], &info.offset_begin) && json_to_u64((*off)[1], &info.offset_end),
            "{}: tensor '{}': 'data_offsets' {} must be non-negative integers", path, name,
            off->dump());
-  MS_CHECK(info.offset_begin <= info.offset_end,
-           "{}: tensor '{}': data_offsets {} has begin > end", path, name, off->dump());
+  MS_CHECK(info.offset_begin <= info.offset_end, "{}: tensor '{}': data_offsets {} has begin > end",
+           path, name, off->dump());
   MS_CHECK(info.offset_end - info.offset_begin == nbytes,
            "{}: tensor '{}': dtype {} shape {} needs {} bytes but data_offsets {} span {} bytes",
            path, name, dts, shape_str(info.shape), nbytes, off->dump(),
@@ -156,7 +156,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
 
   Fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   MS_CHECK(fd.fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st{};
+  struct stat st {};
   MS_CHECK(::fstat(fd.fd, &st) == 0, "{}: cannot stat: {}", path, std::strerror(errno));
   MS_CHECK(S_ISREG(st.st_mode), "{}: not a regular file", path);
   uint64_t size = uint64_t(st.st_size);
@@ -172,8 +172,9 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   uint64_t n = read_u64_le(base);
   MS_CHECK(n <= kMaxHeaderBytes, "{}: header length {} is larger than {} bytes (corrupt file?)",
            path, n, kMaxHeaderBytes);
-  MS_CHECK(n <= size - 8, "{}: header length {} runs past the end of the file ({} bytes; truncated?)",
-           path, n, size);
+  MS_CHECK(n <= size - 8,
+           "{}: header length {} runs past the end of the file ({} bytes; truncated?)", path, n,
+           size);
 
   const char* hbegin = reinterpret_cast<const char*>(base + 8);
   nlohmann::json header = nlohmann::json::parse(hbegin, hbegin + n, nullptr,

@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
       write_sharded_checkpoint(argv[3], all(ck), std::stoull(argv[4]));
       return 0;
     }
-    std::fprintf(stderr, "usage: st_tool dump <path> | copy <in> <out> | reshard <in> <dir> <bytes>\n");
+    std::fprintf(stderr,
+                 "usage: st_tool dump <path> | copy <in> <out> | reshard <in> <dir> <bytes>\n");
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "io_test_util.h"
 #include "io/safetensors.h"
+#include "io_test_util.h"
 
 using namespace moeserve;
 using namespace moeserve::testing_io;
@@ -31,7 +31,8 @@ std::vector<NamedTensor> all_dtype_tensors(std::mt19937& rng) {
   int i = 0;
   for (DType t : all) {
     std::string n(dtype_name(t));
-    out.push_back({"layers." + std::to_string(i) + "." + n + ".weight", random_tensor(t, {3, 5}, rng)});
+    out.push_back(
+        {"layers." + std::to_string(i) + "." + n + ".weight", random_tensor(t, {3, 5}, rng)});
     out.push_back({"vec." + n, random_tensor(t, {7}, rng)});
     ++i;
   }
@@ -133,12 +134,21 @@ TEST(Safetensors, ViewKeepsMappingAlive) {
 TEST(Safetensors, WriterRejectsBadInput) {
   fs::path d = test_dir();
   Tensor a = Tensor::host(DType::F32, {2});
-  expect_error([&] { write_safetensors((d / "x.safetensors").string(), {{"a", a}, {"a", a}}); },
-               {"x.safetensors", "'a'", "twice"});
-  expect_error([&] { write_safetensors((d / "y.safetensors").string(), {{"__metadata__", a}}); },
-               {"y.safetensors", "__metadata__"});
-  expect_error([&] { write_sharded_checkpoint((d / "z").string(), {{"a", a}, {"a", a}}, 100); },
-               {"'a'", "twice"});
+  expect_error(
+      [&] {
+        write_safetensors((d / "x.safetensors").string(), {{"a", a}, {"a", a}});
+      },
+      {"x.safetensors", "'a'", "twice"});
+  expect_error(
+      [&] {
+        write_safetensors((d / "y.safetensors").string(), {{"__metadata__", a}});
+      },
+      {"y.safetensors", "__metadata__"});
+  expect_error(
+      [&] {
+        write_sharded_checkpoint((d / "z").string(), {{"a", a}, {"a", a}}, 100);
+      },
+      {"'a'", "twice"});
 }
 
 TEST(Checkpoint, ShardedRoundTripEveryDtype) {

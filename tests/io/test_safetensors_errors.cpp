@@ -90,14 +90,16 @@ TEST(SafetensorsErrors, EntryWrongTypes) {
 TEST(SafetensorsErrors, NegativeDim) {
   expect_file_error(
       "neg.safetensors",
-      raw_file("{" + entry("model.w", R"("dtype":"F32","shape":[-1,2],"data_offsets":[0,8])") + "}", 8),
+      raw_file("{" + entry("model.w", R"("dtype":"F32","shape":[-1,2],"data_offsets":[0,8])") + "}",
+               8),
       {"'model.w'", "negative"});
 }
 
 TEST(SafetensorsErrors, UnknownDtype) {
   expect_file_error(
       "f64.safetensors",
-      raw_file("{" + entry("lm_head", R"("dtype":"F64","shape":[1],"data_offsets":[0,8])") + "}", 8),
+      raw_file("{" + entry("lm_head", R"("dtype":"F64","shape":[1],"data_offsets":[0,8])") + "}",
+               8),
       {"'lm_head'", "F64", "unsupported dtype"});
 }
 
@@ -150,11 +152,15 @@ TEST(SafetensorsErrors, OverlapGapAndTrailingBytes) {
   const std::string a = entry("a", R"("dtype":"F32","shape":[2],"data_offsets":[0,8])");
   expect_file_error(
       "overlap.safetensors",
-      raw_file("{" + a + "," + entry("b", R"("dtype":"F32","shape":[2],"data_offsets":[4,12])") + "}", 12),
+      raw_file(
+          "{" + a + "," + entry("b", R"("dtype":"F32","shape":[2],"data_offsets":[4,12])") + "}",
+          12),
       {"'b'", "overlap", "'a'"});
   expect_file_error(
       "gap.safetensors",
-      raw_file("{" + a + "," + entry("b", R"("dtype":"F32","shape":[2],"data_offsets":[12,20])") + "}", 20),
+      raw_file(
+          "{" + a + "," + entry("b", R"("dtype":"F32","shape":[2],"data_offsets":[12,20])") + "}",
+          20),
       {"'b'", "gap"});
   expect_file_error("trail.safetensors", raw_file("{" + a + "}", 12), {"'a'", "trailing"});
   // A hole at the start of the data section.
@@ -169,8 +175,7 @@ TEST(SafetensorsErrors, HandBuiltValidFileOpens) {
   // reason they claim), including zero-size tensors sharing an offset and unpadded headers.
   std::string h = "{" + entry("a", R"("dtype":"F32","shape":[2],"data_offsets":[0,8])") + "," +
                   entry("z", R"("dtype":"BF16","shape":[0,3],"data_offsets":[8,8])") + "," +
-                  entry("b", R"("dtype":"BOOL","shape":[3],"data_offsets":[8,11],"extra":1)") +
-                  "}";
+                  entry("b", R"("dtype":"BOOL","shape":[3],"data_offsets":[8,11],"extra":1)") + "}";
   fs::path p = test_dir() / "ok.safetensors";
   write_bytes(p, raw_file(h, 11));
   auto f = SafetensorsFile::open(p.string());
@@ -213,15 +218,18 @@ TEST(CheckpointErrors, MissingShard) {
   fs::path d = test_dir();
   shard(d / "s1.safetensors", {"a"});
   index(d, R"({"weight_map": {"a": "s1.safetensors", "b.weight": "s2.safetensors"}})");
-  expect_error([&] { Checkpoint::open(d.string()); }, {"s2.safetensors", "'b.weight'", "does not exist"});
+  expect_error([&] { Checkpoint::open(d.string()); },
+               {"s2.safetensors", "'b.weight'", "does not exist"});
 }
 
 TEST(CheckpointErrors, TensorAbsentFromItsShard) {
   fs::path d = test_dir();
   shard(d / "s1.safetensors", {"a"});
   shard(d / "s2.safetensors", {"b"});
-  index(d, R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s2.safetensors"}})");
-  expect_error([&] { Checkpoint::open(d.string()); }, {"'c'", "s2.safetensors", "does not contain"});
+  index(d,
+        R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s2.safetensors"}})");
+  expect_error([&] { Checkpoint::open(d.string()); },
+               {"'c'", "s2.safetensors", "does not contain"});
 }
 
 TEST(CheckpointErrors, TensorListedUnderAnotherShard) {
@@ -229,7 +237,8 @@ TEST(CheckpointErrors, TensorListedUnderAnotherShard) {
   shard(d / "s1.safetensors", {"a", "b"});
   shard(d / "s2.safetensors", {"c"});
   // b is stored in s1 but listed under s2: the message names both shards.
-  index(d, R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s2.safetensors"}})");
+  index(d,
+        R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s2.safetensors"}})");
   expect_error([&] { Checkpoint::open(d.string()); },
                {"'b'", "s2.safetensors", "does not contain", "s1.safetensors"});
   // b in both shards: ambiguous.
@@ -259,7 +268,8 @@ TEST(CheckpointErrors, DirectoryWithoutIndex) {
   expect_error([&] { Checkpoint::open((d / "nope").string()); }, {"nope", "does not exist"});
   shard(d / "x1.safetensors", {"a", "dup"});
   shard(d / "x2.safetensors", {"dup"});
-  expect_error([&] { Checkpoint::open(d.string()); }, {"'dup'", "x1.safetensors", "x2.safetensors"});
+  expect_error([&] { Checkpoint::open(d.string()); },
+               {"'dup'", "x1.safetensors", "x2.safetensors"});
 }
 
 // ---- robustness ----

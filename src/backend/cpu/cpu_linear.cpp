@@ -38,6 +38,8 @@ int64_t rows_of(const Tensor& t) {
   return c ? t.numel() / c : 0;
 }
 
+// Compiled twice (AVX2+FMA and baseline x86-64); the loader picks the best for the CPU.
+__attribute__((target_clones("arch=x86-64-v3", "default")))
 float dot_f32(const float* a, const float* b, int64_t n) {
   // 16 lanes of partial sums: the compiler turns the inner loop into vector multiply-adds
   // without needing reassociation flags, and the error grows with n/16 instead of n.
