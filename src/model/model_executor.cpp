@@ -13,7 +13,14 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
   MS_CHECK(backend_, "MiniMaxM2Executor needs a backend");
   const std::string cfg_path = (std::filesystem::path(opts.model_dir) / "config.json").string();
   MiniMaxM2Config cfg = MiniMaxM2Config::from_file(cfg_path);
-  model_ = std::make_unique<MiniMaxM2Model>(cfg, *backend_, opts.parallel, opts.all_reduce);
+  ParallelConfig par;
+  AllReduceFn all_reduce;
+  if (opts.comm) {
+    par = ParallelConfig{opts.comm->rank(), opts.comm->world_size(), opts.expert_parallel};
+    Communicator* comm = opts.comm;
+    all_reduce = [comm](Tensor& t) { comm->all_reduce_sum(t); };
+  }
+  model_ = std::make_unique<MiniMaxM2Model>(cfg, *backend_, par, std::move(all_reduce));
   model_->load(Checkpoint::open(opts.model_dir));
   MS_CHECK(opts.block_size > 0, "block_size must be positive");
   info_.vocab_size = cfg.vocab_size;

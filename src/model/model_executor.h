@@ -1,12 +1,13 @@
 // ModelExecutor for MiniMax-M2 on one rank: owns the backend, the weights (this rank's
 // slices) and the paged KV pool; turns a StepBatch into AttentionMeta and returns logits.
-// With world > 1 every rank runs execute() on the same batch at the same time (the model
-// all-reduces inside the forward); each rank returns the full logits.
+// With a communicator of world > 1 every rank runs execute() on the same batch at the same
+// time (the model all-reduces inside the forward); each rank returns the full logits.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "backend/backend.h"
+#include "dist/communicator.h"
 #include "engine/executor.h"
 #include "model/minimax_m2.h"
 
@@ -17,8 +18,9 @@ struct ExecutorOptions {
   int block_size = 16;
   int num_kv_blocks = 0;   // 0: enough for one sequence of max_model_len
   int max_model_len = 0;   // 0: config max_position_embeddings
-  ParallelConfig parallel;
-  AllReduceFn all_reduce;  // required when parallel.world > 1
+  bool expert_parallel = false;  // with comm: experts owned by ranks (EP) instead of sliced
+  // The rank's tensor/expert-parallel group (rank and world come from it); null = one rank.
+  Communicator* comm = nullptr;
 };
 
 class MiniMaxM2Executor : public ModelExecutor {

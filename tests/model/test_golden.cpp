@@ -1,18 +1,16 @@
 // Golden tests: the CPU model against Hugging Face transformers (float32) on the tiny
 // checkpoints of tests/fixtures/golden/ (written by scripts/make_golden.py), and TP/EP
-// ranks (in-process all-reduce) against TP=1.
+// ranks (dist/ in-process communicator) against TP=1.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
-#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "dist/in_process.h"
 #include "model/generate.h"
 #include "model/model_executor.h"
 
@@ -62,41 +60,6 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 
 constexpr double kTol = 1e-4;
 
-// In-process sum all-reduce for F32 host tensors: the last rank to arrive sums every rank's
-// buffer in rank order (deterministic) and writes the result back to all of them.
-class InProcAllReduce {
- public:
-  explicit InProcAllReduce(int world) : world_(world), bufs_(size_t(world)) {}
-  void operator()(int rank, Tensor& t) {
-    MS_CHECK(t.dtype == DType::F32 && t.device == Device::CPU, "test all-reduce needs host f32");
-    std::unique_lock<std::mutex> lk(mu_);
-    bufs_[size_t(rank)] = &t;
-    const uint64_t gen = gen_;
-    if (++arrived_ == world_) {
-      const int64_t n = t.numel();
-      std::vector<float> sum(size_t(n), 0.f);
-      for (Tensor* b : bufs_) {
-        MS_CHECK(b->numel() == n, "all-reduce size mismatch");
-        for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += b->ptr<float>()[i];
-      }
-      for (Tensor* b : bufs_) std::copy(sum.begin(), sum.end(), b->ptr<float>());
-      arrived_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lk, [&] { return gen_ != gen; });
-    }
-  }
-
- private:
-  int world_;
-  std::vector<Tensor*> bufs_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t gen_ = 0;
-};
-
 GenerateResult run_single(const std::string& name, const GenerateOptions& g, int block_size = 16) {
   ExecutorOptions eo;
   eo.model_dir = fixture_dir(name).string();
@@ -106,28 +69,20 @@ GenerateResult run_single(const std::string& name, const GenerateOptions& g, int
   return generate(*exec, g);
 }
 
-// Runs `world` ranks in threads on the same generation; returns every rank's result.
+// Runs `world` ranks (threads, in-process communicator) on the same generation; returns
+// every rank's result.
 std::vector<GenerateResult> run_parallel(const std::string& name, const GenerateOptions& g, int world, bool ep) {
-  InProcAllReduce ar(world);
+  InProcessGroup group(world);
   std::vector<GenerateResult> out(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        ExecutorOptions eo;
-        eo.model_dir = fixture_dir(name).string();
-        eo.num_kv_blocks = 64;
-        eo.parallel = ParallelConfig{r, world, ep};
-        eo.all_reduce = [&ar, r](Tensor& t) { ar(r, t); };
-        auto exec = make_cpu_executor(eo);
-        out[size_t(r)] = generate(*exec, g);
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+  run_ranks(group, [&](Communicator& comm) {
+    ExecutorOptions eo;
+    eo.model_dir = fixture_dir(name).string();
+    eo.num_kv_blocks = 64;
+    eo.expert_parallel = ep;
+    eo.comm = &comm;
+    auto exec = make_cpu_executor(eo);
+    out[size_t(comm.rank())] = generate(*exec, g);
+  });
   return out;
 }
 
