@@ -14,6 +14,7 @@ dequantised weights (fp8 * weight_scale_inv per block, computed in float32) thro
 loader (from_pretrained on a dequantised hub-named copy), so HF's checkpoint conversion
 mapping (w1/w3 -> mlp.experts.gate_up_proj, w2 -> down_proj, block_sparse_moe -> mlp) is the
 one exercised. Usage: python3 scripts/make_golden.py [--out tests/fixtures/golden] [--check]
+(--check regenerates elsewhere and compares with the committed fixtures, e.g. on another machine).
 """
 import argparse
 import json
@@ -193,7 +194,7 @@ def router_margin(model):
     return margins, handles
 
 
-def build_fixture(name, f, out_dir, tmp_root):
+def build_fixture(name, f, out_dir, ref_dir):
     d = os.path.join(out_dir, name)
     if os.path.isdir(d):
         shutil.rmtree(d)
@@ -215,8 +216,6 @@ def build_fixture(name, f, out_dir, tmp_root):
     write_sharded(d, stored)
 
     # HF reference: a dequantised float32 copy in hub naming, loaded by HF's own loader.
-    ref_dir = os.path.join(tmp_root, name)
-    os.makedirs(ref_dir)
     ref_cfg = dict(cfg)
     ref_cfg.pop("quantization_config", None)
     # HF 5.x turns use_mtp into MTP-assisted generation; the reference is plain greedy decoding
@@ -288,17 +287,50 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "golden"))
     ap.add_argument("--only", nargs="*", help="fixture names")
+    ap.add_argument("--check", action="store_true",
+                    help="regenerate into a temporary directory and compare with the committed fixtures "
+                         "(checkpoints byte-identical, reference logits within 1e-5 relative, same ids)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    os.makedirs(args.out, exist_ok=True)
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "fixtures") if args.check else args.out
+        os.makedirs(out, exist_ok=True)
         for name, f in FIXTURES.items():
             if args.only and name not in args.only:
                 continue
-            ok &= build_fixture(name, f, args.out, tmp)
+            ref_tmp = os.path.join(tmp, "hf", name)
+            os.makedirs(ref_tmp)
+            ok &= build_fixture(name, f, out, ref_tmp)
+            if args.check:
+                ok &= compare_fixture(os.path.join(out, name), os.path.join(args.out, name))
     return 0 if ok else 1
+
+
+def compare_fixture(new, old):
+    """--check: the committed fixture must be reproducible on this machine."""
+    ok = True
+    for fname in sorted(os.listdir(new)):
+        a, b = os.path.join(new, fname), os.path.join(old, fname)
+        if not os.path.exists(b):
+            print(f"CHECK {old}: {fname} missing")
+            ok = False
+        elif fname.endswith(".npy"):
+            x, y = np.load(a), np.load(b)
+            err = float(np.abs(x - y).max() / np.abs(y).max())
+            print(f"CHECK {os.path.basename(old)}/{fname}: max|new-old|/max|old| = {err:.3g}")
+            ok &= err <= 1e-5
+        elif fname == "golden.json":
+            ga, gb = json.load(open(a)), json.load(open(b))
+            same = ga["prompt_ids"] == gb["prompt_ids"] and ga["generated_ids"] == gb["generated_ids"]
+            print(f"CHECK {os.path.basename(old)}/golden.json: ids {'identical' if same else 'DIFFER'} "
+                  f"({ga['reference']})")
+            ok &= same
+        elif open(a, "rb").read() != open(b, "rb").read():
+            print(f"CHECK {os.path.basename(old)}/{fname}: DIFFERS")
+            ok = False
+    return ok
 
 
 if __name__ == "__main__":
