@@ -107,6 +107,7 @@ class Lexer {
   }
 
   bool lex_comment() {
+    if (pos_ >= s_.size()) return false;  // jinja2 quirk: "{#" ending the template is accepted
     size_t end = s_.find("#}", pos_);
     if (end == std::string::npos) fail("line {}: missing end of comment tag", line_);
     bool dash = end > pos_ && s_[end - 1] == '-';
