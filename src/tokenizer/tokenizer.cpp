@@ -44,7 +44,7 @@ void AddedMatcher::find(std::string_view s, std::vector<Match>& out) const {
 }
 
 const std::string* Tokenizer::Impl::token_of(int32_t id) const {
-  if (auto it = added_by_id.find(id); it != added_by_id.end()) return &added[it->second].content;
+  if (auto it = added_by_id.find(id); it != added_by_id.end()) return &added[it->second].token;
   return model->id_to_token(id);
 }
 
@@ -129,11 +129,11 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& 
       im.added.push_back(at);
     }
     for (size_t k = 0; k < im.added.size(); ++k) {
-      const AddedToken& at = im.added[k];
+      AddedToken& at = im.added[k];
+      at.token = at.content;
       if (at.normalized) {
-        std::string c = at.content;
-        if (im.normalizer) im.normalizer->normalize(c);
-        im.norm_matcher.add(c, k);
+        if (im.normalizer) im.normalizer->normalize(at.token);
+        im.norm_matcher.add(at.token, k);
       } else {
         im.raw_matcher.add(at.content, k);
       }

@@ -14,6 +14,10 @@ namespace moeserve {
 
 struct AddedToken {
   std::string content;
+  // What decode / id_to_token return: HF stores a normalized token's normalized content
+  // (and then checks "special" against the original content, so such tokens are never
+  // skipped by skip_special_tokens).
+  std::string token;
   int32_t id = -1;
   bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
 };
