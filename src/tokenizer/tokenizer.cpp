@@ -44,7 +44,7 @@ void AddedMatcher::find(std::string_view s, std::vector<Match>& out) const {
 }
 
 const std::string* Tokenizer::Impl::token_of(int32_t id) const {
-  if (auto it = added_by_id.find(id); it != added_by_id.end()) return &added[it->second].token;
+  if (auto it = added_by_id.find(id); it != added_by_id.end()) return &added[it->second].content;
   return model->id_to_token(id);
 }
 
@@ -130,10 +130,10 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& 
     }
     for (size_t k = 0; k < im.added.size(); ++k) {
       AddedToken& at = im.added[k];
-      at.token = at.content;
+      at.match = at.content;
       if (at.normalized) {
-        if (im.normalizer) im.normalizer->normalize(at.token);
-        im.norm_matcher.add(at.token, k);
+        if (im.normalizer) im.normalizer->normalize(at.match);
+        im.norm_matcher.add(at.match, k);
       } else {
         im.raw_matcher.add(at.content, k);
       }
