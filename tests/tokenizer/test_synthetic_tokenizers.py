@@ -175,6 +175,23 @@ def o200k_minimax_style(tmp):
                         ["<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"]])
 
 
+@variant
+def subword_prefix_and_suffix(tmp):
+    # continuing_subword_prefix "##" and end_of_word_suffix "</w>" (merges then drop the
+    # right side's prefix), WhitespaceSplit, unk without fuse.
+    if "sub" not in _cache:
+        t = Tokenizer(models.BPE(unk_token="<unk>", continuing_subword_prefix="##", end_of_word_suffix="</w>"))
+        t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        t.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=900, limit_alphabet=150, special_tokens=["<unk>"],
+                                                           continuing_subword_prefix="##", end_of_word_suffix="</w>",
+                                                           show_progress=False))
+        _cache["sub"] = vocab_merges(t)
+    v, m = _cache["sub"]
+    return build("subword", tmp, models.BPE(vocab=v, merges=m, unk_token="<unk>", continuing_subword_prefix="##",
+                                            end_of_word_suffix="</w>"),
+                 pre=pre_tokenizers.WhitespaceSplit(), decoder=decoders.Replace("</w>", " "))
+
+
 BEHAVIORS = ["removed", "isolated", "merged_with_previous", "merged_with_next", "contiguous"]
 for _beh in BEHAVIORS:
     for _inv in (False, True):
