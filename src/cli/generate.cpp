@@ -78,7 +78,7 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     if (!a->dump_logits.empty())
       moeserve::write_npy_f32(a->dump_logits, res.logits.data(), int64_t(res.generated_ids.size()), res.vocab_size);
     if (a->json) {
-      nlohmann::json j = {{"prompt_ids", g.prompt_ids}, {"generated_ids", res.generated_ids}};
+      nlohmann::ordered_json j = {{"prompt_ids", g.prompt_ids}, {"generated_ids", res.generated_ids}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::string s;

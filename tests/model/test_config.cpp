@@ -1,11 +1,14 @@
 // MiniMaxM2Config parsing: the real M2.5 config, RoPE spellings, quantisation, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/inspect.h"
+#include "model/minimax_m2.h"
 
 using namespace moeserve;
 using json = nlohmann::json;
@@ -36,10 +39,15 @@ std::string error_of(const json& j) {
 
 }  // namespace
 
+std::string real_config_path() {
+  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
+  return (std::filesystem::path(src ? src : ".") / "tests/fixtures/shared-data/models/minimax-m2.5/config.json").string();
+}
+
 TEST(Config, RealMiniMaxM25) {
-  const char* shared = "/work/shared/data/models/minimax-m2.5/config.json";
-  if (!std::filesystem::exists(shared)) GTEST_SKIP() << shared << " not present";
-  auto c = MiniMaxM2Config::from_file(shared);
+  const std::string path = real_config_path();
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  auto c = MiniMaxM2Config::from_file(path);
   EXPECT_EQ(c.architectures, std::vector<std::string>{"MiniMaxM2ForCausalLM"});
   EXPECT_EQ(c.hidden_size, 3072);
   EXPECT_EQ(c.num_hidden_layers, 62);
@@ -143,4 +151,32 @@ TEST(Config, ErrorsNameTheField) {
   j["eos_token_id"] = {200020, 5};
   EXPECT_EQ(*MiniMaxM2Config::from_json(j).eos_token_id, 200020);
   EXPECT_THROW(MiniMaxM2Config::from_file("/nonexistent/config.json"), Error);
+}
+
+// Declarations and parameter counts of the real model agree with the checkpoint dump
+// (shared/reference/minimax-m2.md §1.3, §4.1): 228,689,764,864 parameters; 96,103 tensors
+// = declared tensors + one weight_scale_inv per FP8-capable linear (62 x (4 + 768)).
+TEST(Config, RealModelDeclarationsAndCounts) {
+  auto c = MiniMaxM2Config::from_file(real_config_path());
+  const auto p = count_params(c);
+  EXPECT_EQ(p.total, 228689764864LL);
+  EXPECT_EQ(p.per_expert, 14155776);
+  EXPECT_EQ(p.active_no_lm_head - c.hidden_size, 9801356800LL);  // without the final norm
+  const auto decls = declare_minimax_m2_weights(c, ParallelConfig{});
+  size_t fp8_capable = 0;
+  int64_t numel = 0;
+  for (const auto& d : decls) {
+    numel += shape_numel(d.shape);
+    if (std::find(d.dtypes.begin(), d.dtypes.end(), DType::F8_E4M3) != d.dtypes.end()) ++fp8_capable;
+  }
+  EXPECT_EQ(fp8_capable, 62u * (4 + 768));
+  EXPECT_EQ(decls.size() + fp8_capable, 96103u);
+  EXPECT_EQ(numel, p.total);
+  // TP=8 with EP: one KV head per rank, 32 experts per rank.
+  auto sh = plan_shard(c, ParallelConfig{7, 8, true});
+  EXPECT_EQ(sh.q_heads, 6);
+  EXPECT_EQ(sh.kv_heads, 1);
+  EXPECT_EQ(sh.kv_replicate, 1);
+  EXPECT_EQ(sh.first_expert, 224);
+  EXPECT_EQ(sh.num_experts, 32);
 }
