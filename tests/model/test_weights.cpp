@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "core/error.h"
@@ -232,4 +233,77 @@ TEST(WeightLoader, MtpNamesAndDeclarations) {
   EXPECT_EQ(sh.kv_replicate, 2);
   EXPECT_EQ(sh.expert_inter, 8);
   EXPECT_THROW(plan_shard(c, ParallelConfig{0, 3, false}), Error);  // 4 heads over 3 ranks
+}
+
+// A whole tiny checkpoint with extra tensors: an MTP module is recognised and skipped, an
+// unknown tensor is reported by inspect and ignored by the loader; misshaped tensors are
+// reported by inspect and fail the load naming the tensor.
+#include "backend/cpu/cpu_backend.h"
+#include "model/inspect.h"
+#include "model/tiny.h"
+
+namespace {
+void add_to_index(const fs::path& dir, const std::string& file, const std::vector<NamedTensor>& tensors) {
+  write_safetensors((dir / file).string(), tensors);
+  const fs::path idx = dir / "model.safetensors.index.json";
+  std::ifstream in(idx);
+  auto j = nlohmann::json::parse(in);
+  in.close();
+  for (const auto& t : tensors) j["weight_map"][t.name] = file;
+  std::ofstream(idx) << j.dump(2);
+}
+
+TinyModelOptions small_tiny() {
+  TinyModelOptions o;
+  o.hidden_size = 64;
+  o.head_dim = 16;
+  o.rotary_dim = 8;
+  o.intermediate_size = 32;
+  o.num_experts = 4;
+  o.vocab_size = 128;
+  o.num_mtp_modules = 1;
+  o.fp8 = true;
+  o.block_size = 32;
+  return o;
+}
+}  // namespace
+
+TEST(WeightLoader, WholeCheckpointExtraAndMisshapedTensors) {
+  TempDir d;
+  write_tiny_checkpoint(d.path.string(), small_tiny());
+  add_to_index(d.path, "extra.safetensors",
+               {{"model.layers.2.eh_proj.weight", random_f32({64, 128}, 1)},
+                {"model.layers.2.enorm.weight", random_f32({64}, 2)},
+                {"model.layers.3.enorm.weight", random_f32({64}, 3)},  // beyond num_mtp_modules
+                {"model.vision_tower.weight", random_f32({4}, 4)}});
+  auto r = inspect_checkpoint(d.path.string());
+  EXPECT_TRUE(r["complete"].get<bool>());
+  EXPECT_EQ(r["mtp"]["present_modules"], 1);
+  EXPECT_EQ(r["mtp"]["present_tensors"], 2);
+  EXPECT_EQ(r["unexpected_tensors"], (nlohmann::json{"model.layers.3.enorm.weight", "model.vision_tower.weight"}));
+  auto backend = make_cpu_backend();
+  const auto cfg = MiniMaxM2Config::from_file((d.path / "config.json").string());
+  {
+    MiniMaxM2Model m(cfg, *backend, ParallelConfig{});
+    EXPECT_NO_THROW(m.load(Checkpoint::open(d.path.string())));
+    EXPECT_EQ(m.weights().layers.size(), 2u);
+    EXPECT_TRUE(m.weights().layers[0].q.fp8());
+    EXPECT_EQ(m.weights().layers[0].q.scale_inv.shape, (Shape{2, 2}));
+  }
+  // config.json now disagrees with the embedding and lm_head shapes.
+  auto j = cfg.to_json();
+  j["vocab_size"] = 130;
+  std::ofstream(d.path / "config.json") << j.dump(2);
+  r = inspect_checkpoint(d.path.string());
+  EXPECT_FALSE(r["complete"].get<bool>());
+  ASSERT_EQ(r["mismatched_tensors"].size(), 2u);
+  EXPECT_EQ(r["mismatched_tensors"][0]["name"], "lm_head.weight");
+  MiniMaxM2Model m(MiniMaxM2Config::from_json(j), *backend, ParallelConfig{});
+  try {
+    m.load(Checkpoint::open(d.path.string()));
+    FAIL() << "load should fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.embed_tokens.weight': shape [128, 64]"), std::string::npos)
+        << e.what();
+  }
 }
