@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <numeric>
 
@@ -60,7 +61,7 @@ bool is_mtp_tensor(const MiniMaxM2Config& cfg, const std::string& name) {
   if (name.rfind(prefix, 0) != 0) return false;
   size_t p = prefix.size(), q = p;
   while (q < name.size() && std::isdigit(static_cast<unsigned char>(name[q]))) ++q;
-  if (q == p || q >= name.size() || name[q] != '.') return false;
+  if (q == p || q - p > 9 || q >= name.size() || name[q] != '.') return false;  // 9 digits: no overflow
   long layer = std::stol(name.substr(p, q - p));
   return layer >= cfg.num_hidden_layers && layer < cfg.num_hidden_layers + cfg.num_mtp_modules;
 }

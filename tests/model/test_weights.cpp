@@ -216,6 +216,8 @@ TEST(WeightLoader, MtpNamesAndDeclarations) {
   EXPECT_TRUE(is_mtp_tensor(c, "model.layers.3.self_attn.q_proj.weight"));
   EXPECT_FALSE(is_mtp_tensor(c, "model.layers.4.enorm.weight"));
   EXPECT_FALSE(is_mtp_tensor(c, "model.norm.weight"));
+  EXPECT_FALSE(is_mtp_tensor(c, "model.layers.99999999999999999999999.x"));
+  EXPECT_FALSE(is_mtp_tensor(c, "model.layers.2"));
   auto decls = declare_minimax_m2_weights(c, ParallelConfig{});
   // embed + norm + lm_head + 2 layers x (2 norms + 4 proj + 2 qk norms + gate + bias + 4 experts x 3)
   EXPECT_EQ(decls.size(), 3u + 2u * (2 + 4 + 2 + 2 + 12));
