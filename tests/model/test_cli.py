@@ -110,3 +110,54 @@ def test_make_tiny_fp8_and_load_errors(tmp_path):
     assert gone in r["missing_tensors"] and not r["complete"]
     p = run("generate", "--model", str(d), "--prompt-ids", "4", "--max-tokens", "1", check=False)
     assert p.returncode != 0 and gone in p.stderr
+
+
+def test_make_tiny_fp8_odd_blocks_matches_transformers(tmp_path):
+    """A make-tiny FP8 checkpoint with 48x48 blocks (partial edge blocks everywhere), read by
+    HF transformers' own MiniMaxM2ForCausalLM with dequantised weights: same greedy ids and
+    logits as `moeserve generate`. Skipped where torch/transformers are not installed."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    st = pytest.importorskip("safetensors.torch")
+    d = tmp_path / "m"
+    run("make-tiny", str(d), "--seed", "3", "--fp8", "--block-size", "48", "--hidden-size", "160",
+        "--intermediate-size", "80", "--head-dim", "40", "--rotary-dim", "20", "--vocab-size", "700")
+    cfg = json.load(open(d / "config.json"))
+    idx = json.load(open(d / "model.safetensors.index.json"))
+    tensors = {}
+    for f in sorted(set(idx["weight_map"].values())):
+        tensors.update(st.load_file(str(d / f)))
+    values = {}
+    for name, t in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if t.dtype == torch.float8_e4m3fn:
+            s = tensors[name + "_scale_inv"]
+            s = s.repeat_interleave(48, 0)[: t.shape[0]].repeat_interleave(48, 1)[:, : t.shape[1]]
+            values[name] = t.to(torch.float32) * s
+        else:
+            values[name] = t.to(torch.float32)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    rcfg = dict(cfg)
+    rcfg.pop("quantization_config")
+    for k in ("use_mtp", "num_mtp_modules", "mtp_transformer_layers"):
+        rcfg.pop(k, None)
+    json.dump(rcfg, open(ref / "config.json", "w"))
+    st.save_file(values, str(ref / "model.safetensors"))
+    model = transformers.MiniMaxM2ForCausalLM.from_pretrained(str(ref), dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    prompt = [5, 99, 600, 42, 7]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    hf_ids = out.sequences[0, len(prompt):].tolist()
+    hf_logits = torch.stack([x[0] for x in out.logits]).numpy()
+    npy = tmp_path / "l.npy"
+    got = json.loads(run("generate", "--model", str(d), "--prompt-ids", ",".join(map(str, prompt)),
+                         "--max-tokens", "6", "--json", "--dump-logits", str(npy)).stdout)
+    assert got["generated_ids"] == hf_ids
+    l = np.load(npy)
+    assert np.abs(l - hf_logits).max() / np.abs(hf_logits).max() <= 1e-4
