@@ -165,6 +165,13 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
   workspace(kAttnPart, size_t(16) * std::max(p.max_tokens, 512) * p.num_q_heads * (p.head_dim + 2) * 4);
 }
 
+void CudaBackend::fill_random(Tensor& t, uint64_t seed, float scale) {
+  check_dev(t, "fill_random", "tensor");
+  int kind = t.dtype == DType::F32 ? 0 : t.dtype == DType::BF16 ? 1 : t.dtype == DType::F8_E4M3 ? 2 : -1;
+  MS_CHECK(kind >= 0, "fill_random: dtype {} unsupported", dtype_name(t.dtype));
+  launch_fill_random(t.data, kind, t.numel(), seed, scale, stream_);
+}
+
 void CudaBackend::begin_capture() {
   MS_CHECK(!capturing_, "begin_capture: already capturing");
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));

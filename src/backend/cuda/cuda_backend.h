@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
   void sample(const Tensor& logits, const std::vector<SamplingParams>& params, Tensor& out_ids);
   void reserve(const WorkspacePlan& plan);
+  // Fills a F32 / BF16 / F8_E4M3 tensor with uniform values in [-scale, scale] (synthetic weights).
+  void fill_random(Tensor& t, uint64_t seed, float scale);
   void begin_capture();
   CudaGraph end_capture();
   bool capturing() const { return capturing_; }

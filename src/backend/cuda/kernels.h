@@ -160,6 +160,9 @@ struct AttnParams {
 int attn_query_tile(int group);
 void launch_attention(const AttnParams& p, cudaStream_t s);
 
+// ---- random fill (k_fill.cu): kind 0 f32, 1 bf16, 2 fp8 e4m3; uniform in [-scale, scale] ----
+void launch_fill_random(void* p, int kind, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+
 // ---- sampling (k_sample.cu) ----
 struct SampleRowParams {
   float temperature;  // <= 0: greedy
