@@ -161,8 +161,10 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
   workspace(kMoeMeta, (3 * P + 3 * tiles + 1) * 4 + 64);
   workspace(kMoeAct, P * p.intermediate * 2);
   workspace(kMoeY, P * p.hidden * 4);
-  // Split-KV partials: enough for 16 splits of 512 tokens (clamped at launch otherwise).
-  workspace(kAttnPart, size_t(16) * std::max(p.max_tokens, 512) * p.num_q_heads * (p.head_dim + 2) * 4);
+  // Split-KV partials: splits > 1 only when (kv heads x sequences x query tiles) is below
+  // 2 x SMs, i.e. for few tokens; 16 splits of 512 tokens covers that (clamped at launch
+  // during capture, grown on demand otherwise).
+  workspace(kAttnPart, size_t(16) * std::min(std::max(p.max_tokens, 1), 512) * p.num_q_heads * (p.head_dim + 2) * 4);
 }
 
 void CudaBackend::fill_random(Tensor& t, uint64_t seed, float scale) {

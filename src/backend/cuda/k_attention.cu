@@ -22,7 +22,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
   __shared__ __align__(16) bf16 ks[kKeys][kDMax + 2];  // +2: conflict-free row-per-lane reads
   __shared__ __align__(16) bf16 vs[kKeys][kDMax];
 
-  const int kvh = blockIdx.x, seq = blockIdx.y / qtiles, qt = blockIdx.y % qtiles, split = blockIdx.z;
+  // grid.x: (sequence, query tile) (large), grid.y: kv head, grid.z: KV split.
+  const int kvh = blockIdx.y, seq = blockIdx.x / qtiles, qt = blockIdx.x % qtiles, split = blockIdx.z;
   const int q0 = p.query_start[seq], qlen = p.query_start[seq + 1] - q0;
   if (qt * QT >= qlen) return;
   const int ctx = p.context_lens[seq];
@@ -205,7 +206,7 @@ void launch_attention(const AttnParams& p, cudaStream_t s) {
   if (p.T == 0 || p.num_seqs == 0) return;
   const int QT = attn_query_tile(p.Hq / p.Hkv);
   const int qtiles = ceil_div(p.max_query_len, QT);
-  dim3 grid(p.Hkv, p.num_seqs * qtiles, p.splits);
+  dim3 grid(p.num_seqs * qtiles, p.Hkv, p.splits);
   attention_kernel<<<grid, kWarps * 32, 0, s>>>(p, QT, qtiles);
   CUDA_CHECK_LAUNCH();
   if (p.splits > 1) {
