@@ -15,7 +15,8 @@ function(moeserve_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_compile_definitions(${name} PRIVATE MOESERVE_TEST_SHARED_DATA="${CMAKE_SOURCE_DIR}/tests/fixtures/shared-data")
   gtest_discover_tests(${name} PROPERTIES LABELS "${ARG_LABELS}"
-    ENVIRONMENT "MOESERVE_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOESERVE_BINARY_DIR=${CMAKE_BINARY_DIR}"
+    ENVIRONMENT "MOESERVE_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOESERVE_BINARY_DIR=${CMAKE_BINARY_DIR};MOESERVE_SHARED_DATA=${CMAKE_SOURCE_DIR}/tests/fixtures/shared-data"
     DISCOVERY_TIMEOUT 60)
 endfunction()

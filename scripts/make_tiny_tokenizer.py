@@ -21,7 +21,7 @@ O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}
 BASE_VOCAB = 2000
 SPECIAL = ["]!p~[", "]~b]", "[e~[", "]!d~[", "]~!b["]          # pad, role, eos, unk, bos
 NOT_SPECIAL = ["<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"]
-CHAT_TEMPLATE = Path("/work/shared/data/chat-templates/minimax-m2.jinja")
+CHAT_TEMPLATE = Path(__file__).resolve().parent.parent / "tests/fixtures/shared-data/chat-templates/minimax-m2.jinja"
 
 
 def main():

@@ -14,7 +14,7 @@ TINY = ROOT / "assets" / "tiny-tokenizer"
 def moeserve():
     b = os.environ.get("MOESERVE_BIN", str(ROOT / "build" / "moeserve"))
     if not Path(b).exists():
-        pytest.skip("moeserve not built")
+        pytest.fail("moeserve not built")
     return b
 
 

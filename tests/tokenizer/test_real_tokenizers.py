@@ -13,7 +13,7 @@ def path_of(name):
         return ROOT / "assets" / "tiny-tokenizer" / "tokenizer.json"
     p = DATA / "tokenizers" / name / "tokenizer.json"
     if not p.exists():
-        pytest.skip(f"{p} missing")
+        pytest.fail(f"{p} missing")
     return p
 
 

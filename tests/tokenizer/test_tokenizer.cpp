@@ -15,7 +15,7 @@ using moeserve::Tokenizer;
 namespace tok = moeserve::tok;
 
 namespace {
-const char* kQwen = "/work/shared/data/tokenizers/qwen3/tokenizer.json";
+const char* kQwen = MOESERVE_TEST_SHARED_DATA "/tokenizers/qwen3/tokenizer.json";
 
 std::shared_ptr<const Tokenizer> qwen() {
   static std::shared_ptr<const Tokenizer> t = [] {

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("MOESERVE_SHARED_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("MOESERVE_SHARED_DATA", Path(__file__).resolve().parent.parent / "fixtures" / "shared-data"))
 FIXTURES = ROOT / "tests" / "fixtures" / "tokenizer"
 
 

@@ -1,0 +1,383 @@
+// CudaBackend: argument checks, workspace management and kernel dispatch (kernels.h).
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+#include "core/log.h"
+
+
+namespace moeserve {
+namespace cuda {
+void throw_cuda_error(cudaError_t err, const char* file, int line, const char* expr) {
+  fail("CUDA error {} at {}:{}: {}", cudaGetErrorString(err), file, line, expr);
+}
+void throw_error(const std::string& msg) { throw Error(msg); }
+}  // namespace cuda
+using namespace cuda;
+
+namespace {
+
+void check_dev(const Tensor& t, const char* op, const char* what) {
+  MS_CHECK(t.defined(), "{}: {} is empty", op, what);
+  MS_CHECK(t.device == Device::CUDA, "{}: {} is not a CUDA tensor", op, what);
+}
+// Activations and small weights: bf16 or f32.
+bool is_bf16(const Tensor& t, const char* op, const char* what) {
+  MS_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32, "{}: {} must be BF16 or F32, got {}", op, what,
+           dtype_name(t.dtype));
+  return t.dtype == DType::BF16;
+}
+int rows_of(const Tensor& t) { return t.rank() == 1 ? 1 : int(t.numel() / t.dim(-1)); }
+
+}  // namespace
+
+// ---- CudaGraph ----
+CudaGraph& CudaGraph::operator=(CudaGraph&& o) noexcept {
+  std::swap(graph_, o.graph_);
+  std::swap(exec_, o.exec_);
+  return *this;
+}
+CudaGraph::~CudaGraph() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+}
+void CudaGraph::replay(cudaStream_t s) const {
+  MS_CHECK(exec_, "CudaGraph: replay of an empty graph");
+  CUDA_CHECK(cudaGraphLaunch(exec_, s));
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<CudaBackend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  MS_CHECK(device >= 0 && device < cuda_device_count(), "cuda: device {} not available ({} devices)", device,
+           cuda_device_count());
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (auto& b : ws_)
+    if (b.ptr) cudaFree(b.ptr);
+  if (pinned_) cudaFreeHost(pinned_);
+  expert_tables_.clear();
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::device_name() const {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  return prop.name;
+}
+
+void CudaBackend::mem_info(size_t* free_bytes, size_t* total_bytes) const {
+  CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+Tensor CudaBackend::alloc(DType t, const Shape& shape) {
+  MS_CHECK(!capturing_, "cuda alloc {} during graph capture", shape_str(shape));
+  Tensor out;
+  out.dtype = t;
+  out.shape = shape;
+  out.device = Device::CUDA;
+  size_t bytes = std::max<size_t>(out.nbytes(), 1);
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, bytes);
+  MS_CHECK(err == cudaSuccess, "cuda alloc of {} bytes ({} {}) failed: {}", bytes, dtype_name(t), shape_str(shape),
+           cudaGetErrorString(err));
+  CUDA_CHECK(cudaMemset(p, 0, bytes));
+  out.data = p;
+  out.owner = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  return out;
+}
+
+Tensor CudaBackend::upload(const Tensor& host) {
+  MS_CHECK(host.device == Device::CPU, "upload: source must be a host tensor");
+  Tensor d = alloc(host.dtype, host.shape);
+  if (host.nbytes()) CUDA_CHECK(cudaMemcpy(d.data, host.data, host.nbytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<float> CudaBackend::download_f32(const Tensor& t) {
+  check_dev(t, "download_f32", "tensor");
+  MS_CHECK(!capturing_, "download_f32 during graph capture");
+  std::vector<uint8_t> raw(t.nbytes());
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!raw.empty()) CUDA_CHECK(cudaMemcpy(raw.data(), t.data, raw.size(), cudaMemcpyDeviceToHost));
+  std::vector<float> out(size_t(t.numel()));
+  if (t.dtype == DType::I32) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float(reinterpret_cast<const int32_t*>(raw.data())[i]);
+  } else if (t.dtype == DType::I64) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float(reinterpret_cast<const int64_t*>(raw.data())[i]);
+  } else {
+    convert_to_f32(t.dtype, raw.data(), out.data(), out.size());
+  }
+  return out;
+}
+
+void CudaBackend::copy_from_host(Tensor& dst, const void* src, size_t bytes) {
+  check_dev(dst, "copy_from_host", "dst");
+  MS_CHECK(bytes == dst.nbytes(), "copy_from_host: {} bytes into a tensor of {} bytes", bytes, dst.nbytes());
+  MS_CHECK(!capturing_, "copy_from_host during graph capture");
+  // Ordered after earlier work on the stream; synchronous for the host buffer's sake.
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, src, bytes, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void* CudaBackend::workspace(Slot s, size_t bytes) {
+  Buf& b = ws_[s];
+  if (b.bytes >= bytes) return b.ptr;
+  MS_CHECK(!capturing_, "cuda workspace {} needs {} bytes during graph capture (have {}); call reserve()", int(s),
+           bytes, b.bytes);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (b.ptr) CUDA_CHECK(cudaFree(b.ptr));
+  b.ptr = nullptr;
+  b.bytes = 0;
+  const size_t want = std::max<size_t>(bytes, 1 << 20);
+  CUDA_CHECK(cudaMalloc(&b.ptr, want));
+  b.bytes = want;
+  return b.ptr;
+}
+
+void CudaBackend::reserve(const WorkspacePlan& p) {
+  const size_t P = size_t(p.max_tokens) * p.top_k;
+  const size_t tiles = size_t(moe_max_tiles(int(P), kGemvTile, p.num_local_experts));
+  workspace(kMoeMeta, (3 * P + 3 * tiles + 1) * 4 + 64);
+  workspace(kMoeAct, P * p.intermediate * 2);
+  workspace(kMoeY, P * p.hidden * 4);
+  // Split-KV partials: splits > 1 only when (kv heads x sequences x query tiles) is below
+  // 2 x SMs, i.e. for few tokens; 16 splits of 512 tokens covers that (clamped at launch
+  // during capture, grown on demand otherwise).
+  workspace(kAttnPart, size_t(16) * std::min(std::max(p.max_tokens, 1), 512) * p.num_q_heads * (p.head_dim + 2) * 4);
+}
+
+void CudaBackend::fill_random(Tensor& t, uint64_t seed, float scale) {
+  check_dev(t, "fill_random", "tensor");
+  int kind = t.dtype == DType::F32 ? 0 : t.dtype == DType::BF16 ? 1 : t.dtype == DType::F8_E4M3 ? 2 : -1;
+  MS_CHECK(kind >= 0, "fill_random: dtype {} unsupported", dtype_name(t.dtype));
+  launch_fill_random(t.data, kind, t.numel(), seed, scale, stream_);
+}
+
+void CudaBackend::begin_capture() {
+  MS_CHECK(!capturing_, "begin_capture: already capturing");
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+}
+
+CudaGraph CudaBackend::end_capture() {
+  MS_CHECK(capturing_, "end_capture without begin_capture");
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+  cudaGraphExec_t e = nullptr;
+  cudaError_t err = cudaGraphInstantiate(&e, g, 0);
+  if (err != cudaSuccess) {
+    cudaGraphDestroy(g);
+    fail("cudaGraphInstantiate failed: {}", cudaGetErrorString(err));
+  }
+  return CudaGraph(g, e);
+}
+
+// ---- ops ----
+void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  check_dev(table, "embedding", "table");
+  check_dev(ids, "embedding", "ids");
+  check_dev(out, "embedding", "out");
+  MS_CHECK(ids.dtype == DType::I32, "embedding: ids must be I32");
+  MS_CHECK(table.rank() == 2 && out.numel() == ids.numel() * table.dim(1), "embedding: table {} ids {} out {}",
+           shape_str(table.shape), shape_str(ids.shape), shape_str(out.shape));
+  launch_embedding(table.data, is_bf16(table, "embedding", "table"), ids.ptr<int32_t>(), int(ids.numel()),
+                   int(table.dim(1)), int(table.dim(0)), out.data, is_bf16(out, "embedding", "out"), stream_);
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  check_dev(x, "rms_norm", "x");
+  check_dev(weight, "rms_norm", "weight");
+  check_dev(out, "rms_norm", "out");
+  MS_CHECK(weight.numel() == x.dim(-1) && out.numel() == x.numel(), "rms_norm: x {} weight {} out {}",
+           shape_str(x.shape), shape_str(weight.shape), shape_str(out.shape));
+  RmsNormParams p;
+  p.x = x.data, p.x_bf16 = is_bf16(x, "rms_norm", "x");
+  p.weight = weight.data, p.weight_bf16 = is_bf16(weight, "rms_norm", "weight");
+  p.out = out.data, p.out_bf16 = is_bf16(out, "rms_norm", "out");
+  p.rows = rows_of(x), p.cols = int(x.dim(-1)), p.eps = eps;
+  launch_rms_norm(p, stream_);
+}
+
+void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  check_dev(residual, "add_rms_norm", "residual");
+  check_dev(x, "add_rms_norm", "x");
+  check_dev(weight, "add_rms_norm", "weight");
+  check_dev(out, "add_rms_norm", "out");
+  MS_CHECK(residual.numel() == x.numel() && out.numel() == x.numel() && weight.numel() == x.dim(-1),
+           "add_rms_norm: residual {} x {} weight {} out {}", shape_str(residual.shape), shape_str(x.shape),
+           shape_str(weight.shape), shape_str(out.shape));
+  RmsNormParams p;
+  p.x = x.data, p.x_bf16 = is_bf16(x, "add_rms_norm", "x");
+  p.residual = residual.data, p.residual_bf16 = is_bf16(residual, "add_rms_norm", "residual");
+  p.weight = weight.data, p.weight_bf16 = is_bf16(weight, "add_rms_norm", "weight");
+  p.out = out.data, p.out_bf16 = is_bf16(out, "add_rms_norm", "out");
+  p.rows = rows_of(x), p.cols = int(x.dim(-1)), p.eps = eps;
+  launch_rms_norm(p, stream_);
+}
+
+void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  check_dev(x, "linear", "x");
+  check_dev(w.weight, "linear", "weight");
+  check_dev(out, "linear", "out");
+  MS_CHECK(x.dtype == DType::BF16, "linear: activations must be BF16, got {}", dtype_name(x.dtype));
+  MS_CHECK(w.weight.rank() == 2, "linear: weight must be 2-D, got {}", shape_str(w.weight.shape));
+  const int N = int(w.out_features()), K = int(w.in_features()), T = rows_of(x);
+  MS_CHECK(x.dim(-1) == K && out.numel() == int64_t(T) * N, "linear: x {} weight {} out {}", shape_str(x.shape),
+           shape_str(w.weight.shape), shape_str(out.shape));
+  LinParams p;
+  p.mode = LinMode::kStore;
+  p.x = x.data, p.ldx = K, p.M = T;
+  p.w = w.weight.data, p.N = N, p.K = K;
+  if (w.fp8()) {
+    check_dev(w.scale_inv, "linear", "scale_inv");
+    MS_CHECK(w.scale_inv.dtype == DType::F32 && w.block_out > 0 && w.block_in > 0, "linear: bad FP8 block scales");
+    MS_CHECK(w.scale_inv.rank() == 2 && w.scale_inv.dim(0) == ceil_div(N, w.block_out) &&
+                 w.scale_inv.dim(1) == ceil_div(K, w.block_in),
+             "linear: scale_inv {} does not match weight {} with blocks [{}, {}]", shape_str(w.scale_inv.shape),
+             shape_str(w.weight.shape), w.block_out, w.block_in);
+    p.fp8 = true, p.s = w.scale_inv.ptr<float>(), p.bo = w.block_out, p.bi = w.block_in;
+    p.s_cols = int(w.scale_inv.dim(1));
+  } else {
+    MS_CHECK(w.weight.dtype == DType::BF16, "linear: weight dtype {} unsupported on CUDA (BF16 or F8_E4M3)",
+             dtype_name(w.weight.dtype));
+    p.fp8 = false, p.bo = p.bi = 128;
+  }
+  p.out = out.data, p.ldo = N, p.out_f32 = !is_bf16(out, "linear", "out");
+  if (T <= linear_gemv_max_tokens)
+    launch_gemv(p, stream_);
+  else
+    launch_gemm(p, stream_);
+}
+
+void CudaBackend::row_sum_squares(const Tensor& x, Tensor& out) {
+  check_dev(x, "row_sum_squares", "x");
+  check_dev(out, "row_sum_squares", "out");
+  MS_CHECK(out.dtype == DType::F32 && out.numel() == rows_of(x), "row_sum_squares: out must be F32 [{}]", rows_of(x));
+  launch_row_sum_squares(x.data, is_bf16(x, "row_sum_squares", "x"), rows_of(x), int(x.dim(-1)), out.ptr<float>(),
+                         stream_);
+}
+
+void CudaBackend::qk_norm_rope(const QkNormRopeArgs& a) {
+  MS_CHECK(a.q && a.k && a.q_norm_weight && a.k_norm_weight && a.positions, "qk_norm_rope: missing argument");
+  check_dev(*a.q, "qk_norm_rope", "q");
+  check_dev(*a.k, "qk_norm_rope", "k");
+  check_dev(*a.positions, "qk_norm_rope", "positions");
+  QkNormRopeParams p;
+  p.q = a.q->data, p.k = a.k->data;
+  p.act_bf16 = is_bf16(*a.q, "qk_norm_rope", "q");
+  MS_CHECK(a.k->dtype == a.q->dtype && a.k_norm_weight->dtype == a.q_norm_weight->dtype,
+           "qk_norm_rope: q/k (and their weights) must share a dtype");
+  p.q_w = a.q_norm_weight->data, p.k_w = a.k_norm_weight->data;
+  p.w_bf16 = is_bf16(*a.q_norm_weight, "qk_norm_rope", "q_norm_weight");
+  p.positions = a.positions->ptr<int32_t>();
+  p.T = rows_of(*a.q);
+  p.q_width = int(a.q->dim(-1)), p.k_width = int(a.k->dim(-1));
+  MS_CHECK(rows_of(*a.k) == p.T && a.positions->numel() == p.T, "qk_norm_rope: q {} k {} positions {}",
+           shape_str(a.q->shape), shape_str(a.k->shape), shape_str(a.positions->shape));
+  MS_CHECK(a.q_norm_weight->numel() == p.q_width && a.k_norm_weight->numel() == p.k_width,
+           "qk_norm_rope: norm weights {} / {} vs widths {} / {}", a.q_norm_weight->numel(), a.k_norm_weight->numel(),
+           p.q_width, p.k_width);
+  const RopeParams& r = a.rope;
+  MS_CHECK(r.head_dim > 0 && p.q_width % r.head_dim == 0 && p.k_width % r.head_dim == 0 && r.rotary_dim % 2 == 0 &&
+               r.rotary_dim <= r.head_dim,
+           "qk_norm_rope: head_dim {} rotary_dim {} widths {} / {}", r.head_dim, r.rotary_dim, p.q_width, p.k_width);
+  p.head_dim = r.head_dim, p.rotary_dim = r.rotary_dim, p.theta = r.theta, p.eps = a.eps;
+  p.q_sumsq = a.q_sum_squares ? a.q_sum_squares->ptr<float>() : nullptr;
+  p.k_sumsq = a.k_sum_squares ? a.k_sum_squares->ptr<float>() : nullptr;
+  p.q_full = a.q_full_width > 0 ? a.q_full_width : p.q_width;
+  p.k_full = a.k_full_width > 0 ? a.k_full_width : p.k_width;
+  launch_qk_norm_rope(p, stream_);
+}
+
+void CudaBackend::write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) {
+  check_dev(k, "write_kv", "k");
+  check_dev(v, "write_kv", "v");
+  check_dev(kv.k, "write_kv", "k cache");
+  check_dev(kv.v, "write_kv", "v cache");
+  check_dev(meta.slot_mapping, "write_kv", "slot_mapping");
+  MS_CHECK(kv.k.rank() == 4 && kv.k.shape == kv.v.shape, "write_kv: cache must be [blocks, bs, Hkv, D]");
+  const int width = int(kv.k.dim(2) * kv.k.dim(3));
+  const int T = rows_of(k);
+  MS_CHECK(k.dim(-1) == width && v.numel() == k.numel() && meta.slot_mapping.numel() >= T,
+           "write_kv: k {} v {} cache {}", shape_str(k.shape), shape_str(v.shape), shape_str(kv.k.shape));
+  MS_CHECK(k.dtype == v.dtype, "write_kv: k/v dtypes differ");
+  launch_write_kv(k.data, v.data, is_bf16(k, "write_kv", "k"), kv.k.data, kv.v.data, is_bf16(kv.k, "write_kv", "cache"),
+                  meta.slot_mapping.ptr<int32_t>(), T, width, kv.k.dim(0) * kv.k.dim(1), stream_);
+}
+
+void CudaBackend::attention(const AttentionArgs& a) {
+  MS_CHECK(a.q && a.kv && a.meta && a.out, "attention: missing argument");
+  const AttentionMeta& m = *a.meta;
+  check_dev(*a.q, "attention", "q");
+  check_dev(*a.out, "attention", "out");
+  check_dev(a.kv->k, "attention", "k cache");
+  MS_CHECK(a.q->dtype == DType::BF16 && a.out->dtype == DType::BF16 && a.kv->k.dtype == DType::BF16 &&
+               a.kv->v.dtype == DType::BF16,
+           "attention: q, out and the KV cache must be BF16");
+  MS_CHECK(a.kv->k.rank() == 4 && a.kv->k.dim(2) == a.num_kv_heads && a.kv->k.dim(3) == a.head_dim &&
+               a.kv->k.dim(1) == m.block_size,
+           "attention: cache {} vs kv heads {} head_dim {} block_size {}", shape_str(a.kv->k.shape), a.num_kv_heads,
+           a.head_dim, m.block_size);
+  MS_CHECK(a.q->numel() == int64_t(m.num_tokens) * a.num_q_heads * a.head_dim && a.out->numel() == a.q->numel(),
+           "attention: q {} for {} tokens x {} heads x {}", shape_str(a.q->shape), m.num_tokens, a.num_q_heads,
+           a.head_dim);
+  AttnParams p;
+  p.q = a.q->data, p.k_cache = a.kv->k.data, p.v_cache = a.kv->v.data, p.out = a.out->data;
+  p.query_start = m.query_start.ptr<int32_t>();
+  p.context_lens = m.context_lens.ptr<int32_t>();
+  p.block_tables = m.block_tables.ptr<int32_t>();
+  p.num_seqs = m.num_seqs, p.T = m.num_tokens, p.max_query_len = m.max_query_len;
+  p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = m.block_size;
+  p.Hq = a.num_q_heads, p.Hkv = a.num_kv_heads, p.D = a.head_dim, p.scale = a.scale;
+  // Split the KV range when (kv heads x query tiles) alone would not fill the GPU.
+  const int qtiles = ceil_div(std::max(1, m.max_query_len), attn_query_tile(std::max(1, p.Hq / std::max(1, p.Hkv))));
+  const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;
+  int splits = 1;
+  if (base < 2 * num_sms_ && m.max_context_len > 512) {
+    splits = int(std::min<int64_t>((2 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 256)));
+    const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
+    if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
+    splits = std::max(splits, 1);
+    if (splits > 1) {
+      float* ws = static_cast<float*>(workspace(kAttnPart, per_split * splits));
+      p.part_o = ws;
+      p.part_ml = ws + size_t(splits) * p.T * p.Hq * p.D;
+    }
+  }
+  p.splits = splits;
+  launch_attention(p, stream_);
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_dev(a, "add", "a");
+  check_dev(b, "add", "b");
+  check_dev(out, "add", "out");
+  MS_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add: shapes {} {} {}", shape_str(a.shape),
+           shape_str(b.shape), shape_str(out.shape));
+  launch_add(a.data, is_bf16(a, "add", "a"), b.data, is_bf16(b, "add", "b"), out.data, is_bf16(out, "add", "out"),
+             a.numel(), stream_);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,133 @@
+// CudaBackend: the Backend op interface on one CUDA device, with bf16 activations.
+//
+// Capture safety: every op only launches kernels on the backend's stream; none allocates,
+// synchronises or reads device memory on the host, provided the workspaces were sized
+// beforehand (reserve(), or one un-captured run of the same shapes). So a model's decode
+// step can be captured into a CUDA graph (begin_capture / end_capture) and replayed with
+// new metadata written into the same device buffers. Allocation during capture throws.
+//
+// Extra CUDA-only ops (not in backend.h): sample() (greedy / temperature / top-k / top-p
+// on the GPU; not capture-safe: it uploads per-row parameters), memory queries and graphs.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace moeserve {
+
+struct SamplingParams {
+  float temperature = 1.f;  // <= 0: greedy
+  int top_k = 0;            // <= 0: off
+  float top_p = 1.f;        // >= 1: off
+  uint64_t seed = 0;        // per row and step (the engine mixes the request seed and step)
+};
+
+// Upper bounds used to pre-size workspaces so that later steps (and graph capture) never
+// allocate.
+struct WorkspacePlan {
+  int max_tokens = 0;
+  int hidden = 0;
+  int intermediate = 0;  // per-expert I (local slice)
+  int top_k = 0;
+  int num_local_experts = 0;
+  int num_q_heads = 0;
+  int head_dim = 0;
+};
+
+// A captured CUDA graph (instantiated), replayed on a stream.
+class CudaGraph {
+ public:
+  CudaGraph() = default;
+  CudaGraph(cudaGraph_t g, cudaGraphExec_t e) : graph_(g), exec_(e) {}
+  CudaGraph(CudaGraph&& o) noexcept { *this = std::move(o); }
+  CudaGraph& operator=(CudaGraph&& o) noexcept;
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  ~CudaGraph();
+  bool valid() const { return exec_ != nullptr; }
+  void replay(cudaStream_t s) const;
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::CUDA; }
+  std::string name() const override { return "cuda"; }
+  DType activation_dtype() const override { return DType::BF16; }
+
+  Tensor alloc(DType t, const Shape& shape) override;
+  Tensor upload(const Tensor& host) override;
+  std::vector<float> download_f32(const Tensor& t) override;
+  void copy_from_host(Tensor& dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
+  void row_sum_squares(const Tensor& x, Tensor& out) override;
+  void qk_norm_rope(const QkNormRopeArgs& args) override;
+  void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) override;
+  void attention(const AttentionArgs& args) override;
+  void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) override;
+  void moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+
+  // ---- CUDA-only ----
+  // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
+  void sample(const Tensor& logits, const std::vector<SamplingParams>& params, Tensor& out_ids);
+  void reserve(const WorkspacePlan& plan);
+  // Fills a F32 / BF16 / F8_E4M3 tensor with uniform values in [-scale, scale] (synthetic weights).
+  void fill_random(Tensor& t, uint64_t seed, float scale);
+  void begin_capture();
+  CudaGraph end_capture();
+  bool capturing() const { return capturing_; }
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return device_; }
+  std::string device_name() const;
+  int num_sms() const { return num_sms_; }
+  void mem_info(size_t* free_bytes, size_t* total_bytes) const;
+
+  // Path thresholds (tokens): linear uses the GEMV path up to this many rows, else the
+  // tensor-core GEMM; moe_experts likewise.
+  int linear_gemv_max_tokens = 8;
+  int moe_gemv_max_tokens = 128;
+
+ private:
+  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kNumSlots };
+  void* workspace(Slot s, size_t bytes);
+  size_t workspace_capacity(Slot s) const { return ws_[s].bytes; }
+  struct ExpertTable;
+  const ExpertTable& expert_table(const MoeWeights& moe);
+
+  int device_ = 0;
+  int num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  bool capturing_ = false;
+  struct Buf {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  std::array<Buf, kNumSlots> ws_{};
+  void* pinned_ = nullptr;  // host staging for sampling parameters
+  size_t pinned_bytes_ = 0;
+  std::unordered_map<const void*, std::shared_ptr<ExpertTable>> expert_tables_;
+};
+
+std::unique_ptr<CudaBackend> make_cuda_backend(int device = 0);
+// Number of CUDA devices (0 when the driver or a device is missing; never throws).
+int cuda_device_count();
+
+}  // namespace moeserve

@@ -1,0 +1,184 @@
+// CudaBackend MoE ops (router, experts) and GPU sampling.
+//
+// moe_experts: align (group (token, k) pairs by local expert, build a tile table) ->
+// gate/up with fused SiLU*mul -> down scaled by the routing weight into per-pair f32 rows ->
+// ordered combine over k. Decode-sized batches use the GEMV kernels (tiles of <= 8 pairs of
+// one expert: every active expert's weights are read once per tile), larger ones the
+// tensor-core grouped GEMM (tiles of 64 pairs). Device-side tile tables mean no host sync,
+// so the whole op is capture-safe once workspaces are sized.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+
+namespace moeserve {
+using namespace cuda;
+
+// Device array of per-expert pointers plus the shared geometry, built once per MoeWeights.
+struct CudaBackend::ExpertTable {
+  ExpertPtrs* dev = nullptr;
+  int I = 0, H = 0, bo = 128, bi = 128, s_cols_up = 0, s_cols_down = 0;
+  bool fp8 = false;
+  const void* key_w = nullptr;  // experts[0].w1 data, to detect a changed MoeWeights
+  ~ExpertTable() {
+    if (dev) cudaFree(dev);
+  }
+};
+
+const CudaBackend::ExpertTable& CudaBackend::expert_table(const MoeWeights& moe) {
+  MS_CHECK(!moe.experts.empty(), "moe_experts: no local experts");
+  auto it = expert_tables_.find(&moe);
+  if (it != expert_tables_.end() && it->second->key_w == moe.experts[0].w1.weight.data) return *it->second;
+  MS_CHECK(!capturing_, "moe_experts: expert table built during graph capture (run the step once first)");
+  auto t = std::make_shared<ExpertTable>();
+  const ExpertWeights& e0 = moe.experts[0];
+  t->I = int(e0.w1.out_features());
+  t->H = int(e0.w1.in_features());
+  t->fp8 = e0.w1.fp8();
+  t->key_w = e0.w1.weight.data;
+  if (t->fp8) t->bo = e0.w1.block_out, t->bi = e0.w1.block_in;
+  t->s_cols_up = ceil_div(t->H, t->bi);
+  t->s_cols_down = ceil_div(t->I, t->bi);
+  std::vector<ExpertPtrs> host;
+  host.reserve(moe.experts.size());
+  for (size_t i = 0; i < moe.experts.size(); ++i) {
+    const ExpertWeights& e = moe.experts[i];
+    for (const LinearWeight* w : {&e.w1, &e.w3, &e.w2}) {
+      MS_CHECK(w->weight.device == Device::CUDA, "moe_experts: expert {} weight not on the GPU", i);
+      MS_CHECK(w->fp8() == t->fp8 && (w->fp8() || w->weight.dtype == DType::BF16),
+               "moe_experts: expert {} weights must all be FP8 or all BF16", i);
+      if (t->fp8) {
+        MS_CHECK(w->block_out == t->bo && w->block_in == t->bi && w->scale_inv.dtype == DType::F32 &&
+                     w->scale_inv.device == Device::CUDA,
+                 "moe_experts: expert {} block scales differ from expert 0", i);
+        MS_CHECK(w->scale_inv.numel() == int64_t(ceil_div(w->out_features(), t->bo)) * ceil_div(w->in_features(), t->bi),
+                 "moe_experts: expert {} scale_inv shape {}", i, shape_str(w->scale_inv.shape));
+      }
+    }
+    MS_CHECK(e.w1.out_features() == t->I && e.w3.out_features() == t->I && e.w1.in_features() == t->H &&
+                 e.w3.in_features() == t->H && e.w2.out_features() == t->H && e.w2.in_features() == t->I,
+             "moe_experts: expert {} shapes differ from expert 0 (I={}, H={})", i, t->I, t->H);
+    ExpertPtrs p{e.w1.weight.data, e.w3.weight.data, e.w2.weight.data,
+                 t->fp8 ? e.w1.scale_inv.ptr<float>() : nullptr, t->fp8 ? e.w3.scale_inv.ptr<float>() : nullptr,
+                 t->fp8 ? e.w2.scale_inv.ptr<float>() : nullptr};
+    host.push_back(p);
+  }
+  CUDA_CHECK(cudaMalloc(&t->dev, host.size() * sizeof(ExpertPtrs)));
+  CUDA_CHECK(cudaMemcpy(t->dev, host.data(), host.size() * sizeof(ExpertPtrs), cudaMemcpyHostToDevice));
+  expert_tables_[&moe] = t;
+  return *t;
+}
+
+void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) {
+  MS_CHECK(x.defined() && x.device == Device::CUDA && moe.gate.device == Device::CUDA, "moe_route: tensors must be on the GPU");
+  const int T = x.rank() == 1 ? 1 : int(x.numel() / x.dim(-1));
+  const int H = int(x.dim(-1)), E = moe.num_experts, k = moe.top_k;
+  MS_CHECK(moe.gate.rank() == 2 && moe.gate.dim(0) == E && moe.gate.dim(1) == H, "moe_route: gate {} for E={} H={}",
+           shape_str(moe.gate.shape), E, H);
+  MS_CHECK(k > 0 && k <= E, "moe_route: top_k {} of {} experts", k, E);
+  MS_CHECK(moe.gate.dtype == DType::F32 || moe.gate.dtype == DType::BF16, "moe_route: gate dtype {} unsupported",
+           dtype_name(moe.gate.dtype));
+  MS_CHECK(x.dtype == DType::F32 || x.dtype == DType::BF16, "moe_route: x dtype {}", dtype_name(x.dtype));
+  if (out.expert_ids.empty()) out.expert_ids = alloc(DType::I32, {T, k});
+  if (out.weights.empty()) out.weights = alloc(DType::F32, {T, k});
+  MS_CHECK(out.expert_ids.numel() >= int64_t(T) * k && out.weights.numel() >= int64_t(T) * k &&
+               out.expert_ids.dtype == DType::I32 && out.weights.dtype == DType::F32,
+           "moe_route: routing buffers too small or wrong dtype");
+  if (moe.score_bias.defined())
+    MS_CHECK(moe.score_bias.dtype == DType::F32 && moe.score_bias.numel() == E && moe.score_bias.device == Device::CUDA,
+             "moe_route: score_bias must be F32 [{}] on the GPU", E);
+  RouteParams p;
+  p.x = x.data, p.x_bf16 = x.dtype == DType::BF16;
+  p.gate = moe.gate.data, p.gate_bf16 = moe.gate.dtype == DType::BF16;
+  p.bias = moe.score_bias.defined() ? moe.score_bias.ptr<float>() : nullptr;
+  p.T = T, p.H = H, p.E = E, p.top_k = k;
+  p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
+  launch_moe_route(p, stream_);
+}
+
+void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) {
+  MS_CHECK(x.defined() && x.device == Device::CUDA && out.device == Device::CUDA, "moe_experts: tensors must be on the GPU");
+  MS_CHECK(x.dtype == DType::BF16, "moe_experts: x must be BF16");
+  const ExpertTable& et = expert_table(moe);
+  const int T = x.rank() == 1 ? 1 : int(x.numel() / x.dim(-1));
+  const int H = int(x.dim(-1)), k = moe.top_k, E_local = int(moe.experts.size());
+  MS_CHECK(H == et.H && out.numel() == x.numel(), "moe_experts: x {} out {} vs expert hidden {}", shape_str(x.shape),
+           shape_str(out.shape), et.H);
+  MS_CHECK(routing.expert_ids.numel() >= int64_t(T) * k && routing.weights.numel() >= int64_t(T) * k,
+           "moe_experts: routing for fewer than {} tokens", T);
+  if (T == 0) return;
+  const int P = T * k;
+  const bool gemv = T <= moe_gemv_max_tokens;
+  const int tile_rows = gemv ? kGemvTile : kGemmTileM;
+  const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
+
+  // Workspaces (the ints first, then sorted weights).
+  const size_t meta_words = size_t(2 * P + 3 * max_tiles + 1);
+  int32_t* meta = static_cast<int32_t*>(workspace(kMoeMeta, (meta_words + P) * 4 + 64));
+  MoeAlignParams a;
+  a.ids = routing.expert_ids.ptr<int32_t>(), a.weights = routing.weights.ptr<float>();
+  a.T = T, a.top_k = k, a.first_local = moe.first_local_expert, a.num_local = E_local, a.tile_rows = tile_rows;
+  a.sorted_token = meta;
+  a.pair_pos = meta + P;
+  a.tile_expert = meta + 2 * P;
+  a.tile_begin = a.tile_expert + max_tiles;
+  a.tile_end = a.tile_begin + max_tiles;
+  a.num_tiles = a.tile_end + max_tiles;
+  a.sorted_weight = reinterpret_cast<float*>(meta + meta_words);
+  void* act = workspace(kMoeAct, size_t(P) * et.I * 2);
+  float* ypair = static_cast<float*>(workspace(kMoeY, size_t(P) * H * 4));
+  launch_moe_align(a, stream_);
+
+  LinParams up;
+  up.mode = LinMode::kSwiglu;
+  up.x = x.data, up.ldx = H, up.x_rows = a.sorted_token, up.M = P;
+  up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
+  up.tile_expert = a.tile_expert, up.tile_begin = a.tile_begin, up.tile_end = a.tile_end, up.num_tiles = a.num_tiles;
+  up.max_tiles = max_tiles;
+  up.out = act, up.ldo = et.I;
+  LinParams down = up;
+  down.mode = LinMode::kDown;
+  down.x = act, down.ldx = et.I, down.x_rows = nullptr;
+  down.N = H, down.K = et.I, down.s_cols = et.s_cols_down;
+  down.out = ypair, down.ldo = H, down.out_f32 = true, down.row_scale = a.sorted_weight;
+  if (gemv) {
+    launch_gemv(up, stream_);
+    launch_gemv(down, stream_);
+  } else {
+    launch_gemm(up, stream_);
+    launch_gemm(down, stream_);
+  }
+  MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
+  launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
+}
+
+void CudaBackend::sample(const Tensor& logits, const std::vector<SamplingParams>& params, Tensor& out_ids) {
+  MS_CHECK(!capturing_, "sample: not capture-safe (uploads parameters)");
+  MS_CHECK(logits.device == Device::CUDA && out_ids.device == Device::CUDA && logits.rank() == 2,
+           "sample: logits [R, V] and out_ids [R] must be on the GPU");
+  MS_CHECK(logits.dtype == DType::F32 || logits.dtype == DType::BF16, "sample: logits must be F32 or BF16");
+  const int R = int(logits.dim(0)), V = int(logits.dim(1));
+  MS_CHECK(int(params.size()) == R && out_ids.dtype == DType::I32 && out_ids.numel() >= R,
+           "sample: {} parameter rows / out {} for {} logit rows", params.size(), shape_str(out_ids.shape), R);
+  const size_t bytes = size_t(R) * sizeof(SampleRowParams);
+  if (pinned_bytes_ < bytes) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (pinned_) CUDA_CHECK(cudaFreeHost(pinned_));
+    pinned_ = nullptr;
+    pinned_bytes_ = std::max<size_t>(bytes, 4096);
+    CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_));
+  }
+  // The pinned buffer is reused by the next call: wait for the previous copy to finish.
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  auto* hp = static_cast<SampleRowParams*>(pinned_);
+  for (int r = 0; r < R; ++r) hp[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].seed};
+  auto* dp = static_cast<SampleRowParams*>(workspace(kSample, bytes));
+  CUDA_CHECK(cudaMemcpyAsync(dp, hp, bytes, cudaMemcpyHostToDevice, stream_));
+  launch_sample(logits.data, logits.dtype == DType::BF16, R, V, dp, out_ids.ptr<int32_t>(), stream_);
+}
+
+}  // namespace moeserve

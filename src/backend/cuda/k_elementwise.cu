@@ -1,0 +1,182 @@
+// Elementwise and row-wise kernels: embedding gather, (add +) RMSNorm, add, row sums of
+// squares, fused full-width QK-norm + partial NeoX RoPE, paged KV write.
+// Activations are bf16 or f32 (runtime flag, uniform per launch); statistics are f32.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace moeserve::cuda {
+namespace {
+
+__device__ __forceinline__ float ld(const void* p, bool bf, int64_t i) {
+  return bf ? bf2f(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void st(void* p, bool bf, int64_t i, float v) {
+  if (bf)
+    static_cast<bf16*>(p)[i] = f2bf(v);
+  else
+    static_cast<float*>(p)[i] = v;
+}
+// Value as stored (rounded to bf16 when the buffer is bf16).
+__device__ __forceinline__ float round_as(bool bf, float v) { return bf ? bf2f(f2bf(v)) : v; }
+
+__global__ void embedding_kernel(const void* table, bool tbf, const int32_t* ids, int H, int vocab,
+                                 void* out, bool obf) {
+  const int t = blockIdx.x;
+  const int id = ids[t];
+  const bool ok = id >= 0 && id < vocab;  // invalid ids give a zero row (checked on the host too)
+  for (int h = threadIdx.x; h < H; h += blockDim.x)
+    st(out, obf, int64_t(t) * H + h, ok ? ld(table, tbf, int64_t(id) * H + h) : 0.f);
+}
+
+__global__ void rms_norm_kernel(RmsNormParams p) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int C = p.cols;
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float v = ld(p.x, p.x_bf16, row * C + c);
+    if (p.residual) {
+      v += ld(p.residual, p.residual_bf16, row * C + c);
+      st(p.residual, p.residual_bf16, row * C + c, v);
+      v = round_as(p.residual_bf16, v);
+    }
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);
+  const float r = rsqrtf(ss / C + p.eps);
+  // Each thread re-reads exactly the elements it wrote above, so no barrier is needed.
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float v = p.residual ? ld(p.residual, p.residual_bf16, row * C + c) : ld(p.x, p.x_bf16, row * C + c);
+    st(p.out, p.out_bf16, row * C + c, v * r * ld(p.weight, p.weight_bf16, c));
+  }
+}
+
+__global__ void add_kernel(const void* a, bool abf, const void* b, bool bbf, void* out, bool obf,
+                           int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    st(out, obf, i, ld(a, abf, i) + ld(b, bbf, i));
+}
+
+__global__ void row_sumsq_kernel(const void* x, bool bf, int cols, float* out) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = ld(x, bf, row * cols + c);
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);
+  if (threadIdx.x == 0) out[row] = ss;
+}
+
+// Normalises one row of width W in place with factor r and weight w, then rotates the first
+// rotary_dim dims of each head (NeoX: pairs (d, d + rot/2)). Each element is read and written by
+// exactly one thread (the owner of its pair), so the in-place update is race-free.
+__device__ void norm_rope_row(void* x, bool bf, int64_t base, int W, float r, const void* w, bool wbf,
+                              int D, int rot, float pos, float theta) {
+  const int half = rot / 2;
+  for (int idx = threadIdx.x; idx < W; idx += blockDim.x) {
+    const int d = idx % D;
+    if (d < half) {
+      const int j = idx + half;
+      const float a = ld(x, bf, base + idx) * r * ld(w, wbf, idx);
+      const float b = ld(x, bf, base + j) * r * ld(w, wbf, j);
+      // inv_freq as fp32 like the reference implementations; the angle is an fp32 product.
+      const float inv_freq = float(1.0 / pow(double(theta), double(2 * d) / double(rot)));
+      float sn, cs;
+      sincosf(pos * inv_freq, &sn, &cs);
+      st(x, bf, base + idx, a * cs - b * sn);
+      st(x, bf, base + j, b * cs + a * sn);
+    } else if (d >= rot) {
+      st(x, bf, base + idx, ld(x, bf, base + idx) * r * ld(w, wbf, idx));
+    }
+  }
+}
+
+__global__ void qk_norm_rope_kernel(QkNormRopeParams p) {
+  __shared__ float scratch[32];
+  const int t = blockIdx.x;
+  const int64_t qb = int64_t(t) * p.q_width, kb = int64_t(t) * p.k_width;
+  float qs = 0.f, ks = 0.f;
+  if (!p.q_sumsq) {
+    for (int c = threadIdx.x; c < p.q_width; c += blockDim.x) {
+      float v = ld(p.q, p.act_bf16, qb + c);
+      qs += v * v;
+    }
+    qs = block_sum(qs, scratch);
+  } else {
+    qs = p.q_sumsq[t];
+  }
+  if (!p.k_sumsq) {
+    for (int c = threadIdx.x; c < p.k_width; c += blockDim.x) {
+      float v = ld(p.k, p.act_bf16, kb + c);
+      ks += v * v;
+    }
+    ks = block_sum(ks, scratch);
+  } else {
+    ks = p.k_sumsq[t];
+  }
+  const float rq = rsqrtf(qs / float(p.q_full) + p.eps);
+  const float rk = rsqrtf(ks / float(p.k_full) + p.eps);
+  const float pos = float(p.positions[t]);
+  norm_rope_row(p.q, p.act_bf16, qb, p.q_width, rq, p.q_w, p.w_bf16, p.head_dim, p.rotary_dim, pos, p.theta);
+  norm_rope_row(p.k, p.act_bf16, kb, p.k_width, rk, p.k_w, p.w_bf16, p.head_dim, p.rotary_dim, pos, p.theta);
+}
+
+__global__ void write_kv_kernel(const void* k, const void* v, bool sbf, void* kc, void* vc, bool cbf,
+                                const int32_t* slots, int width, int64_t num_slots) {
+  const int t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0 || slot >= num_slots) return;  // padding token (or out of range: never written)
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    st(kc, cbf, slot * width + c, ld(k, sbf, int64_t(t) * width + c));
+    st(vc, cbf, slot * width + c, ld(v, sbf, int64_t(t) * width + c));
+  }
+}
+
+}  // namespace
+
+void launch_embedding(const void* table, bool table_bf16, const int32_t* ids, int T, int H, int vocab,
+                      void* out, bool out_bf16, cudaStream_t s) {
+  if (T == 0) return;
+  embedding_kernel<<<T, 256, 0, s>>>(table, table_bf16, ids, H, vocab, out, out_bf16);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_rms_norm(const RmsNormParams& p, cudaStream_t s) {
+  if (p.rows == 0) return;
+  rms_norm_kernel<<<p.rows, 512, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_add(const void* a, bool a_bf16, const void* b, bool b_bf16, void* out, bool out_bf16,
+                int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  int blocks = int(std::min<int64_t>((n + 255) / 256, 4096));
+  add_kernel<<<blocks, 256, 0, s>>>(a, a_bf16, b, b_bf16, out, out_bf16, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_row_sum_squares(const void* x, bool x_bf16, int rows, int cols, float* out, cudaStream_t s) {
+  if (rows == 0) return;
+  row_sumsq_kernel<<<rows, 256, 0, s>>>(x, x_bf16, cols, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
+  qk_norm_rope_kernel<<<p.T, 256, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, bool cache_bf16,
+                     const int32_t* slot_mapping, int T, int width, int64_t num_slots, cudaStream_t s) {
+  if (T == 0) return;
+  write_kv_kernel<<<T, 256, 0, s>>>(k, v, src_bf16, kc, vc, cache_bf16, slot_mapping, width, num_slots);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeserve::cuda

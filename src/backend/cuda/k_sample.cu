@@ -1,0 +1,171 @@
+// GPU sampling, one block of 1024 threads per row of logits [rows, V]:
+// greedy (temperature <= 0): argmax, lowest index on ties. Otherwise z = logit / T; top-k and
+// top-p keep the tokens whose z is at least a threshold found by bisection on the
+// order-preserving integer image of z (32 steps, each a block-wide count or probability
+// sum), so no sort is needed. Ties at the threshold are all kept (top-k may keep a few more
+// than k on exactly equal logits). A uniform u from a counter-based hash of (seed, row)
+// picks the token by a prefix scan over kept probabilities in index order.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+
+__device__ __forceinline__ uint32_t ordered(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+__device__ __forceinline__ float logit(const void* p, bool bf, int64_t i) {
+  return bf ? bf2f(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bool bf, int V,
+                                                          const SampleRowParams* params, int32_t* out) {
+  __shared__ float red[32];
+  __shared__ int redi[32];
+  const int row = blockIdx.x;
+  const SampleRowParams sp = params[row];
+  const int64_t base = int64_t(row) * V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  // Max (and argmax for greedy), NaN treated as -inf.
+  float best = -INFINITY;
+  int best_i = V;
+  for (int i = threadIdx.x; i < V; i += kThreads) {
+    float z = logit(logits, bf, base + i);
+    if (z != z) z = -INFINITY;
+    if (z > best || (z == best && i < best_i)) best = z, best_i = i;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
+  }
+  if (lane == 0) red[warp] = best, redi[warp] = best_i;
+  __syncthreads();
+  best = red[lane];
+  best_i = redi[lane];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
+  }
+  if (best_i >= V) best_i = 0;
+  if (sp.temperature <= 0.f || best == -INFINITY) {
+    if (threadIdx.x == 0) out[row] = best_i;
+    return;
+  }
+  const float invT = 1.f / sp.temperature;
+  const float zmax = best * invT;
+  __syncthreads();
+
+  // Threshold on ordered(z): keep tokens with ordered(z) >= thr.
+  uint32_t thr = 0;
+  if (sp.top_k > 0 && sp.top_k < V) {
+    // Largest thr with count(ordered(z) >= thr) >= top_k.
+    uint32_t lo = 0, hi = 0xffffffffu;
+    while (lo < hi) {
+      const uint32_t mid = lo + (hi - lo + 1) / 2;
+      float c = 0.f;
+      for (int i = threadIdx.x; i < V; i += kThreads) c += ordered(logit(logits, bf, base + i) * invT) >= mid;
+      c = block_sum(c, red);
+      if (c >= float(sp.top_k)) lo = mid; else hi = mid - 1;
+    }
+    thr = lo;
+  }
+  auto prob = [&](int i) {
+    const float z = logit(logits, bf, base + i) * invT;
+    return (z == z && ordered(z) >= thr) ? __expf(z - zmax) : 0.f;
+  };
+  float total = 0.f;
+  for (int i = threadIdx.x; i < V; i += kThreads) total += prob(i);
+  total = block_sum(total, red);
+  if (sp.top_p > 0.f && sp.top_p < 1.f) {
+    // Largest thr2 >= thr with mass(ordered(z) >= thr2) >= top_p * total.
+    const float target = sp.top_p * total;
+    uint32_t lo = thr, hi = 0xffffffffu;
+    while (lo < hi) {
+      const uint32_t mid = lo + (hi - lo + 1) / 2;
+      float m = 0.f;
+      for (int i = threadIdx.x; i < V; i += kThreads) {
+        const float z = logit(logits, bf, base + i) * invT;
+        if (z == z && ordered(z) >= mid) m += __expf(z - zmax);
+      }
+      m = block_sum(m, red);
+      if (m >= target) lo = mid; else hi = mid - 1;
+    }
+    thr = lo;
+    total = 0.f;
+    for (int i = threadIdx.x; i < V; i += kThreads) total += prob(i);
+    total = block_sum(total, red);
+  }
+
+  // u in [0, total): scan contiguous chunks in index order.
+  const uint64_t h = splitmix64(sp.seed ^ splitmix64(uint64_t(row) + 0x51ED27ull));
+  const float u = float(double(h >> 11) * (1.0 / 9007199254740992.0)) * total;
+  const int per = (V + kThreads - 1) / kThreads;
+  const int b = threadIdx.x * per, e = min(V, b + per);
+  float mine = 0.f;
+  for (int i = b; i < e; ++i) mine += prob(i);
+  // Exclusive prefix over threads: warp scan, then scan of warp totals.
+  float incl = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += n;
+  }
+  __syncthreads();
+  if (lane == 31) red[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    float w = red[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float n = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += n;
+    }
+    red[lane] = w;  // inclusive warp totals
+  }
+  __syncthreads();
+  const float before = (warp > 0 ? red[warp - 1] : 0.f) + incl - mine;
+  __shared__ int chosen;
+  if (threadIdx.x == 0) chosen = best_i;  // fallback: the most probable token
+  __syncthreads();
+  if (mine > 0.f && u >= before && u < before + mine) {
+    float c = before;
+    int pick = -1, last = -1;
+    for (int i = b; i < e; ++i) {
+      const float pi = prob(i);
+      if (pi <= 0.f) continue;
+      last = i;
+      c += pi;
+      if (u < c) { pick = i; break; }
+    }
+    chosen = pick >= 0 ? pick : last;  // at most one thread's range contains u
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) out[row] = chosen;
+}
+
+}  // namespace
+
+void launch_sample(const void* logits, bool logits_bf16, int rows, int vocab, const SampleRowParams* params,
+                   int32_t* out_ids, cudaStream_t s) {
+  if (rows == 0) return;
+  sample_kernel<<<rows, kThreads, 0, s>>>(logits, logits_bf16, vocab, params, out_ids);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeserve::cuda

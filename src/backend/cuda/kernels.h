@@ -1,0 +1,176 @@
+// Host-side launchers of the CUDA backend's kernels. Plain C++ declarations so that
+// cuda_backend.cpp (and tests) need no device code. All launchers are asynchronous on
+// `stream`, allocate nothing and never synchronise, so a sequence of them can be
+// captured into a CUDA graph. Pointers are device pointers; "act" buffers are bf16 when
+// the matching *_bf16 flag is set, f32 otherwise.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moeserve::cuda {
+
+__host__ __device__ inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// ---- elementwise (k_elementwise.cu) ----
+void launch_embedding(const void* table, bool table_bf16, const int32_t* ids, int T, int H,
+                      int vocab, void* out, bool out_bf16, cudaStream_t s);
+// residual == nullptr: out = rmsnorm(x) * w. Otherwise residual += x; out = rmsnorm(residual) * w.
+struct RmsNormParams {
+  const void* x = nullptr;
+  bool x_bf16 = true;
+  void* residual = nullptr;
+  bool residual_bf16 = true;
+  const void* weight = nullptr;
+  bool weight_bf16 = true;
+  void* out = nullptr;
+  bool out_bf16 = true;
+  int rows = 0, cols = 0;
+  float eps = 1e-6f;
+};
+void launch_rms_norm(const RmsNormParams& p, cudaStream_t s);
+void launch_add(const void* a, bool a_bf16, const void* b, bool b_bf16, void* out, bool out_bf16,
+                int64_t n, cudaStream_t s);
+void launch_row_sum_squares(const void* x, bool x_bf16, int rows, int cols, float* out,
+                            cudaStream_t s);
+struct QkNormRopeParams {
+  void* q = nullptr;  // [T, q_width] act
+  void* k = nullptr;  // [T, k_width] act
+  bool act_bf16 = true;
+  const void* q_w = nullptr;
+  const void* k_w = nullptr;
+  bool w_bf16 = true;
+  const int32_t* positions = nullptr;
+  const float* q_sumsq = nullptr;  // optional [T]
+  const float* k_sumsq = nullptr;
+  int T = 0, q_width = 0, k_width = 0;
+  int64_t q_full = 0, k_full = 0;  // widths the mean is taken over
+  int head_dim = 0, rotary_dim = 0;
+  float theta = 10000.f, eps = 1e-6f;
+};
+void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s);
+// Copies k/v rows [T, width] into caches [slots, width] at slot_mapping (negative = skip).
+void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, bool cache_bf16,
+                     const int32_t* slot_mapping, int T, int width, int64_t num_slots, cudaStream_t s);
+
+// ---- linear layers (k_gemv.cu, k_gemm.cu) ----
+// One local expert's weights (device pointers) for the MoE kernels.
+struct ExpertPtrs {
+  const void* w1;
+  const void* w3;
+  const void* w2;
+  const float* s1;
+  const float* s3;
+  const float* s2;
+};
+
+enum class LinMode : int {
+  kStore = 0,   // out[r, n] = acc
+  kSwiglu = 1,  // out[r, i] = silu(x W1[i]) * (x W3[i]) (MoE gate/up; bf16 out)
+  kDown = 2,    // out[r, n] = acc * row_scale[r] (MoE down; f32 out)
+};
+
+struct LinParams {
+  LinMode mode = LinMode::kStore;
+  // Activations: row r of the problem reads x[(x_rows ? x_rows[r] : r) * ldx + k].
+  const void* x = nullptr;  // bf16
+  int ldx = 0;
+  const int32_t* x_rows = nullptr;
+  int M = 0;  // rows (tokens, or sorted (token, expert) pairs)
+  // Weights: a single matrix (experts == nullptr) or the tile's expert from `experts`.
+  const void* w = nullptr;  // [N, K]
+  const float* s = nullptr;  // block scales [ceil(N/bo), s_cols]
+  const ExpertPtrs* experts = nullptr;
+  bool fp8 = true;  // false: bf16 weights
+  int N = 0, K = 0;  // N = output columns (for kSwiglu: I, the rows of W1 and of W3)
+  int bo = 128, bi = 128, s_cols = 0;
+  // Tile table (MoE): tile t covers sorted rows [tile_begin[t], tile_end[t]) of expert
+  // tile_expert[t]; *num_tiles tiles are valid, grid covers max_tiles. When null, tiles are
+  // consecutive chunks of M rows.
+  const int32_t* tile_expert = nullptr;
+  const int32_t* tile_begin = nullptr;
+  const int32_t* tile_end = nullptr;
+  const int32_t* num_tiles = nullptr;
+  int max_tiles = 0;
+  // Output
+  void* out = nullptr;
+  int ldo = 0;
+  bool out_f32 = false;
+  const float* row_scale = nullptr;  // kDown
+};
+// Rows per tile of each path (the MoE align kernel builds tiles of this height).
+constexpr int kGemvTile = 8;
+constexpr int kGemmTileM = 64;
+void launch_gemv(const LinParams& p, cudaStream_t s);  // memory-bound path, small row counts
+void launch_gemm(const LinParams& p, cudaStream_t s);  // tensor-core path (mma.sync bf16)
+
+// ---- MoE (k_moe.cu) ----
+struct RouteParams {
+  const void* x = nullptr;
+  bool x_bf16 = true;
+  const void* gate = nullptr;  // [E, H]
+  bool gate_bf16 = false;      // else f32
+  const float* bias = nullptr;  // [E] or null
+  int T = 0, H = 0, E = 0, top_k = 0;
+  int32_t* ids = nullptr;  // [T, top_k]
+  float* weights = nullptr;
+};
+void launch_moe_route(const RouteParams& p, cudaStream_t s);
+
+// Groups (token, k) pairs by local expert. Outputs (device, caller-sized):
+// sorted_token [P], sorted_weight [P], pair_pos [P] (sorted position or -1), tiles (max
+// ceil(P / tile_rows) + E_local entries) and num_tiles [1]. P = T * top_k.
+struct MoeAlignParams {
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+  int T = 0, top_k = 0, first_local = 0, num_local = 0, tile_rows = 8;
+  int32_t* sorted_token = nullptr;
+  float* sorted_weight = nullptr;
+  int32_t* pair_pos = nullptr;
+  int32_t* tile_expert = nullptr;
+  int32_t* tile_begin = nullptr;
+  int32_t* tile_end = nullptr;
+  int32_t* num_tiles = nullptr;
+};
+void launch_moe_align(const MoeAlignParams& p, cudaStream_t s);
+inline int moe_max_tiles(int pairs, int tile_rows, int num_local) {
+  return (pairs + tile_rows - 1) / tile_rows + num_local;
+}
+// out[t, h] = sum_k ypair[pair_pos[t*k + j], h] (fixed order; missing pairs add 0).
+void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int top_k, int H,
+                        void* out, bool out_bf16, cudaStream_t s);
+
+// ---- attention (k_attention.cu) ----
+struct AttnParams {
+  const void* q = nullptr;  // [T, Hq*D] bf16
+  const void* k_cache = nullptr;  // [blocks, bs, Hkv, D] bf16
+  const void* v_cache = nullptr;
+  void* out = nullptr;  // [T, Hq*D] bf16
+  const int32_t* query_start = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* block_tables = nullptr;
+  int num_seqs = 0, T = 0, max_query_len = 0, max_blocks_per_seq = 0, block_size = 0;
+  int Hq = 0, Hkv = 0, D = 0;
+  float scale = 1.f;
+  int splits = 1;  // > 1: split-KV partials in `part_o` [splits, T, Hq, D] and `part_ml` [splits, T, Hq, 2]
+  float* part_o = nullptr;
+  float* part_ml = nullptr;
+};
+// Query tokens per block for a GQA group size.
+int attn_query_tile(int group);
+void launch_attention(const AttnParams& p, cudaStream_t s);
+
+// ---- random fill (k_fill.cu): kind 0 f32, 1 bf16, 2 fp8 e4m3; uniform in [-scale, scale] ----
+void launch_fill_random(void* p, int kind, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+
+// ---- sampling (k_sample.cu) ----
+struct SampleRowParams {
+  float temperature;  // <= 0: greedy
+  int top_k;          // <= 0: off
+  float top_p;        // >= 1: off
+  uint64_t seed;
+};
+void launch_sample(const void* logits, bool logits_bf16, int rows, int vocab,
+                   const SampleRowParams* params, int32_t* out_ids, cudaStream_t s);
+
+}  // namespace moeserve::cuda

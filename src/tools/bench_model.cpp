@@ -1,0 +1,210 @@
+// bench-model: decode tokens/s at several batch sizes and contexts (one CUDA graph per
+// batch), prefill tokens/s and TTFT for a long prompt, each with its fraction of the roofline
+// measured at start:
+//   decode: bytes a step must read (attention weights, router, the expected distinct experts
+//           of B tokens under uniform routing, KV of every sequence, lm_head) / copy bandwidth,
+//           divided by the measured step time;
+//   prefill: FLOPs (projections, the top-k experts of every token, causal attention) / FP8
+//           matrix rate, divided by the measured time.
+#include "tools/bench_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "tools/bench_synth.h"
+
+namespace moeserve::tools {
+namespace {
+
+struct Timer {
+  cudaStream_t s;
+  cudaEvent_t a{}, b{};
+  explicit Timer(cudaStream_t st) : s(st) {
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  template <typename F>
+  double median_ms(int reps, F&& f) {
+    std::vector<float> t;
+    for (int i = 0; i < reps; ++i) {
+      cudaEventRecord(a, s);
+      f();
+      cudaEventRecord(b, s);
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+// Bytes one layer must read per decode step for batch B at context C.
+struct DecodeBytes {
+  double attn_w, router, experts, kv, distinct;
+};
+DecodeBytes decode_bytes(const SynthShapes& s, int B, int C) {
+  const double H = s.hidden, QW = double(s.q_heads) * s.head_dim, KW = double(s.kv_heads) * s.head_dim;
+  auto fp8 = [](double o, double i) { return o * i + std::ceil(o / 128) * std::ceil(i / 128) * 4; };
+  DecodeBytes d;
+  d.attn_w = fp8(QW, H) + 2 * fp8(KW, H) + fp8(H, QW);
+  d.router = double(s.experts) * H * 4;
+  d.distinct = s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, B));
+  d.experts = d.distinct * (2 * fp8(s.intermediate, H) + fp8(H, s.intermediate));
+  d.kv = double(B) * C * KW * 2 /*K,V*/ * 2 /*bf16*/;
+  return d;
+}
+
+}  // namespace
+
+int run_bench_model(const BenchModelOptions& opt) {
+  MS_CHECK(opt.checkpoint.empty(),
+           "bench-model: checkpoint directories are not supported yet (needs the model loader); use --synthetic "
+           "minimax-m2.5");
+  MS_CHECK(opt.synthetic == "minimax-m2.5", "bench-model: unknown --synthetic '{}' (expected minimax-m2.5)",
+           opt.synthetic);
+  MS_CHECK(opt.layers >= 1 && opt.iters >= 1, "bench-model: --layers and --iters must be >= 1");
+  auto backend = make_cuda_backend(0);
+  CudaBackend& b = *backend;
+  const SynthShapes s;
+  nlohmann::json out;
+  out["command"] = opt.command_line;
+  out["gpu"] = b.device_name();
+  out["layers"] = opt.layers;
+  out["model"] = "minimax-m2.5 (synthetic weights)";
+
+  const Roofline roof = measure_roofline(b.stream());
+  out["roofline"] = {{"copy_GBps", roof.copy_bytes_per_s / 1e9},
+                     {"fp8_tflops", roof.fp8_flops / 1e12},
+                     {"bf16_tflops", roof.bf16_flops / 1e12},
+                     {"note", roof.fp8_note}};
+
+  const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
+  const int max_ctx = std::max(*std::max_element(opt.contexts.begin(), opt.contexts.end()), opt.prefill_tokens);
+  const int bs = opt.block_size;
+  const int max_blocks = (max_ctx + bs - 1) / bs + 1;
+  const int max_tokens = std::max(max_batch, opt.prefill_tokens);
+  SynthModel model(b, s, opt.layers, max_tokens, std::max(max_batch, 1), max_blocks);
+  b.synchronize();
+  spdlog::info("synthetic weights: {:.2f} GB for {} layers", model.weight_bytes() / 1e9, opt.layers);
+
+  // KV pool from --gpu-memory-utilization, after weights and workspaces (plus 2 GB headroom
+  // for the workspaces a prefill grows).
+  size_t free_b = 0, total_b = 0;
+  b.mem_info(&free_b, &total_b);
+  const double budget = double(total_b) * opt.gpu_memory_utilization - double(total_b - free_b) - 2e9;
+  const double kv_token_layer = double(s.kv_heads) * s.head_dim * 2 * 2;
+  const int64_t blocks_per_layer =
+      std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * opt.layers)));
+  const int64_t need_blocks = int64_t(max_batch) * max_blocks;
+  const int64_t pool = std::min(blocks_per_layer, need_blocks);
+  MS_CHECK(pool >= max_blocks, "bench-model: not enough memory for the KV cache of one sequence");
+  spdlog::info("KV cache: {} tokens fit per layer at --gpu-memory-utilization {} ({} layers; a {}-layer model "
+               "would hold {} tokens); allocating {} blocks of {}",
+               blocks_per_layer * bs, opt.gpu_memory_utilization, opt.layers, s.total_layers,
+               int64_t(budget / (kv_token_layer * s.total_layers)), pool, bs);
+  out["kv_tokens_fit_per_layer"] = blocks_per_layer * bs;
+  out["kv_tokens_fit_62_layers"] = int64_t(budget / (kv_token_layer * s.total_layers));
+  model.alloc_kv(int(pool), bs);
+  b.synchronize();
+
+  Timer timer(b.stream());
+  // ---- decode ----
+  nlohmann::json dec = nlohmann::json::array();
+  std::printf("%-6s %-7s %10s %12s %12s %9s\n", "batch", "context", "step_ms", "tok/s", "floor_ms", "roofline");
+  for (int C : opt.contexts) {
+    for (int B : opt.batches) {
+      if (int64_t(B) * max_blocks > pool) {
+        spdlog::warn("decode B={} C={}: skipped (KV pool of {} blocks too small)", B, C, pool);
+        continue;
+      }
+      model.plan(std::vector<int>(B, 1), std::vector<int>(B, C));
+      model.forward();  // eager: sizes workspaces, builds expert tables
+      b.synchronize();
+      auto ids = model.routing_ids();
+      std::set<int> distinct(ids.begin(), ids.end());
+      double ms;
+      if (opt.graphs) {
+        b.begin_capture();
+        model.forward();
+        CudaGraph g = b.end_capture();
+        g.replay(b.stream());
+        ms = timer.median_ms(opt.iters, [&] { g.replay(b.stream()); });
+      } else {
+        ms = timer.median_ms(opt.iters, [&] { model.forward(); });
+      }
+      const DecodeBytes d = decode_bytes(s, B, C);
+      const double lm = double(s.vocab) * s.hidden * 2;
+      const double bytes = opt.layers * (d.attn_w + d.router + d.experts + d.kv) + lm;
+      const double floor_ms = bytes / roof.copy_bytes_per_s * 1e3;
+      const double per_layer_ms = (ms - lm / roof.copy_bytes_per_s * 1e3) / opt.layers;
+      const double ms62 = per_layer_ms * s.total_layers + lm / roof.copy_bytes_per_s * 1e3;
+      std::printf("%-6d %-7d %10.3f %12.1f %12.3f %8.1f%%\n", B, C, ms, B / (ms * 1e-3), floor_ms,
+                  100.0 * floor_ms / ms);
+      dec.push_back({{"batch", B},
+                     {"context", C},
+                     {"step_ms", ms},
+                     {"tok_per_s", B / (ms * 1e-3)},
+                     {"bytes_per_step", bytes},
+                     {"floor_ms", floor_ms},
+                     {"roofline_fraction", floor_ms / ms},
+                     {"expected_distinct_experts", d.distinct},
+                     {"measured_distinct_experts_last_layer", distinct.size()},
+                     {"est_tok_per_s_62_layers", B / (ms62 * 1e-3)},
+                     {"graph", opt.graphs}});
+    }
+  }
+  out["decode"] = dec;
+
+  // ---- prefill ----
+  if (opt.prefill_tokens > 0) {
+    const int P = opt.prefill_tokens;
+    model.plan({P}, {P});
+    model.forward();
+    b.synchronize();
+    const double ms = timer.median_ms(std::max(1, std::min(opt.iters, 3)), [&] { model.forward(); });
+    const double H = s.hidden, QW = double(s.q_heads) * s.head_dim, KW = double(s.kv_heads) * s.head_dim;
+    const double proj = 2.0 * P * (QW * H + 2 * KW * H + H * QW);
+    const double router = 2.0 * P * s.experts * H;
+    const double experts = 2.0 * P * s.top_k * 3.0 * H * s.intermediate;
+    const double attn = 2.0 * 2.0 * s.q_heads * s.head_dim * (double(P) * (P + 1) / 2);
+    const double flops = opt.layers * (proj + router + experts + attn) + 2.0 * H * s.vocab;
+    const double floor_ms = roof.fp8_flops > 0 ? flops / roof.fp8_flops * 1e3 : 0;
+    const double per_layer = ms / opt.layers;
+    std::printf("prefill %d tokens: %.1f ms (%.0f tok/s), FLOP floor %.1f ms at FP8 rate: %.1f%% ; TTFT %.1f ms "
+                "(%d layers), est. %.0f ms for %d layers\n",
+                P, ms, P / (ms * 1e-3), floor_ms, floor_ms > 0 ? 100.0 * floor_ms / ms : 0.0, ms, opt.layers,
+                per_layer * s.total_layers, s.total_layers);
+    out["prefill"] = {{"tokens", P},
+                      {"ms", ms},
+                      {"tok_per_s", P / (ms * 1e-3)},
+                      {"flops", flops},
+                      {"floor_ms_fp8", floor_ms},
+                      {"roofline_fraction_fp8", floor_ms > 0 ? floor_ms / ms : 0.0},
+                      {"ttft_ms", ms},
+                      {"est_ttft_ms_62_layers", per_layer * s.total_layers}};
+  }
+  const std::string js = out.dump(2);
+  if (!opt.json_out.empty()) {
+    std::ofstream f(opt.json_out);
+    MS_CHECK(f.good(), "bench-model: cannot write {}", opt.json_out);
+    f << js << "\n";
+  } else {
+    std::printf("%s\n", js.c_str());
+  }
+  return 0;
+}
+
+}  // namespace moeserve::tools

@@ -1,0 +1,35 @@
+// `moeserve bench-model`: decode and prefill throughput of MiniMax-M2.5-shaped layers on
+// one GPU, against the roofline measured at start (copy bandwidth, FP8 matrix rate).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace moeserve::tools {
+
+struct BenchModelOptions {
+  std::string synthetic;   // "minimax-m2.5"
+  std::string checkpoint;  // checkpoint dir (not supported yet)
+  int layers = 4;
+  std::vector<int> batches = {1, 8, 32, 64, 128, 256};
+  std::vector<int> contexts = {1024, 8192};
+  int prefill_tokens = 8192;
+  int iters = 10;
+  int block_size = 16;
+  double gpu_memory_utilization = 0.9;
+  bool graphs = true;
+  std::string json_out;  // also printed to stdout when empty
+  std::string command_line;
+};
+
+int run_bench_model(const BenchModelOptions& opt);
+
+// Measured ceilings of the current device.
+struct Roofline {
+  double copy_bytes_per_s = 0;  // device-to-device copy, bytes read + written
+  double fp8_flops = 0;         // dense FP8 GEMM (cuBLASLt), 0 if unavailable
+  double bf16_flops = 0;
+  std::string fp8_note;
+};
+Roofline measure_roofline(void* stream);
+
+}  // namespace moeserve::tools

@@ -1,0 +1,62 @@
+// A MiniMax-M2.5-shaped stack of L decoder layers with random weights generated on the GPU
+// (FP8 block-scaled projections and experts, f32 router, bf16 norms / embedding / lm_head),
+// plus the forward step composed from Backend ops. This stands in for the model branch's
+// forward until it lands; bench-model times it eagerly (prefill) and as one CUDA graph per
+// decode batch (plan/run: metadata lives in fixed device buffers).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace moeserve::tools {
+
+struct SynthShapes {  // MiniMax-M2.5 (shared/reference/minimax-m2.md §3-4)
+  int hidden = 3072, q_heads = 48, kv_heads = 8, head_dim = 128, rotary_dim = 64;
+  int experts = 256, top_k = 8, intermediate = 1536, vocab = 200064;
+  float theta = 5e6f, eps = 1e-6f;
+  int total_layers = 62;  // of the real model, for extrapolation
+};
+
+struct SynthLayer {
+  LinearWeight q, k, v, o;
+  Tensor in_norm, post_norm, q_norm, k_norm;
+  MoeWeights moe;
+  KVCacheLayer kv;
+};
+
+class SynthModel {
+ public:
+  SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max_tokens, int max_seqs, int max_blocks_per_seq);
+  // Allocates `blocks_per_layer` KV blocks for every layer and fills them with random values.
+  void alloc_kv(int blocks_per_layer, int block_size);
+  // Plans one step: sequence s has query_lens[s] new tokens and context_lens[s] tokens after
+  // the step; its KV blocks are [s * max_blocks_per_seq, ...) of each layer's pool.
+  void plan(const std::vector<int>& query_lens, const std::vector<int>& context_lens);
+  // Runs the planned step: embedding, L layers, final norm, lm_head on each sequence's last
+  // token into logits [S, vocab] f32. Capture-safe after one eager run.
+  void forward();
+  int64_t weight_bytes() const { return weight_bytes_; }
+  const SynthShapes& shapes() const { return s_; }
+  std::vector<float> routing_ids();  // of the last layer, last step (host copy)
+
+ private:
+  LinearWeight fp8_linear(int out, int in, uint64_t seed);
+  Tensor rand(DType t, const Shape& shape, uint64_t seed, float scale);
+
+  CudaBackend& b_;
+  SynthShapes s_;
+  int max_tokens_, max_seqs_, max_blocks_;
+  int64_t weight_bytes_ = 0;
+  std::vector<SynthLayer> layers_;
+  Tensor embed_, final_norm_;
+  LinearWeight lm_head_;
+  // Step buffers [max_tokens, ...] and metadata buffers.
+  Tensor ids_, h_, xn_, q_, k_, v_, attn_, o_, moe_out_, last_x_, logits_;
+  MoeRouting routing_;
+  AttentionMeta meta_;
+  Tensor last_rows_;  // [max_seqs] I32: token index of each sequence's last token
+  int T_ = 0, S_ = 0;
+};
+
+}  // namespace moeserve::tools

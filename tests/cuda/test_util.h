@@ -1,0 +1,113 @@
+// Helpers for the CUDA op tests: random host data, device upload in a given dtype, FP8
+// block-scaled weights, and the normalised error ||out - ref|| / ||ref||.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace moeserve::test {
+
+#define SKIP_WITHOUT_GPU()                                          \
+  do {                                                              \
+    if (::moeserve::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+inline CudaBackend& gpu() {
+  static std::unique_ptr<CudaBackend> b = make_cuda_backend(0);
+  return *b;
+}
+
+// Random normal values, rounded to bf16 when `bf16_exact` so the host reference sees the same inputs.
+inline std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.f, bool bf16_exact = true) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = d(rng);
+    if (bf16_exact) x = bf16_to_f32(f32_to_bf16(x));
+  }
+  return v;
+}
+
+inline Tensor to_device(const std::vector<float>& v, DType t, const Shape& shape) {
+  Tensor h = Tensor::host(t, shape);
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (t) {
+      case DType::F32: h.ptr<float>()[i] = v[i]; break;
+      case DType::BF16: h.ptr<uint16_t>()[i] = f32_to_bf16(v[i]); break;
+      case DType::I32: h.ptr<int32_t>()[i] = int32_t(v[i]); break;
+      default: ADD_FAILURE() << "to_device: unsupported dtype";
+    }
+  }
+  return gpu().upload(h);
+}
+inline Tensor ints_to_device(const std::vector<int32_t>& v, const Shape& shape) {
+  Tensor h = Tensor::host(DType::I32, shape);
+  std::copy(v.begin(), v.end(), h.ptr<int32_t>());
+  return gpu().upload(h);
+}
+
+// A device weight [N, K] (FP8 with random block scales, or BF16) and its exact host dequantisation.
+struct HostWeight {
+  LinearWeight dev;
+  std::vector<float> deq;  // [N, K]
+};
+inline HostWeight make_weight(int N, int K, bool fp8, std::mt19937& rng, int bo = 128, int bi = 128) {
+  HostWeight w;
+  w.deq.resize(size_t(N) * K);
+  if (fp8) {
+    const int so = (N + bo - 1) / bo, si = (K + bi - 1) / bi;
+    std::uniform_real_distribution<float> us(0.5f, 1.5f);
+    std::vector<float> scale(size_t(so) * si);
+    for (auto& s : scale) s = us(rng) / 64.f;  // weights ~ N(0, 1) * 1/64
+    std::normal_distribution<float> d(0.f, 1.f);
+    Tensor hw = Tensor::host(DType::F8_E4M3, {N, K});
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) {
+        const uint8_t b = f32_to_fp8_e4m3(d(rng));
+        hw.ptr<uint8_t>()[size_t(n) * K + k] = b;
+        w.deq[size_t(n) * K + k] = fp8_e4m3_to_f32(b) * scale[size_t(n / bo) * si + k / bi];
+      }
+    w.dev.weight = gpu().upload(hw);
+    w.dev.scale_inv = to_device(scale, DType::F32, {so, si});
+    w.dev.block_out = bo;
+    w.dev.block_in = bi;
+  } else {
+    w.deq = randn(size_t(N) * K, rng, 1.f / 64.f);
+    w.dev.weight = to_device(w.deq, DType::BF16, {N, K});
+  }
+  return w;
+}
+
+inline double rel_err(const std::vector<float>& out, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = double(out[i]) - ref[i];
+    if (!std::isfinite(out[i])) return INFINITY;
+    num += d * d;
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Host reference y [T, N] = x [T, K] @ W^T.
+inline std::vector<float> ref_linear(const std::vector<float>& x, const std::vector<float>& w, int T, int N, int K) {
+  std::vector<float> y(size_t(T) * N);
+  for (int t = 0; t < T; ++t)
+    for (int n = 0; n < N; ++n) {
+      double acc = 0;
+      const float* xr = &x[size_t(t) * K];
+      const float* wr = &w[size_t(n) * K];
+      for (int k = 0; k < K; ++k) acc += double(xr[k]) * wr[k];
+      y[size_t(t) * N + n] = float(acc);
+    }
+  return y;
+}
+
+}  // namespace moeserve::test
