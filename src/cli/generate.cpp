@@ -12,6 +12,10 @@
 #include "core/error.h"
 #include "model/generate.h"
 #include "model/model_executor.h"
+#include "backend/cpu/cpu_backend.h"
+#ifdef MOESERVE_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace {
 struct Args {
@@ -53,11 +57,26 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
   sub->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
   sub->add_option("--dump-logits", a->dump_logits, "write float32 .npy [N, vocab] of the sampled-from logits");
   sub->add_flag("--json", a->json, "print {prompt_ids, generated_ids} as JSON on stdout");
-  sub->add_option("--device", a->device, "cpu")->capture_default_str();
+  sub->add_option("--device", a->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   sub->add_option("--block-size", a->block_size, "KV cache block size")->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "chunked prefill size (0 = whole prompt)");
   return [a] {
-    MS_CHECK(a->device == "cpu", "--device {}: only cpu is available in generate", a->device);
+    std::unique_ptr<moeserve::Backend> backend;
+    if (a->device == "cpu") {
+      backend = moeserve::make_cpu_backend();
+#ifdef MOESERVE_WITH_CUDA
+    } else if (a->device == "cuda") {
+      backend = moeserve::make_cuda_backend(0);
+#endif
+    } else {
+      moeserve::fail("--device {}: not available in this build (cpu{})", a->device,
+#ifdef MOESERVE_WITH_CUDA
+                     ", cuda"
+#else
+                     ""
+#endif
+      );
+    }
     moeserve::GenerateOptions g;
     g.prompt_ids = parse_ids(a->prompt_ids);
     g.max_tokens = a->max_tokens;
@@ -73,7 +92,7 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     // A KV pool just large enough for this one sequence.
     const int total = int(g.prompt_ids.size()) + a->max_tokens;
     eo.num_kv_blocks = std::max(1, (total + a->block_size - 1) / std::max(1, a->block_size));
-    auto exec = moeserve::make_cpu_executor(eo);
+    auto exec = std::make_unique<moeserve::MiniMaxM2Executor>(std::move(backend), eo);
     const auto res = moeserve::generate(*exec, g);
     if (!a->dump_logits.empty())
       moeserve::write_npy_f32(a->dump_logits, res.logits.data(), int64_t(res.generated_ids.size()), res.vocab_size);
