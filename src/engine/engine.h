@@ -73,7 +73,8 @@ struct EngineConfig {
   int max_model_len = 0;  // 0: the executor's
   bool enable_prefix_caching = true;
   int max_waiting_requests = 1024;  // submit() refuses beyond this (server answers 429/503)
-  std::vector<int32_t> eos_token_ids;
+  std::vector<int32_t> eos_token_ids;  // see read_eos_token_ids (engine/stop.h)
+  uint64_t seed = 0;  // seeds the per-request RNG of requests without a seed
 };
 
 // Live counters for /metrics, read without stopping the engine.

@@ -1,0 +1,326 @@
+// The engine loop: one thread owns the scheduler, block manager, sequences and the
+// executor. submit/abort/stats are called from other threads; they touch only the inbox
+// (under mu_) and atomics, so they never wait for a model step.
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/stop.h"
+
+namespace moeserve {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Abort: return "abort";
+    case FinishReason::Error: return "error";
+    case FinishReason::None: break;
+  }
+  return "none";
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Resolves max_model_len: the configured one (if any) capped by the executor's, and by
+// what the KV pool can hold, so a lone sequence can always run to its end.
+EngineConfig resolve_config(EngineConfig c, const ExecutorInfo& info) {
+  MS_CHECK(info.vocab_size > 0, "executor reports vocab_size {}", info.vocab_size);
+  MS_CHECK(info.block_size > 0 && info.num_kv_blocks > 0, "executor reports block_size {} and {} KV blocks",
+           info.block_size, info.num_kv_blocks);
+  int len = info.max_model_len > 0 ? info.max_model_len : c.max_model_len;
+  if (c.max_model_len > 0) len = std::min(len, c.max_model_len);
+  MS_CHECK(len > 1, "max_model_len must be > 1 (config {}, executor {})", c.max_model_len, info.max_model_len);
+  const int64_t kv_len = int64_t(info.num_kv_blocks) * info.block_size;
+  if (len > kv_len) {
+    spdlog::warn("max_model_len {} exceeds the KV cache ({} blocks x {} = {} tokens); capping it", len,
+                 info.num_kv_blocks, info.block_size, kv_len);
+    len = static_cast<int>(kv_len);
+  }
+  c.max_model_len = len;
+  MS_CHECK(c.max_num_seqs > 0, "max_num_seqs must be positive, got {}", c.max_num_seqs);
+  MS_CHECK(c.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive, got {}", c.max_num_batched_tokens);
+  return c;
+}
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(EngineConfig config, std::unique_ptr<ModelExecutor> executor)
+      : info_(executor->info()),
+        config_(resolve_config(std::move(config), info_)),
+        exec_(std::move(executor)),
+        blocks_(BlockManagerConfig{.num_blocks = info_.num_kv_blocks,
+                                   .block_size = info_.block_size,
+                                   .enable_prefix_caching = config_.enable_prefix_caching,
+                                   .hash_fn = {}}),
+        sched_(SchedulerConfig{.max_num_seqs = config_.max_num_seqs,
+                               .max_num_batched_tokens = config_.max_num_batched_tokens,
+                               .max_model_len = config_.max_model_len},
+               blocks_) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~EngineImpl() override { shutdown(std::chrono::milliseconds(0)); }
+
+  bool submit(Request request) override {
+    validate(request);
+    auto req = std::make_shared<const Request>(std::move(request));
+    {
+      std::lock_guard lk(mu_);
+      if (!accepting_) return false;
+      MS_CHECK(!live_ids_.count(req->id), "request id '{}' is already in use", req->id);
+      if (static_cast<int>(inbox_.size()) + waiting_.load() >= config_.max_waiting_requests) return false;
+      live_ids_.insert(req->id);
+      inbox_.push_back(std::move(req));
+    }
+    cv_.notify_one();
+    return true;
+  }
+
+  void abort(const std::string& request_id) override {
+    {
+      std::lock_guard lk(mu_);
+      if (!live_ids_.count(request_id)) return;
+      abort_inbox_.push_back(request_id);
+    }
+    cv_.notify_one();
+  }
+
+  EngineStats stats() const override {
+    EngineStats s;
+    s.num_running = running_.load(std::memory_order_relaxed);
+    s.num_waiting = waiting_.load(std::memory_order_relaxed);
+    s.kv_cache_usage = kv_usage_.load(std::memory_order_relaxed);
+    s.prefix_cache_queries = prefix_queries_.load(std::memory_order_relaxed);
+    s.prefix_cache_hits = prefix_hits_.load(std::memory_order_relaxed);
+    s.num_preemptions = preemptions_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  const EngineConfig& config() const override { return config_; }
+  ExecutorInfo executor_info() const override { return info_; }
+
+  void shutdown(std::chrono::milliseconds grace) override {
+    {
+      std::lock_guard lk(mu_);
+      if (!stop_requested_) {
+        accepting_ = false;
+        stop_requested_ = true;
+        deadline_ = std::chrono::steady_clock::now() + grace;
+      }
+    }
+    cv_.notify_one();
+    std::lock_guard jl(join_mu_);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void validate(const Request& r) const {
+    MS_CHECK(!r.id.empty(), "request id must not be empty");
+    MS_CHECK(r.on_output, "request '{}' has no on_output callback", r.id);
+    const int n = static_cast<int>(r.prompt_ids.size());
+    MS_CHECK(n > 0, "request '{}': the prompt is empty", r.id);
+    MS_CHECK(n < config_.max_model_len,
+             "request '{}': the prompt has {} tokens; this model's maximum context length is {} (prompt "
+             "plus at least one generated token)",
+             r.id, n, config_.max_model_len);
+    for (int i = 0; i < n; ++i)
+      MS_CHECK(r.prompt_ids[i] >= 0 && r.prompt_ids[i] < info_.vocab_size,
+               "request '{}': prompt token {} at position {} is outside the vocabulary [0, {})", r.id,
+               r.prompt_ids[i], i, info_.vocab_size);
+    const SamplingParams& p = r.params;
+    MS_CHECK(p.max_tokens >= 1, "request '{}': max_tokens must be at least 1, got {}", r.id, p.max_tokens);
+    MS_CHECK(p.min_tokens >= 0, "request '{}': min_tokens must be >= 0, got {}", r.id, p.min_tokens);
+    MS_CHECK(p.temperature >= 0, "request '{}': temperature must be >= 0, got {}", r.id, p.temperature);
+    MS_CHECK(p.top_p > 0 && p.top_p <= 1, "request '{}': top_p must be in (0, 1], got {}", r.id, p.top_p);
+    MS_CHECK(p.top_k >= -1, "request '{}': top_k must be -1, 0 or positive, got {}", r.id, p.top_k);
+    MS_CHECK(p.min_p >= 0 && p.min_p <= 1, "request '{}': min_p must be in [0, 1], got {}", r.id, p.min_p);
+    MS_CHECK(p.repetition_penalty > 0, "request '{}': repetition_penalty must be > 0, got {}", r.id,
+             p.repetition_penalty);
+    MS_CHECK(p.logprobs >= -1, "request '{}': logprobs must be >= -1, got {}", r.id, p.logprobs);
+  }
+
+  void loop() {
+    for (;;) {
+      std::deque<std::shared_ptr<const Request>> incoming;
+      std::vector<std::string> aborts;
+      bool stopping;
+      std::chrono::steady_clock::time_point deadline;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return !inbox_.empty() || !abort_inbox_.empty() || stop_requested_ || sched_.has_work(); });
+        incoming.swap(inbox_);
+        aborts.swap(abort_inbox_);
+        stopping = stop_requested_;
+        deadline = deadline_;
+      }
+      for (auto& r : incoming) admit(std::move(r));
+      for (const auto& id : aborts) abort_now(id, FinishReason::Abort, "");
+      if (stopping && std::chrono::steady_clock::now() >= deadline) abort_all(FinishReason::Abort, "");
+      if (sched_.has_work()) step();
+      publish_stats();
+      if (stopping && !sched_.has_work()) {
+        std::lock_guard lk(mu_);
+        if (inbox_.empty()) break;
+      }
+    }
+  }
+
+  void admit(std::shared_ptr<const Request> r) {
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_seq_id_++;
+    seq->request = r;
+    seq->tokens = r->prompt_ids;
+    seq->num_prompt_tokens = static_cast<int>(r->prompt_ids.size());
+    const uint64_t seed = r->params.seed ? *r->params.seed : splitmix64(config_.seed ^ splitmix64(seq->id));
+    seq->sampler.rng.seed(seed);
+    by_id_[r->id] = sched_.add(std::move(seq));
+  }
+
+  RequestOutput make_output(const Sequence& s) const {
+    RequestOutput o;
+    o.request_id = s.request->id;
+    o.num_prompt_tokens = s.num_prompt_tokens;
+    o.num_cached_tokens = s.num_cached_tokens;
+    o.num_generated_tokens = s.num_output_tokens();
+    return o;
+  }
+
+  void deliver(const Sequence& s, RequestOutput&& o) {
+    try {
+      s.request->on_output(std::move(o));
+    } catch (const std::exception& e) {
+      spdlog::error("on_output of request '{}' threw: {}", s.request->id, e.what());
+    }
+  }
+
+  // Removes a sequence and tells its owner. `o` may carry the last token.
+  void finish(Sequence* s, FinishReason reason, RequestOutput o, const std::string& error) {
+    o.finished = true;
+    o.finish_reason = reason;
+    o.error = error;
+    std::unique_ptr<Sequence> owned = sched_.remove(s, reason);
+    by_id_.erase(owned->request->id);
+    {
+      std::lock_guard lk(mu_);
+      live_ids_.erase(owned->request->id);
+    }
+    deliver(*owned, std::move(o));
+  }
+
+  void abort_now(const std::string& id, FinishReason reason, const std::string& error) {
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return;  // already finished
+    finish(it->second, reason, make_output(*it->second), error);
+  }
+
+  void abort_all(FinishReason reason, const std::string& error) {
+    std::vector<std::string> ids;
+    for (auto& [id, s] : by_id_) ids.push_back(id);
+    for (const auto& id : ids) abort_now(id, reason, error);
+  }
+
+  void step() {
+    SchedulerOutput out = sched_.schedule();
+    if (out.empty()) {
+      // Cannot happen with validated requests (a lone sequence always fits); fail the head
+      // instead of spinning.
+      if (!sched_.waiting().empty() && sched_.running().empty()) {
+        Sequence* head = sched_.waiting().front();
+        finish(head, FinishReason::Error, make_output(*head), "request cannot be scheduled: not enough KV blocks");
+      }
+      return;
+    }
+    StepResult res;
+    int rows = 0;
+    for (const auto& sc : out.scheduled) rows += sc.sample ? 1 : 0;
+    try {
+      res = exec_->execute(out.batch);
+      MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == size_t(rows) * size_t(res.vocab_size),
+               "executor returned {} logits of vocab {} for {} rows (expected vocab {})", res.logits.size(),
+               res.vocab_size, rows, info_.vocab_size);
+    } catch (const std::exception& e) {
+      spdlog::error("model step failed: {}", e.what());
+      for (const auto& sc : out.scheduled) finish(sc.seq, FinishReason::Error, make_output(*sc.seq), e.what());
+      return;
+    }
+    sched_.on_step_executed(out);
+    const size_t V = static_cast<size_t>(res.vocab_size);
+    int row = 0;
+    for (const auto& sc : out.scheduled) {
+      if (!sc.sample) continue;
+      Sequence* s = sc.seq;
+      SampleInput in{.logits = std::span<const float>(res.logits.data() + V * row++, V),
+                     .eos_token_ids = &config_.eos_token_ids};
+      SampleResult r = sample_next(*s, in);
+      s->tokens.push_back(r.token);
+      note_generated(*s, r.token);
+      RequestOutput o = make_output(*s);
+      o.new_token_ids.push_back(r.token);
+      if (r.has_logprobs) o.logprobs.push_back(std::move(r.logprob));
+      StopDecision d = check_stop(*s, config_.eos_token_ids, config_.max_model_len);
+      if (d.reason != FinishReason::None) {
+        o.stop_token_id = d.stop_token_id;
+        finish(s, d.reason, std::move(o), "");
+      } else {
+        deliver(*s, std::move(o));
+      }
+    }
+  }
+
+  void publish_stats() {
+    running_.store(sched_.num_running(), std::memory_order_relaxed);
+    waiting_.store(sched_.num_waiting(), std::memory_order_relaxed);
+    kv_usage_.store(blocks_.usage(), std::memory_order_relaxed);
+    prefix_queries_.store(sched_.prefix_cache_queries(), std::memory_order_relaxed);
+    prefix_hits_.store(sched_.prefix_cache_hits(), std::memory_order_relaxed);
+    preemptions_.store(sched_.num_preemptions(), std::memory_order_relaxed);
+  }
+
+  const ExecutorInfo info_;
+  const EngineConfig config_;
+  std::unique_ptr<ModelExecutor> exec_;
+  // Engine-thread state.
+  BlockManager blocks_;
+  Scheduler sched_;
+  std::unordered_map<std::string, Sequence*> by_id_;
+  int64_t next_seq_id_ = 1;
+  // Shared with callers, under mu_.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<const Request>> inbox_;
+  std::vector<std::string> abort_inbox_;
+  std::unordered_set<std::string> live_ids_;  // submitted and not yet finished
+  bool accepting_ = true;
+  bool stop_requested_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  // Published by the engine thread after every iteration.
+  std::atomic<int> running_{0}, waiting_{0};
+  std::atomic<double> kv_usage_{0};
+  std::atomic<uint64_t> prefix_queries_{0}, prefix_hits_{0}, preemptions_{0};
+  std::mutex join_mu_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_engine(EngineConfig config, std::unique_ptr<ModelExecutor> executor) {
+  MS_CHECK(executor != nullptr, "make_engine: no executor");
+  return std::make_unique<EngineImpl>(std::move(config), std::move(executor));
+}
+
+}  // namespace moeserve

@@ -1,0 +1,64 @@
+// Host sampler chain over one row of logits, in vLLM's order:
+//   raw logits --(logprobs are taken here: vLLM v1 returns raw-model logprobs)
+//   -> min_tokens mask (EOS / stop ids to -inf until min_tokens are generated)
+//   -> repetition penalty (prompt + output tokens), presence / frequency (output tokens)
+//   -> temperature (< 1e-5: greedy argmax, ties to the lowest id)
+//   -> min_p -> top_k -> top_p -> draw from the per-sequence RNG.
+// Each stage is a free function so tests can check it alone. The draw uses one uniform
+// variate from the sequence's own std::mt19937_64 per sampled token, so a seeded request
+// gives the same tokens whatever else is in the batch.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/sequence.h"
+
+namespace moeserve {
+
+constexpr float kSamplingEps = 1e-5f;
+
+// Penalties in place, as vLLM defines them. repetition_penalty r: a logit l of a token seen
+// in prompt or output becomes l / r if l > 0 else l * r. presence p / frequency f: a token
+// generated c > 0 times loses p + f * c.
+void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> prompt_set,
+                     const std::unordered_map<int32_t, int>& output_counts);
+
+// log-softmax of `logits` (max-subtracted, -inf safe).
+std::vector<float> log_softmax(std::span<const float> logits);
+
+// Greedy: the largest logit, lowest id on ties (NaN counts as -inf).
+int32_t argmax_lowest(std::span<const float> logits);
+
+// The candidate set after temperature, min_p, top_k, top_p: ids with their probabilities
+// (renormalised to sum 1), sorted by id. `logits` must already be penalised.
+struct Candidates {
+  std::vector<int32_t> ids;
+  std::vector<double> probs;
+};
+Candidates filter_candidates(std::span<const float> logits, const SamplingParams& p);
+
+// Inverse-CDF draw over candidates (in id order) with u in [0, 1).
+int32_t draw(const Candidates& c, double u);
+double uniform01(std::mt19937_64& rng);  // 53-bit uniform in [0, 1)
+
+struct SampleResult {
+  int32_t token = 0;
+  bool has_logprobs = false;
+  TokenLogprob logprob;
+};
+
+struct SampleInput {
+  std::span<const float> logits;  // one row, vocab_size entries (not modified)
+  const std::vector<int32_t>* eos_token_ids = nullptr;
+};
+
+// Samples the next token of `seq` (reads params, prompt, output counts, RNG; advances the
+// RNG and nothing else: the caller appends the token and updates the counts).
+SampleResult sample_next(Sequence& seq, const SampleInput& in);
+
+// Records a generated token in the sampler state (output counts for penalties).
+void note_generated(Sequence& seq, int32_t token);
+
+}  // namespace moeserve
