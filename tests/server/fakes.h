@@ -9,10 +9,13 @@
 #include <mutex>
 #include <thread>
 
+#include <algorithm>
+
+#include "core/error.h"
 #include "engine/engine.h"
 #include "server/frontend.h"
 
-namespace moeserve::server::testing {
+namespace moeserve::server::fakes {
 
 // ids 0..255: bytes; 256.. added tokens (256 is the special EOS).
 class FakeFrontend : public Frontend {
@@ -247,4 +250,4 @@ class FakeEngine : public Engine {
   std::thread thread_;
 };
 
-}  // namespace moeserve::server::testing
+}  // namespace moeserve::server::fakes

@@ -25,13 +25,13 @@ struct Reply {
 };
 
 struct Fixture {
-  testing::FakeFrontend fe;
-  std::unique_ptr<testing::FakeEngine> engine;
+  fakes::FakeFrontend fe;
+  std::unique_ptr<fakes::FakeEngine> engine;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<OpenAIService> svc;
   std::unique_ptr<HttpServer> server;
   explicit Fixture(ServiceConfig cfg = {}, EngineConfig ecfg = {}, size_t max_body = 1 << 20) {
-    engine = std::make_unique<testing::FakeEngine>(ecfg);
+    engine = std::make_unique<fakes::FakeEngine>(ecfg);
     if (cfg.served_model_names.empty()) cfg.served_model_names = {"m"};
     cfg.max_model_len = 4096;
     cfg.reasoning_parser = cfg.reasoning_parser;

@@ -3,6 +3,7 @@
 
 #include <random>
 
+#include "core/error.h"
 #include "server/parsers/minimax_m2.h"
 #include "server/parsers/parser.h"
 

@@ -11,7 +11,7 @@
 
 using namespace moeserve;
 using namespace moeserve::server;
-using testing::FakeFrontend;
+using fakes::FakeFrontend;
 
 TEST(JsonText, PythonDumps) {
   ojson j = ojson::parse(R"({"a": 1, "b": [1.5, true, null], "c": "é\n\u0001", "d": {}, "e": 1e-7, "f": 1e16})");
@@ -113,19 +113,19 @@ TEST(Protocol, ContextLengthWording) {
 
 namespace {
 // Feeds `text` (as byte tokens) in deliveries of the given sizes; returns the streamed text.
-struct Run {
+struct ProcRun {
   std::string streamed;
   std::string final_text;
   std::string finish_reason;
   ojson stop_reason;
   int tokens = 0;
 };
-Run run_proc(const FakeFrontend& fe, const std::string& text, const std::vector<size_t>& sizes, ChoiceSettings cs,
+ProcRun run_proc(const FakeFrontend& fe, const std::string& text, const std::vector<size_t>& sizes, ChoiceSettings cs,
              bool eos_at_end = true) {
   OutputProcessor p(fe, cs);
   std::vector<int32_t> ids = fe.encode(text, false);
   if (eos_at_end) ids.push_back(FakeFrontend::kEos);
-  Run r;
+  ProcRun r;
   size_t pos = 0, k = 0;
   while (pos < ids.size() && !p.finished()) {
     size_t n = std::min(sizes[k++ % sizes.size()], ids.size() - pos);
@@ -155,7 +155,7 @@ TEST(OutputProcessor, StopStringsAcrossTokenBoundaries) {
   std::string text = "hello wor STO ST STOP after";
   for (size_t a = 1; a <= 6; ++a)
     for (size_t b = 1; b <= 6; ++b) {
-      Run r = run_proc(fe, text, {a, b}, cs);
+      ProcRun r = run_proc(fe, text, {a, b}, cs);
       EXPECT_EQ(r.streamed, "hello wor STO ST ") << a << "," << b;
       EXPECT_EQ(r.final_text, r.streamed);
       EXPECT_EQ(r.finish_reason, "stop");
@@ -166,14 +166,14 @@ TEST(OutputProcessor, StopStringsAcrossTokenBoundaries) {
   EXPECT_EQ(run_proc(fe, text, {3}, cs).streamed, "hello wor STO ST STOP");
   // A held prefix that never completes is released at the end.
   cs.include_stop_str_in_output = false;
-  Run tail = run_proc(fe, "abc xy", {1}, cs);
+  ProcRun tail = run_proc(fe, "abc xy", {1}, cs);
   EXPECT_EQ(tail.streamed, "abc xy");
   EXPECT_EQ(tail.stop_reason, nullptr);
 }
 
 TEST(OutputProcessor, Utf8AndLength) {
   FakeFrontend fe;
-  Run r = run_proc(fe, "é😀", {1}, ChoiceSettings{}, false);
+  ProcRun r = run_proc(fe, "é😀", {1}, ChoiceSettings{}, false);
   EXPECT_EQ(r.streamed, "é😀");
   EXPECT_EQ(r.finish_reason, "length");
 }
