@@ -1,0 +1,27 @@
+// A Jinja template engine covering what Hugging Face chat templates use, with the
+// semantics of jinja2's ImmutableSandboxedEnvironment(trim_blocks=True,
+// lstrip_blocks=True, extensions=[loopcontrols]) plus transformers' globals
+// (raise_exception, strftime_now) and its tojson filter. See docs/architecture.md.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+
+namespace moeserve::jinja {
+
+struct Template;
+
+class CompiledTemplate {
+ public:
+  // Throws moeserve::Error("line N: ...") on syntax errors.
+  static CompiledTemplate compile(const std::string& source);
+  // `context` is an object of template variables. Throws moeserve::Error("line N: ...")
+  // on raise_exception() and runtime errors (undefined operations, type errors, ...).
+  std::string render(const nlohmann::ordered_json& context) const;
+
+ private:
+  std::shared_ptr<const Template> tpl_;
+};
+
+}  // namespace moeserve::jinja
