@@ -105,6 +105,7 @@ class Parser {
   }
 
   std::unique_ptr<Stmt> parse_statement() {
+    DepthGuard g(*this);
     auto s = std::make_unique<Stmt>();
     s->line = cur().line;
     std::string tag = cur().text;
@@ -260,7 +261,17 @@ class Parser {
     return e;
   }
 
+  // Nesting guard: deeply nested input must fail cleanly, not overflow the stack.
+  struct DepthGuard {
+    Parser& p;
+    explicit DepthGuard(Parser& parser) : p(parser) {
+      if (++p.nesting_ > 200) p.error("template nesting too deep");
+    }
+    ~DepthGuard() { --p.nesting_; }
+  };
+
   ExprPtr parse_expression(bool with_condexpr) {
+    DepthGuard g(*this);
     return with_condexpr ? parse_condexpr() : parse_or();
   }
 
@@ -385,6 +396,7 @@ class Parser {
     return l;
   }
   ExprPtr parse_unary(bool with_filter) {
+    DepthGuard g(*this);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       node = make(Expr::Kind::Unary, cur().line);
@@ -593,7 +605,8 @@ class Parser {
 
   std::vector<Token> t_;
   size_t p_ = 0;
-  int loop_depth_ = 0;  // for-loop bodies enclosing the current position (break/continue)
+  int loop_depth_ = 0;
+  int nesting_ = 0;  // for-loop bodies enclosing the current position (break/continue)
 };
 
 }  // namespace

@@ -381,6 +381,37 @@ class Renderer {
     return *v;
   }
 
+  // Python printf-style `'%s and %d' % args` for %s %r %d %i %%.
+  static std::string percent_format(const std::string& f, const Value& args) {
+    List a = args.is_list() && args.is_tuple ? *args.list : List{args};
+    size_t next = 0;
+    std::string out;
+    for (size_t k = 0; k < f.size(); ++k) {
+      if (f[k] != '%') {
+        out += f[k];
+        continue;
+      }
+      if (++k >= f.size()) fail("incomplete format");
+      char c = f[k];
+      if (c == '%') {
+        out += '%';
+        continue;
+      }
+      if (next >= a.size()) fail("not enough arguments for format string");
+      const Value& v = a[next++];
+      if (c == 's') out += py_str(v);
+      else if (c == 'r') out += py_repr(v);
+      else if (c == 'd' || c == 'i') {
+        if (!v.is_number()) fail("%{} format: a real number is required, not {}", c, v.type_name());
+        out += std::to_string(v.kind == Value::Kind::Float ? static_cast<int64_t>(v.f) : v.kind == Value::Kind::Bool ? v.b : v.i);
+      } else {
+        fail("unsupported format character '{}'", c);
+      }
+    }
+    if (next < a.size()) fail("not all arguments converted during string formatting");
+    return out;
+  }
+
   static Value binary_op(const std::string& op, const Value& l, const Value& r) {
     using K = Value::Kind;
     if (op == "~") return Value::string(py_str(l) + py_str(r));
@@ -425,6 +456,7 @@ class Renderer {
       }
       return type_err();
     }
+    if (op == "%" && l.is_string()) return Value::string(percent_format(l.s, r));
     if (op == "+") {
       if (l.is_string() && r.is_string()) return Value::string(l.s + r.s);
       if (l.is_list() && r.is_list() && l.is_tuple == r.is_tuple) {
