@@ -339,7 +339,6 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     c.proc = std::make_unique<OutputProcessor>(frontend_, cs);
   }
 
-  if (r.stream) sink->start_stream("text/event-stream; charset=utf-8");
   // From here on the response belongs to the call; a disconnect aborts its engine requests.
   sink->on_disconnect([call] { call->cancel(); });
   for (size_t k = 0; k < total; ++k) {
@@ -367,19 +366,13 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
       int status = err.empty() ? 429 : 400;
       std::string type = err.empty() ? "RateLimitError" : "BadRequestError";
       std::string msg = err.empty() ? "The server is overloaded: the engine's waiting queue is full. Retry later." : err;
-      if (r.stream) {
-        std::string out;
-        append_error_chunk(out, status, type, msg);
-        out += kSseDone;
-        sink->stream_write(std::move(out));
-        sink->end_stream();
-      } else {
-        sink->send(status, kJson, error_body(status, type, msg));
-      }
+      sink->send(status, kJson, error_body(status, type, msg));
       return;
     }
     c.submitted = true;
   }
+  // Deliveries are posted to this strand, so none is processed before the headers go out.
+  if (r.stream) sink->start_stream("text/event-stream; charset=utf-8");
 }
 
 void OpenAIService::tokenize(const HttpRequest& http, ResponseSink& sink) {
