@@ -49,7 +49,7 @@ async def one_stream(port, body):
 
 
 async def run_load(port, streams, tokens):
-    body = json.dumps({"prompt": [1, 2, 3, 4], "max_tokens": tokens, "ignore_eos": True, "stream": True,
+    body = json.dumps({"prompt": [1, 2, 3, 4], "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
     return await asyncio.gather(*[one_stream(port, body) for _ in range(streams)])
 
