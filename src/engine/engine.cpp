@@ -165,13 +165,22 @@ class EngineImpl final : public Engine {
         cv_.wait(lk, [&] { return !inbox_.empty() || !abort_inbox_.empty() || stop_requested_ || sched_.has_work(); });
         incoming.swap(inbox_);
         aborts.swap(abort_inbox_);
+        // Keep submit()'s queue-limit count exact while the drained requests are in flight.
+        waiting_.store(sched_.num_waiting() + static_cast<int>(incoming.size()), std::memory_order_relaxed);
         stopping = stop_requested_;
         deadline = deadline_;
       }
       for (auto& r : incoming) admit(std::move(r));
       for (const auto& id : aborts) abort_now(id, FinishReason::Abort, "");
       if (stopping && std::chrono::steady_clock::now() >= deadline) abort_all(FinishReason::Abort, "");
-      if (sched_.has_work()) step();
+      if (sched_.has_work()) {
+        try {
+          step();
+        } catch (const std::exception& e) {  // an engine bug: fail what runs, keep serving
+          spdlog::error("engine step failed: {}", e.what());
+          abort_all(FinishReason::Error, std::string("internal engine error: ") + e.what());
+        }
+      }
       publish_stats();
       if (stopping && !sched_.has_work()) {
         std::lock_guard lk(mu_);

@@ -80,51 +80,55 @@ Candidates filter_candidates(std::span<const float> logits, const SamplingParams
     c.probs = {1.0};
     return c;
   }
-  // Softmax of logits / temperature over the whole vocabulary.
-  std::vector<double> prob(vocab);
-  double sum = 0;
-  for (int32_t i = 0; i < vocab; ++i) sum += prob[i] = std::exp((double(clean(logits[i])) - mx) * inv_t);
-  for (double& q : prob) q /= sum;
-
+  // Work in logit space so that only surviving ids need exp(): softmax(l / T) is monotone
+  // in l, and min_p's test prob_i >= min_p * prob_max is (l_i - max) / T >= log(min_p).
+  const double log_min_p = p.min_p > 0 ? std::log(double(p.min_p)) : -std::numeric_limits<double>::infinity();
   std::vector<int32_t> ids;
-  ids.reserve(vocab);
-  // min_p: drop ids whose probability is below min_p times the largest probability.
-  const double pmax = 1.0 / sum;  // the maximum logit's probability: exp(0) / sum
-  const double min_prob = p.min_p > 0 ? double(p.min_p) * pmax : 0.0;
-  for (int32_t i = 0; i < vocab; ++i)
-    if (prob[i] > 0 && prob[i] >= min_prob) ids.push_back(i);
-
-  DescByValue<double> desc{prob.data()};
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < ids.size()) {
-    // Keep every id whose probability reaches the k-th largest (ties at the boundary kept,
-    // as a threshold mask does).
-    std::nth_element(ids.begin(), ids.begin() + (p.top_k - 1), ids.end(), desc);
-    const double kth = prob[ids[p.top_k - 1]];
-    std::erase_if(ids, [&](int32_t i) { return prob[i] < kth; });
+  for (int32_t i = 0; i < vocab; ++i) {
+    const double z = (double(clean(logits[i])) - mx) * inv_t;  // <= 0
+    if (z >= log_min_p && z > -745.0) ids.push_back(i);  // below -745 exp() underflows to 0
   }
-  if (p.top_p < 1.0f) {
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < ids.size()) {
+    // Keep every id whose logit reaches the k-th largest (ties at the boundary kept, as a
+    // threshold mask does).
+    DescByValue<float> by_logit{logits.data()};
+    std::nth_element(ids.begin(), ids.begin() + (p.top_k - 1), ids.end(), by_logit);
+    const float kth = logits[ids[p.top_k - 1]];
+    std::erase_if(ids, [&](int32_t i) { return logits[i] < kth; });
+  }
+  // Probabilities of the survivors, indexed by id (sparse: only ids are filled).
+  std::vector<double> prob(vocab, 0.0);
+  for (int32_t i : ids) prob[i] = std::exp((double(clean(logits[i])) - mx) * inv_t);
+  DescByValue<double> desc{prob.data()};
+  bool permuted = p.top_k > 0;
+  if (p.top_p < 1.0f && ids.size() > 1) {
+    // Keep, in descending probability order, every id whose renormalised mass ranked
+    // strictly above it is < top_p (vLLM's mask; the first id always stays). Quickselect
+    // narrows [lo, hi) to the cut in expected O(n); a short tail is sorted and scanned.
     double kept_mass = 0;
     for (int32_t i : ids) kept_mass += prob[i];
-    // Sort only as much of the head as needed: grow the sorted prefix until it holds p.
-    size_t m = std::min<size_t>(ids.size(), 256);
-    size_t keep = ids.size();
-    for (;;) {
-      std::partial_sort(ids.begin(), ids.begin() + m, ids.end(), desc);
-      double above = 0;  // renormalised mass ranked strictly above ids[j]
-      size_t j = 0;
-      for (; j < m; ++j) {
-        if (above >= double(p.top_p) && j > 0) break;
-        above += prob[ids[j]] / kept_mass;
+    const double target = double(p.top_p) * kept_mass;
+    size_t lo = 0, hi = ids.size();
+    double above = 0;  // mass of ids[0, lo), all ranked above ids[lo, hi)
+    while (hi - lo > 64) {
+      const size_t mid = lo + (hi - lo) / 2;
+      std::nth_element(ids.begin() + lo, ids.begin() + mid, ids.begin() + hi, desc);
+      double left = 0;
+      for (size_t j = lo; j < mid; ++j) left += prob[ids[j]];
+      if (above + left >= target && mid > 0) {
+        hi = mid;  // ids[mid] has at least `target` above it: the cut is at or before mid
+      } else {
+        above += left + prob[ids[mid]];  // ids[mid] is kept
+        lo = mid + 1;
       }
-      if (j < m || m == ids.size()) {
-        keep = j;
-        break;
-      }
-      m = std::min(ids.size(), m * 4);
     }
+    std::sort(ids.begin() + lo, ids.begin() + hi, desc);
+    size_t keep = lo;
+    while (keep < hi && (keep == 0 || above < target)) above += prob[ids[keep++]];
     ids.resize(keep);
+    permuted = true;
   }
-  std::sort(ids.begin(), ids.end());
+  if (permuted) std::sort(ids.begin(), ids.end());
   double kept = 0;
   for (int32_t i : ids) kept += prob[i];
   c.ids = std::move(ids);
@@ -150,9 +154,13 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in) {
   const SamplingParams& p = seq.params();
   const int32_t vocab = static_cast<int32_t>(in.logits.size());
   SampleResult res;
-  std::vector<float> work(in.logits.begin(), in.logits.end());
+  const bool masks = seq.num_output_tokens() < p.min_tokens;
+  const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  std::vector<float> work;  // a modified copy, only when something modifies the logits
+  if (masks || penalties) work.assign(in.logits.begin(), in.logits.end());
+  const std::span<const float> view = work.empty() ? in.logits : std::span<const float>(work);
 
-  if (seq.num_output_tokens() < p.min_tokens) {  // EOS and stop ids may not end it yet
+  if (masks) {  // EOS and stop ids may not end it yet
     auto mask = [&](int32_t t) {
       if (t >= 0 && t < vocab) work[t] = kNegInf;
     };
@@ -160,7 +168,7 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in) {
       for (int32_t t : *in.eos_token_ids) mask(t);
     for (int32_t t : p.stop_token_ids) mask(t);
   }
-  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+  if (penalties) {
     SamplerState& st = seq.sampler;
     if (p.repetition_penalty != 1.0f && !st.prompt_set_ready) {
       st.prompt_set.assign(seq.prompt().begin(), seq.prompt().end());
@@ -171,9 +179,9 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in) {
     apply_penalties(work, p, st.prompt_set, st.output_counts);
   }
   if (p.temperature < kSamplingEps) {
-    res.token = argmax_lowest(work);
+    res.token = argmax_lowest(view);
   } else {
-    res.token = draw(filter_candidates(work, p), uniform01(seq.sampler.rng));
+    res.token = draw(filter_candidates(view, p), uniform01(seq.sampler.rng));
   }
 
   if (p.logprobs >= 0) {

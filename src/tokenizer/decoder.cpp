@@ -35,6 +35,8 @@ struct ByteLevelDec final : Decoder {
   }
 };
 
+// HF: every replacement character becomes a space, except in the first token, where
+// (unless prepend_scheme is "never") they are all dropped.
 struct MetaspaceDec final : Decoder {
   std::string rep;
   bool strip_first = true;  // prepend_scheme != never
@@ -42,15 +44,15 @@ struct MetaspaceDec final : Decoder {
     for (size_t k = 0; k < tokens.size(); ++k) {
       std::string out;
       const std::string& t = tokens[k];
+      bool drop = k == 0 && strip_first;
       for (size_t i = 0; i < t.size();) {
         if (t.compare(i, rep.size(), rep) == 0) {
-          out.push_back(' ');
+          if (!drop) out.push_back(' ');
           i += rep.size();
         } else {
           out.push_back(t[i++]);
         }
       }
-      if (k == 0 && strip_first && !out.empty() && out[0] == ' ') out.erase(0, 1);
       tokens[k].swap(out);
     }
   }

@@ -139,7 +139,7 @@ struct StripAccents final : Normalizer {
     while (i < s.size()) {
       size_t b = i;
       char32_t c = next_cp(s, i);
-      if (!is_nonspacing_mark(c)) out.append(s, b, i - b);
+      if (!is_mark(c)) out.append(s, b, i - b);
     }
     s.swap(out);
   }

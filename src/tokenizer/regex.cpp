@@ -31,9 +31,40 @@ ThreadMatch& thread_match() {
 }
 }  // namespace
 
-Regex::Regex(const std::string& pattern, bool literal) : pattern_(pattern) {
+namespace {
+// Oniguruma (what HF runs) and PCRE2 10.42 disagree on two Unicode classes, so they are
+// spelled out: \w is Letter | Mark | Decimal_Number | Connector_Punctuation | Join_Control
+// in Oniguruma (PCRE2 lacks the marks), and \s is White_Space (PCRE2 adds U+180E).
+// \W and \S are rewritten outside character classes only.
+std::string onig_compat(const std::string& p) {
+  static const std::string kWord = R"(\p{L}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D})";
+  static const std::string kSpace = R"(\t\n\x{0B}\f\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      char n = p[i + 1];
+      const std::string* set = n == 'w' || n == 'W' ? &kWord : n == 's' || n == 'S' ? &kSpace : nullptr;
+      bool neg = n == 'W' || n == 'S';
+      if (set && in_class && !neg) out += *set;
+      else if (set && !in_class) out += (neg ? "[^" : "[") + *set + "]";
+      else out += p.substr(i, 2);
+      ++i;
+      continue;
+    }
+    if (c == '[' && !in_class) in_class = true;
+    else if (c == ']' && in_class && out.back() != '[' && out.back() != '^') in_class = false;
+    out.push_back(c);
+  }
+  return out;
+}
+}  // namespace
+
+Regex::Regex(const std::string& pattern_in, bool literal) : pattern_(pattern_in) {
+  std::string pattern = literal ? pattern_in : onig_compat(pattern_in);
   // MULTILINE: Oniguruma's Ruby syntax treats ^ and $ as line anchors.
-  uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | (literal ? PCRE2_LITERAL : 0);
+  uint32_t opts = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE);
   int err = 0;
   PCRE2_SIZE off = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts, &err, &off, nullptr);

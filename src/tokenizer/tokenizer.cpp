@@ -129,11 +129,11 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& 
       im.added.push_back(at);
     }
     for (size_t k = 0; k < im.added.size(); ++k) {
-      const AddedToken& at = im.added[k];
+      AddedToken& at = im.added[k];
+      at.match = at.content;
       if (at.normalized) {
-        std::string c = at.content;
-        if (im.normalizer) im.normalizer->normalize(c);
-        im.norm_matcher.add(c, k);
+        if (im.normalizer) im.normalizer->normalize(at.match);
+        im.norm_matcher.add(at.match, k);
       } else {
         im.raw_matcher.add(at.content, k);
       }

@@ -13,7 +13,10 @@
 namespace moeserve {
 
 struct AddedToken {
+  // decode / id_to_token return `content` as HF `tokenizers` 0.22 (the pinned oracle) does;
+  // 0.23 returns the normalized content of a `normalized` added token instead.
   std::string content;
+  std::string match;  // what is matched: content, normalized when `normalized` is set
   int32_t id = -1;
   bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
 };

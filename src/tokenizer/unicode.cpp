@@ -153,6 +153,10 @@ bool is_word_char(char32_t c) {
          k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC || c == 0x200C || c == 0x200D;
 }
 
-bool is_nonspacing_mark(char32_t c) { return c >= 0x80 && category(c) == UTF8PROC_CATEGORY_MN; }
+bool is_mark(char32_t c) {
+  if (c < 0x80) return false;
+  auto k = category(c);
+  return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
+}
 
 }  // namespace moeserve::tok

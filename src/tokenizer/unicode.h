@@ -51,7 +51,7 @@ bool is_numeric(char32_t c);
 bool is_punctuation(char32_t c);
 // Rust regex \w: alphabetic, marks, decimal digits, connector punctuation.
 bool is_word_char(char32_t c);
-// Mn (nonspacing mark): what HF StripAccents removes.
-bool is_nonspacing_mark(char32_t c);
+// General category M* (Mn, Mc, Me): what HF StripAccents removes.
+bool is_mark(char32_t c);
 
 }  // namespace moeserve::tok

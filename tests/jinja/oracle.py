@@ -13,7 +13,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "chat")
-SHARED = os.environ.get("MOESERVE_SHARED_DATA", "/work/shared/data")
+SHARED = os.environ.get(
+    "MOESERVE_SHARED_DATA",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "shared-data"))
 
 
 def moeserve_bin():

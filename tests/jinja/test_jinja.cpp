@@ -112,6 +112,7 @@ TEST(JinjaErrors, SyntaxErrorsCarryLineNumbers) {
   EXPECT_EQ(Err("a\nb\n{{ 1 + }}"), "line 3: unexpected end of print statement");
   EXPECT_EQ(Err("{% frobnicate %}"), "line 1: encountered unknown tag 'frobnicate'");
   EXPECT_NE(Err("{{ 'abc }}").find("line 1: unterminated string"), std::string::npos);
+  EXPECT_NE(Err("\n{{ '\\xZZ' }}").find("line 2: truncated"), std::string::npos);
   EXPECT_NE(Err("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("too deep"), std::string::npos);
   EXPECT_NE(Err("{{ " + std::string(5000, '-') + "1 }}").find("too deep"), std::string::npos);
 }

@@ -117,6 +117,8 @@ CASES = [
     "{{ 'unterminated }}",
     "{% break %}",
     "{% nosuchtag %}",
+    "a{#",
+    "a{# never closed",
 ]
 
 

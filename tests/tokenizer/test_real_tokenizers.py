@@ -2,12 +2,15 @@
 import pytest
 from tokenizers import Tokenizer
 
-from tok_oracle import DATA, check_decode, check_encode_decode, check_stream, corpus, random_id_sequences, run_batch
+from tok_oracle import DATA, ROOT, check_decode, check_encode_decode, check_stream, corpus, random_id_sequences, run_batch
 
-NAMES = ["qwen3", "deepseek-v3"]
+# "tiny": the built-in tiny model's tokenizer (assets/tiny-tokenizer, MiniMax-M2 layout).
+NAMES = ["qwen3", "deepseek-v3", "tiny"]
 
 
 def path_of(name):
+    if name == "tiny":
+        return ROOT / "assets" / "tiny-tokenizer" / "tokenizer.json"
     p = DATA / "tokenizers" / name / "tokenizer.json"
     if not p.exists():
         pytest.skip(f"{p} missing")
@@ -54,3 +57,17 @@ def test_invalid_utf8_rejected():
                         {"op": "encode", "text_hex": "eda080"}])
     for g in got:
         assert "error" in g and "UTF-8" in g["error"], g
+
+
+def test_tiny_tokenizer_minimax_tokens():
+    """The tiny tokenizer carries MiniMax-M2's added tokens; role markers are special, the
+    think / tool-call tags are not (they survive skip_special_tokens)."""
+    p = path_of("tiny")
+    hf = Tokenizer.from_file(str(p))
+    text = "]~!b[]~b]user\nhi[e~[\n]~b]ai\n<think>x</think><minimax:tool_call>y</minimax:tool_call>[e~["
+    got = run_batch(p, [{"op": "encode", "text": text}])[0]["ids"]
+    assert got == hf.encode(text, add_special_tokens=False).ids
+    assert got[0] == 2004 and got[1] == 2001  # ]~!b[ then ]~b]
+    skipped = run_batch(p, [{"op": "decode", "ids": got, "skip": True}])[0]["text"]
+    assert skipped == "user\nhi\nai\n<think>x</think><minimax:tool_call>y</minimax:tool_call>"
+    assert run_batch(p, [{"op": "info"}])[0]["vocab_size"] == 2009

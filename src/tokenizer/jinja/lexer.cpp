@@ -107,6 +107,7 @@ class Lexer {
   }
 
   bool lex_comment() {
+    if (pos_ >= s_.size()) return false;  // jinja2 quirk: "{#" ending the template is accepted
     size_t end = s_.find("#}", pos_);
     if (end == std::string::npos) fail("line {}: missing end of comment tag", line_);
     bool dash = end > pos_ && s_[end - 1] == '-';
@@ -248,8 +249,12 @@ class Lexer {
       char e = s_[p + 1];
       p += 2;
       auto hex = [&](int n) {
-        if (p + static_cast<size_t>(n) > s_.size()) fail("line {}: truncated \\x escape in string", line_);
-        char32_t v = static_cast<char32_t>(std::stoul(s_.substr(p, static_cast<size_t>(n)), nullptr, 16));
+        if (p + static_cast<size_t>(n) > s_.size() ||
+            !std::all_of(s_.begin() + static_cast<long>(p), s_.begin() + static_cast<long>(p) + n, ::isxdigit))
+          fail("line {}: truncated \\xXX / \\uXXXX escape in string", line_);
+        unsigned long code = std::stoul(s_.substr(p, static_cast<size_t>(n)), nullptr, 16);
+        if (code > 0x10ffff) fail("line {}: illegal Unicode character in string", line_);
+        char32_t v = static_cast<char32_t>(code);
         p += static_cast<size_t>(n);
         utf8_append(val, v);
       };

@@ -500,6 +500,7 @@ CompiledTemplate CompiledTemplate::compile(const std::string& source) {
 }
 
 std::string CompiledTemplate::render(const nlohmann::ordered_json& context) const {
+  MS_CHECK(tpl_, "render() called on a template that was never compiled");
   Scope root;
   if (context.is_object())
     for (auto it = context.begin(); it != context.end(); ++it) root.vars[it.key()] = Value::from_json(it.value());

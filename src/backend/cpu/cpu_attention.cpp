@@ -1,0 +1,259 @@
+// CPU attention ops: full-width QK-norm + partial NeoX RoPE, paged KV writes, and causal
+// GQA attention over the paged cache.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/thread_pool.h"
+
+namespace moeserve::cpu {
+
+namespace {
+
+// One of q/k: RMSNorm over the whole row (all heads), then RoPE on each head in place.
+struct NormRopeSide {
+  const char* name;
+  float* x;              // [T, width]
+  int64_t width;         // local heads * head_dim
+  const float* weight;   // [width]
+  const float* ss;       // [T] pre-reduced sums of squares, or null
+  int64_t full_width;    // divisor of the sum of squares
+};
+
+// cos/sin of pos * inv_freq[i] as HF computes them in float32: inv_freq = 1 / theta^(2i/rd)
+// in fp32, the angle as an fp32 product, cos/sin of that fp32 angle.
+void rope_table(int32_t pos, const std::vector<float>& inv_freq, float* cos_out, float* sin_out) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const float angle = float(pos) * inv_freq[i];
+    cos_out[i] = float(std::cos(double(angle)));
+    sin_out[i] = float(std::sin(double(angle)));
+  }
+}
+
+void norm_rope_token(const NormRopeSide& s, int64_t t, const RopeParams& rope, float eps, const float* cs,
+                     const float* sn) {
+  float* x = s.x + t * s.width;
+  double ss;
+  if (s.ss) {
+    ss = double(s.ss[t]);
+  } else {
+    ss = 0;
+    for (int64_t j = 0; j < s.width; ++j) ss += double(x[j]) * double(x[j]);
+  }
+  const float inv = 1.f / std::sqrt(float(ss / double(s.full_width)) + eps);
+  for (int64_t j = 0; j < s.width; ++j) x[j] = s.weight[j] * (x[j] * inv);
+  const int64_t half = rope.rotary_dim / 2;
+  for (int64_t h0 = 0; h0 < s.width; h0 += rope.head_dim) {
+    float* hx = x + h0;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = hx[i], b = hx[i + half];
+      hx[i] = a * cs[i] - b * sn[i];
+      hx[i + half] = b * cs[i] + a * sn[i];
+    }
+  }
+}
+
+NormRopeSide make_side(const char* name, Tensor* x, const Tensor* w, const Tensor* ss, int64_t full_width,
+                       int64_t T, int64_t head_dim, std::vector<float>& w_f32) {
+  MS_CHECK(x != nullptr && w != nullptr, "qk_norm_rope: {} or its norm weight is null", name);
+  check_f32(*x, "qk_norm_rope", name);
+  check_float_weight(*w, "qk_norm_rope", "norm weight", /*allow_fp8=*/false);
+  NormRopeSide s{name, x->ptr<float>(), cols_of(*x), nullptr, nullptr, 0};
+  MS_CHECK(rows_of(*x) == T, "qk_norm_rope: {} {} has {} rows, positions has {}", name, shape_str(x->shape),
+           rows_of(*x), T);
+  MS_CHECK(s.width % head_dim == 0, "qk_norm_rope: {} width {} is not a multiple of head_dim {}", name,
+           s.width, head_dim);
+  MS_CHECK(w->numel() == s.width, "qk_norm_rope: {} norm weight {} must have {} elements", name,
+           shape_str(w->shape), s.width);
+  w_f32 = to_f32_vector(*w);
+  s.weight = w_f32.data();
+  MS_CHECK(full_width >= 0, "qk_norm_rope: negative full width for {}", name);
+  s.full_width = full_width > 0 ? full_width : s.width;
+  if (ss) {
+    check_f32(*ss, "qk_norm_rope", "sum of squares");
+    MS_CHECK(ss->numel() == T, "qk_norm_rope: {} sum of squares {} must have {} elements", name,
+             shape_str(ss->shape), T);
+    MS_CHECK(s.full_width >= s.width, "qk_norm_rope: {} full width {} is below the local width {}", name,
+             s.full_width, s.width);
+    s.ss = ss->ptr<float>();
+  } else {
+    // Computed from the local rows: the mean is over the local width.
+    s.full_width = s.width;
+  }
+  return s;
+}
+
+}  // namespace
+
+void qk_norm_rope(const QkNormRopeArgs& a) {
+  MS_CHECK(a.positions != nullptr, "qk_norm_rope: positions is null");
+  check_i32(*a.positions, "qk_norm_rope", "positions");
+  const RopeParams& rope = a.rope;
+  MS_CHECK(rope.head_dim > 0 && rope.rotary_dim >= 0 && rope.rotary_dim <= rope.head_dim &&
+               rope.rotary_dim % 2 == 0,
+           "qk_norm_rope: bad rope params head_dim={} rotary_dim={}", rope.head_dim, rope.rotary_dim);
+  MS_CHECK(rope.theta > 0.f, "qk_norm_rope: rope theta must be positive, got {}", rope.theta);
+  const int64_t T = a.positions->numel();
+  std::vector<float> wq, wk;
+  const NormRopeSide q = make_side("q", a.q, a.q_norm_weight, a.q_sum_squares, a.q_full_width, T, rope.head_dim, wq);
+  const NormRopeSide k = make_side("k", a.k, a.k_norm_weight, a.k_sum_squares, a.k_full_width, T, rope.head_dim, wk);
+  const int32_t* pos = a.positions->ptr<int32_t>();
+  for (int64_t t = 0; t < T; ++t)
+    MS_CHECK(pos[t] >= 0, "qk_norm_rope: negative position {} at token {}", pos[t], t);
+
+  const int64_t half = rope.rotary_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float expo = float(2 * i) / float(rope.rotary_dim);
+    inv_freq[size_t(i)] = 1.f / float(std::pow(double(rope.theta), double(expo)));
+  }
+  ThreadPool::global().parallel_for(T, [&](int64_t b, int64_t e) {
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    for (int64_t t = b; t < e; ++t) {
+      rope_table(pos[t], inv_freq, cs.data(), sn.data());
+      norm_rope_token(q, t, rope, a.eps, cs.data(), sn.data());
+      norm_rope_token(k, t, rope, a.eps, cs.data(), sn.data());
+    }
+  }, 4);
+}
+
+namespace {
+// [num_blocks, block_size, Hkv, head_dim] F32 cache checks; returns num_blocks * block_size.
+int64_t check_cache(const Tensor& c, const char* name, int64_t hkv_x_hd, const char* op) {
+  check_host(c, op, name);
+  MS_CHECK(c.dtype == DType::F32, "{}: KV cache {} must be F32 on the CPU backend, got {}", op, name,
+           dtype_name(c.dtype));
+  MS_CHECK(c.rank() == 4, "{}: KV cache {} must be [blocks, block_size, kv_heads, head_dim], got {}", op,
+           name, shape_str(c.shape));
+  MS_CHECK(c.dim(2) * c.dim(3) == hkv_x_hd, "{}: KV cache {} {} does not hold rows of {} values", op, name,
+           shape_str(c.shape), hkv_x_hd);
+  return c.dim(0) * c.dim(1);
+}
+}  // namespace
+
+void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) {
+  check_f32(k, "write_kv", "k");
+  check_f32(v, "write_kv", "v");
+  MS_CHECK(k.shape == v.shape, "write_kv: k {} and v {} differ", shape_str(k.shape), shape_str(v.shape));
+  const int64_t T = rows_of(k), W = cols_of(k);
+  const int64_t slots = check_cache(kv.k, "k", W, "write_kv");
+  MS_CHECK(check_cache(kv.v, "v", W, "write_kv") == slots && kv.k.shape == kv.v.shape,
+           "write_kv: K cache {} and V cache {} differ", shape_str(kv.k.shape), shape_str(kv.v.shape));
+  MS_CHECK(meta.block_size == 0 || meta.block_size == kv.k.dim(1),
+           "write_kv: meta.block_size {} but the cache has blocks of {}", meta.block_size, kv.k.dim(1));
+  check_i32(meta.slot_mapping, "write_kv", "slot_mapping");
+  MS_CHECK(meta.slot_mapping.numel() == T, "write_kv: slot_mapping has {} entries for {} tokens",
+           meta.slot_mapping.numel(), T);
+  const int32_t* slot = meta.slot_mapping.ptr<int32_t>();
+  float* kc = kv.k.ptr<float>();
+  float* vc = kv.v.ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    if (slot[t] < 0) continue;  // padding token: nothing to store
+    MS_CHECK(slot[t] < slots, "write_kv: slot {} of token {} is outside the cache ({} slots)", slot[t], t, slots);
+    std::memcpy(kc + int64_t(slot[t]) * W, k.ptr<float>() + t * W, size_t(W) * 4);
+    std::memcpy(vc + int64_t(slot[t]) * W, v.ptr<float>() + t * W, size_t(W) * 4);
+  }
+}
+
+void attention(const AttentionArgs& a) {
+  MS_CHECK(a.q && a.kv && a.meta && a.out, "attention: null argument");
+  const AttentionMeta& m = *a.meta;
+  check_f32(*a.q, "attention", "q");
+  check_f32(*a.out, "attention", "out");
+  MS_CHECK(a.num_q_heads > 0 && a.num_kv_heads > 0 && a.head_dim > 0 && a.num_q_heads % a.num_kv_heads == 0,
+           "attention: bad head counts q={} kv={} head_dim={}", a.num_q_heads, a.num_kv_heads, a.head_dim);
+  const int64_t hd = a.head_dim, Hq = a.num_q_heads, Hkv = a.num_kv_heads;
+  const int64_t T = rows_of(*a.q);
+  MS_CHECK(cols_of(*a.q) == Hq * hd, "attention: q {} must have {} columns", shape_str(a.q->shape), Hq * hd);
+  MS_CHECK(a.out->shape == a.q->shape, "attention: out {} must match q {}", shape_str(a.out->shape),
+           shape_str(a.q->shape));
+  check_cache(a.kv->k, "k", Hkv * hd, "attention");
+  check_cache(a.kv->v, "v", Hkv * hd, "attention");
+  MS_CHECK(a.kv->k.shape == a.kv->v.shape && a.kv->k.dim(2) == Hkv,
+           "attention: K cache {} / V cache {} do not match {} kv heads", shape_str(a.kv->k.shape),
+           shape_str(a.kv->v.shape), Hkv);
+  const int64_t nblocks = a.kv->k.dim(0), bs = a.kv->k.dim(1);
+  MS_CHECK(m.block_size == 0 || m.block_size == bs, "attention: meta.block_size {} but the cache has blocks of {}",
+           m.block_size, bs);
+
+  // Batch metadata checks, so no index below can leave its buffer.
+  const int64_t S = m.num_seqs;
+  check_i32(m.positions, "attention", "positions");
+  check_i32(m.query_start, "attention", "query_start");
+  check_i32(m.context_lens, "attention", "context_lens");
+  MS_CHECK(m.positions.numel() == T, "attention: {} positions for {} tokens", m.positions.numel(), T);
+  MS_CHECK(S >= 0 && m.query_start.numel() == S + 1 && m.context_lens.numel() == S,
+           "attention: query_start ({}) / context_lens ({}) do not match {} sequences", m.query_start.numel(),
+           m.context_lens.numel(), S);
+  const int32_t* qs = m.query_start.ptr<int32_t>();
+  const int32_t* ctx = m.context_lens.ptr<int32_t>();
+  const int32_t* pos = m.positions.ptr<int32_t>();
+  const int64_t mb = m.max_blocks_per_seq;
+  const int32_t* bt = nullptr;
+  if (S > 0) {
+    check_i32(m.block_tables, "attention", "block_tables");
+    MS_CHECK(mb > 0 && m.block_tables.numel() == S * mb, "attention: block_tables {} is not [{}, {}]",
+             shape_str(m.block_tables.shape), S, mb);
+    bt = m.block_tables.ptr<int32_t>();
+  }
+  MS_CHECK(S == 0 ? T == 0 : (qs[0] == 0 && qs[S] == T), "attention: query_start must run from 0 to {}", T);
+  std::vector<int32_t> seq_of(static_cast<size_t>(T));
+  for (int64_t s = 0; s < S; ++s) {
+    MS_CHECK(qs[s] <= qs[s + 1], "attention: query_start decreases at sequence {}", s);
+    MS_CHECK(ctx[s] >= 0 && ctx[s] <= mb * bs, "attention: context length {} of sequence {} exceeds {} blocks of {}",
+             ctx[s], s, mb, bs);
+    for (int64_t b = 0; b < (ctx[s] + bs - 1) / bs; ++b)
+      MS_CHECK(bt[s * mb + b] >= 0 && bt[s * mb + b] < nblocks,
+               "attention: block {} of sequence {} is {}, outside the cache ({} blocks)", b, s, bt[s * mb + b],
+               nblocks);
+    for (int64_t t = qs[s]; t < qs[s + 1]; ++t) {
+      MS_CHECK(pos[t] >= 0 && pos[t] < ctx[s],
+               "attention: token {} of sequence {} at position {} is outside its context of {}", t, s, pos[t], ctx[s]);
+      seq_of[size_t(t)] = int32_t(s);
+    }
+  }
+
+  const float* kc = a.kv->k.ptr<float>();
+  const float* vc = a.kv->v.ptr<float>();
+  const int64_t group = Hq / Hkv;
+  const float scale = a.scale;
+  // One task per (token, query head): scores over positions 0..p, fp32 softmax with the
+  // max subtracted, then the probability-weighted sum of V.
+  ThreadPool::global().parallel_for(T * Hq, [&](int64_t b, int64_t e) {
+    std::vector<float> scores, qv(static_cast<size_t>(hd)), acc(static_cast<size_t>(hd));
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t t = item / Hq, h = item % Hq, kvh = h / group;
+      const int64_t s = seq_of[size_t(t)];
+      const int64_t n = int64_t(pos[t]) + 1;
+      const int32_t* table = bt + s * mb;
+      std::memcpy(qv.data(), a.q->ptr<float>() + t * Hq * hd + h * hd, size_t(hd) * 4);  // out may alias q
+      scores.resize(size_t(n));
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
+        scores[size_t(j)] = dot_f32(qv.data(), kc + (slot * Hkv + kvh) * hd, hd) * scale;
+        mx = std::max(mx, scores[size_t(j)]);
+      }
+      float sum = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
+        sum += scores[size_t(j)];
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
+        const float* vr = vc + (slot * Hkv + kvh) * hd;
+        const float p = scores[size_t(j)];
+        for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] += p * vr[d];
+      }
+      float* o = a.out->ptr<float>() + t * Hq * hd + h * hd;
+      const float inv = 1.f / sum;
+      for (int64_t d = 0; d < hd; ++d) o[d] = acc[size_t(d)] * inv;
+    }
+  });
+}
+
+}  // namespace moeserve::cpu

@@ -1,0 +1,26 @@
+// `moeserve inspect DIR [--json]`: checkpoint summary from config.json + safetensors headers.
+#include <cstdio>
+
+#include "cli/registry.h"
+#include "model/inspect.h"
+
+namespace {
+struct Args {
+  std::string dir;
+  bool json = false;
+};
+
+moeserve::cli::RegisterSubcommand reg("inspect", "Summarise a model checkpoint directory", [](CLI::App* sub) {
+  auto a = std::make_shared<Args>();
+  sub->add_option("dir", a->dir, "checkpoint directory")->required();
+  sub->add_flag("--json", a->json, "print the report as JSON");
+  return [a] {
+    const nlohmann::json r = moeserve::inspect_checkpoint(a->dir);
+    if (a->json)
+      std::printf("%s\n", r.dump(2).c_str());
+    else
+      std::printf("%s", moeserve::format_inspect(r).c_str());
+    return 0;
+  };
+});
+}  // namespace

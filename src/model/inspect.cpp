@@ -1,0 +1,179 @@
+#include "model/inspect.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/minimax_m2.h"
+#include "model/weights.h"
+
+namespace moeserve {
+
+ParamCounts count_params(const MiniMaxM2Config& c) {
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size, E = c.num_local_experts;
+  const int64_t Hq = int64_t(c.num_attention_heads) * D, Hkv = int64_t(c.num_key_value_heads) * D;
+  ParamCounts p;
+  p.embedding = int64_t(c.vocab_size) * H;
+  p.per_expert = 3 * I * H;
+  const int64_t attn = Hq * H + 2 * Hkv * H + H * Hq;
+  const int64_t norms = 2 * H + Hq + Hkv;
+  const int64_t router = E * H + (c.use_routing_bias ? E : 0);
+  const int64_t layer_total = attn + norms + router + E * p.per_expert;
+  const int64_t layer_active = attn + norms + router + int64_t(c.num_experts_per_tok) * p.per_expert;
+  const int64_t L = c.num_hidden_layers;
+  p.total = L * layer_total + 2 * p.embedding + H;  // + final norm
+  p.active_no_lm_head = L * layer_active + H;
+  p.active = p.active_no_lm_head + p.embedding;
+  return p;
+}
+
+nlohmann::json inspect_checkpoint(const std::string& dir) {
+  const MiniMaxM2Config cfg = MiniMaxM2Config::from_file((std::filesystem::path(dir) / "config.json").string());
+  const Checkpoint ckpt = Checkpoint::open(dir);
+  const ParamCounts pc = count_params(cfg);
+  nlohmann::json r;
+  r["path"] = dir;
+  r["architecture"] = cfg.architectures.empty() ? "" : cfg.architectures[0];
+  r["model_type"] = cfg.model_type;
+  r["hidden_size"] = cfg.hidden_size;
+  r["num_layers"] = cfg.num_hidden_layers;
+  r["num_attention_heads"] = cfg.num_attention_heads;
+  r["num_key_value_heads"] = cfg.num_key_value_heads;
+  r["head_dim"] = cfg.head_dim;
+  r["rotary_dim"] = cfg.rotary_dim;
+  r["num_experts"] = cfg.num_local_experts;
+  r["experts_per_token"] = cfg.num_experts_per_tok;
+  r["expert_intermediate_size"] = cfg.intermediate_size;
+  r["vocab_size"] = cfg.vocab_size;
+  r["max_position_embeddings"] = cfg.max_position_embeddings;
+  r["params_total"] = pc.total;
+  r["params_active"] = pc.active_no_lm_head;
+  r["params_active_with_lm_head"] = pc.active;
+  nlohmann::json q = nullptr;
+  if (cfg.quantization.enabled())
+    q = {{"method", cfg.quantization.quant_method},
+         {"fmt", cfg.quantization.fmt},
+         {"weight_block_size", {cfg.quantization.block_out, cfg.quantization.block_in}},
+         {"activation_scheme", cfg.quantization.activation_scheme}};
+  r["quantization"] = q;
+
+  // Compare the checkpoint with the declarations (headers only).
+  std::map<std::string, WeightDecl> decls;
+  for (auto& d : declare_minimax_m2_weights(cfg, ParallelConfig{})) decls[d.name] = d;
+  std::map<std::string, int64_t> bytes_by_dtype, count_by_dtype;
+  std::set<int> mtp_present;
+  nlohmann::json unexpected = nlohmann::json::array(), mismatched = nlohmann::json::array();
+  int64_t total_bytes = 0, fp8_tensors = 0, mtp_tensors = 0;
+  for (const auto& n : ckpt.names()) {
+    const TensorInfo& ti = ckpt.info(n);
+    const int64_t nb = int64_t(ti.offset_end - ti.offset_begin);
+    bytes_by_dtype[std::string(dtype_name(ti.dtype))] += nb;
+    count_by_dtype[std::string(dtype_name(ti.dtype))] += 1;
+    total_bytes += nb;
+    if (ti.dtype == DType::F8_E4M3) ++fp8_tensors;
+    auto it = decls.find(n);
+    if (it != decls.end()) {
+      const auto& ds = it->second.dtypes;
+      if (ti.shape != it->second.shape || std::find(ds.begin(), ds.end(), ti.dtype) == ds.end())
+        mismatched.push_back({{"name", n},
+                              {"shape", ti.shape},
+                              {"dtype", dtype_name(ti.dtype)},
+                              {"expected_shape", it->second.shape}});
+      continue;
+    }
+    const size_t k = n.size() > 10 ? n.size() - 10 : 0;
+    if (k && n.compare(k, 10, "_scale_inv") == 0 && decls.count(n.substr(0, k))) continue;
+    if (is_mtp_tensor(cfg, n)) {
+      ++mtp_tensors;
+      mtp_present.insert(std::stoi(n.substr(13)) - cfg.num_hidden_layers);
+      continue;
+    }
+    unexpected.push_back(n);
+  }
+  nlohmann::json missing = nlohmann::json::array();
+  for (const auto& [n, d] : decls) {
+    if (!ckpt.contains(n)) {
+      missing.push_back(n);
+    } else if (ckpt.info(n).dtype == DType::F8_E4M3 && !ckpt.contains(scale_name(n))) {
+      missing.push_back(scale_name(n));
+    }
+  }
+  r["tensors"] = ckpt.names().size();
+  r["bytes_total"] = total_bytes;
+  r["bytes_by_dtype"] = bytes_by_dtype;
+  r["tensors_by_dtype"] = count_by_dtype;
+  r["fp8_tensors"] = fp8_tensors;
+  r["mtp"] = {{"declared_modules", cfg.num_mtp_modules},
+              {"use_mtp", cfg.use_mtp},
+              {"present_modules", mtp_present.size()},
+              {"present_tensors", mtp_tensors}};
+  r["missing_tensors"] = missing;
+  r["mismatched_tensors"] = mismatched;
+  r["unexpected_tensors"] = unexpected;
+  r["complete"] = missing.empty() && mismatched.empty();
+  return r;
+}
+
+namespace {
+std::string human_count(int64_t n) {
+  if (n >= 1000000000) return fmt::format("{:.2f}B", n / 1e9);
+  if (n >= 1000000) return fmt::format("{:.2f}M", n / 1e6);
+  if (n >= 1000) return fmt::format("{:.1f}K", n / 1e3);
+  return std::to_string(n);
+}
+std::string human_bytes(int64_t n) {
+  if (n >= (int64_t(1) << 30)) return fmt::format("{:.2f} GiB", n / double(int64_t(1) << 30));
+  if (n >= (1 << 20)) return fmt::format("{:.2f} MiB", n / double(1 << 20));
+  if (n >= (1 << 10)) return fmt::format("{:.1f} KiB", n / 1024.0);
+  return fmt::format("{} B", n);
+}
+}  // namespace
+
+std::string format_inspect(const nlohmann::json& r) {
+  std::string s;
+  s += fmt::format("{}  ({})\n", r["path"].get<std::string>(), r["architecture"].get<std::string>());
+  s += fmt::format("  model_type       {}\n", r["model_type"].get<std::string>());
+  s += fmt::format("  layers           {}\n", r["num_layers"].get<int>());
+  s += fmt::format("  hidden           {}\n", r["hidden_size"].get<int>());
+  s += fmt::format("  heads            {} query / {} kv, head_dim {}, rotary_dim {}\n",
+                   r["num_attention_heads"].get<int>(), r["num_key_value_heads"].get<int>(), r["head_dim"].get<int>(),
+                   r["rotary_dim"].get<int>());
+  s += fmt::format("  experts          {} (top-{}), intermediate {}\n", r["num_experts"].get<int>(),
+                   r["experts_per_token"].get<int>(), r["expert_intermediate_size"].get<int>());
+  s += fmt::format("  vocab            {}\n", r["vocab_size"].get<int>());
+  s += fmt::format("  parameters       {} total, {} active per token ({} with lm_head)\n",
+                   human_count(r["params_total"].get<int64_t>()), human_count(r["params_active"].get<int64_t>()),
+                   human_count(r["params_active_with_lm_head"].get<int64_t>()));
+  if (r["quantization"].is_null()) {
+    s += "  quantization     none\n";
+  } else {
+    const auto& q = r["quantization"];
+    s += fmt::format("  quantization     {} {} blocks [{}, {}], {} FP8 tensors\n", q["method"].get<std::string>(),
+                     q["fmt"].get<std::string>(), q["weight_block_size"][0].get<int>(),
+                     q["weight_block_size"][1].get<int>(), r["fp8_tensors"].get<int64_t>());
+  }
+  s += fmt::format("  tensors          {} ({})\n", r["tensors"].get<int64_t>(), human_bytes(r["bytes_total"].get<int64_t>()));
+  for (const auto& [dt, b] : r["bytes_by_dtype"].items())
+    s += fmt::format("    {:8} {:>8} tensors  {}\n", dt, r["tensors_by_dtype"][dt].get<int64_t>(),
+                     human_bytes(b.get<int64_t>()));
+  const auto& m = r["mtp"];
+  s += fmt::format("  MTP modules      {} declared, {} present ({} tensors, skipped when loading)\n",
+                   m["declared_modules"].get<int>(), m["present_modules"].get<int>(), m["present_tensors"].get<int>());
+  auto list = [&](const char* key, const char* label) {
+    const auto& a = r[key];
+    s += fmt::format("  {:16} {}\n", label, a.size());
+    for (size_t i = 0; i < a.size() && i < 10; ++i)
+      s += fmt::format("    {}\n", a[i].is_string() ? a[i].get<std::string>() : a[i].dump());
+    if (a.size() > 10) s += fmt::format("    ... {} more\n", a.size() - 10);
+  };
+  list("missing_tensors", "missing");
+  list("mismatched_tensors", "mismatched");
+  list("unexpected_tensors", "unexpected");
+  return s;
+}
+
+}  // namespace moeserve

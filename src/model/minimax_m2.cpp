@@ -1,0 +1,266 @@
+#include "model/minimax_m2.h"
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace moeserve {
+namespace {
+
+const std::vector<DType> kDense{DType::BF16, DType::F16, DType::F32};
+const std::vector<DType> kLinear{DType::BF16, DType::F16, DType::F32, DType::F8_E4M3};
+
+std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "."; }
+std::string expert_prefix(int l, int e) {
+  return layer_prefix(l) + "block_sparse_moe.experts." + std::to_string(e) + ".";
+}
+
+// Host f32 copy (for small tensors the backend contract wants in f32, e.g. the router bias).
+Tensor to_f32_host(const Tensor& t) {
+  if (t.dtype == DType::F32) return t;
+  Tensor f = Tensor::host(DType::F32, t.shape);
+  convert_to_f32(t.dtype, t.data, f.ptr<float>(), size_t(t.numel()));
+  return f;
+}
+
+}  // namespace
+
+MiniMaxM2Shard plan_shard(const MiniMaxM2Config& cfg, const ParallelConfig& par) {
+  MS_CHECK(par.world >= 1 && par.rank >= 0 && par.rank < par.world, "invalid parallel rank {} of {}", par.rank,
+           par.world);
+  MiniMaxM2Shard s;
+  const int W = par.world;
+  MS_CHECK(cfg.num_attention_heads % W == 0, "num_attention_heads {} does not split over {} tensor-parallel ranks",
+           cfg.num_attention_heads, W);
+  s.q_heads = cfg.num_attention_heads / W;
+  if (cfg.num_key_value_heads >= W) {
+    MS_CHECK(cfg.num_key_value_heads % W == 0, "num_key_value_heads {} does not split over {} ranks",
+             cfg.num_key_value_heads, W);
+    s.kv_heads = cfg.num_key_value_heads / W;
+  } else {
+    // More ranks than KV heads: each KV head is replicated on W / Hkv ranks.
+    MS_CHECK(W % cfg.num_key_value_heads == 0, "{} ranks is not a multiple of num_key_value_heads {}", W,
+             cfg.num_key_value_heads);
+    s.kv_heads = 1;
+    s.kv_replicate = W / cfg.num_key_value_heads;
+  }
+  if (par.expert_parallel) {
+    MS_CHECK(cfg.num_local_experts % W == 0, "num_local_experts {} does not split over {} expert-parallel ranks",
+             cfg.num_local_experts, W);
+    s.num_experts = cfg.num_local_experts / W;
+    s.first_expert = par.rank * s.num_experts;
+    s.expert_inter = cfg.intermediate_size;
+  } else {
+    MS_CHECK(cfg.intermediate_size % W == 0, "intermediate_size {} does not split over {} tensor-parallel ranks",
+             cfg.intermediate_size, W);
+    s.num_experts = cfg.num_local_experts;
+    s.expert_inter = cfg.intermediate_size / W;
+  }
+  return s;
+}
+
+std::vector<WeightDecl> declare_minimax_m2_weights(const MiniMaxM2Config& cfg, const ParallelConfig& par) {
+  const MiniMaxM2Shard s = plan_shard(cfg, par);
+  const int64_t H = cfg.hidden_size, D = cfg.head_dim, I = cfg.intermediate_size, E = cfg.num_local_experts;
+  const int64_t Hq = int64_t(cfg.num_attention_heads) * D, Hkv = int64_t(cfg.num_key_value_heads) * D;
+  const ShardSpec rep{};
+  const ShardSpec col{ShardKind::ColumnParallel, par.rank, par.world};
+  const ShardSpec row{ShardKind::RowParallel, par.rank, par.world};
+  const ShardSpec kv_col{ShardKind::ColumnParallel, par.rank, par.world, s.kv_replicate};
+  std::vector<WeightDecl> d;
+  d.push_back({"model.embed_tokens.weight", {cfg.vocab_size, H}, kDense, rep});
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    d.push_back({p + "input_layernorm.weight", {H}, kDense, rep});
+    d.push_back({p + "post_attention_layernorm.weight", {H}, kDense, rep});
+    d.push_back({p + "self_attn.q_proj.weight", {Hq, H}, kLinear, col});
+    d.push_back({p + "self_attn.k_proj.weight", {Hkv, H}, kLinear, kv_col});
+    d.push_back({p + "self_attn.v_proj.weight", {Hkv, H}, kLinear, kv_col});
+    d.push_back({p + "self_attn.o_proj.weight", {H, Hq}, kLinear, row});
+    d.push_back({p + "self_attn.q_norm.weight", {Hq}, kDense, col});
+    d.push_back({p + "self_attn.k_norm.weight", {Hkv}, kDense, kv_col});
+    d.push_back({p + "block_sparse_moe.gate.weight", {E, H}, kDense, rep});
+    if (cfg.use_routing_bias) d.push_back({p + "block_sparse_moe.e_score_correction_bias", {E}, kDense, rep});
+    for (int e = 0; e < E; ++e) {
+      const std::string q = expert_prefix(l, e);
+      if (par.expert_parallel) {
+        ShardSpec own{ShardKind::ExpertOwned, par.rank, par.world};
+        own.owned = e >= s.first_expert && e < s.first_expert + s.num_experts;
+        d.push_back({q + "w1.weight", {I, H}, kLinear, own});
+        d.push_back({q + "w3.weight", {I, H}, kLinear, own});
+        d.push_back({q + "w2.weight", {H, I}, kLinear, own});
+      } else {
+        d.push_back({q + "w1.weight", {I, H}, kLinear, col});
+        d.push_back({q + "w3.weight", {I, H}, kLinear, col});
+        d.push_back({q + "w2.weight", {H, I}, kLinear, row});
+      }
+    }
+  }
+  d.push_back({"model.norm.weight", {H}, kDense, rep});
+  d.push_back({"lm_head.weight", {cfg.vocab_size, H}, kDense, rep});
+  return d;
+}
+
+MiniMaxM2Model::MiniMaxM2Model(MiniMaxM2Config cfg, Backend& backend, ParallelConfig par, AllReduceFn all_reduce)
+    : cfg_(std::move(cfg)), be_(backend), par_(par), all_reduce_(std::move(all_reduce)) {
+  MS_CHECK(cfg_.use_qk_norm, "minimax_m2 without QK-norm (use_qk_norm false) is not supported");
+  MS_CHECK(cfg_.routed_scaling_factor == 1.0, "routed_scaling_factor {} is not supported (MiniMax-M2 uses 1.0)",
+           cfg_.routed_scaling_factor);
+  MS_CHECK(!cfg_.tie_word_embeddings, "tie_word_embeddings is not supported for minimax_m2");
+  MS_CHECK(par_.world == 1 || all_reduce_, "{} ranks need an all-reduce", par_.world);
+  shard_ = plan_shard(cfg_, par_);
+}
+
+void MiniMaxM2Model::all_reduce(Tensor& t) {
+  if (par_.world > 1) all_reduce_(t);
+}
+
+void MiniMaxM2Model::load(const Checkpoint& ckpt) {
+  const auto decls = declare_minimax_m2_weights(cfg_, par_);
+  std::map<std::string, LoadedTensor> got;
+  for (const auto& d : decls) got[d.name] = load_weight(ckpt, d, cfg_.quantization);
+
+  // Tensors that are neither declared, nor scales of declared FP8 weights, nor MTP modules.
+  int mtp = 0, unexpected = 0;
+  for (const auto& n : ckpt.names()) {
+    if (got.count(n)) continue;
+    if (n.size() > 10 && n.compare(n.size() - 10, 10, "_scale_inv") == 0 && got.count(n.substr(0, n.size() - 10)))
+      continue;
+    if (is_mtp_tensor(cfg_, n)) {
+      ++mtp;
+      continue;
+    }
+    if (unexpected++ < 8) spdlog::warn("checkpoint {}: unexpected tensor '{}' ignored", ckpt.dir(), n);
+  }
+  if (mtp) spdlog::info("checkpoint {}: skipped {} MTP tensors", ckpt.dir(), mtp);
+  if (unexpected > 8) spdlog::warn("checkpoint {}: {} unexpected tensors ignored in all", ckpt.dir(), unexpected);
+
+  auto up = [&](const std::string& name) { return be_.upload(got.at(name).tensor); };
+  auto up_lin = [&](const std::string& name) {
+    LinearWeight w = got.at(name).linear();
+    w.weight = be_.upload(w.weight);
+    if (w.fp8()) w.scale_inv = be_.upload(w.scale_inv);
+    return w;
+  };
+  w_ = MiniMaxM2Weights{};
+  w_.embed = up("model.embed_tokens.weight");
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    MiniMaxM2Layer L;
+    L.input_norm = up(p + "input_layernorm.weight");
+    L.post_attention_norm = up(p + "post_attention_layernorm.weight");
+    L.q = up_lin(p + "self_attn.q_proj.weight");
+    L.k = up_lin(p + "self_attn.k_proj.weight");
+    L.v = up_lin(p + "self_attn.v_proj.weight");
+    L.o = up_lin(p + "self_attn.o_proj.weight");
+    L.q_norm = up(p + "self_attn.q_norm.weight");
+    L.k_norm = up(p + "self_attn.k_norm.weight");
+    L.moe.gate = up(p + "block_sparse_moe.gate.weight");
+    if (cfg_.use_routing_bias)
+      L.moe.score_bias = be_.upload(to_f32_host(got.at(p + "block_sparse_moe.e_score_correction_bias").tensor));
+    L.moe.num_experts = cfg_.num_local_experts;
+    L.moe.top_k = cfg_.num_experts_per_tok;
+    L.moe.first_local_expert = shard_.first_expert;
+    for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e) {
+      const std::string q = expert_prefix(l, e);
+      L.moe.experts.push_back({up_lin(q + "w1.weight"), up_lin(q + "w3.weight"), up_lin(q + "w2.weight")});
+    }
+    w_.layers.push_back(std::move(L));
+  }
+  w_.final_norm = up("model.norm.weight");
+  w_.lm_head = up_lin("lm_head.weight");
+}
+
+std::vector<KVCacheLayer> MiniMaxM2Model::allocate_kv_cache(int num_blocks, int block_size, DType dtype) const {
+  std::vector<KVCacheLayer> kv(size_t(cfg_.num_hidden_layers));
+  Shape s{num_blocks, block_size, shard_.kv_heads, cfg_.head_dim};
+  for (auto& layer : kv) {
+    layer.k = be_.alloc(dtype, s);
+    layer.v = be_.alloc(dtype, s);
+  }
+  return kv;
+}
+
+Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std::vector<KVCacheLayer>& kv,
+                               const Tensor& rows) {
+  MS_CHECK(!w_.layers.empty(), "MiniMaxM2Model::forward before load");
+  MS_CHECK(int(kv.size()) == cfg_.num_hidden_layers, "KV cache has {} layers, model {}", kv.size(),
+           cfg_.num_hidden_layers);
+  const int64_t T = meta.num_tokens, H = cfg_.hidden_size, D = cfg_.head_dim;
+  const int64_t qw = int64_t(shard_.q_heads) * D, kw = int64_t(shard_.kv_heads) * D;
+  const float eps = float(cfg_.rms_norm_eps);
+  const DType act = be_.activation_dtype();
+
+  Tensor residual = be_.alloc(act, {T, H}), x = be_.alloc(act, {T, H});
+  Tensor q = be_.alloc(act, {T, qw}), k = be_.alloc(act, {T, kw}), v = be_.alloc(act, {T, kw});
+  Tensor attn = be_.alloc(act, {T, qw}), o = be_.alloc(act, {T, H}), moe_out = be_.alloc(act, {T, H});
+  MoeRouting routing{be_.alloc(DType::I32, {T, cfg_.num_experts_per_tok}),
+                     be_.alloc(DType::F32, {T, cfg_.num_experts_per_tok})};
+  Tensor q_ss, k_ss;
+  if (par_.world > 1) {
+    q_ss = be_.alloc(DType::F32, {T});
+    k_ss = be_.alloc(DType::F32, {T});
+  }
+
+  be_.embedding(w_.embed, ids, residual);
+  be_.rms_norm(residual, w_.layers[0].input_norm, eps, x);
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    MiniMaxM2Layer& L = w_.layers[l];
+    // Attention block.
+    be_.linear(x, L.q, q);  // [T, Hq_local*D]
+    be_.linear(x, L.k, k);  // [T, Hkv_local*D]
+    be_.linear(x, L.v, v);
+    QkNormRopeArgs qa;
+    qa.q = &q;
+    qa.k = &k;
+    qa.q_norm_weight = &L.q_norm;
+    qa.k_norm_weight = &L.k_norm;
+    qa.positions = &meta.positions;
+    qa.rope = RopeParams{cfg_.head_dim, cfg_.rotary_dim, float(cfg_.rope_theta)};
+    qa.eps = eps;
+    if (par_.world > 1) {
+      // Full-width QK-norm: the mean of squares covers every rank's heads. A KV head held
+      // by `kv_replicate` ranks is counted that many times, so the width is scaled to match.
+      be_.row_sum_squares(q, q_ss);
+      be_.row_sum_squares(k, k_ss);
+      all_reduce(q_ss);
+      all_reduce(k_ss);
+      qa.q_sum_squares = &q_ss;
+      qa.k_sum_squares = &k_ss;
+      qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;
+      qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
+    }
+    be_.qk_norm_rope(qa);
+    be_.write_kv(k, v, kv[l], meta);
+    AttentionArgs aa;
+    aa.q = &q;
+    aa.kv = &kv[l];
+    aa.meta = &meta;
+    aa.num_q_heads = shard_.q_heads;
+    aa.num_kv_heads = shard_.kv_heads;
+    aa.head_dim = cfg_.head_dim;
+    aa.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
+    aa.out = &attn;
+    be_.attention(aa);
+    be_.linear(attn, L.o, o);  // row-parallel: partial sums per rank
+    all_reduce(o);
+    be_.add_rms_norm(residual, o, L.post_attention_norm, eps, x);
+    // MoE block.
+    be_.moe_route(x, L.moe, routing);
+    be_.moe_experts(x, L.moe, routing, moe_out);  // this rank's experts / expert slices
+    all_reduce(moe_out);
+    const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
+    be_.add_rms_norm(residual, moe_out, next_norm, eps, x);
+  }
+  const int64_t R = rows.defined() ? rows.numel() : 0;
+  if (R == 0) return {};
+  Tensor sel = be_.alloc(act, {R, H});
+  be_.embedding(x, rows, sel);  // gather the rows that need logits
+  Tensor logits = be_.alloc(act, {R, cfg_.vocab_size});
+  be_.linear(sel, w_.lm_head, logits);
+  return logits;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,45 @@
+// ModelExecutor for MiniMax-M2 on one rank: owns the backend, the weights (this rank's
+// slices) and the paged KV pool; turns a StepBatch into AttentionMeta and returns logits.
+// With a communicator of world > 1 every rank runs execute() on the same batch at the same
+// time (the model all-reduces inside the forward); each rank returns the full logits.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "dist/communicator.h"
+#include "engine/executor.h"
+#include "model/minimax_m2.h"
+
+namespace moeserve {
+
+struct ExecutorOptions {
+  std::string model_dir;
+  int block_size = 16;
+  int num_kv_blocks = 0;   // 0: enough for one sequence of max_model_len
+  int max_model_len = 0;   // 0: config max_position_embeddings
+  bool expert_parallel = false;  // with comm: experts owned by ranks (EP) instead of sliced
+  // The rank's tensor/expert-parallel group (rank and world come from it); null = one rank.
+  Communicator* comm = nullptr;
+};
+
+class MiniMaxM2Executor : public ModelExecutor {
+ public:
+  MiniMaxM2Executor(std::unique_ptr<Backend> backend, const ExecutorOptions& opts);
+  ExecutorInfo info() const override { return info_; }
+  StepResult execute(const StepBatch& batch) override;
+  const MiniMaxM2Model& model() const { return *model_; }
+  Backend& backend() { return *backend_; }
+
+ private:
+  Tensor upload_i32(const std::vector<int32_t>& v, Shape shape);
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<MiniMaxM2Model> model_;
+  std::vector<KVCacheLayer> kv_;
+  ExecutorInfo info_;
+};
+
+// Convenience: the executor for a checkpoint directory on the CPU backend.
+std::unique_ptr<MiniMaxM2Executor> make_cpu_executor(const ExecutorOptions& opts);
+
+}  // namespace moeserve
