@@ -20,10 +20,7 @@
 #include "server/openai_service.h"
 #include "server/parsers/parser.h"
 #include "server/tokenizer_frontend.h"
-#if __has_include("model/model_executor.h")
 #include "model/model_executor.h"
-#define MOESERVE_HAS_MODEL_EXECUTOR 1
-#endif
 #ifdef MOESERVE_HAS_TEST_BACKENDS
 #include "engine/testing/replay_executor.h"
 #endif
@@ -100,7 +97,6 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   }
 #endif
   MS_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda", a.device);
-#ifdef MOESERVE_HAS_MODEL_EXECUTOR
   MS_CHECK(a.device == "cpu", "--device cuda: the CUDA executor is not part of this build yet");
   ExecutorOptions eo;
   eo.model_dir = a.model;
@@ -108,10 +104,6 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   eo.max_model_len = max_model_len;
   eo.num_kv_blocks = a.num_kv_blocks;
   return make_cpu_executor(eo);
-#else
-  (void)max_model_len;
-  fail("this build has no model executor for {}", a.model);
-#endif
 }
 
 int run_serve(const ServeArgs& a) {
