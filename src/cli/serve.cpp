@@ -1,0 +1,241 @@
+// `moeserve serve MODEL_DIR`: the OpenAI-compatible HTTP server. Flags follow `vllm serve`.
+// SIGTERM/SIGINT drain: stop accepting, let running requests finish for up to
+// --shutdown-grace-seconds, abort the rest (their streams end with finish_reason "abort"
+// and [DONE]), exit 0.
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/registry.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "engine/stop.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/openai_service.h"
+#include "server/parsers/parser.h"
+#include "server/tokenizer_frontend.h"
+#include "model/model_executor.h"
+#ifdef MOESERVE_HAS_TEST_BACKENDS
+#include "engine/testing/replay_executor.h"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace moeserve;
+
+struct ServeArgs {
+  std::string model;
+  std::string host = "0.0.0.0";
+  int port = 8000;
+  std::vector<std::string> served_model_names;
+  std::string max_model_len;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int block_size = 16;
+  int num_kv_blocks = 0;
+  std::string api_key;
+  std::string chat_template;
+  std::string generation_config = "auto";
+  bool enable_auto_tool_choice = false;
+  std::string tool_call_parser;
+  std::string reasoning_parser;
+  std::string device = "cpu";
+  bool enable_prefix_caching = true;
+  double gpu_memory_utilization = 0.9;
+  int max_logprobs = 20;
+  int io_threads = 2;
+  int max_waiting_requests = 1024;
+  size_t max_request_body_bytes = 32u << 20;
+  double shutdown_grace_seconds = 30;
+  uint64_t seed = 0;
+  std::string replay_script;
+};
+
+// vLLM's human_readable_int: 32k = 32000, 32K = 32768, plain integers as is.
+int parse_human_int(const std::string& s) {
+  MS_CHECK(!s.empty(), "--max-model-len: empty value");
+  double mult = 1;
+  std::string num = s;
+  char last = s.back();
+  if (last == 'k' || last == 'm' || last == 'g') mult = last == 'k' ? 1e3 : last == 'm' ? 1e6 : 1e9, num.pop_back();
+  else if (last == 'K' || last == 'M' || last == 'G') mult = last == 'K' ? 1024 : last == 'M' ? 1048576 : 1073741824.0, num.pop_back();
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(num, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MS_CHECK(used == num.size() && v > 0, "--max-model-len: '{}' is not a length (e.g. 4096, 32k, 32K)", s);
+  return static_cast<int>(v * mult);
+}
+
+nlohmann::json read_json_file(const fs::path& p) {
+  std::ifstream f(p);
+  MS_CHECK(f.good(), "cannot read {}", p.string());
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    fail("{}: {}", p.string(), e.what());
+  }
+}
+
+std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_len) {
+#ifdef MOESERVE_HAS_TEST_BACKENDS
+  if (!a.replay_script.empty()) {
+    auto cfg = testing::replay_config_from_json(read_json_file(a.replay_script));
+    if (a.num_kv_blocks > 0) cfg.num_kv_blocks = a.num_kv_blocks;
+    cfg.block_size = a.block_size;
+    return std::make_unique<testing::ReplayExecutor>(cfg);
+  }
+#endif
+  MS_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda", a.device);
+  MS_CHECK(a.device == "cpu", "--device cuda: the CUDA executor is not part of this build yet");
+  ExecutorOptions eo;
+  eo.model_dir = a.model;
+  eo.block_size = a.block_size;
+  eo.max_model_len = max_model_len;
+  eo.num_kv_blocks = a.num_kv_blocks;
+  return make_cpu_executor(eo);
+}
+
+int run_serve(const ServeArgs& a) {
+  MS_CHECK(!a.model.empty(), "serve: MODEL_DIR is required");
+  MS_CHECK(fs::is_directory(a.model), "serve: {} is not a directory", a.model);
+  if (!a.tool_call_parser.empty())
+    MS_CHECK(server::has_tool_parser(a.tool_call_parser), "--tool-call-parser {}: unknown (known: {})",
+             a.tool_call_parser, fmt::join(server::tool_parser_names(), ", "));
+  if (!a.reasoning_parser.empty())
+    MS_CHECK(server::has_reasoning_parser(a.reasoning_parser), "--reasoning-parser {}: unknown (known: {})",
+             a.reasoning_parser, fmt::join(server::reasoning_parser_names(), ", "));
+  MS_CHECK(!a.enable_auto_tool_choice || !a.tool_call_parser.empty(),
+           "--enable-auto-tool-choice requires --tool-call-parser");
+
+  // Signals are taken by sigwait below; block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  server::TokenizerFrontend frontend(a.model, a.chat_template);
+  int max_model_len = a.max_model_len.empty() ? 0 : parse_human_int(a.max_model_len);
+
+  server::SamplingDefaults defaults;
+  if (a.generation_config != "vllm") {
+    fs::path gdir = a.generation_config == "auto" ? fs::path(a.model) : fs::path(a.generation_config);
+    if (fs::exists(gdir / "generation_config.json"))
+      defaults = server::SamplingDefaults::from_json(read_json_file(gdir / "generation_config.json"));
+  }
+
+  EngineConfig ec;
+  ec.max_num_seqs = a.max_num_seqs;
+  ec.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.max_model_len = max_model_len;
+  ec.enable_prefix_caching = a.enable_prefix_caching;
+  ec.max_waiting_requests = a.max_waiting_requests;
+  ec.seed = a.seed;
+  ec.eos_token_ids = read_eos_token_ids(a.model);
+  for (int32_t id : frontend.eos_token_ids())
+    if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())
+      ec.eos_token_ids.push_back(id);
+  auto engine = make_engine(ec, make_executor(a, max_model_len));
+  const EngineConfig& resolved = engine->config();
+  ExecutorInfo info = engine->executor_info();
+
+  server::ServiceConfig sc;
+  sc.served_model_names = a.served_model_names.empty() ? std::vector<std::string>{a.model} : a.served_model_names;
+  sc.model_root = a.model;
+  sc.max_model_len = resolved.max_model_len;
+  sc.api_key = a.api_key;
+  if (sc.api_key.empty()) {
+    if (const char* k = std::getenv("VLLM_API_KEY")) sc.api_key = k;
+    if (const char* k = std::getenv("MOESERVE_API_KEY")) sc.api_key = k;
+  }
+  sc.reasoning_parser = a.reasoning_parser;
+  sc.tool_parser = a.tool_call_parser;
+  sc.enable_auto_tool_choice = a.enable_auto_tool_choice;
+  sc.max_logprobs = a.max_logprobs;
+  sc.defaults = defaults;
+  sc.version = MOESERVE_VERSION;
+
+  server::Metrics metrics({sc.served_model_names[0], resolved.max_model_len, info.block_size, info.num_kv_blocks,
+                           resolved.enable_prefix_caching, a.gpu_memory_utilization});
+  server::OpenAIService service(sc, *engine, frontend, metrics);
+  server::HttpServerConfig hc;
+  hc.host = a.host;
+  hc.port = a.port;
+  hc.io_threads = a.io_threads;
+  hc.max_body_bytes = a.max_request_body_bytes;
+  server::HttpServer http(hc, service);
+  http.start();
+  spdlog::info("moeserve {} serving {} as '{}' on http://{}:{} (max_model_len {}, {} KV blocks of {})",
+               MOESERVE_VERSION, a.model, sc.served_model_names[0], a.host, http.port(), resolved.max_model_len,
+               info.num_kv_blocks, info.block_size);
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  spdlog::info("signal {}: draining (grace {} s)", sig, a.shutdown_grace_seconds);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_grace_seconds * 1000));
+  service.set_draining(true);
+  http.stop_accepting();
+  while (service.active_requests() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Aborts whatever still runs; the aborted streams then end on the io threads.
+  engine->shutdown(std::chrono::milliseconds(0));
+  auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (http.busy_sessions() > 0 && std::chrono::steady_clock::now() < flush_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  http.stop();
+  spdlog::info("shut down");
+  return 0;
+}
+
+moeserve::cli::RegisterSubcommand reg("serve", "Serve a model over the OpenAI-compatible HTTP API", [](CLI::App* sub) {
+  auto a = std::make_shared<ServeArgs>();
+  sub->add_option("model", a->model, "model directory (config.json, tokenizer.json, weights)");
+  sub->add_option("--model", a->model, "model directory (same as the positional argument)");
+  sub->add_option("--host", a->host, "address to bind")->capture_default_str();
+  sub->add_option("--port", a->port, "port to bind (0: any free port)")->capture_default_str();
+  sub->add_option("--served-model-name", a->served_model_names, "names accepted in `model`; the first is reported");
+  sub->add_option("--max-model-len", a->max_model_len, "context length (4096, 32k = 32000, 32K = 32768)");
+  sub->add_option("--max-num-seqs", a->max_num_seqs, "sequences per engine step")->capture_default_str();
+  sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "tokens per engine step")->capture_default_str();
+  sub->add_option("--block-size", a->block_size, "KV cache block size (tokens)")->capture_default_str();
+  sub->add_option("--num-kv-blocks", a->num_kv_blocks, "KV cache blocks (0: the executor's default)");
+  sub->add_option("--api-key", a->api_key, "require `Authorization: Bearer KEY` on /v1 (env VLLM_API_KEY)");
+  sub->add_option("--chat-template", a->chat_template, "chat template file or template text");
+  sub->add_option("--generation-config", a->generation_config,
+                  "auto: sampling defaults from generation_config.json; vllm: none; or a directory")
+      ->capture_default_str();
+  sub->add_flag("--enable-auto-tool-choice", a->enable_auto_tool_choice, "allow tool_choice \"auto\"");
+  sub->add_option("--tool-call-parser", a->tool_call_parser, "tool-call parser (minimax_m2)");
+  sub->add_option("--reasoning-parser", a->reasoning_parser, "reasoning parser (minimax_m2, minimax_m2_append_think)");
+  sub->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
+                "reuse KV blocks of shared prompt prefixes (default on)");
+  sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization, "fraction of GPU memory (ignored on cpu)")
+      ->capture_default_str();
+  sub->add_option("--max-logprobs", a->max_logprobs, "largest top_logprobs / logprobs accepted")->capture_default_str();
+  sub->add_option("--io-threads", a->io_threads, "HTTP io threads")->capture_default_str();
+  sub->add_option("--max-waiting-requests", a->max_waiting_requests,
+                  "queued requests before answering 429")->capture_default_str();
+  sub->add_option("--max-request-body-bytes", a->max_request_body_bytes, "larger bodies get 413")->capture_default_str();
+  sub->add_option("--shutdown-grace-seconds", a->shutdown_grace_seconds,
+                  "on SIGTERM, how long running requests may finish")->capture_default_str();
+  sub->add_option("--seed", a->seed, "seed for requests without one")->capture_default_str();
+#ifdef MOESERVE_HAS_TEST_BACKENDS
+  sub->add_option("--test-replay-backend", a->replay_script, "TEST ONLY: scripted replay executor (JSON)");
+#endif
+  return [a] { return run_serve(*a); };
+});
+
+}  // namespace

@@ -1,0 +1,146 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+#include "server/json_text.h"
+
+namespace moeserve::server {
+
+static std::string num(double v) { return py_float_repr(v); }
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  counts_[i]++;
+  count_++;
+  sum_ += v;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, num(bounds_[i]), num(static_cast<double>(cum)));
+  }
+  cum += counts_.back();
+  out += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n", name, labels, num(static_cast<double>(cum)));
+  out += fmt::format("{}_count{{{}}} {}\n", name, labels, num(static_cast<double>(count_)));
+  out += fmt::format("{}_sum{{{}}} {}\n", name, labels, num(sum_));
+}
+
+std::vector<double> buckets_1_2_5(double max_value) {
+  std::vector<double> b;
+  for (double m = 1;; m *= 10) {
+    for (double k : {1.0, 2.0, 5.0}) {
+      if (k * m > max_value) return b;
+      b.push_back(k * m);
+    }
+  }
+}
+
+static const std::vector<double> kTtft = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const std::vector<double> kItl = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                         0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const std::vector<double> kE2e = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,  15.0, 20.0,
+                                         30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+Metrics::Metrics(MetricsConfig cfg)
+    : cfg_(std::move(cfg)),
+      ttft_(kTtft),
+      itl_(kItl),
+      tpot_(kItl),
+      e2e_(kE2e),
+      prompt_len_(buckets_1_2_5(cfg_.max_model_len)),
+      gen_len_(buckets_1_2_5(cfg_.max_model_len)),
+      max_gen_len_(buckets_1_2_5(cfg_.max_model_len)),
+      params_n_({1, 2, 5, 10, 20}),
+      params_max_tokens_(buckets_1_2_5(cfg_.max_model_len)) {
+  labels_ = "model_name=" + json_string(cfg_.model_name) + ",engine=\"0\"";
+  for (const char* r : {"stop", "length", "abort", "error"}) success_[r] = 0;
+}
+
+void Metrics::observe_ttft(double s) {
+  std::lock_guard lk(mu_);
+  ttft_.observe(s);
+}
+
+void Metrics::observe_itl(double s, int count) {
+  std::lock_guard lk(mu_);
+  for (int i = 0; i < count; ++i) itl_.observe(s / count);
+}
+
+void Metrics::observe_finished(const FinishedRequestStats& s) {
+  std::lock_guard lk(mu_);
+  prompt_tokens_ += s.prompt_tokens;
+  generation_tokens_ += s.generation_tokens;
+  std::string reason = s.finished_reason == "tool_calls" ? "stop" : s.finished_reason;
+  success_[reason]++;
+  e2e_.observe(s.e2e_seconds);
+  prompt_len_.observe(s.prompt_tokens);
+  gen_len_.observe(s.generation_tokens);
+  if (s.generation_tokens > 1 && s.ttft_seconds >= 0)
+    tpot_.observe((s.e2e_seconds - s.ttft_seconds) / (s.generation_tokens - 1));
+}
+
+void Metrics::observe_request_params(int n, int max_tokens, int max_generation_tokens) {
+  std::lock_guard lk(mu_);
+  params_n_.observe(n);
+  params_max_tokens_.observe(max_tokens);
+  max_gen_len_.observe(max_generation_tokens);
+}
+
+std::string Metrics::render(const EngineStats& es) const {
+  std::string out;
+  out.reserve(16384);
+  auto head = [&](const char* name, const char* type, const char* help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  };
+  auto sample = [&](const std::string& name, double v, const std::string& extra = "") {
+    out += fmt::format("{}{{{}{}}} {}\n", name, labels_, extra, num(v));
+  };
+  head("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
+  sample("vllm:num_requests_running", es.num_running);
+  head("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
+  sample("vllm:num_requests_waiting", es.num_waiting);
+  head("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
+  sample("vllm:kv_cache_usage_perc", es.kv_cache_usage);
+  head("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens.");
+  sample("vllm:prefix_cache_queries_total", static_cast<double>(es.prefix_cache_queries));
+  head("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.");
+  sample("vllm:prefix_cache_hits_total", static_cast<double>(es.prefix_cache_hits));
+  head("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine.");
+  sample("vllm:num_preemptions_total", static_cast<double>(es.num_preemptions));
+  head("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+  out += fmt::format(
+      "vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"{}\","
+      "gpu_memory_utilization=\"{}\",num_gpu_blocks=\"{}\",engine=\"0\"}} 1.0\n",
+      cfg_.block_size, cfg_.enable_prefix_caching ? "True" : "False", num(cfg_.gpu_memory_utilization),
+      cfg_.num_kv_blocks);
+
+  std::lock_guard lk(mu_);
+  head("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.");
+  sample("vllm:prompt_tokens_total", static_cast<double>(prompt_tokens_));
+  head("vllm:generation_tokens", "counter", "Number of generation tokens processed.");
+  sample("vllm:generation_tokens_total", static_cast<double>(generation_tokens_));
+  head("vllm:request_success", "counter", "Count of successfully processed requests.");
+  for (auto& [reason, count] : success_)
+    sample("vllm:request_success_total", static_cast<double>(count), ",finished_reason=\"" + reason + "\"");
+  auto hist = [&](const char* name, const char* help, const Histogram& h) {
+    head(name, "histogram", help);
+    h.render(out, name, labels_);
+  };
+  hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", prompt_len_);
+  hist("vllm:request_generation_tokens", "Number of generation tokens processed.", gen_len_);
+  hist("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+       max_gen_len_);
+  hist("vllm:request_params_n", "Histogram of the n request parameter.", params_n_);
+  hist("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", params_max_tokens_);
+  hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_);
+  hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl_);
+  hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", tpot_);
+  hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2e_);
+  return out;
+}
+
+}  // namespace moeserve::server

@@ -1,0 +1,429 @@
+#include "server/openai_service.h"
+
+#include <fmt/format.h>
+
+#include <deque>
+#include <mutex>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "server/response.h"
+
+namespace moeserve::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kJson = "application/json";
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+bool const_time_equal(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() != b.size();
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ (i < b.size() ? b[i] : 0);
+  return diff == 0;
+}
+
+// The state of one generation API request (n choices, maybe several prompts). Lives until
+// every choice has finished and the response is written.
+struct GenCall : std::enable_shared_from_this<GenCall> {
+  struct Choice {
+    std::string engine_id;
+    std::unique_ptr<OutputProcessor> proc;
+    int prompt_index = 0;
+    bool submitted = false;
+    bool started = false;  // role chunk / echo sent
+    bool done = false;
+    int64_t text_offset = 0;
+    Clock::time_point last_token{};
+    double ttft = -1;
+  };
+
+  OpenAIService& svc;
+  std::shared_ptr<ResponseSink> sink;
+  GenRequest req;
+  ResponseContext ctx;
+  Clock::time_point arrival;
+  std::vector<Choice> choices;
+  std::vector<std::vector<int32_t>> prompt_ids;
+  std::vector<std::string> echo_text;  // per prompt
+  int num_done = 0;
+  bool finished = false;
+  bool cancelled = false;
+
+  std::mutex mu;  // guards `queue` and `posted` (engine thread vs strand)
+  std::deque<std::pair<int, RequestOutput>> queue;
+  bool posted = false;
+
+  GenCall(OpenAIService& s, std::shared_ptr<ResponseSink> k) : svc(s), sink(std::move(k)) {
+    svc.active_counter()++;
+  }
+  ~GenCall() { svc.active_counter()--; }
+
+  Usage usage() const {
+    Usage u;
+    for (auto& p : prompt_ids) u.prompt_tokens += static_cast<int64_t>(p.size());
+    for (auto& c : choices) u.completion_tokens += c.proc->num_generated_tokens();
+    return u;
+  }
+
+  // Engine thread: queue and post; nothing else.
+  void deliver(int index, RequestOutput&& out) {
+    bool need_post;
+    {
+      std::lock_guard lk(mu);
+      queue.emplace_back(index, std::move(out));
+      need_post = !posted;
+      posted = true;
+    }
+    if (need_post) sink->post([self = shared_from_this()] { self->drain(); });
+  }
+
+  void cancel() {  // client went away
+    cancelled = true;
+    for (auto& c : choices)
+      if (c.submitted && !c.done) svc.engine().abort(c.engine_id);
+  }
+
+  void drain() {
+    std::deque<std::pair<int, RequestOutput>> batch;
+    {
+      std::lock_guard lk(mu);
+      batch.swap(queue);
+      posted = false;
+    }
+    std::string out;
+    Usage running;
+    bool continuous = req.stream && req.continuous_usage_stats;
+    for (auto& [index, ro] : batch) {
+      Choice& c = choices[index];
+      if (c.done) continue;
+      auto now = Clock::now();
+      if (!ro.new_token_ids.empty()) {
+        if (c.ttft < 0) {
+          c.ttft = seconds(now - arrival);
+          svc.metrics().observe_ttft(c.ttft);
+        } else {
+          svc.metrics().observe_itl(seconds(now - c.last_token));
+        }
+        c.last_token = now;
+      }
+      ChoiceDelta d = c.proc->process(ro);
+      if (c.proc->stop_matched() && !ro.finished) svc.engine().abort(c.engine_id);
+      if (req.stream && !cancelled) {
+        if (continuous) running = usage();
+        const Usage* u = continuous ? &running : nullptr;
+        if (!c.started) {
+          c.started = true;
+          if (req.chat) {
+            append_chat_role_chunk(out, ctx, index, u);
+          } else if (req.echo && !echo_text[c.prompt_index].empty()) {
+            ChoiceDelta e;
+            e.text = echo_text[c.prompt_index];
+            append_delta_chunk(out, ctx, index, e, c.text_offset, u);
+          }
+        }
+        if (!d.empty() || !d.logprobs.empty()) {
+          if (d.finished && d.finish_reason == "error") {
+            append_error_chunk(out, 500, "InternalServerError", ro.error.empty() ? "generation failed" : ro.error);
+          } else {
+            append_delta_chunk(out, ctx, index, d, c.text_offset, u);
+          }
+        }
+      }
+      if (d.finished) finish_choice(c, ro);
+    }
+    if (req.stream && !out.empty()) sink->stream_write(std::move(out));
+    if (num_done == static_cast<int>(choices.size()) && !finished) complete();
+  }
+
+  void finish_choice(Choice& c, const RequestOutput& ro) {
+    c.done = true;
+    ++num_done;
+    FinishedRequestStats st;
+    st.finished_reason = c.proc->finish_reason();
+    st.prompt_tokens = ro.num_prompt_tokens > 0 ? ro.num_prompt_tokens
+                                                : static_cast<int>(prompt_ids[c.prompt_index].size());
+    st.generation_tokens = c.proc->num_generated_tokens();
+    st.e2e_seconds = seconds(Clock::now() - arrival);
+    st.ttft_seconds = c.ttft;
+    svc.metrics().observe_finished(st);
+  }
+
+  void complete() {
+    finished = true;
+    int max_gen = 0;
+    for (auto& c : choices) max_gen = std::max(max_gen, c.proc->num_generated_tokens());
+    svc.metrics().observe_request_params(req.n, static_cast<int>(req.max_tokens.value_or(0)), max_gen);
+    if (cancelled || sink->disconnected()) return;
+    Usage u = usage();
+    if (req.stream) {
+      std::string out;
+      if (req.include_usage) append_usage_chunk(out, ctx, u);
+      out += kSseDone;
+      sink->stream_write(std::move(out));
+      sink->end_stream();
+      return;
+    }
+    for (auto& c : choices) {
+      if (c.proc->finish_reason() == "error") {
+        sink->send(500, kJson, error_body(500, "InternalServerError", "generation failed"));
+        return;
+      }
+    }
+    std::vector<const OutputProcessor*> procs;
+    for (auto& c : choices) procs.push_back(c.proc.get());
+    if (req.chat) {
+      sink->send(200, kJson, chat_response_json(ctx, procs, u));
+    } else {
+      std::vector<std::string> echo;
+      if (req.echo)
+        for (auto& c : choices) echo.push_back(echo_text[c.prompt_index]);
+      sink->send(200, kJson, completion_response_json(ctx, procs, echo, u));
+    }
+  }
+};
+
+}  // namespace
+
+OpenAIService::OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& frontend, Metrics& metrics)
+    : cfg_(std::move(cfg)), engine_(engine), frontend_(frontend), metrics_(metrics) {
+  MS_CHECK(!cfg_.served_model_names.empty(), "no served model name");
+  limits_.max_logprobs = cfg_.max_logprobs;
+  limits_.auto_tool_choice_enabled = cfg_.enable_auto_tool_choice && !cfg_.tool_parser.empty();
+  created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void OpenAIService::check_model(const std::string& model) const {
+  if (model.empty()) return;
+  for (auto& n : cfg_.served_model_names)
+    if (n == model) return;
+  throw not_found(fmt::format("The model `{}` does not exist.", model), "model");
+}
+
+std::string OpenAIService::models_json() const {
+  std::string out = "{\"object\":\"list\",\"data\":[";
+  for (size_t i = 0; i < cfg_.served_model_names.size(); ++i) {
+    if (i) out += ",";
+    out += "{\"id\":" + json_string(cfg_.served_model_names[i]) + ",\"object\":\"model\",\"created\":" +
+           std::to_string(created_) + ",\"owned_by\":\"vllm\",\"root\":" + json_string(cfg_.model_root) +
+           ",\"parent\":null,\"max_model_len\":" + std::to_string(cfg_.max_model_len) + ",\"permission\":[]}";
+  }
+  return out + "]}";
+}
+
+void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
+  std::string path = req.target.substr(0, req.target.find('?'));
+  if (path.size() > 1 && path.back() == '/') path.pop_back();  // /metrics/ == /metrics
+  bool is_get = req.method == "GET" || req.method == "HEAD";
+  bool is_post = req.method == "POST";
+  try {
+    if (!cfg_.api_key.empty() && path.rfind("/v1", 0) == 0 && req.method != "OPTIONS") {
+      std::string auth = req.header("authorization");
+      if (!const_time_equal(auth, "Bearer " + cfg_.api_key)) {
+        sink->send(401, kJson, "{\"error\":\"Unauthorized\"}");
+        return;
+      }
+    }
+    auto method_not_allowed = [&] { sink->send(405, kJson, "{\"detail\":\"Method Not Allowed\"}"); };
+    if (path == "/health" || path == "/ping") {
+      if (!is_get && !(is_post && path == "/ping")) return method_not_allowed();
+      sink->send(draining_ ? 503 : 200, kJson, "");
+    } else if (path == "/version") {
+      if (!is_get) return method_not_allowed();
+      sink->send(200, kJson, "{\"version\":" + json_string(cfg_.version) + "}");
+    } else if (path == "/v1/models") {
+      if (!is_get) return method_not_allowed();
+      sink->send(200, kJson, models_json());
+    } else if (path == "/metrics") {
+      if (!is_get) return method_not_allowed();
+      sink->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(engine_.stats()));
+    } else if (path == "/tokenize") {
+      if (!is_post) return method_not_allowed();
+      tokenize(req, *sink);
+    } else if (path == "/detokenize") {
+      if (!is_post) return method_not_allowed();
+      detokenize(req, *sink);
+    } else if (path == "/v1/chat/completions" || path == "/v1/completions") {
+      if (!is_post) return method_not_allowed();
+      generate(req, sink, path == "/v1/chat/completions");
+    } else {
+      sink->send(404, kJson, "{\"detail\":\"Not Found\"}");
+    }
+  } catch (const ApiError& e) {
+    sink->send(e.status, kJson, error_body(e));
+  } catch (const Error& e) {
+    // Template errors and invalid requests rejected by the engine.
+    sink->send(400, kJson, error_body(400, "BadRequestError", e.what()));
+  } catch (const std::exception& e) {
+    sink->send(500, kJson, error_body(500, "InternalServerError", e.what()));
+  }
+}
+
+void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSink> sink, bool chat) {
+  auto arrival = Clock::now();
+  if (draining_) throw ApiError(503, "ServiceUnavailableError", "The server is shutting down.");
+  ojson body = parse_json_body(http.body);
+  auto call = std::make_shared<GenCall>(*this, sink);
+  call->arrival = arrival;
+  GenRequest& r = call->req;
+  r = chat ? parse_chat_request(body, limits_) : parse_completion_request(body, limits_);
+  check_model(r.model);
+
+  // Prompts -> token ids.
+  if (chat) {
+    ChatRenderInputs in;
+    in.messages = r.messages;
+    in.tools = r.tools;
+    in.add_generation_prompt = r.add_generation_prompt;
+    in.continue_final_message = r.continue_final_message;
+    in.extra = r.chat_template_kwargs;
+    std::string prompt = frontend_.render_chat(in);
+    bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean() &&
+                       body["add_special_tokens"].get<bool>();
+    call->prompt_ids.push_back(frontend_.encode(prompt, add_special));
+    call->echo_text.emplace_back();
+  } else {
+    int vocab = frontend_.vocab_size();
+    for (auto& p : r.prompts) {
+      if (p.text) {
+        call->prompt_ids.push_back(frontend_.encode(*p.text, r.add_special_tokens));
+        call->echo_text.push_back(r.echo ? *p.text : std::string());
+      } else {
+        for (int32_t id : p.ids)
+          if (vocab > 0 && id >= vocab) throw bad_request(fmt::format("Token id {} is out of vocabulary", id), "prompt");
+        call->prompt_ids.push_back(p.ids);
+        call->echo_text.push_back(r.echo ? frontend_.decode(p.ids, r.skip_special_tokens) : std::string());
+      }
+    }
+  }
+  for (auto& ids : call->prompt_ids)
+    if (ids.empty()) throw bad_request("The decoder prompt cannot be empty", "prompt");
+
+  // Validate every prompt before submitting anything.
+  std::vector<std::vector<SamplingParams>> params(call->prompt_ids.size());
+  for (size_t p = 0; p < call->prompt_ids.size(); ++p)
+    for (int i = 0; i < r.n; ++i)
+      params[p].push_back(make_sampling_params(r, cfg_.defaults, static_cast<int>(call->prompt_ids[p].size()),
+                                               cfg_.max_model_len, i));
+
+  ResponseContext& ctx = call->ctx;
+  ctx.id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+  ctx.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  ctx.model = r.model.empty() ? cfg_.served_model_names[0] : r.model;
+  ctx.chat = chat;
+  ctx.frontend = &frontend_;
+  ctx.init_prefix();
+
+  ChoiceSettings cs;
+  cs.stop = r.stop;
+  cs.stop_token_ids = r.stop_token_ids;
+  cs.include_stop_str_in_output = r.include_stop_str_in_output;
+  cs.skip_special_tokens = r.skip_special_tokens;
+  cs.num_logprobs = r.num_logprobs;
+  if (chat) {
+    cs.reasoning_parser = cfg_.reasoning_parser;
+    // tool_choice none: tools are rendered but never parsed. required/named: no guided
+    // decoding here, so the tool parser reads whatever the model emits.
+    if (r.tool_choice != ToolChoice::None && !cfg_.tool_parser.empty()) {
+      cs.tool_parser = cfg_.tool_parser;
+      cs.tools = r.tools;
+    }
+  }
+  size_t total = call->prompt_ids.size() * r.n;
+  call->choices.resize(total);
+  for (size_t k = 0; k < total; ++k) {
+    auto& c = call->choices[k];
+    c.prompt_index = static_cast<int>(k / r.n);
+    c.engine_id = fmt::format("{}-{}", ctx.id, k);
+    c.proc = std::make_unique<OutputProcessor>(frontend_, cs);
+  }
+
+  // From here on the response belongs to the call; a disconnect aborts its engine requests.
+  sink->on_disconnect([call] { call->cancel(); });
+  for (size_t k = 0; k < total; ++k) {
+    auto& c = call->choices[k];
+    Request er;
+    er.id = c.engine_id;
+    er.prompt_ids = call->prompt_ids[c.prompt_index];
+    er.params = params[c.prompt_index][k % r.n];
+    er.arrival = arrival;
+    int index = static_cast<int>(k);
+    // Engine thread: hold the call alive until its last delivery is queued.
+    er.on_output = [call, index](RequestOutput&& out) { call->deliver(index, std::move(out)); };
+    bool ok;
+    std::string err;
+    try {
+      ok = engine_.submit(std::move(er));
+    } catch (const Error& e) {
+      ok = false;
+      err = e.what();
+    }
+    if (!ok) {
+      for (size_t j = 0; j < k; ++j) engine_.abort(call->choices[j].engine_id);
+      // The already-submitted choices deliver aborts into a call nobody answers from.
+      call->cancelled = true;
+      int status = err.empty() ? 429 : 400;
+      std::string type = err.empty() ? "RateLimitError" : "BadRequestError";
+      std::string msg = err.empty() ? "The server is overloaded: the engine's waiting queue is full. Retry later." : err;
+      sink->send(status, kJson, error_body(status, type, msg));
+      return;
+    }
+    c.submitted = true;
+  }
+  // Deliveries are posted to this strand, so none is processed before the headers go out.
+  if (r.stream) sink->start_stream("text/event-stream; charset=utf-8");
+}
+
+void OpenAIService::tokenize(const HttpRequest& http, ResponseSink& sink) {
+  ojson body = parse_json_body(http.body);
+  if (!body.is_object()) throw bad_request("Input should be a valid dictionary");
+  if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>());
+  bool return_strs = body.value("return_token_strs", false);
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {
+    GenRequest r = parse_chat_request(body, ProtocolLimits{cfg_.max_logprobs, true});
+    ChatRenderInputs in{r.messages, r.tools, r.add_generation_prompt, r.continue_final_message, r.chat_template_kwargs};
+    ids = frontend_.encode(frontend_.render_chat(in), body.value("add_special_tokens", false));
+  } else if (body.contains("prompt") && body["prompt"].is_string()) {
+    ids = frontend_.encode(body["prompt"].get<std::string>(), body.value("add_special_tokens", true));
+  } else {
+    throw bad_request("Either `prompt` (a string) or `messages` is required", "prompt");
+  }
+  std::string out = "{\"count\":" + std::to_string(ids.size()) + ",\"max_model_len\":" +
+                    std::to_string(cfg_.max_model_len) + ",\"tokens\":[";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+  out += "],\"token_strs\":";
+  if (return_strs) {
+    out += "[";
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) out += ",";
+      std::string t = frontend_.decode({ids[i]}, false);
+      append_json_string(out, valid_utf8(t) ? t : "\xEF\xBF\xBD");
+    }
+    out += "]";
+  } else {
+    out += "null";
+  }
+  sink.send(200, kJson, out + "}");
+}
+
+void OpenAIService::detokenize(const HttpRequest& http, ResponseSink& sink) {
+  ojson body = parse_json_body(http.body);
+  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
+    throw bad_request("1 validation error: body.tokens: Field required", "tokens");
+  if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>());
+  std::vector<int32_t> ids;
+  int vocab = frontend_.vocab_size();
+  for (auto& t : body["tokens"]) {
+    if (!t.is_number_integer()) throw bad_request("tokens: Input should be a list of integers", "tokens");
+    int64_t v = t.get<int64_t>();
+    if (v < 0 || (vocab > 0 && v >= vocab)) throw bad_request(fmt::format("Token id {} is out of vocabulary", v), "tokens");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  std::string text = frontend_.decode(ids, false);
+  if (!valid_utf8(text)) text = "\xEF\xBF\xBD";
+  sink.send(200, kJson, "{\"prompt\":" + json_string(text) + "}");
+}
+
+}  // namespace moeserve::server

@@ -1,0 +1,80 @@
+// Reasoning and tool-call parsers: turn a choice's generated text into reasoning, content
+// and tool calls, incrementally.
+//
+// Both interfaces are push-based and chunk-independent: feeding the same text in any split
+// yields the same concatenated output (parsers hold back text that might be the start of a
+// marker until it is decided). Non-streaming responses run the same parser over the whole
+// text, so streaming and non-streaming agree by construction.
+//
+// Adding a model family: write parsers/<family>.cpp implementing these classes and add its
+// names to the tables in parsers/registry.cpp.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/json_text.h"
+
+namespace moeserve::server {
+
+struct ReasoningDelta {
+  std::string reasoning;
+  std::string content;
+};
+
+class ReasoningParser {
+ public:
+  virtual ~ReasoningParser() = default;
+  virtual void push(std::string_view text, ReasoningDelta& out) = 0;
+  // End of generation: release anything held back.
+  virtual void finish(ReasoningDelta& out) = 0;
+  // false when the parser never fills `reasoning` (it is reported as null).
+  virtual bool reports_reasoning() const { return true; }
+};
+
+struct ToolCallDelta {
+  int index = 0;
+  std::optional<std::string> id;    // first delta of a call only
+  std::optional<std::string> name;  // first delta of a call only
+  std::string arguments;            // JSON fragment; the concatenation is the arguments string
+};
+
+struct ToolParseDelta {
+  std::string content;
+  std::vector<ToolCallDelta> calls;
+};
+
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text (Python json.dumps layout)
+};
+
+class ToolParser {
+ public:
+  virtual ~ToolParser() = default;
+  virtual void push(std::string_view text, ToolParseDelta& out) = 0;
+  virtual void finish(ToolParseDelta& out) = 0;
+  // Calls parsed so far (complete after finish), in order; arguments as streamed.
+  virtual const std::vector<ToolCall>& calls() const = 0;
+};
+
+// `tools` is the request's tools array (OpenAI format), used to type argument values.
+std::unique_ptr<ReasoningParser> make_reasoning_parser(const std::string& name);
+std::unique_ptr<ToolParser> make_tool_parser(const std::string& name, const ojson& tools);
+bool has_reasoning_parser(const std::string& name);
+bool has_tool_parser(const std::string& name);
+std::vector<std::string> reasoning_parser_names();
+std::vector<std::string> tool_parser_names();
+
+// Shared helpers for parsers.
+// Length of the longest suffix of `text` that is a proper prefix of `marker`.
+size_t partial_marker_suffix(std::string_view text, std::string_view marker);
+// Python str.strip() (ASCII and Unicode whitespace).
+std::string_view py_strip(std::string_view s);
+// "call_" + 24 random hex digits.
+std::string random_call_id();
+
+}  // namespace moeserve::server
