@@ -7,4 +7,5 @@ scripts/install-deps.sh
 scripts/build.sh
 TINY=${TINY_DIR:-build/tiny-model}
 ./build/moeserve make-tiny "$TINY"
-exec ./build/moeserve serve "$TINY" --device cpu --host 127.0.0.1 --port "${PORT:-8000}" "$@"
+exec ./build/moeserve serve "$TINY" --served-model-name tiny-minimax-m2 --device cpu \
+  --host 127.0.0.1 --port "${PORT:-8000}" "$@"

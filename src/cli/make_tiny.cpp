@@ -32,6 +32,7 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--num-mtp-modules", o.num_mtp_modules, "declared in config.json only")->capture_default_str();
       sub->add_option("--bos-token-id", o.bos_token_id)->capture_default_str();
       sub->add_option("--eos-token-id", o.eos_token_id)->capture_default_str();
+      sub->add_flag("!--no-tokenizer", o.with_tokenizer, "do not write the built-in tokenizer");
       return [a] {
         moeserve::write_tiny_checkpoint(a->dir, a->o);
         std::fprintf(stderr, "wrote tiny minimax_m2 checkpoint to %s\n", a->dir.c_str());

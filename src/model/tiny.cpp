@@ -9,6 +9,21 @@
 #include "io/safetensors.h"
 
 namespace moeserve {
+
+// Embedded at build time from assets/tiny-tokenizer/ (see src/model/CMakeLists.txt).
+std::string_view tiny_tokenizer_json();
+std::string_view tiny_tokenizer_config_json();
+
+namespace {
+constexpr int kTinyTokenizerVocab = 2009;  // 2000 BPE tokens + 9 MiniMax added tokens
+
+void write_text(const std::filesystem::path& p, std::string_view text) {
+  std::ofstream f(p, std::ios::binary);
+  MS_CHECK(f.good(), "cannot write {}", p.string());
+  f.write(text.data(), std::streamsize(text.size()));
+  MS_CHECK(f.good(), "failed writing {}", p.string());
+}
+}  // namespace
 namespace {
 
 // A portable seeded normal generator (splitmix64 + Box-Muller), so checkpoints are the
@@ -175,6 +190,13 @@ void write_tiny_checkpoint(const std::string& dir, const TinyModelOptions& o) {
   write_json(d / "config.json", cfg.to_json());
   write_json(d / "generation_config.json",
              {{"bos_token_id", o.bos_token_id}, {"eos_token_id", o.eos_token_id}, {"do_sample", false}});
+  if (o.with_tokenizer) {
+    MS_CHECK(o.vocab_size >= kTinyTokenizerVocab,
+             "make-tiny: --vocab-size {} is smaller than the built-in tokenizer's {} tokens (or pass --no-tokenizer)",
+             o.vocab_size, kTinyTokenizerVocab);
+    write_text(d / "tokenizer.json", tiny_tokenizer_json());
+    write_text(d / "tokenizer_config.json", tiny_tokenizer_config_json());
+  }
 }
 
 }  // namespace moeserve

@@ -27,7 +27,11 @@ struct TinyModelOptions {
   bool fp8 = false;
   int block_size = 128;    // FP8 weight block (square)
   int num_mtp_modules = 0; // declared in config.json only (no MTP tensors written)
-  int bos_token_id = 1, eos_token_id = 2;
+  // Ids of the built-in tokenizer (assets/tiny-tokenizer): ]~!b[ = 2004, [e~[ = 2002.
+  int bos_token_id = 2004, eos_token_id = 2002;
+  // Also write the built-in byte-level BPE tokenizer (tokenizer.json, tokenizer_config.json
+  // with the MiniMax-M2 chat template), so the checkpoint can be served with text.
+  bool with_tokenizer = true;
   size_t max_shard_bytes = 4u << 20;
 };
 
