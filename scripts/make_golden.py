@@ -41,6 +41,20 @@ FIXTURES = {
     # are not multiples of 128, so edge blocks are partial and scales are ceil-divided.
     "tiny_fp8_partial": dict(hidden=192, layers=2, heads=4, kv_heads=2, head_dim=48, rotary_dim=24,
                              inter=160, experts=8, top_k=2, vocab=1000, fp8=(128, 128), seed=13),
+    # Found by scripts/sweep_vs_hf.py's edge cases: non-square FP8 blocks [128, 48] (partial
+    # blocks on both axes; TP=4 re-grids 72/4 = 18-wide expert slices), MQA (8 query heads on
+    # one KV head), head_dim 80 with quarter RoPE given only in rope_parameters (with its own
+    # rope_theta), F16 dense tensors, odd vocab.
+    "tiny_fp8_nonsquare": dict(hidden=160, layers=2, heads=8, kv_heads=1, head_dim=80, rotary_dim=20,
+                               inter=72, experts=6, top_k=3, vocab=777, fp8=(128, 48), seed=21,
+                               dtype="float16", rope="rope_parameters", theta=10000.0),
+    # MHA, full RoPE with no rotary/theta keys (HF defaults), F32/F16/BF16 tensors mixed, tied
+    # embeddings (no lm_head tensor), no routing bias, top-1 routing, eps 1e-5, 3 layers,
+    # a 60-token prompt.
+    "tiny_mixed_tied": dict(hidden=96, layers=3, heads=4, kv_heads=4, head_dim=24, rotary_dim=24,
+                            inter=40, experts=4, top_k=1, vocab=513, fp8=None, seed=22, dtype="mixed",
+                            rope="none", tie=True, routing_bias=False, eps=1e-5, prompt_len=60,
+                            embed_std=0.05),
 }
 PROMPT_LEN = 7
 NEW_TOKENS = 8
@@ -55,33 +69,40 @@ def hub_config(f):
         "num_attention_heads": f["heads"],
         "num_key_value_heads": f["kv_heads"],
         "head_dim": f["head_dim"],
-        # vLLM/SGLang read rotary_dim; HF v5 reads partial_rotary_factor (top level or in
-        # rope_parameters). Write both so every engine applies the same partial RoPE.
-        "rotary_dim": f["rotary_dim"],
-        "partial_rotary_factor": f["rotary_dim"] / f["head_dim"],
-        "rope_theta": 5000000.0,
         "max_position_embeddings": 4096,
         "intermediate_size": f["inter"],
         "shared_intermediate_size": 0,
         "num_local_experts": f["experts"],
         "num_experts_per_tok": f["top_k"],
         "scoring_func": "sigmoid",
-        "use_routing_bias": True,
+        "use_routing_bias": f.get("routing_bias", True),
         "use_qk_norm": True,
         "qk_norm_type": "per_layer",
         "hidden_act": "silu",
-        "rms_norm_eps": 1e-06,
+        "rms_norm_eps": f.get("eps", 1e-06),
         "attn_type_list": [1] * f["layers"],
         "vocab_size": f["vocab"],
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": f.get("tie", False),
         "bos_token_id": 1,
         "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
+        "torch_dtype": {"mixed": "bfloat16"}.get(f.get("dtype", "bfloat16"), f.get("dtype", "bfloat16")),
         "use_mtp": True,
         "num_mtp_modules": 1,
         "mtp_transformer_layers": 1,
         "use_cache": True,
     }
+    rope = f.get("rope", "both")
+    if rope == "both":
+        # vLLM/SGLang read rotary_dim; HF v5 reads partial_rotary_factor (top level or in
+        # rope_parameters). Write both so every engine applies the same partial RoPE.
+        cfg["rotary_dim"] = f["rotary_dim"]
+        cfg["partial_rotary_factor"] = f["rotary_dim"] / f["head_dim"]
+        cfg["rope_theta"] = f.get("theta", 5000000.0)
+    elif rope == "rope_parameters":
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": f.get("theta", 5000000.0),
+                                  "partial_rotary_factor": f["rotary_dim"] / f["head_dim"]}
+    else:
+        assert rope == "none" and f["rotary_dim"] == f["head_dim"] and "theta" not in f
     if f["fp8"]:
         cfg["quantization_config"] = {
             "activation_scheme": "dynamic",
@@ -121,8 +142,13 @@ def make_weights(f):
     Hq, Hkv, V = f["heads"] * D, f["kv_heads"] * D, f["vocab"]
     stored, values = {}, {}
 
-    def put_bf16(name, t):
-        b = t.to(torch.bfloat16)
+    dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    pick = {"bfloat16": lambda: torch.bfloat16, "float16": lambda: torch.float16,
+            "float32": lambda: torch.float32,
+            "mixed": lambda: dtypes[int(torch.randint(0, 3, (1,), generator=g))]}[f.get("dtype", "bfloat16")]
+
+    def put_bf16(name, t):  # the fixture's dense dtype (bf16 unless the fixture says otherwise)
+        b = t.to(pick())
         stored[name] = b
         values[name] = b.to(torch.float32)
 
@@ -139,7 +165,9 @@ def make_weights(f):
         else:
             put_bf16(name, t)
 
-    put_bf16("model.embed_tokens.weight", randn(V, H))
+    # Tied fixtures use a small embedding so the residual stream is not dominated by the
+    # token's own embedding (else the tied lm_head just repeats the last token).
+    put_bf16("model.embed_tokens.weight", randn(V, H, std=f.get("embed_std", 1.0)))
     for l in range(f["layers"]):
         p = f"model.layers.{l}."
         put_bf16(p + "input_layernorm.weight", 1.0 + 0.1 * randn(H))
@@ -152,14 +180,16 @@ def make_weights(f):
         put_bf16(p + "self_attn.k_norm.weight", 1.0 + 0.1 * randn(Hkv))
         # Router in fp32 as in the real checkpoint; logits of O(1) so routing is non-trivial.
         put_f32(p + "block_sparse_moe.gate.weight", randn(E, H, std=2.0 * H ** -0.5))
-        put_f32(p + "block_sparse_moe.e_score_correction_bias", 0.1 * randn(E))
+        if f.get("routing_bias", True):
+            put_f32(p + "block_sparse_moe.e_score_correction_bias", 0.1 * randn(E))
         for e in range(E):
             q = p + f"block_sparse_moe.experts.{e}."
             put_linear(q + "w1.weight", randn(I, H, std=H ** -0.5))
             put_linear(q + "w3.weight", randn(I, H, std=H ** -0.5))
             put_linear(q + "w2.weight", randn(H, I, std=I ** -0.5))
     put_bf16("model.norm.weight", 1.0 + 0.1 * randn(H))
-    put_bf16("lm_head.weight", randn(V, H, std=2.0 * H ** -0.5))
+    if not f.get("tie"):
+        put_bf16("lm_head.weight", randn(V, H, std=2.0 * H ** -0.5))
     return stored, values
 
 
@@ -230,20 +260,33 @@ def build_fixture(name, f, out_dir, ref_dir):
     model, info = MiniMaxM2ForCausalLM.from_pretrained(
         ref_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
     model.eval()
+    # Without use_routing_bias there is no bias tensor: HF (which has no such option) keeps
+    # its zero-initialised buffer, i.e. the same selection.
+    allowed = set() if f.get("routing_bias", True) else {
+        f"model.layers.{l}.mlp.e_score_correction_bias" for l in range(f["layers"])}
+    info["missing_keys"] = set(info["missing_keys"]) - allowed
     bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     assert not bad, f"{name}: HF loading problems {bad}"
-    assert model.config.rope_parameters.get("partial_rotary_factor") == f["rotary_dim"] / f["head_dim"]
+    for layer in model.model.layers:
+        if not f.get("routing_bias", True):
+            assert not layer.mlp.e_score_correction_bias.any()
+    assert model.config.rope_parameters.get("partial_rotary_factor", 1.0) == f["rotary_dim"] / f["head_dim"]
+    assert model.config.rope_parameters["rope_theta"] == f.get("theta", 5000000.0)
+    if f.get("tie"):
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     # Check that HF's conversion put hub tensors where we expect (w1|w3 -> gate_up_proj).
     ex = model.model.layers[0].mlp.experts
     w1 = values["model.layers.0.block_sparse_moe.experts.3.w1.weight"]
     w3 = values["model.layers.0.block_sparse_moe.experts.3.w3.weight"]
     assert torch.equal(ex.gate_up_proj[3].detach(), torch.cat([w1, w3], 0))
     assert torch.equal(ex.down_proj[3].detach(), values["model.layers.0.block_sparse_moe.experts.3.w2.weight"])
-    assert torch.equal(model.model.layers[1].mlp.e_score_correction_bias,
-                       values["model.layers.1.block_sparse_moe.e_score_correction_bias"])
+    if f.get("routing_bias", True):
+        assert torch.equal(model.model.layers[1].mlp.e_score_correction_bias,
+                           values["model.layers.1.block_sparse_moe.e_score_correction_bias"])
 
     g = torch.Generator().manual_seed(f["seed"] + 1000)
-    prompt = torch.randint(3, f["vocab"], (1, PROMPT_LEN), generator=g)
+    prompt_len = f.get("prompt_len", PROMPT_LEN)
+    prompt = torch.randint(3, f["vocab"], (1, prompt_len), generator=g)
     margins, handles = router_margin(model)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -252,7 +295,7 @@ def build_fixture(name, f, out_dir, ref_dir):
                              output_logits=True, return_dict_in_generate=True)
     for h in handles:
         h.remove()
-    gen = out.sequences[0, PROMPT_LEN:].tolist()
+    gen = out.sequences[0, prompt_len:].tolist()
     assert len(gen) == NEW_TOKENS
     logits = torch.stack([x[0] for x in out.logits]).to(torch.float32).numpy()
     assert [int(np.argmax(r)) for r in logits] == gen

@@ -3,13 +3,19 @@
 // {"prompt_ids": [...], "generated_ids": [...]} on stdout; --dump-logits writes float32
 // .npy [N, vocab] whose row k holds the logits generated token k was chosen from.
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "model/config.h"
 #include "model/generate.h"
 #include "model/model_executor.h"
 #include "backend/cpu/cpu_backend.h"
@@ -41,10 +47,17 @@ std::vector<int32_t> parse_ids(const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    MS_CHECK(used == item.size() && v >= 0 && v <= INT32_MAX, "--prompt-ids: '{}' is not a token id", item);
+    // Plain decimal integers only (no '+', hex, or trailing text).
+    const bool numeric = used == item.size() && (std::isdigit(static_cast<unsigned char>(item[0])) ||
+                                                 (item[0] == '-' && item.size() > 1));
+    MS_CHECK(numeric, "--prompt-ids: '{}' is not an integer token id", item);
+    MS_CHECK(v >= 0, "--prompt-ids: token id {} is negative", v);
+    MS_CHECK(v <= INT32_MAX, "--prompt-ids: token id {} is out of range", item);
     ids.push_back(int32_t(v));
   }
   MS_CHECK(!ids.empty(), "--prompt-ids is empty");
+  MS_CHECK(s.find_last_not_of(" \t") == std::string::npos || s[s.find_last_not_of(" \t")] != ',',
+           "--prompt-ids: trailing comma in '{}'", s);
   return ids;
 }
 
@@ -55,7 +68,9 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
   sub->add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
   sub->add_option("--temperature", a->temperature, "0 = greedy (ties to the lowest id)")->capture_default_str();
   sub->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
-  sub->add_option("--dump-logits", a->dump_logits, "write float32 .npy [N, vocab] of the sampled-from logits");
+  sub->add_option("--dump-logits", a->dump_logits,
+                  "write float32 .npy [N, vocab]: row k = raw model logits (before temperature) that token k was "
+                  "sampled from");
   sub->add_flag("--json", a->json, "print {prompt_ids, generated_ids} as JSON on stdout");
   sub->add_option("--device", a->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   sub->add_option("--block-size", a->block_size, "KV cache block size")->capture_default_str();
@@ -77,15 +92,34 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
 #endif
       );
     }
+    // Validate every argument before the (slow) model load.
     moeserve::GenerateOptions g;
     g.prompt_ids = parse_ids(a->prompt_ids);
+    MS_CHECK(a->max_tokens >= 1, "--max-tokens must be >= 1, got {}", a->max_tokens);
+    MS_CHECK(std::isfinite(a->temperature) && a->temperature >= 0, "--temperature must be a finite number >= 0");
+    MS_CHECK(a->block_size >= 1 && a->block_size <= 4096, "--block-size must be in [1, 4096], got {}", a->block_size);
+    MS_CHECK(a->prefill_chunk >= 0, "--prefill-chunk must be >= 0, got {}", a->prefill_chunk);
+    {
+      const auto cfg = moeserve::MiniMaxM2Config::from_file((std::filesystem::path(a->model) / "config.json").string());
+      for (int32_t t : g.prompt_ids)
+        MS_CHECK(t < cfg.vocab_size, "--prompt-ids: token id {} is out of range [0, {}) (vocab_size)", t,
+                 cfg.vocab_size);
+      const int64_t total = int64_t(g.prompt_ids.size()) + a->max_tokens;
+      MS_CHECK(total <= cfg.max_position_embeddings,
+               "prompt ({} tokens) + --max-tokens {} = {} exceeds max_position_embeddings {}", g.prompt_ids.size(),
+               a->max_tokens, total, cfg.max_position_embeddings);
+    }
+    if (!a->dump_logits.empty()) {
+      // Fail now, not after generating, if the file cannot be written.
+      std::FILE* f = std::fopen(a->dump_logits.c_str(), "wb");
+      MS_CHECK(f, "--dump-logits: cannot write {}: {}", a->dump_logits, std::strerror(errno));
+      std::fclose(f);
+    }
     g.max_tokens = a->max_tokens;
     g.temperature = a->temperature;
     g.seed = a->seed;
     g.keep_logits = !a->dump_logits.empty();
     g.prefill_chunk = a->prefill_chunk;
-    MS_CHECK(a->max_tokens >= 0, "--max-tokens must be >= 0");
-    MS_CHECK(a->temperature >= 0, "--temperature must be >= 0");
     moeserve::ExecutorOptions eo;
     eo.model_dir = a->model;
     eo.block_size = a->block_size;

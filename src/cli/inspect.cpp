@@ -1,5 +1,6 @@
 // `moeserve inspect DIR [--json]`: checkpoint summary from config.json + safetensors headers.
 #include <cstdio>
+#include <string>
 
 #include "cli/registry.h"
 #include "model/inspect.h"
@@ -20,6 +21,15 @@ moeserve::cli::RegisterSubcommand reg("inspect", "Summarise a model checkpoint d
       std::printf("%s\n", r.dump(2).c_str());
     else
       std::printf("%s", moeserve::format_inspect(r).c_str());
+    // The report is printed either way; a checkpoint that cannot be loaded is an error.
+    if (!r["complete"].get<bool>()) {
+      std::fflush(stdout);
+      std::string first = !r["missing_tensors"].empty() ? "missing " + r["missing_tensors"][0].get<std::string>()
+                                                          : "mismatched " + r["mismatched_tensors"][0].dump();
+      std::fprintf(stderr, "error: %s: checkpoint is incomplete: %zu missing, %zu mismatched tensors (first: %s)\n",
+                   a->dir.c_str(), r["missing_tensors"].size(), r["mismatched_tensors"].size(), first.c_str());
+      return 1;
+    }
     return 0;
   };
 });

@@ -21,9 +21,12 @@ int get_int(const json& j, const char* key, std::optional<int> fallback = std::n
     fail("config.json: required field '{}' is missing", key);
   }
   const json& v = j[key];
-  if (v.is_number_integer()) return v.get<int>();
-  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return int(v.get<double>());
-  fail("config.json: field '{}' must be an integer, got {} ({})", key, type_name(v), v.dump());
+  // Integers (or integral floats such as 128.0) that fit in an int; anything else is an error.
+  const bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  MS_CHECK(integral, "config.json: field '{}' must be an integer, got {} ({})", key, type_name(v), v.dump());
+  const double d = v.get<double>();
+  MS_CHECK(d >= -2147483648.0 && d <= 2147483647.0, "config.json: field '{}' = {} is out of range", key, v.dump());
+  return v.is_number_integer() ? v.get<int>() : int(d);
 }
 
 double get_double(const json& j, const char* key, std::optional<double> fallback = std::nullopt) {
@@ -78,8 +81,11 @@ QuantizationConfig parse_quantization(const json& q) {
   const json& b = q["weight_block_size"];
   MS_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer(),
            "config.json: quantization_config.weight_block_size must be [out, in] integers, got {}", b.dump());
-  c.block_out = b[0].get<int>();
-  c.block_in = b[1].get<int>();
+  const int64_t bo = b[0].get<int64_t>(), bi = b[1].get<int64_t>();
+  MS_CHECK(bo > 0 && bi > 0 && bo <= (1 << 20) && bi <= (1 << 20),
+           "config.json: quantization_config.weight_block_size {} must be positive (and at most 2^20)", b.dump());
+  c.block_out = int(bo);
+  c.block_in = int(bi);
   MS_CHECK(c.block_out > 0 && c.block_in > 0, "config.json: quantization_config.weight_block_size {} must be positive",
            b.dump());
   if (q.contains("modules_to_not_convert") && !q["modules_to_not_convert"].is_null()) {
@@ -109,10 +115,11 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   c.hidden_size = get_int(j, "hidden_size");
   c.num_hidden_layers = get_int(j, "num_hidden_layers");
   c.num_attention_heads = get_int(j, "num_attention_heads");
-  c.num_key_value_heads = get_int(j, "num_key_value_heads", c.num_attention_heads);
+  // Defaults as HF MiniMaxM2Config (the reference): 8 KV heads, head_dim 128 (not hidden/heads).
+  c.num_key_value_heads = get_int(j, "num_key_value_heads", 8);
   MS_CHECK(c.hidden_size > 0 && c.num_hidden_layers > 0 && c.num_attention_heads > 0 && c.num_key_value_heads > 0,
            "config.json: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads must be positive");
-  c.head_dim = get_int(j, "head_dim", c.hidden_size / c.num_attention_heads);
+  c.head_dim = get_int(j, "head_dim", 128);
   MS_CHECK(c.head_dim > 0, "config.json: head_dim must be positive");
   MS_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
            "config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}", c.num_attention_heads,
@@ -121,22 +128,21 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   // RoPE: theta at top level or in rope_parameters (HF v5) / rope_scaling's default type.
   // Rotary width: rotary_dim (vLLM/SGLang), else partial_rotary_factor at top level or in
   // rope_parameters (HF v5); if several are given they must agree.
+  // As HF v5: a non-empty rope_scaling replaces rope_parameters; values inside the dict win
+  // over top-level rope_theta / partial_rotary_factor.
   const json* rp = nullptr;
-  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
-    MS_CHECK(j["rope_parameters"].is_object(), "config.json: 'rope_parameters' must be an object");
-    rp = &j["rope_parameters"];
-    std::string rt = get_string(*rp, "rope_type", "default");
-    MS_CHECK(rt == "default", "config.json: rope_parameters.rope_type '{}' is not supported (only default)", rt);
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    MS_CHECK(j[key].is_object(), "config.json: '{}' must be an object, got {}", key, j[key].dump());
+    if (j[key].empty()) continue;
+    rp = &j[key];
+    const std::string rt = get_string(*rp, "rope_type", get_string(*rp, "type", "default"));
+    MS_CHECK(rt == "default", "config.json: {}.rope_type '{}' is not supported (only default)", key, rt);
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& rs = j["rope_scaling"];
-    std::string rt = rs.is_object() ? get_string(rs, "rope_type", get_string(rs, "type", "default")) : "?";
-    MS_CHECK(rt == "default", "config.json: rope_scaling type '{}' is not supported", rt);
-  }
-  if (j.contains("rope_theta") && !j["rope_theta"].is_null())
-    c.rope_theta = get_double(j, "rope_theta");
-  else if (rp && rp->contains("rope_theta"))
+  if (rp && rp->contains("rope_theta") && !(*rp)["rope_theta"].is_null())
     c.rope_theta = get_double(*rp, "rope_theta");
+  else if (j.contains("rope_theta") && !j["rope_theta"].is_null())
+    c.rope_theta = get_double(j, "rope_theta");
   else
     c.rope_theta = 5000000.0;  // HF MiniMaxM2Config.default_theta
   MS_CHECK(c.rope_theta > 0, "config.json: rope_theta must be positive");
@@ -147,7 +153,8 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
     if (o.contains("partial_rotary_factor") && !o["partial_rotary_factor"].is_null()) {
       double f = get_double(o, "partial_rotary_factor");
       MS_CHECK(f > 0 && f <= 1, "config.json: {} {} must be in (0, 1]", where, f);
-      widths.push_back({where, int(std::lround(c.head_dim * f))});
+      // HF: dim = int(head_dim * partial_rotary_factor) (truncation, in double).
+      widths.push_back({where, int(double(c.head_dim) * f)});
     }
   };
   from_factor(j, "partial_rotary_factor");
@@ -180,6 +187,7 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   c.hidden_act = get_string(j, "hidden_act", "silu");
   MS_CHECK(c.hidden_act == "silu", "config.json: hidden_act '{}' is not supported (only silu)", c.hidden_act);
   c.rms_norm_eps = get_double(j, "rms_norm_eps", 1e-6);
+  MS_CHECK(c.rms_norm_eps >= 0, "config.json: rms_norm_eps {} must be >= 0", c.rms_norm_eps);
   if (j.contains("attn_type_list") && !j["attn_type_list"].is_null()) {
     const json& a = j["attn_type_list"];
     MS_CHECK(a.is_array(), "config.json: attn_type_list must be a list");

@@ -25,7 +25,8 @@ ParamCounts count_params(const MiniMaxM2Config& c) {
   const int64_t layer_total = attn + norms + router + E * p.per_expert;
   const int64_t layer_active = attn + norms + router + int64_t(c.num_experts_per_tok) * p.per_expert;
   const int64_t L = c.num_hidden_layers;
-  p.total = L * layer_total + 2 * p.embedding + H;  // + final norm
+  // Embedding + lm_head (one matrix when tied) + final norm.
+  p.total = L * layer_total + (c.tie_word_embeddings ? 1 : 2) * p.embedding + H;
   p.active_no_lm_head = L * layer_active + H;
   p.active = p.active_no_lm_head + p.embedding;
   return p;
@@ -98,8 +99,23 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
   for (const auto& [n, d] : decls) {
     if (!ckpt.contains(n)) {
       missing.push_back(n);
-    } else if (ckpt.info(n).dtype == DType::F8_E4M3 && !ckpt.contains(scale_name(n))) {
-      missing.push_back(scale_name(n));
+    } else if (ckpt.info(n).dtype == DType::F8_E4M3) {
+      // FP8 needs a block size from config.json and a scale grid [ceil(out/bo), ceil(in/bi)].
+      const std::string sn = scale_name(n);
+      const Shape& ws = ckpt.info(n).shape;
+      if (!ckpt.contains(sn)) {
+        missing.push_back(sn);
+      } else if (!cfg.quantization.enabled() || ws.size() != 2) {
+        mismatched.push_back({{"name", n}, {"shape", ws}, {"dtype", "F8_E4M3"},
+                              {"problem", "FP8 tensor but config.json has no quantization_config"}});
+      } else {
+        const TensorInfo& si = ckpt.info(sn);
+        const int64_t bo = cfg.quantization.block_out, bi = cfg.quantization.block_in;
+        const Shape want{(ws[0] + bo - 1) / bo, (ws[1] + bi - 1) / bi};
+        if (si.shape != want || !(si.dtype == DType::F32 || si.dtype == DType::BF16 || si.dtype == DType::F16))
+          mismatched.push_back(
+              {{"name", sn}, {"shape", si.shape}, {"dtype", dtype_name(si.dtype)}, {"expected_shape", want}});
+      }
     }
   }
   r["tensors"] = ckpt.names().size();

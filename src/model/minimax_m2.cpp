@@ -99,7 +99,9 @@ std::vector<WeightDecl> declare_minimax_m2_weights(const MiniMaxM2Config& cfg, c
     }
   }
   d.push_back({"model.norm.weight", {H}, kDense, rep});
-  d.push_back({"lm_head.weight", {cfg.vocab_size, H}, kDense, rep});
+  // Tied embeddings (HF semantics): the output projection is embed_tokens; a stored
+  // lm_head.weight is not used.
+  if (!cfg.tie_word_embeddings) d.push_back({"lm_head.weight", {cfg.vocab_size, H}, kLinear, rep});
   return d;
 }
 
@@ -108,7 +110,6 @@ MiniMaxM2Model::MiniMaxM2Model(MiniMaxM2Config cfg, Backend& backend, ParallelCo
   MS_CHECK(cfg_.use_qk_norm, "minimax_m2 without QK-norm (use_qk_norm false) is not supported");
   MS_CHECK(cfg_.routed_scaling_factor == 1.0, "routed_scaling_factor {} is not supported (MiniMax-M2 uses 1.0)",
            cfg_.routed_scaling_factor);
-  MS_CHECK(!cfg_.tie_word_embeddings, "tie_word_embeddings is not supported for minimax_m2");
   MS_CHECK(par_.world == 1 || all_reduce_, "{} ranks need an all-reduce", par_.world);
   shard_ = plan_shard(cfg_, par_);
 }
@@ -170,7 +171,11 @@ void MiniMaxM2Model::load(const Checkpoint& ckpt) {
     w_.layers.push_back(std::move(L));
   }
   w_.final_norm = up("model.norm.weight");
-  w_.lm_head = up_lin("lm_head.weight");
+  if (cfg_.tie_word_embeddings) {
+    w_.lm_head = LinearWeight{w_.embed, Tensor{}, 0, 0};
+  } else {
+    w_.lm_head = up_lin("lm_head.weight");
+  }
 }
 
 std::vector<KVCacheLayer> MiniMaxM2Model::allocate_kv_cache(int num_blocks, int block_size, DType dtype) const {

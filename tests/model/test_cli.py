@@ -19,7 +19,7 @@ def run(*args, check=True):
     return p
 
 
-@pytest.mark.parametrize("name", ["tiny_fp8_partial", "tiny_bf16"])
+@pytest.mark.parametrize("name", ["tiny_fp8_partial", "tiny_bf16", "tiny_fp8_nonsquare", "tiny_mixed_tied"])
 def test_generate_matches_golden(tmp_path, name):
     d = os.path.join(GOLDEN, name)
     g = json.load(open(os.path.join(d, "golden.json")))
@@ -106,8 +106,10 @@ def test_make_tiny_fp8_and_load_errors(tmp_path):
     gone = "model.layers.1.self_attn.k_norm.weight"
     del idx["weight_map"][gone]
     json.dump(idx, open(d / "model.safetensors.index.json", "w"))
-    r = json.loads(run("inspect", str(d), "--json").stdout)
+    p = run("inspect", str(d), "--json", check=False)  # report on stdout, error + exit 1
+    r = json.loads(p.stdout)
     assert gone in r["missing_tensors"] and not r["complete"]
+    assert p.returncode == 1 and gone in p.stderr
     p = run("generate", "--model", str(d), "--prompt-ids", "4", "--max-tokens", "1", check=False)
     assert p.returncode != 0 and gone in p.stderr
 

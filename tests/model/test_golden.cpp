@@ -193,7 +193,8 @@ TEST_P(GoldenTest, TensorParallel4ReplicatedKvHeads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
-                         ::testing::Values("tiny_bf16", "tiny_fp8_b128", "tiny_fp8_partial"));
+                         ::testing::Values("tiny_bf16", "tiny_fp8_b128", "tiny_fp8_partial", "tiny_fp8_nonsquare",
+                                           "tiny_mixed_tied"));
 
 // Two sequences in one batch (different lengths, interleaved block tables, one of them
 // mid-decode) give the same logits as each run alone.

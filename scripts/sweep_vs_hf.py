@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""Randomised sweep: tiny MiniMax-M2 checkpoints in hub layout vs Hugging Face transformers.
+
+Each case writes a checkpoint with its own writer (the `safetensors` Python package, not
+`moeserve make-tiny`), varying: hidden size, heads / KV heads (MHA, GQA, MQA), head_dim,
+rotary width and how it is spelled (rotary_dim, partial_rotary_factor, rope_parameters, or
+none = full), rope_theta (top level, in rope_parameters, or absent = default), experts and
+top-k (1 .. num_experts), expert intermediate sizes that are not multiples of 128, odd vocab
+sizes, rms_norm_eps, declared MTP modules with or without MTP tensors, use_routing_bias,
+tie_word_embeddings, checkpoint dtypes (BF16 / F16 / F32 / mixed), FP8 e4m3 block-scaled
+linears (square, non-square, odd block sizes; dims not multiples of the block; F32 or BF16
+scales), one or many shards (with or without an index), prompts up to ~200 tokens.
+
+For each case: HF float32 eager `MiniMaxM2ForCausalLM` (loaded by `from_pretrained` from a
+dequantised float32 copy in hub naming) greedy-generates; `moeserve generate --json
+--dump-logits` must give the same ids (a divergence is accepted only where HF's top-2 margin
+is below 1e-5 * max|logit|; rows are compared up to it) and max|dlogits|/max|ref| <= 1e-4.
+`moeserve inspect --json` must report HF's parameter count, the MTP modules declared and
+present, and a complete checkpoint.
+
+Usage: python3 scripts/sweep_vs_hf.py [--bin build/moeserve] [--cases 40] [--seed 1]
+       [--only 3 7] [--keep DIR] [-v]
+Needs torch, transformers (5.x with MiniMaxM2) and safetensors; CPU only; ~1-3 s per case.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+import transformers
+from transformers import MiniMaxM2ForCausalLM
+
+TOL = 1e-4
+
+# Fixed edge cases first, then random ones. Keys left out are drawn at random.
+EDGE_CASES = [
+    dict(name="mha_full_rope_f32", heads=4, kv_heads=4, head_dim=32, rope="none", dtype="float32"),
+    dict(name="mqa_quarter_factor_f16", heads=6, kv_heads=1, head_dim=64, rotary=16, rope="factor",
+         dtype="float16"),
+    dict(name="topk_eq_experts", experts=4, top_k=4, rope="rope_parameters"),
+    dict(name="top1_many_experts", experts=16, top_k=1, inter=40),
+    dict(name="fp8_b128x64", fp8=(128, 64), hidden=200, inter=136, head_dim=80, rotary=40, heads=3,
+         kv_heads=3),
+    dict(name="fp8_b48_odd_dims", fp8=(48, 48), hidden=150, inter=70, head_dim=48, rotary=24, vocab=997),
+    dict(name="fp8_b64x32_bf16_scales", fp8=(64, 32), scale_dtype="bfloat16", hidden=96, inter=100),
+    dict(name="fp8_b128_head128", fp8=(128, 128), head_dim=128, rotary=64, heads=2, kv_heads=1, hidden=256,
+         inter=128),
+    dict(name="long_prompt", prompt_len=200, hidden=64, head_dim=16, rotary=8, heads=4, kv_heads=2),
+    dict(name="mtp_declared_absent", mtp_modules=2, mtp_tensors=False),
+    dict(name="mtp_declared_present", mtp_modules=1, mtp_tensors=True, shards=3),
+    dict(name="no_routing_bias", routing_bias=False),
+    dict(name="tied_embeddings", tie=True),
+    dict(name="theta_in_rope_parameters", rope="rope_parameters", theta_where="rope_parameters", theta=10000.0),
+    dict(name="theta_absent", theta_where="absent", rope="both"),
+    dict(name="eps_1e-5_mixed_dtypes", eps=1e-5, dtype="mixed"),
+    dict(name="single_file_no_index", shards=0),
+    dict(name="dir_without_index", shards=-2),
+    dict(name="many_shards_f16_fp8", fp8=(32, 32), dtype="float16", shards=7),
+    dict(name="rotary_dim_only", rope="rotary_dim", rotary=16, head_dim=32),
+]
+
+
+def draw_case(rng, base):
+    """Fills in every field of a case (base wins)."""
+    c = {}
+    head_dim = base.get("head_dim", rng.choice([16, 32, 48, 64, 80, 128]))
+    heads = base.get("heads", rng.choice([1, 2, 3, 4, 6, 8]))
+    kv_choices = [k for k in range(1, heads + 1) if heads % k == 0]
+    c.update(
+        head_dim=head_dim,
+        heads=heads,
+        kv_heads=base.get("kv_heads", rng.choice(kv_choices)),
+        hidden=base.get("hidden", rng.choice([32, 64, 96, 100, 128, 144, 200, 256])),
+        layers=base.get("layers", rng.choice([1, 2, 3])),
+        experts=base.get("experts", rng.choice([1, 2, 4, 5, 8, 12])),
+        inter=base.get("inter", rng.choice([24, 40, 64, 72, 100, 136, 200])),
+        vocab=base.get("vocab", rng.choice([257, 311, 500, 777, 1001, 1999])),
+        eps=base.get("eps", rng.choice([1e-6, 1e-5, 1e-6, 3e-6])),
+        theta=base.get("theta", rng.choice([5e6, 1e4, 1e6, 123456.0])),
+        theta_where=base.get("theta_where", rng.choice(["top", "top", "rope_parameters", "absent"])),
+        rope=base.get("rope", rng.choice(["both", "factor", "rope_parameters", "none", "both"])),
+        dtype=base.get("dtype", rng.choice(["bfloat16", "bfloat16", "float16", "float32", "mixed"])),
+        fp8=base.get("fp8", rng.choice([None, None, (128, 128), (64, 64), (128, 64), (48, 48), (32, 96)])),
+        scale_dtype=base.get("scale_dtype", "float32"),
+        shards=base.get("shards", rng.choice([0, 1, 2, 3, 5, -2])),
+        mtp_modules=base.get("mtp_modules", rng.choice([0, 0, 1, 3])),
+        routing_bias=base.get("routing_bias", rng.random() < 0.85),
+        tie=base.get("tie", rng.random() < 0.1),
+        prompt_len=base.get("prompt_len", rng.choice([1, 2, 5, 17, 40, 90])),
+        new_tokens=base.get("new_tokens", 8),
+        seed=base.get("seed", rng.randrange(1 << 30)),
+    )
+    c["top_k"] = base.get("top_k", rng.randint(1, c["experts"]))
+    c["mtp_tensors"] = base.get("mtp_tensors", c["mtp_modules"] > 0 and rng.random() < 0.5)
+    if c["rope"] == "none":
+        c["rotary"] = head_dim
+    else:
+        c["rotary"] = base.get("rotary", rng.choice([head_dim, head_dim // 2, head_dim // 4]))
+    c["name"] = base.get("name", "random")
+    return c
+
+
+def hub_config(c):
+    cfg = {
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "model_type": "minimax_m2",
+        "hidden_size": c["hidden"],
+        "num_hidden_layers": c["layers"],
+        "num_attention_heads": c["heads"],
+        "num_key_value_heads": c["kv_heads"],
+        "head_dim": c["head_dim"],
+        "max_position_embeddings": 1024,
+        "intermediate_size": c["inter"],
+        "num_local_experts": c["experts"],
+        "num_experts_per_tok": c["top_k"],
+        "scoring_func": "sigmoid",
+        "use_qk_norm": True,
+        "qk_norm_type": "per_layer",
+        "hidden_act": "silu",
+        "rms_norm_eps": c["eps"],
+        "attn_type_list": [1] * c["layers"],
+        "vocab_size": c["vocab"],
+        "tie_word_embeddings": c["tie"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": {"mixed": "bfloat16"}.get(c["dtype"], c["dtype"]),
+    }
+    if not c["routing_bias"]:
+        cfg["use_routing_bias"] = False
+    if c["mtp_modules"]:
+        cfg.update(use_mtp=True, num_mtp_modules=c["mtp_modules"], mtp_transformer_layers=1)
+    factor = c["rotary"] / c["head_dim"]
+    rp = None
+    if c["rope"] in ("rotary_dim", "both"):
+        cfg["rotary_dim"] = c["rotary"]
+    if c["rope"] in ("factor", "both"):
+        cfg["partial_rotary_factor"] = factor
+    if c["rope"] == "rope_parameters":
+        rp = {"rope_type": "default", "partial_rotary_factor": factor}
+    if c["theta_where"] == "top":
+        cfg["rope_theta"] = c["theta"]
+    elif c["theta_where"] == "rope_parameters":
+        rp = rp or {"rope_type": "default"}
+        rp["rope_theta"] = c["theta"]
+    if rp is not None:
+        cfg["rope_parameters"] = rp
+    if c["fp8"]:
+        cfg["quantization_config"] = {
+            "activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
+            "weight_block_size": list(c["fp8"]),
+            "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]}
+    return cfg
+
+
+def hf_config(c, cfg):
+    """The config HF reads: no quantisation (weights are dequantised), no MTP keys (HF 5.x
+    would try MTP-assisted generation), and the rotary width spelled the way HF reads it
+    (HF ignores `rotary_dim`; vLLM/SGLang/moeserve honour it)."""
+    r = json.loads(json.dumps(cfg))
+    r.pop("quantization_config", None)
+    for k in ("use_mtp", "num_mtp_modules", "mtp_transformer_layers", "use_routing_bias"):
+        r.pop(k, None)
+    if c["rope"] == "rotary_dim":
+        r["partial_rotary_factor"] = c["rotary"] / c["head_dim"]
+    r["torch_dtype"] = "float32"
+    return r
+
+
+def quantize_fp8(w, block, scale_dtype):
+    bo, bi = block
+    out_f, in_f = w.shape
+    so, si = math.ceil(out_f / bo), math.ceil(in_f / bi)
+    pad = torch.zeros(so * bo, si * bi)
+    pad[:out_f, :in_f] = w.abs()
+    amax = pad.reshape(so, bo, si, bi).amax(dim=(1, 3)).clamp_min(1e-12)
+    scales = (amax / 448.0).to(scale_dtype)
+    s_full = scales.float().repeat_interleave(bo, 0)[:out_f].repeat_interleave(bi, 1)[:, :in_f]
+    q = (w / s_full).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q, scales, q.to(torch.float32) * s_full
+
+
+def make_weights(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    rnd = random.Random(c["seed"])
+
+    def randn(*shape, std=1.0):
+        return torch.randn(*shape, generator=g) * std
+
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+    def dense_dtype():
+        if c["dtype"] == "mixed":
+            return rnd.choice(list(dtypes.values()))
+        return dtypes[c["dtype"]]
+
+    stored, values = {}, {}
+
+    def put(name, t, dt=None):
+        t = t.to(dt or dense_dtype()).contiguous()
+        stored[name] = t
+        values[name] = t.to(torch.float32)
+
+    def put_linear(name, t):
+        if c["fp8"]:
+            q, s, deq = quantize_fp8(t, c["fp8"], dtypes[c["scale_dtype"]])
+            stored[name], stored[name + "_scale_inv"], values[name] = q, s, deq
+        else:
+            put(name, t)
+
+    H, D, I, E, V = c["hidden"], c["head_dim"], c["inter"], c["experts"], c["vocab"]
+    Hq, Hkv = c["heads"] * D, c["kv_heads"] * D
+    put("model.embed_tokens.weight", randn(V, H))
+    for l in range(c["layers"]):
+        p = f"model.layers.{l}."
+        put(p + "input_layernorm.weight", 1 + 0.1 * randn(H))
+        put(p + "post_attention_layernorm.weight", 1 + 0.1 * randn(H))
+        put_linear(p + "self_attn.q_proj.weight", randn(Hq, H, std=H ** -0.5))
+        put_linear(p + "self_attn.k_proj.weight", randn(Hkv, H, std=H ** -0.5))
+        put_linear(p + "self_attn.v_proj.weight", randn(Hkv, H, std=H ** -0.5))
+        put_linear(p + "self_attn.o_proj.weight", randn(H, Hq, std=Hq ** -0.5))
+        put(p + "self_attn.q_norm.weight", 1 + 0.1 * randn(Hq))
+        put(p + "self_attn.k_norm.weight", 1 + 0.1 * randn(Hkv))
+        put(p + "block_sparse_moe.gate.weight", randn(E, H, std=2 * H ** -0.5), torch.float32)
+        if c["routing_bias"]:
+            put(p + "block_sparse_moe.e_score_correction_bias", 0.1 * randn(E), torch.float32)
+        for e in range(E):
+            q = p + f"block_sparse_moe.experts.{e}."
+            put_linear(q + "w1.weight", randn(I, H, std=H ** -0.5))
+            put_linear(q + "w3.weight", randn(I, H, std=H ** -0.5))
+            put_linear(q + "w2.weight", randn(H, I, std=I ** -0.5))
+    put("model.norm.weight", 1 + 0.1 * randn(H))
+    if not c["tie"]:
+        put("lm_head.weight", randn(V, H, std=2 * H ** -0.5))
+    main = set(values)
+    if c["mtp_tensors"]:
+        for m in range(c["mtp_modules"]):
+            p = f"model.layers.{c['layers'] + m}."
+            stored[p + "enorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+            stored[p + "hnorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+            stored[p + "eh_proj.weight"] = randn(H, 2 * H).to(torch.bfloat16)
+            stored[p + "self_attn.q_proj.weight"] = randn(Hq, H).to(torch.bfloat16)
+    return stored, {k: v for k, v in values.items() if k in main}
+
+
+def write_checkpoint(d, stored, shards, rnd):
+    """shards 0: one model.safetensors; n > 0: n shards + index; -n: n shards, no index."""
+    names = list(stored)
+    rnd.shuffle(names)
+    if shards == 0:
+        save_file(stored, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+        return
+    n = abs(shards)
+    per = math.ceil(len(names) / n)
+    weight_map, total = {}, 0
+    for k in range(n):
+        fname = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        part = {x: stored[x] for x in names[k * per:(k + 1) * per]}
+        save_file(part, os.path.join(d, fname), metadata={"format": "pt"})
+        for x, t in part.items():
+            weight_map[x] = fname
+            total += t.numel() * t.element_size()
+    if shards > 0:
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as fh:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
+
+
+def hf_reference(c, cfg, values, ref_dir, prompt):
+    os.makedirs(ref_dir, exist_ok=True)
+    with open(os.path.join(ref_dir, "config.json"), "w") as fh:
+        json.dump(hf_config(c, cfg), fh)
+    save_file({k: v.contiguous() for k, v in values.items()}, os.path.join(ref_dir, "model.safetensors"))
+    model, info = MiniMaxM2ForCausalLM.from_pretrained(ref_dir, dtype=torch.float32, attn_implementation="eager",
+                                                       output_loading_info=True)
+    model.eval()
+    missing = [k for k in info["missing_keys"] if not (k.endswith("e_score_correction_bias") and not c["routing_bias"])
+               and not (c["tie"] and k == "lm_head.weight")]
+    assert not missing and not info["unexpected_keys"], f"HF loading: {info}"
+    if not c["routing_bias"]:  # HF has no use_routing_bias: a missing bias must be zeros
+        for layer in model.model.layers:
+            layer.mlp.e_score_correction_bias.zero_()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=c["new_tokens"], min_new_tokens=c["new_tokens"],
+                             do_sample=False, output_logits=True, return_dict_in_generate=True)
+    ids = out.sequences[0, len(prompt):].tolist()
+    logits = torch.stack([x[0] for x in out.logits]).to(torch.float32).numpy()
+    n_params = sum(p.numel() for p in model.parameters()) + (c["layers"] * c["experts"] if c["routing_bias"] else 0)
+    return ids, logits, n_params
+
+
+def run(binary, *args):
+    p = subprocess.run([binary, *args], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"moeserve {' '.join(args[:2])} failed ({p.returncode}): {p.stderr.strip()[-800:]}")
+    return p.stdout
+
+
+def check_case(c, binary, work, verbose):
+    d = os.path.join(work, "ckpt")
+    os.makedirs(d)
+    cfg = hub_config(c)
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=2)
+    stored, values = make_weights(c)
+    rnd = random.Random(c["seed"] + 1)
+    write_checkpoint(d, stored, c["shards"], rnd)
+    prompt = [rnd.randrange(c["vocab"]) for _ in range(c["prompt_len"])]
+    ref_ids, ref_logits, n_params = hf_reference(c, cfg, values, os.path.join(work, "hf"), prompt)
+
+    npy = os.path.join(work, "logits.npy")
+    out = json.loads(run(binary, "generate", "--model", d, "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens",
+                         str(c["new_tokens"]), "--json", "--dump-logits", npy))
+    got_ids, got = out["generated_ids"], np.load(npy)
+    problems = []
+    if out["prompt_ids"] != prompt:
+        problems.append("prompt_ids echoed wrongly")
+    if got.shape != ref_logits.shape or got.dtype != np.float32:
+        problems.append(f"logits shape {got.shape} {got.dtype}, expected {ref_logits.shape} float32")
+        return problems, float("nan")
+    scale = float(np.abs(ref_logits).max())
+    rows = len(ref_ids)
+    if got_ids != ref_ids:
+        k = next(i for i, (a, b) in enumerate(zip(got_ids, ref_ids)) if a != b)
+        top2 = np.sort(ref_logits[k])[-2:]
+        margin = float(top2[1] - top2[0])
+        if margin > 1e-5 * scale:
+            problems.append(f"ids differ at {k}: got {got_ids}, HF {ref_ids} (HF margin {margin:.3g})")
+        rows = k + 1
+    err = float(np.abs(got[:rows] - ref_logits[:rows]).max() / scale)
+    if not err <= TOL:
+        problems.append(f"logits error {err:.3g} > {TOL}")
+
+    r = json.loads(run(binary, "inspect", d, "--json"))
+    if r["params_total"] != n_params:
+        problems.append(f"inspect params_total {r['params_total']}, HF {n_params}")
+    present = c["mtp_modules"] if c["mtp_tensors"] else 0
+    if (r["mtp"]["declared_modules"], r["mtp"]["present_modules"]) != (c["mtp_modules"], present):
+        problems.append(f"inspect mtp {r['mtp']}, expected declared {c['mtp_modules']} present {present}")
+    if not r["complete"] or r["missing_tensors"] or r["unexpected_tensors"] or r["mismatched_tensors"]:
+        problems.append(f"inspect: incomplete {r['missing_tensors']} {r['mismatched_tensors']} "
+                        f"{r['unexpected_tensors']}")
+    if (r["head_dim"], r["rotary_dim"], r["vocab_size"]) != (c["head_dim"], c["rotary"], c["vocab"]):
+        problems.append(f"inspect dims {r['head_dim']}, {r['rotary_dim']}, {r['vocab_size']}")
+    if verbose:
+        print(f"    ids {got_ids} HF {ref_ids}")
+    return problems, err
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(here, "..", "build", "moeserve"))
+    ap.add_argument("--cases", type=int, default=40, help="total cases (edge cases first, then random)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", type=int, nargs="*", help="case indices to run")
+    ap.add_argument("--keep", help="keep each case's files under this directory")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    transformers.logging.set_verbosity_error()
+    rng = random.Random(args.seed)
+    cases = [draw_case(rng, EDGE_CASES[i] if i < len(EDGE_CASES) else {}) for i in range(args.cases)]
+    failed, worst = [], 0.0
+    for i, c in enumerate(cases):
+        if args.only and i not in args.only:
+            continue
+        work = tempfile.mkdtemp(prefix=f"sweep{i}_", dir=args.keep)
+        t0 = time.time()
+        desc = (f"H{c['hidden']} L{c['layers']} h{c['heads']}/{c['kv_heads']} D{c['head_dim']} rot{c['rotary']}"
+                f"({c['rope']}) E{c['experts']}k{c['top_k']} I{c['inter']} V{c['vocab']} {c['dtype']}"
+                f" fp8={c['fp8']} shards={c['shards']} P{c['prompt_len']}")
+        try:
+            problems, err = check_case(c, args.bin, work, args.verbose)
+        except Exception as e:  # a crash of either side is a failure of the case
+            problems, err = [f"{type(e).__name__}: {e}"], float("nan")
+        status = "ok  " if not problems else "FAIL"
+        print(f"[{i:2d}] {status} {c['name']:24} err {err:.2e}  {desc}  ({time.time() - t0:.1f}s)", flush=True)
+        for p in problems:
+            print(f"       {p}")
+        if problems:
+            failed.append(i)
+        elif err == err:
+            worst = max(worst, err)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{len(failed)} failed {failed}; worst passing error {worst:.3g}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
