@@ -92,7 +92,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& 
     if (j.contains("padding") && !j["padding"].is_null()) spdlog::warn("{}: 'padding' is ignored", origin);
     im.normalizer = tok::make_normalizer(j.value("normalizer", nlohmann::json()));
     im.pre = tok::make_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json()));
-    im.model = std::make_unique<tok::Bpe>(j["model"]);
+    im.model = tok::make_model(j["model"]);
     im.post = tok::make_post_processor(j.value("post_processor", nlohmann::json()));
     im.decoder = tok::make_decoder(j.value("decoder", nlohmann::json()));
     im.max_id = im.model->max_id();
