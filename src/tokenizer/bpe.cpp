@@ -10,19 +10,9 @@
 
 namespace moeserve::tok {
 
-Bpe::Bpe(const nlohmann::json& m) : cache_(new Shard[kShards]) {
-  MS_CHECK(m.value("type", "BPE") == "BPE", "tokenizer.json: unsupported model type '{}' (only BPE)", m.value("type", ""));
-  const auto& vocab = m.at("vocab");
-  MS_CHECK(vocab.is_object(), "tokenizer.json: model.vocab must be an object");
-  vocab_.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    int32_t id = it.value().get<int32_t>();
-    MS_CHECK(id >= 0, "tokenizer.json: negative id {} for token '{}'", id, it.key());
-    vocab_[it.key()] = id;
-    max_id_ = std::max(max_id_, id);
-  }
-  id_to_token_.assign(static_cast<size_t>(max_id_ + 1), nullptr);
-  for (auto& [tok, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = &tok;
+Bpe::Bpe(const nlohmann::json& m) {
+  vocab_.load(m.at("vocab"), "BPE");
+  const StringIdMap& vocab = vocab_.map;
 
   auto str_or_null = [&](const char* k) -> std::optional<std::string> {
     if (!m.contains(k) || m[k].is_null()) return std::nullopt;
@@ -36,6 +26,7 @@ Bpe::Bpe(const nlohmann::json& m) : cache_(new Shard[kShards]) {
   ignore_merges_ = m.value("ignore_merges", false);
 
   const auto& merges = m.at("merges");
+  MS_CHECK(merges.is_array(), "model.merges must be an array");
   merges_.reserve(merges.size() * 2);
   int32_t rank = 0;
   for (const auto& e : merges) {
@@ -44,19 +35,21 @@ Bpe::Bpe(const nlohmann::json& m) : cache_(new Shard[kShards]) {
       // Legacy "a b" form: split on the first space.
       auto s = e.get<std::string>();
       auto sp = s.find(' ');
-      MS_CHECK(sp != std::string::npos, "tokenizer.json: merge {} '{}' has no space", rank, s);
+      MS_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos,
+               "model.merges[{}] '{}' must be two tokens separated by one space", rank, s);
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else {
-      MS_CHECK(e.is_array() && e.size() == 2, "tokenizer.json: merge {} is not a pair", rank);
+      MS_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
+               "model.merges[{}] must be \"a b\" or [\"a\", \"b\"], got {}", rank, e.dump());
       a = e[0].get<std::string>();
       b = e[1].get<std::string>();
     }
-    auto ia = vocab_.find(a), ib = vocab_.find(b);
-    MS_CHECK(ia != vocab_.end() && ib != vocab_.end(), "tokenizer.json: merge {} ('{}' '{}') uses a token missing from the vocab", rank, a, b);
+    auto ia = vocab.find(a), ib = vocab.find(b);
+    MS_CHECK(ia != vocab.end() && ib != vocab.end(), "model.merges[{}] ('{}' '{}') uses a token missing from the vocab", rank, a, b);
     std::string merged = a + (has_prefix_ && b.compare(0, prefix_.size(), prefix_) == 0 ? b.substr(prefix_.size()) : b);
-    auto in = vocab_.find(merged);
-    MS_CHECK(in != vocab_.end(), "tokenizer.json: merge {} result '{}' is missing from the vocab", rank, merged);
+    auto in = vocab.find(merged);
+    MS_CHECK(in != vocab.end(), "model.merges[{}]: result '{}' is missing from the vocab", rank, merged);
     uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
     merges_[key] = Merge{rank, in->second};  // a later duplicate wins, as in HF's HashMap collect
     ++rank;
@@ -65,27 +58,16 @@ Bpe::Bpe(const nlohmann::json& m) : cache_(new Shard[kShards]) {
   byte_tokens_.assign(256, -1);
   single_byte_.assign(256, -1);
   for (int b = 0; b < 256; ++b) {
-    auto it = vocab_.find(fmt::format("<0x{:02X}>", b));
-    if (it != vocab_.end()) byte_tokens_[b] = it->second;
+    auto it = vocab.find(fmt::format("<0x{:02X}>", b));
+    if (it != vocab.end()) byte_tokens_[b] = it->second;
     if (b < 0x80) {
-      auto it2 = vocab_.find(std::string(1, static_cast<char>(b)));
-      if (it2 != vocab_.end()) single_byte_[b] = it2->second;
+      auto it2 = vocab.find(std::string(1, static_cast<char>(b)));
+      if (it2 != vocab.end()) single_byte_[b] = it2->second;
     }
   }
   if (unk_token_) {
-    MS_CHECK(vocab_.count(*unk_token_), "tokenizer.json: unk_token '{}' is not in the vocab", *unk_token_);
+    MS_CHECK(vocab.count(*unk_token_), "model.unk_token '{}' is not in the vocab", *unk_token_);
   }
-}
-
-std::optional<int32_t> Bpe::token_to_id(std::string_view t) const {
-  auto it = vocab_.find(t);
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
-}
-
-const std::string* Bpe::id_to_token(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) return nullptr;
-  return id_to_token_[static_cast<size_t>(id)];
 }
 
 const Bpe::Merge* Bpe::find_merge(int32_t a, int32_t b) const {
@@ -108,7 +90,7 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     syms.push_back({id, n - 1, n + 1, true});
   };
   int32_t unk_pending = -1;  // unk waiting to be added (HF fuses runs of unknowns)
-  int32_t unk_id = unk_token_ ? vocab_.find(*unk_token_)->second : -1;
+  int32_t unk_id = unk_token_ ? vocab_.map.find(*unk_token_)->second : -1;
   std::string buf;
   size_t i = 0;
   while (i < w.size()) {
@@ -120,13 +102,13 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     std::string_view s = w.substr(b, i - b);
     if (!has_prefix_ && !has_suffix_) {
       if (lead < 0x80) id = single_byte_[lead];
-      else if (auto it = vocab_.find(s); it != vocab_.end()) id = it->second;
+      else if (auto it = vocab_.map.find(s); it != vocab_.map.end()) id = it->second;
     } else {
       buf.clear();
       if (!first && has_prefix_) buf += prefix_;
       buf += s;
       if (last && has_suffix_) buf += suffix_;
-      if (auto it = vocab_.find(buf); it != vocab_.end()) id = it->second;
+      if (auto it = vocab_.map.find(buf); it != vocab_.map.end()) id = it->second;
       s = buf;
     }
     if (id >= 0) {
@@ -189,29 +171,16 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
 void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
-    if (auto it = vocab_.find(word); it != vocab_.end()) {
+    if (auto it = vocab_.map.find(word); it != vocab_.map.end()) {
       out.push_back(it->second);
       return;
     }
   }
-  bool cacheable = word.size() <= kMaxWordLen;
-  Shard* shard = nullptr;
-  if (cacheable) {
-    shard = &cache_[std::hash<std::string_view>{}(word) % kShards];
-    std::lock_guard<std::mutex> lk(shard->mu);
-    auto it = shard->map.find(word);
-    if (it != shard->map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
+  bool cacheable = word.size() <= WordCache::kMaxWordLen;
+  if (cacheable && cache_.get(word, out)) return;
   size_t start = out.size();
   merge_word(word, out);
-  if (cacheable) {
-    std::lock_guard<std::mutex> lk(shard->mu);
-    if (shard->map.size() >= kMaxPerShard) shard->map.clear();
-    shard->map.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
-  }
+  if (cacheable) cache_.put(word, out.data() + start, out.size() - start);
 }
 
 }  // namespace moeserve::tok

@@ -5,8 +5,6 @@
 // cache makes repeated words cheap.
 #pragma once
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -14,23 +12,18 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tokenizer/model.h"
+
 namespace moeserve::tok {
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
-
-class Bpe {
+class Bpe final : public Model {
  public:
   explicit Bpe(const nlohmann::json& model);
-  // Appends the ids of one pre-tokenized word.
-  void tokenize(std::string_view word, std::vector<int32_t>& out) const;
-  std::optional<int32_t> token_to_id(std::string_view t) const;
-  const std::string* id_to_token(int32_t id) const;
-  size_t vocab_entries() const { return vocab_.size(); }  // HF BPE::get_vocab_size
-  int32_t max_id() const { return max_id_; }
+  void tokenize(std::string_view word, std::vector<int32_t>& out) const override;
+  std::optional<int32_t> token_to_id(std::string_view t) const override { return vocab_.find(t); }
+  const std::string* id_to_token(int32_t id) const override { return vocab_.token(id); }
+  size_t vocab_entries() const override { return vocab_.map.size(); }
+  int32_t max_id() const override { return vocab_.max_id; }
 
  private:
   struct Merge {
@@ -40,9 +33,7 @@ class Bpe {
   void merge_word(std::string_view w, std::vector<int32_t>& out) const;
   const Merge* find_merge(int32_t a, int32_t b) const;
 
-  StringIdMap vocab_;
-  std::vector<const std::string*> id_to_token_;
-  int32_t max_id_ = -1;
+  Vocab vocab_;
   std::unordered_map<uint64_t, Merge> merges_;
   std::optional<std::string> unk_token_;
   std::string prefix_, suffix_;
@@ -50,16 +41,7 @@ class Bpe {
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   std::vector<int32_t> byte_tokens_;  // <0xXX> ids (-1 when missing), for byte_fallback
   std::vector<int32_t> single_byte_;  // id of each 1-byte string, -1 when absent (fast path)
-
-  // Word cache, sharded to keep concurrent encodes from serialising on one lock.
-  static constexpr size_t kShards = 16;
-  static constexpr size_t kMaxPerShard = 16384;
-  static constexpr size_t kMaxWordLen = 256;
-  struct Shard {
-    std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
-  };
-  mutable std::unique_ptr<Shard[]> cache_;
+  WordCache cache_;
 };
 
 }  // namespace moeserve::tok

@@ -161,6 +161,71 @@ struct ReplaceDec final : Decoder {
   }
 };
 
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty() || s.find(from) == std::string::npos) return;
+  std::string out;
+  size_t prev = 0, k;
+  while ((k = s.find(from, prev)) != std::string::npos) {
+    out.append(s, prev, k - prev);
+    out.append(to);
+    prev = k + from.size();
+  }
+  out.append(s, prev, std::string::npos);
+  s.swap(out);
+}
+
+// HF wordpiece::cleanup (the BERT detokenizer's spacing fixes), applied in this order.
+void wordpiece_cleanup(std::string& s) {
+  static const std::pair<const char*, const char*> kRules[] = {
+      {" .", "."},   {" ?", "?"},     {" !", "!"},          {" ,", ","},   {" ' ", "'"},  {" n't", "n't"},
+      {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (auto& [from, to] : kRules) replace_all(s, from, to);
+}
+
+// WordPiece decoder: tokens after the first lose their prefix ("##") or get a leading space.
+struct WordPieceDec final : Decoder {
+  std::string prefix = "##";
+  bool cleanup = true;
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      std::string& t = tokens[k];
+      if (k != 0) {
+        if (t.compare(0, prefix.size(), prefix) == 0) t.erase(0, prefix.size());
+        else t.insert(0, " ");
+      }
+      if (cleanup) wordpiece_cleanup(t);
+    }
+  }
+};
+
+// CTC decoder: collapse repeats, drop the pad token, word delimiter -> ' ' (with cleanup).
+struct CtcDec final : Decoder {
+  std::string pad = "<pad>", delim = "|";
+  bool cleanup = true;
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    std::vector<std::string> out;
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      if (k > 0 && tokens[k] == tokens[k - 1]) continue;
+      std::string t = tokens[k];
+      replace_all(t, pad, "");
+      if (cleanup) {
+        wordpiece_cleanup(t);
+        replace_all(t, delim, " ");
+      }
+      if (!t.empty()) out.push_back(std::move(t));
+    }
+    tokens.swap(out);
+  }
+};
+
+// BPEDecoder: the end-of-word suffix becomes a space, except in the last token.
+struct BpeDec final : Decoder {
+  std::string suffix = "</w>";
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    for (size_t k = 0; k < tokens.size(); ++k) replace_all(tokens[k], suffix, k + 1 == tokens.size() ? "" : " ");
+  }
+};
+
 struct SequenceDec final : Decoder {
   std::vector<std::unique_ptr<Decoder>> items;
   bool groups_byte_tokens() const override {
@@ -211,7 +276,8 @@ std::unique_ptr<PostProcessor> wrap_post(const nlohmann::json& j) {
 
 std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j) {
   if (j.is_null()) return nullptr;
-  std::string type = j.value("type", "");
+  MS_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(), "decoder without a 'type': {}", j.dump().substr(0, 200));
+  std::string type = j["type"].get<std::string>();
   if (type == "ByteLevel") return std::make_unique<ByteLevelDec>();
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDec>();
   if (type == "Fuse") return std::make_unique<FuseDec>();
@@ -243,6 +309,24 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j) {
     d->content = j.at("content").get<std::string>();
     return d;
   }
+  if (type == "WordPiece") {
+    auto d = std::make_unique<WordPieceDec>();
+    d->prefix = j.value("prefix", std::string("##"));
+    d->cleanup = j.value("cleanup", true);
+    return d;
+  }
+  if (type == "CTC") {
+    auto d = std::make_unique<CtcDec>();
+    d->pad = j.value("pad_token", std::string("<pad>"));
+    d->delim = j.value("word_delimiter_token", std::string("|"));
+    d->cleanup = j.value("cleanup", true);
+    return d;
+  }
+  if (type == "BPEDecoder") {
+    auto d = std::make_unique<BpeDec>();
+    d->suffix = j.value("suffix", std::string("</w>"));
+    return d;
+  }
   if (type == "Sequence") {
     auto d = std::make_unique<SequenceDec>();
     for (auto& x : j.at("decoders")) {
@@ -251,12 +335,14 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j) {
     }
     return d;
   }
-  fail("tokenizer.json: unsupported decoder type '{}'", type);
+  fail("unsupported decoder type '{}'", type);
 }
 
 std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& j) {
   if (j.is_null()) return nullptr;
-  std::string type = j.value("type", "");
+  MS_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(), "post_processor without a 'type': {}",
+           j.dump().substr(0, 200));
+  std::string type = j["type"].get<std::string>();
   if (type == "ByteLevel") return std::make_unique<NoopPost>();
   if (type == "RobertaProcessing" || type == "BertProcessing") return wrap_post(j);
   if (type == "TemplateProcessing") {
@@ -285,7 +371,7 @@ std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& j) {
     }
     return s;
   }
-  fail("tokenizer.json: unsupported post_processor type '{}'", type);
+  fail("unsupported post_processor type '{}'", type);
 }
 
 }  // namespace moeserve::tok

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tokenizer/precompiled.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode.h"
 
@@ -155,6 +156,77 @@ struct ByteLevelNorm final : Normalizer {
   }
 };
 
+// HF BertNormalizer: clean_text drops NUL, U+FFFD and "other" characters (Cc, Cf, Co of
+// the unicode_categories crate's tables, tab/newline/CR excepted) and maps whitespace to ' ';
+// handle_chinese_chars puts spaces around CJK ideographs; strip_accents (default: as
+// lowercase) is NFD then dropping non-spacing marks; lowercase is Rust's to_lowercase.
+struct BertNorm final : Normalizer {
+  bool clean_text = true, chinese = true, strip_accents = true, lowercase = true;
+  static bool is_chinese(char32_t c) {
+    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+           (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+           (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+  }
+  void normalize(std::string& s) const override {
+    if (clean_text || chinese) {
+      std::string out;
+      out.reserve(s.size() + 8);
+      size_t i = 0;
+      while (i < s.size()) {
+        size_t b = i;
+        char32_t c = next_cp(s, i);
+        if (clean_text) {
+          if (c == 0 || c == 0xFFFD || (c != '\t' && c != '\n' && c != '\r' && is_bert_other(c))) continue;
+          if (is_white_space(c)) {
+            out.push_back(' ');
+            continue;
+          }
+        }
+        if (chinese && is_chinese(c)) {
+          out.push_back(' ');
+          out.append(s, b, i - b);
+          out.push_back(' ');
+        } else {
+          out.append(s, b, i - b);
+        }
+      }
+      s.swap(out);
+    }
+    if (strip_accents) {
+      unicode_normalize(s, NormForm::NFD);
+      std::string out;
+      out.reserve(s.size());
+      size_t i = 0;
+      while (i < s.size()) {
+        size_t b = i;
+        if (!is_nonspacing_mark(next_cp(s, i))) out.append(s, b, i - b);
+      }
+      s.swap(out);
+    }
+    if (lowercase) Lowercase().normalize(s);
+  }
+};
+
+// HF Nmt: drops ASCII control characters and maps other "space-like" ones to ' '.
+struct Nmt final : Normalizer {
+  void normalize(std::string& s) const override {
+    std::string out;
+    out.reserve(s.size());
+    size_t i = 0;
+    while (i < s.size()) {
+      size_t b = i;
+      char32_t c = next_cp(s, i);
+      if ((c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) || c == 0x7F || c == 0x8F || c == 0x9F) continue;
+      if (c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D || c == 0x1680 || (c >= 0x200B && c <= 0x200F) || c == 0x2028 ||
+          c == 0x2029 || c == 0x2581 || c == 0xFEFF || c == 0xFFFD)
+        out.push_back(' ');
+      else
+        out.append(s, b, i - b);
+    }
+    s.swap(out);
+  }
+};
+
 struct Sequence final : Normalizer {
   std::vector<std::unique_ptr<Normalizer>> items;
   void normalize(std::string& s) const override {
@@ -174,7 +246,8 @@ std::unique_ptr<Regex> make_pattern(const nlohmann::json& p, const char* where) 
 
 std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j) {
   if (j.is_null()) return nullptr;
-  std::string type = j.value("type", "");
+  MS_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(), "normalizer without a 'type': {}", j.dump().substr(0, 200));
+  std::string type = j["type"].get<std::string>();
   if (type == "NFC") return std::make_unique<Unicode>(NormForm::NFC);
   if (type == "NFD") return std::make_unique<Unicode>(NormForm::NFD);
   if (type == "NFKC") return std::make_unique<Unicode>(NormForm::NFKC);
@@ -199,6 +272,25 @@ std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j) {
     r->right = j.value("strip_right", true);
     return r;
   }
+  if (type == "BertNormalizer") {
+    auto r = std::make_unique<BertNorm>();
+    auto flag = [&](const char* k, bool d) {
+      if (!j.contains(k) || j[k].is_null()) return d;
+      MS_CHECK(j[k].is_boolean(), "normalizer BertNormalizer: '{}' must be a boolean", k);
+      return j[k].get<bool>();
+    };
+    r->clean_text = flag("clean_text", true);
+    r->chinese = flag("handle_chinese_chars", true);
+    r->lowercase = flag("lowercase", true);
+    r->strip_accents = flag("strip_accents", r->lowercase);
+    return r;
+  }
+  if (type == "Nmt") return std::make_unique<Nmt>();
+  if (type == "Precompiled") {
+    MS_CHECK(j.contains("precompiled_charsmap") && j["precompiled_charsmap"].is_string(),
+             "normalizer Precompiled: 'precompiled_charsmap' must be a base64 string");
+    return std::make_unique<Precompiled>(base64_decode(j["precompiled_charsmap"].get<std::string>()));
+  }
   if (type == "Sequence") {
     auto r = std::make_unique<Sequence>();
     for (auto& n : j.at("normalizers")) {
@@ -207,7 +299,7 @@ std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j) {
     }
     return r;
   }
-  fail("tokenizer.json: unsupported normalizer type '{}'", type);
+  fail("unsupported normalizer type '{}'", type);
 }
 
 }  // namespace moeserve::tok

@@ -200,7 +200,9 @@ std::unique_ptr<PreTokenizer> make_split(FindFn f, Behavior b, bool invert = fal
 
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j) {
   if (j.is_null()) return nullptr;
-  std::string type = j.value("type", "");
+  MS_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(), "pre_tokenizer without a 'type': {}",
+           j.dump().substr(0, 200));
+  std::string type = j["type"].get<std::string>();
   if (type == "Split") {
     std::shared_ptr<Regex> re = make_pattern(j.at("pattern"), "pre_tokenizer Split");
     return make_split(regex_pattern(re), parse_behavior(j.at("behavior").get<std::string>()), j.value("invert", false));
@@ -262,7 +264,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j) {
     }
     return s;
   }
-  fail("tokenizer.json: unsupported pre_tokenizer type '{}'", type);
+  fail("unsupported pre_tokenizer type '{}'", type);
 }
 
 }  // namespace moeserve::tok

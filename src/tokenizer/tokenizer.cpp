@@ -4,6 +4,9 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <climits>
+#include <optional>
+#include <unordered_map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -86,13 +89,14 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& 
   std::shared_ptr<Tokenizer> t(new Tokenizer());
   Impl& im = *t->impl_;
   try {
-    MS_CHECK(j.is_object() && j.contains("model"), "no 'model' object");
+    MS_CHECK(j.is_object(), "the top level must be a JSON object");
+    MS_CHECK(j.contains("model") && !j["model"].is_null(), "no 'model' (the tokenizer model: BPE, WordPiece, WordLevel or Unigram)");
     if (j.contains("truncation") && !j["truncation"].is_null())
       spdlog::warn("{}: 'truncation' is ignored", origin);
     if (j.contains("padding") && !j["padding"].is_null()) spdlog::warn("{}: 'padding' is ignored", origin);
     im.normalizer = tok::make_normalizer(j.value("normalizer", nlohmann::json()));
     im.pre = tok::make_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json()));
-    im.model = std::make_unique<tok::Bpe>(j["model"]);
+    im.model = tok::make_model(j["model"]);
     im.post = tok::make_post_processor(j.value("post_processor", nlohmann::json()));
     im.decoder = tok::make_decoder(j.value("decoder", nlohmann::json()));
     im.max_id = im.model->max_id();
@@ -101,16 +105,30 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& 
     // model keeps its id; a new one gets the next id after the vocab / previous added).
     int32_t model_size = static_cast<int32_t>(im.model->vocab_entries());
     int32_t max_added = -1;
-    for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
+    const nlohmann::json no_added = nlohmann::json::array();
+    const nlohmann::json& added_json = j.contains("added_tokens") && !j["added_tokens"].is_null() ? j["added_tokens"] : no_added;
+    MS_CHECK(added_json.is_array(), "'added_tokens' must be an array");
+    std::unordered_map<int64_t, std::string> listed_ids;  // id field -> content, to catch collisions
+    for (size_t k = 0; k < added_json.size(); ++k) {
+      const auto& a = added_json[k];
+      MS_CHECK(a.is_object() && a.contains("content") && a["content"].is_string(),
+               "added_tokens[{}] must be an object with a string 'content'", k);
       AddedToken at;
-      at.content = a.at("content").get<std::string>();
+      at.content = a["content"].get<std::string>();
       at.special = a.value("special", false);
       at.lstrip = a.value("lstrip", false);
       at.rstrip = a.value("rstrip", false);
       at.single_word = a.value("single_word", false);
       at.normalized = a.value("normalized", !at.special);
-      MS_CHECK(tok::find_invalid_utf8(at.content) == std::string::npos, "added token is not UTF-8");
+      MS_CHECK(tok::find_invalid_utf8(at.content) == std::string::npos, "added_tokens[{}] is not UTF-8", k);
       if (at.content.empty()) continue;
+      std::optional<int64_t> listed;
+      if (a.contains("id") && !a["id"].is_null()) {
+        MS_CHECK(a["id"].is_number_integer(), "added_tokens[{}] ('{}'): id must be an integer", k, at.content);
+        listed = a["id"].get<int64_t>();
+        auto [it, fresh] = listed_ids.emplace(*listed, at.content);
+        MS_CHECK(fresh || it->second == at.content, "added tokens '{}' and '{}' both have id {}", it->second, at.content, *listed);
+      }
       if (at.special) im.special_set.insert(at.content);
       if (im.added_by_content.count(at.content)) continue;
       if (auto mid = im.model->token_to_id(at.content)) {
@@ -120,8 +138,14 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& 
       } else {
         at.id = (max_added >= model_size || model_size == 0) ? max_added + 1 : model_size;
       }
-      if (a.contains("id") && a["id"].get<int32_t>() != at.id)
-        spdlog::warn("{}: added token '{}' listed with id {} gets id {} (HF rule)", origin, at.content, a["id"].get<int32_t>(), at.id);
+      if (listed && *listed != at.id) {
+        // HF re-assigns such a token (and only warns). When the listed id belongs to another
+        // model token the file is inconsistent with the model: the embedding row of that id
+        // is the other token's, so refuse it.
+        const std::string* other = *listed >= 0 && *listed <= INT32_MAX ? im.model->id_to_token(static_cast<int32_t>(*listed)) : nullptr;
+        MS_CHECK(other == nullptr, "added token '{}' has id {}, which the model vocab gives to '{}'", at.content, *listed, *other);
+        spdlog::warn("{}: added token '{}' listed with id {} gets id {} (HF rule)", origin, at.content, *listed, at.id);
+      }
       max_added = std::max(max_added, at.id);
       im.max_id = std::max(im.max_id, at.id);
       im.added_by_content[at.content] = at.id;

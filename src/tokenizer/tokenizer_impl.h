@@ -4,7 +4,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "tokenizer/bpe.h"
+#include "tokenizer/model.h"
 #include "tokenizer/decoder.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
@@ -42,7 +42,7 @@ class AddedMatcher {
 struct Tokenizer::Impl {
   std::unique_ptr<tok::Normalizer> normalizer;
   std::unique_ptr<tok::PreTokenizer> pre;
-  std::unique_ptr<tok::Bpe> model;
+  std::unique_ptr<tok::Model> model;
   std::unique_ptr<tok::PostProcessor> post;
   std::unique_ptr<tok::Decoder> decoder;
   std::vector<AddedToken> added;  // index = order of addition

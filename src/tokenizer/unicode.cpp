@@ -159,4 +159,24 @@ bool is_mark(char32_t c) {
   return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
 }
 
+namespace {
+struct CpRange {
+  char32_t lo, hi;
+};
+#include "tokenizer/bert_tables.inc"
+template <size_t N>
+bool in_ranges(const CpRange (&t)[N], char32_t c) {
+  size_t lo = 0, hi = N;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (t[mid].hi < c) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < N && t[lo].lo <= c;
+}
+}  // namespace
+
+bool is_bert_other(char32_t c) { return in_ranges(kBertOther, c); }
+bool is_nonspacing_mark(char32_t c) { return c >= 0x300 && in_ranges(kBertNonspacingMark, c); }
+
 }  // namespace moeserve::tok

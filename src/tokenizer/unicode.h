@@ -53,5 +53,9 @@ bool is_punctuation(char32_t c);
 bool is_word_char(char32_t c);
 // General category M* (Mn, Mc, Me): what HF StripAccents removes.
 bool is_mark(char32_t c);
+// BertNormalizer's character classes, from the (pre-Unicode-9) tables HF uses: "other"
+// (Cc, Cf, Co) and non-spacing marks (Mn). See bert_tables.inc.
+bool is_bert_other(char32_t c);
+bool is_nonspacing_mark(char32_t c);
 
 }  // namespace moeserve::tok

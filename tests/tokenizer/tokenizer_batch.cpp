@@ -1,5 +1,6 @@
-// Batch driver for the Python oracle tests: loads one tokenizer.json (argv[1]) and
-// answers JSON-lines requests on stdin, one JSON line out per request:
+// Batch driver for the Python oracle tests: loads one tokenizer.json (argv[1]), prints
+// {"ready":true} (or {"load_error":"..."} and exits), then answers JSON-lines requests on
+// stdin, one JSON line out per request:
 //   {"op":"encode","text":"..."|"text_hex":"..","special":bool} -> {"ids":[...]} | {"error":"..."}
 //   {"op":"decode","ids":[...],"skip":bool}                     -> {"text":"..."}
 //   {"op":"stream","ids":[...],"skip":bool}                     -> {"deltas":[...]} (IncrementalDetokenizer)
@@ -25,6 +26,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n", nlohmann::json{{"load_error", e.what()}}.dump().c_str());
     return 0;
   }
+  std::printf("{\"ready\":true}\n");
+  std::fflush(stdout);
   std::string line;
   while (std::getline(std::cin, line)) {
     nlohmann::json req = nlohmann::json::parse(line), resp;
