@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Server streaming throughput with the replay backend (no model compute).
 
-Starts `moeserve serve --test-replay-backend` (small vocab so sampling is cheap), opens
---streams concurrent streaming /v1/completions requests of --tokens tokens each over raw
-asyncio sockets (the client parses only the final usage chunk, so it stays cheaper than the
-server), and reports streamed tokens/s and the server's CPU time per streamed token.
+Starts `moeserve serve --test-replay-backend` with a --vocab wide replay model (default
+200,064 = MiniMax-M2's vocab_size; each logits row is 0 everywhere except the scripted token
+at 30, so the engine's host sampler reads a full row per token), opens --streams concurrent
+streaming /v1/completions requests of --tokens tokens each (ignore_eos) over raw asyncio
+sockets (the client parses only the final usage chunk, so it stays cheaper than the
+server), and reports streamed tokens/s and the server's CPU time (all its threads: HTTP,
+engine, sampling) per streamed token. Sampling defaults to vLLM's default (temperature 1,
+top_p 1, top_k off).
 
   python3 bench/server_bench.py --bin build/moeserve --streams 256 --tokens 256
 """
@@ -48,9 +52,9 @@ async def one_stream(port, body):
     return json.loads(text[usage + 8:text.index("}", usage) + 1])["completion_tokens"]
 
 
-async def run_load(port, streams, tokens):
-    body = json.dumps({"prompt": [1, 2, 3, 4], "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+async def run_load(port, streams, tokens, sampling):
+    body = json.dumps({"prompt": [1, 2, 3, 4], "max_tokens": tokens, "ignore_eos": True, "stream": True,
+                       "stream_options": {"include_usage": True}, **sampling}).encode()
     return await asyncio.gather(*[one_stream(port, body) for _ in range(streams)])
 
 
@@ -61,7 +65,12 @@ def main():
     ap.add_argument("--streams", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--io-threads", type=int, default=1)
+    ap.add_argument("--vocab", type=int, default=200064, help="replay vocabulary (logits row width)")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=-1)
     args = ap.parse_args()
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
     tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else None
     for cand in [REPO.parent / "shared/data/tokenizers/qwen3", Path("/work/shared/data/tokenizers/qwen3")]:
         if tok_dir is None and (cand / "tokenizer.json").exists():
@@ -71,18 +80,16 @@ def main():
     model.mkdir()
     shutil.copy(tok_dir / "tokenizer.json", model)
     shutil.copy(tok_dir / "tokenizer_config.json", model)
-    # Token ids 200..711: ordinary byte-level pieces; vocab 1024 keeps sampling cheap.
-    script = {"vocab_size": 1024, "max_model_len": 4096, "num_kv_blocks": 65536, "end_token": 0,
+    # Token ids 200..711: ordinary byte-level pieces of the tokenizer; the replay vocabulary
+    # (logits width) is --vocab.
+    script = {"vocab_size": args.vocab, "max_model_len": 4096, "num_kv_blocks": 65536, "end_token": 0,
               "scripts": [{"marker": [], "tokens": [200 + (i % 512) for i in range(4000)]}]}
     (tmp / "replay.json").write_text(json.dumps(script))
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    proc = subprocess.Popen([args.bin, "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
-                             "--test-replay-backend", str(tmp / "replay.json"), "--max-num-seqs", str(args.streams),
-                             "--max-num-batched-tokens", "8192", "--io-threads", str(args.io_threads),
-                             "--log-level", "warn"] if False else [args.bin, "--log-level", "warn", "serve", str(model), "--host", "127.0.0.1", "--port",
+    proc = subprocess.Popen([args.bin, "--log-level", "warn", "serve", str(model), "--host", "127.0.0.1", "--port",
                              str(port), "--test-replay-backend", str(tmp / "replay.json"), "--max-num-seqs",
                              str(args.streams), "--max-num-batched-tokens", "8192", "--io-threads",
                              str(args.io_threads)])
@@ -93,9 +100,9 @@ def main():
                 break
             except OSError:
                 time.sleep(0.05)
-        asyncio.run(run_load(port, 8, 16))  # warm-up
+        asyncio.run(run_load(port, 8, 16, sampling))  # warm-up
         c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
-        counts = asyncio.run(run_load(port, args.streams, args.tokens))
+        counts = asyncio.run(run_load(port, args.streams, args.tokens, sampling))
         t1, c1 = time.perf_counter(), cpu_seconds(proc.pid)
     finally:
         proc.terminate()
@@ -106,7 +113,7 @@ def main():
     res = {"streams": args.streams, "tokens_per_stream": args.tokens, "total_tokens": total,
            "wall_s": round(t1 - t0, 3), "tokens_per_s": round(total / (t1 - t0), 1),
            "server_cpu_s": round(c1 - c0, 3), "server_cpu_us_per_token": round((c1 - c0) / total * 1e6, 2),
-           "io_threads": args.io_threads, "cores": os.cpu_count()}
+           "io_threads": args.io_threads, "cores": os.cpu_count(), "vocab": args.vocab, **sampling}
     print(json.dumps(res))
 
 

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "cli/registry.h"
 #include "core/error.h"
@@ -29,8 +31,17 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(s.name, s.help);
     runners[sub] = s.setup(sub);
   }
+  // As vLLM's FlexibleArgumentParser: `--max_model_len` = `--max-model-len` (MiniMax's own
+  // commands use `--enable_expert_parallel`). Only the flag name before '=' is rewritten.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (auto& a : args) {
+    if (a.rfind("--", 0) != 0) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -48,6 +48,7 @@ struct ServeArgs {
   std::string reasoning_parser;
   std::string device = "cpu";
   bool enable_prefix_caching = true;
+  bool enable_request_id_headers = false;
   double gpu_memory_utilization = 0.9;
   int max_logprobs = 20;
   int io_threads = 2;
@@ -165,6 +166,7 @@ int run_serve(const ServeArgs& a) {
   sc.max_logprobs = a.max_logprobs;
   sc.defaults = defaults;
   sc.version = MOESERVE_VERSION;
+  sc.enable_request_id_headers = a.enable_request_id_headers;
 
   server::Metrics metrics({sc.served_model_names[0], resolved.max_model_len, info.block_size, info.num_kv_blocks,
                            resolved.enable_prefix_caching, a.gpu_memory_utilization});
@@ -217,6 +219,8 @@ moeserve::cli::RegisterSubcommand reg("serve", "Serve a model over the OpenAI-co
                   "auto: sampling defaults from generation_config.json; vllm: none; or a directory")
       ->capture_default_str();
   sub->add_flag("--enable-auto-tool-choice", a->enable_auto_tool_choice, "allow tool_choice \"auto\"");
+  sub->add_flag("--enable-request-id-headers", a->enable_request_id_headers,
+                "X-Request-Id on every response (the client's, else a new one)");
   sub->add_option("--tool-call-parser", a->tool_call_parser, "tool-call parser (minimax_m2)");
   sub->add_option("--reasoning-parser", a->reasoning_parser, "reasoning parser (minimax_m2, minimax_m2_append_think)");
   sub->add_option("--device", a->device, "cpu or cuda")->capture_default_str();

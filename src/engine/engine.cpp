@@ -3,12 +3,14 @@
 // (under mu_) and atomics, so they never wait for a model step.
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -108,6 +110,9 @@ class EngineImpl final : public Engine {
     s.prefix_cache_queries = prefix_queries_.load(std::memory_order_relaxed);
     s.prefix_cache_hits = prefix_hits_.load(std::memory_order_relaxed);
     s.num_preemptions = preemptions_.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < s.iteration_tokens.size(); ++i)
+      s.iteration_tokens[i] = iteration_tokens_[i].load(std::memory_order_relaxed);
+    s.iteration_tokens_sum = iteration_tokens_sum_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -195,6 +200,7 @@ class EngineImpl final : public Engine {
     seq->request = r;
     seq->tokens = r->prompt_ids;
     seq->num_prompt_tokens = static_cast<int>(r->prompt_ids.size());
+    seq->queued_time = std::chrono::steady_clock::now();
     const uint64_t seed = r->params.seed ? *r->params.seed : splitmix64(config_.seed ^ splitmix64(seq->id));
     seq->sampler.rng.seed(seed);
     by_id_[r->id] = sched_.add(std::move(seq));
@@ -206,6 +212,11 @@ class EngineImpl final : public Engine {
     o.num_prompt_tokens = s.num_prompt_tokens;
     o.num_cached_tokens = s.num_cached_tokens;
     o.num_generated_tokens = s.num_output_tokens();
+    o.queued_time = s.queued_time;
+    o.scheduled_time = s.scheduled_time;
+    o.first_token_time = s.first_token_time;
+    o.last_token_time = s.last_token_time;
+    o.num_preemptions = s.num_preemptions;
     return o;
   }
 
@@ -254,33 +265,61 @@ class EngineImpl final : public Engine {
       }
       return;
     }
+    const auto t_sched = std::chrono::steady_clock::now();
+    for (const auto& sc : out.scheduled)
+      if (sc.seq->scheduled_time == std::chrono::steady_clock::time_point{}) sc.seq->scheduled_time = t_sched;
+    count_iteration_tokens(out.num_batched_tokens);
     StepResult res;
-    int rows = 0;
-    for (const auto& sc : out.scheduled) rows += sc.sample ? 1 : 0;
+    std::vector<Sequence*> rows;
+    for (const auto& sc : out.scheduled)
+      if (sc.sample) rows.push_back(sc.seq);
     try {
       res = exec_->execute(out.batch);
-      MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == size_t(rows) * size_t(res.vocab_size),
+      MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == rows.size() * size_t(res.vocab_size),
                "executor returned {} logits of vocab {} for {} rows (expected vocab {})", res.logits.size(),
-               res.vocab_size, rows, info_.vocab_size);
+               res.vocab_size, rows.size(), info_.vocab_size);
     } catch (const std::exception& e) {
       spdlog::error("model step failed: {}", e.what());
       for (const auto& sc : out.scheduled) finish(sc.seq, FinishReason::Error, make_output(*sc.seq), e.what());
       return;
     }
     sched_.on_step_executed(out);
+    // Sampling reads only its own row and its own sequence's state (RNG, counts), so rows are
+    // independent: with many rows (or a large vocabulary) they run on the thread pool, and a
+    // sequence's token does not depend on the batch it is in.
     const size_t V = static_cast<size_t>(res.vocab_size);
-    int row = 0;
-    for (const auto& sc : out.scheduled) {
-      if (!sc.sample) continue;
-      Sequence* s = sc.seq;
-      SampleInput in{.logits = std::span<const float>(res.logits.data() + V * row++, V),
-                     .eos_token_ids = &config_.eos_token_ids};
-      SampleResult r = sample_next(*s, in);
-      s->tokens.push_back(r.token);
-      note_generated(*s, r.token);
+    const int64_t n = static_cast<int64_t>(rows.size());
+    std::vector<SampleResult> results(rows.size());
+    std::vector<std::exception_ptr> errors(rows.size());
+    auto sample_rows = [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        try {
+          SampleInput in{.logits = std::span<const float>(res.logits.data() + V * r, V),
+                         .eos_token_ids = &config_.eos_token_ids};
+          results[r] = sample_next(*rows[r], in);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      }
+    };
+    if (n >= 2 && size_t(n) * V >= (size_t(1) << 17)) {
+      ThreadPool::global().parallel_for(n, sample_rows, 1);
+    } else {
+      sample_rows(0, n);
+    }
+    exec_->recycle(std::move(res));
+    const auto t_token = std::chrono::steady_clock::now();
+    for (int64_t r = 0; r < n; ++r) {
+      Sequence* s = rows[r];
+      if (errors[r]) std::rethrow_exception(errors[r]);  // an engine bug: loop() fails what runs
+      SampleResult& sr = results[r];
+      s->tokens.push_back(sr.token);
+      note_generated(*s, sr.token);
+      if (s->first_token_time == std::chrono::steady_clock::time_point{}) s->first_token_time = t_token;
+      s->last_token_time = t_token;
       RequestOutput o = make_output(*s);
-      o.new_token_ids.push_back(r.token);
-      if (r.has_logprobs) o.logprobs.push_back(std::move(r.logprob));
+      o.new_token_ids.push_back(sr.token);
+      if (sr.has_logprobs) o.logprobs.push_back(std::move(sr.logprob));
       StopDecision d = check_stop(*s, config_.eos_token_ids, config_.max_model_len);
       if (d.reason != FinishReason::None) {
         o.stop_token_id = d.stop_token_id;
@@ -289,6 +328,14 @@ class EngineImpl final : public Engine {
         deliver(*s, std::move(o));
       }
     }
+  }
+
+  void count_iteration_tokens(int tokens) {
+    const auto& b = EngineStats::kIterationTokenBuckets;
+    size_t i = 0;
+    while (i < b.size() && tokens > b[i]) ++i;
+    iteration_tokens_[i].fetch_add(1, std::memory_order_relaxed);
+    iteration_tokens_sum_.fetch_add(uint64_t(tokens), std::memory_order_relaxed);
   }
 
   void publish_stats() {
@@ -321,6 +368,8 @@ class EngineImpl final : public Engine {
   std::atomic<int> running_{0}, waiting_{0};
   std::atomic<double> kv_usage_{0};
   std::atomic<uint64_t> prefix_queries_{0}, prefix_hits_{0}, preemptions_{0};
+  std::array<std::atomic<uint64_t>, EngineStats::kIterationTokenBuckets.size() + 1> iteration_tokens_{};
+  std::atomic<uint64_t> iteration_tokens_sum_{0};
   std::mutex join_mu_;
   std::thread thread_;
 };

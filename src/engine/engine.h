@@ -6,6 +6,7 @@
 // are delivered through the request's `on_output` callback, invoked on the engine thread:
 // it must be cheap and non-blocking (push into a queue, post to an io strand).
 #pragma once
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -56,6 +57,11 @@ struct RequestOutput {
   int num_cached_tokens = 0;  // prompt tokens served from the prefix cache
   int num_generated_tokens = 0;
   std::string error;  // when finish_reason == Error
+  // Engine timestamps (steady clock; a default-constructed value = not reached yet), as vLLM's
+  // QUEUED / SCHEDULED / first and last NEW_TOKENS events: when the engine thread took the
+  // request, when it was first scheduled, its first and its latest generated token.
+  std::chrono::steady_clock::time_point queued_time{}, scheduled_time{}, first_token_time{}, last_token_time{};
+  int num_preemptions = 0;  // times this request was preempted (recomputed)
 };
 
 // Immutable once submitted.
@@ -85,6 +91,11 @@ struct EngineStats {
   uint64_t prefix_cache_queries = 0;  // prompt tokens looked up
   uint64_t prefix_cache_hits = 0;     // of those, served from the cache
   uint64_t num_preemptions = 0;
+  // Tokens per engine step (prefill + decode), vllm:iteration_tokens_total's buckets.
+  static constexpr std::array<int, 13> kIterationTokenBuckets = {1,   8,    16,   32,   64,   128, 256,
+                                                                 512, 1024, 2048, 4096, 8192, 16384};
+  std::array<uint64_t, kIterationTokenBuckets.size() + 1> iteration_tokens{};  // per bucket; last = +Inf
+  uint64_t iteration_tokens_sum = 0;
 };
 
 class Engine {

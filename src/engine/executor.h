@@ -39,6 +39,9 @@ class ModelExecutor {
   virtual ~ModelExecutor() = default;
   virtual ExecutorInfo info() const = 0;
   virtual StepResult execute(const StepBatch& batch) = 0;
+  // The engine hands each result back once it has sampled from it, so an executor may reuse
+  // the logits buffer (hundreds of MB per step at a 200k vocabulary). Optional.
+  virtual void recycle(StepResult&& result) { (void)result; }
 };
 
 }  // namespace moeserve

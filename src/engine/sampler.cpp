@@ -5,6 +5,10 @@
 #include <limits>
 #include <numeric>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace moeserve {
 
 namespace {
@@ -17,6 +21,99 @@ struct DescByValue {
   const V* v;
   bool operator()(int32_t a, int32_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
 };
+
+constexpr int kBlock = 16;  // logits scanned in blocks; a block whose max is in the tail is skipped
+
+// Per-thread scratch so a sampled token allocates nothing in steady state.
+struct Scratch {
+  std::vector<float> work;       // [V] penalised / masked copy of the row
+  std::vector<float> block_max;  // [ceil(V / kBlock)]
+  std::vector<int32_t> ids;      // head candidates (ascending id)
+  std::vector<double> probs;     // their exp(z), parallel to ids
+  std::vector<int32_t> order;    // permutation scratch for top-k / top-p
+};
+thread_local Scratch tl_scratch;
+
+// Writes the max of each block of kBlock logits to bm (NaN ignored) and returns the row max.
+float scalar_block_max(const float* x, int64_t n, float* bm) {
+  float m = kNegInf;
+  for (int64_t b = 0; b * kBlock < n; ++b) {
+    float v = kNegInf;
+    const int64_t end = std::min<int64_t>(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) v = x[i] > v ? x[i] : v;  // NaN compares false
+    bm[b] = v;
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) float avx2_block_max(const float* x, int64_t n, float* bm) {
+  const int64_t full = n / kBlock;
+  const __m256 ninf = _mm256_set1_ps(kNegInf);
+  __m256 gm = ninf;
+  for (int64_t b = 0; b < full; ++b) {
+    // max_ps(a, b) returns b when either is NaN: keep the NaN-free accumulator second.
+    __m256 m = _mm256_max_ps(_mm256_loadu_ps(x + b * kBlock), ninf);
+    m = _mm256_max_ps(_mm256_loadu_ps(x + b * kBlock + 8), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    bm[b] = _mm_cvtss_f32(h);
+    gm = _mm256_max_ps(m, gm);
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(gm), _mm256_extractf128_ps(gm, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  float m = _mm_cvtss_f32(h);
+  if (full * kBlock < n) {
+    const float t = scalar_block_max(x + full * kBlock, n - full * kBlock, bm + full);
+    m = t > m ? t : m;
+  }
+  return m;
+}
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+#endif
+
+float block_max(std::span<const float> x, std::vector<float>& bm) {
+  bm.resize((x.size() + kBlock - 1) / kBlock);
+#if defined(__x86_64__)
+  if (kHaveAvx2) return avx2_block_max(x.data(), static_cast<int64_t>(x.size()), bm.data());
+#endif
+  return scalar_block_max(x.data(), static_cast<int64_t>(x.size()), bm.data());
+}
+
+// Keeps, in descending probability order, every candidate whose mass ranked strictly above
+// it is < target (vLLM's top-p mask; the first always stays). Reorders `ids` so the kept ones
+// come first and returns their count; `above_last` gets the mass ranked above the last kept.
+// Quickselect narrows [lo, hi) to the cut in expected O(n); a short tail is sorted and scanned.
+size_t top_p_cut(std::vector<int32_t>& ids, const double* prob, double target, double* above_last) {
+  DescByValue<double> desc{prob};
+  size_t lo = 0, hi = ids.size();
+  double above = 0;  // mass of ids[0, lo), all ranked above ids[lo, hi)
+  while (hi - lo > 64) {
+    const size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(ids.begin() + lo, ids.begin() + mid, ids.begin() + hi, desc);
+    double left = 0;
+    for (size_t j = lo; j < mid; ++j) left += prob[ids[j]];
+    if (above + left >= target && mid > 0) {
+      hi = mid;  // ids[mid] has at least `target` above it: the cut is at or before mid
+    } else {
+      above += left + prob[ids[mid]];  // ids[mid] is kept
+      lo = mid + 1;
+    }
+  }
+  std::sort(ids.begin() + lo, ids.begin() + hi, desc);
+  size_t keep = lo;
+  double last = 0;
+  while (keep < hi && (keep == 0 || above < target)) {
+    last = above;
+    above += prob[ids[keep++]];
+  }
+  if (above_last) *above_last = last;
+  return keep;
+}
+
 }  // namespace
 
 void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> prompt_set,
@@ -57,16 +154,17 @@ std::vector<float> log_softmax(std::span<const float> logits) {
 }
 
 int32_t argmax_lowest(std::span<const float> logits) {
-  int32_t best = 0;
-  float bv = kNegInf;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const float v = clean(logits[i]);
-    if (v > bv) {  // strict: the first (lowest id) maximum wins
-      bv = v;
-      best = static_cast<int32_t>(i);
-    }
+  if (logits.empty()) return 0;
+  std::vector<float>& bm = tl_scratch.block_max;
+  const float mx = block_max(logits, bm);
+  if (mx == kNegInf) return 0;  // every entry -inf or NaN
+  for (size_t b = 0; b < bm.size(); ++b) {
+    if (bm[b] != mx) continue;
+    const size_t end = std::min(logits.size(), (b + 1) * kBlock);
+    for (size_t i = b * kBlock; i < end; ++i)
+      if (logits[i] == mx) return static_cast<int32_t>(i);  // the first (lowest id) maximum
   }
-  return best;
+  return 0;  // unreachable
 }
 
 Candidates filter_candidates(std::span<const float> logits, const SamplingParams& p) {
@@ -99,33 +197,11 @@ Candidates filter_candidates(std::span<const float> logits, const SamplingParams
   // Probabilities of the survivors, indexed by id (sparse: only ids are filled).
   std::vector<double> prob(vocab, 0.0);
   for (int32_t i : ids) prob[i] = std::exp((double(clean(logits[i])) - mx) * inv_t);
-  DescByValue<double> desc{prob.data()};
   bool permuted = p.top_k > 0;
   if (p.top_p < 1.0f && ids.size() > 1) {
-    // Keep, in descending probability order, every id whose renormalised mass ranked
-    // strictly above it is < top_p (vLLM's mask; the first id always stays). Quickselect
-    // narrows [lo, hi) to the cut in expected O(n); a short tail is sorted and scanned.
     double kept_mass = 0;
     for (int32_t i : ids) kept_mass += prob[i];
-    const double target = double(p.top_p) * kept_mass;
-    size_t lo = 0, hi = ids.size();
-    double above = 0;  // mass of ids[0, lo), all ranked above ids[lo, hi)
-    while (hi - lo > 64) {
-      const size_t mid = lo + (hi - lo) / 2;
-      std::nth_element(ids.begin() + lo, ids.begin() + mid, ids.begin() + hi, desc);
-      double left = 0;
-      for (size_t j = lo; j < mid; ++j) left += prob[ids[j]];
-      if (above + left >= target && mid > 0) {
-        hi = mid;  // ids[mid] has at least `target` above it: the cut is at or before mid
-      } else {
-        above += left + prob[ids[mid]];  // ids[mid] is kept
-        lo = mid + 1;
-      }
-    }
-    std::sort(ids.begin() + lo, ids.begin() + hi, desc);
-    size_t keep = lo;
-    while (keep < hi && (keep == 0 || above < target)) above += prob[ids[keep++]];
-    ids.resize(keep);
+    ids.resize(top_p_cut(ids, prob.data(), double(p.top_p) * kept_mass, nullptr));
     permuted = true;
   }
   if (permuted) std::sort(ids.begin(), ids.end());
@@ -148,6 +224,126 @@ int32_t draw(const Candidates& c, double u) {
   return c.ids.back();  // rounding: u at the very top
 }
 
+namespace {
+// Exact draw from the full distribution (slow path): filter the whole row, then inverse CDF.
+int32_t draw_full(std::span<const float> logits, const SamplingParams& p, double u) {
+  return draw(filter_candidates(logits, p), u);
+}
+}  // namespace
+
+// The sampled token for temperature > 0: exact in distribution, one uniform per token except
+// in the rare tail case. Steps (z = (l - max) / T):
+//  1. one vectorised pass for the row max and per-block maxima;
+//  2. head = ids with z >= -tail_cut, found by visiting only blocks whose max reaches it;
+//  3. min_p / top_k / top_p on the head. They are exact there whenever the tail cannot
+//     matter: min_p's cut is above the tail; top_k needs k head ids; top_p's cut must be the
+//     same for every possible tail mass in [0, bound]. Otherwise: the full path;
+//  4. inverse CDF over head + bound (see below).
+int32_t sample_token(std::span<const float> logits, const SamplingParams& p, std::mt19937_64& rng, double tail_cut) {
+  if (p.temperature < kSamplingEps) return argmax_lowest(logits);
+  Scratch& s = tl_scratch;
+  const double u = uniform01(rng);
+  const float mx = block_max(logits, s.block_max);
+  if (mx == kNegInf) return argmax_lowest(logits);  // nothing is possible: the greedy fallback
+  const double t = std::max(double(p.temperature), double(kSamplingEps));
+  const double inv_t = 1.0 / t;
+  const double log_min_p = p.min_p > 0 ? std::log(double(p.min_p)) : -std::numeric_limits<double>::infinity();
+  // A top_k larger than the head widens the cut (the tail could hold top-k ids).
+  double zcut = 0, bound = 0;
+  int64_t n_tail = 0;
+  const int64_t V = static_cast<int64_t>(logits.size());
+  for (double cut = tail_cut;; cut *= 2) {
+    zcut = std::max(-cut, log_min_p);  // head: z >= zcut
+    // Logit-space block threshold, slightly below the cut so that every id in a skipped block
+    // has z < -cut however the divisions round.
+    const float lcut = std::nextafter(float(double(mx) - (cut + 1e-3) * t), kNegInf);
+    // 2. Gather the head in id order; count what is left (every one has z < -cut, or
+    // fails min_p and is excluded exactly).
+    s.ids.clear();
+    s.probs.clear();
+    n_tail = 0;
+    for (size_t b = 0; b < s.block_max.size(); ++b) {
+      const int64_t begin = int64_t(b) * kBlock, end = std::min<int64_t>(V, begin + kBlock);
+      if (!(s.block_max[b] >= lcut)) {
+        n_tail += end - begin;
+        continue;
+      }
+      for (int64_t i = begin; i < end; ++i) {
+        const double z = (double(clean(logits[i])) - mx) * inv_t;
+        if (z >= zcut) {
+          s.ids.push_back(static_cast<int32_t>(i));
+          s.probs.push_back(std::exp(z));
+        } else {
+          ++n_tail;
+        }
+      }
+    }
+    // Upper bound on the mass of tail tokens that min_p does not exclude.
+    bound = log_min_p > -cut ? 0.0 : double(n_tail) * std::exp(-cut);
+    if (p.top_k <= 0 || size_t(p.top_k) <= s.ids.size() || bound == 0 || cut >= 8 * tail_cut) break;
+  }
+  const size_t n = s.ids.size();
+  // s.order[j] indexes s.ids / s.probs; the kept set ends up in s.order[0, keep).
+  s.order.resize(n);
+  std::iota(s.order.begin(), s.order.end(), 0);
+  size_t keep = n;
+  bool reordered = false;
+  // 3a. top_k: every tail token is below every head token, so k head ids decide it.
+  if (p.top_k > 0 && size_t(p.top_k) < n + (bound > 0 ? size_t(n_tail) : 0)) {
+    if (size_t(p.top_k) > n) return draw_full(logits, p, u);
+    auto logit = [&](int32_t j) { return clean(logits[s.ids[j]]); };
+    std::nth_element(s.order.begin(), s.order.begin() + (p.top_k - 1), s.order.end(), [&](int32_t a, int32_t b) {
+      return logit(a) > logit(b) || (logit(a) == logit(b) && a < b);
+    });
+    const float kth = logit(s.order[p.top_k - 1]);  // ties at the boundary are kept
+    keep = size_t(std::partition(s.order.begin(), s.order.end(), [&](int32_t j) { return logit(j) >= kth; }) -
+                  s.order.begin());
+    bound = 0;
+    reordered = true;
+  }
+  double head = 0;
+  for (size_t j = 0; j < keep; ++j) head += s.probs[s.order[j]];
+  // 3b. top_p over head + tail mass m in [0, bound]: the cut for m = 0 and m = bound must
+  // agree (the last kept id is kept for the smaller target too) and exclude the tail (the
+  // next ranked id, a head id or the first tail id, is dropped for the larger target).
+  if (p.top_p < 1.0f && (keep > 1 || bound > 0)) {
+    s.order.resize(keep);
+    double above_last = 0;
+    const double lo = double(p.top_p) * head, hi = double(p.top_p) * (head + bound);
+    const size_t k2 = top_p_cut(s.order, s.probs.data(), hi, &above_last);
+    const bool exact = (k2 <= 1 || above_last < lo) && (k2 < keep || head >= hi);
+    if (!exact) return draw_full(logits, p, u);
+    keep = k2;
+    bound = 0;
+    reordered = true;
+    head = 0;
+    for (size_t j = 0; j < keep; ++j) head += s.probs[s.order[j]];
+  }
+  if (reordered) std::sort(s.order.begin(), s.order.begin() + keep);  // id order for the CDF
+  // 4. x uniform over [0, head + bound). Below `head`: the head token at x. Else the tail:
+  // its exact mass m <= bound is computed; x - head < m picks the tail token there; the rest
+  // of the slot (bound - m) redraws from the exact distribution. Every token then has
+  // probability exactly p_i / (head + m).
+  const double x = u * (head + bound);
+  if (x < head || bound == 0) {
+    double cum = 0;
+    for (size_t j = 0; j < keep; ++j) {
+      cum += s.probs[s.order[j]];
+      if (x < cum) return s.ids[s.order[j]];
+    }
+    return s.ids[s.order[keep - 1]];  // rounding at the top
+  }
+  const double y = x - head;
+  double cum = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    const double z = (double(clean(logits[i])) - mx) * inv_t;
+    if (z >= zcut || z < log_min_p) continue;  // head, or excluded by min_p
+    cum += std::exp(z);
+    if (y < cum) return static_cast<int32_t>(i);
+  }
+  return draw_full(logits, p, uniform01(rng));
+}
+
 void note_generated(Sequence& seq, int32_t token) { ++seq.sampler.output_counts[token]; }
 
 SampleResult sample_next(Sequence& seq, const SampleInput& in) {
@@ -156,33 +352,31 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in) {
   SampleResult res;
   const bool masks = seq.num_output_tokens() < p.min_tokens;
   const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-  std::vector<float> work;  // a modified copy, only when something modifies the logits
-  if (masks || penalties) work.assign(in.logits.begin(), in.logits.end());
-  const std::span<const float> view = work.empty() ? in.logits : std::span<const float>(work);
-
-  if (masks) {  // EOS and stop ids may not end it yet
-    auto mask = [&](int32_t t) {
-      if (t >= 0 && t < vocab) work[t] = kNegInf;
-    };
-    if (in.eos_token_ids && !p.ignore_eos)
-      for (int32_t t : *in.eos_token_ids) mask(t);
-    for (int32_t t : p.stop_token_ids) mask(t);
-  }
-  if (penalties) {
-    SamplerState& st = seq.sampler;
-    if (p.repetition_penalty != 1.0f && !st.prompt_set_ready) {
-      st.prompt_set.assign(seq.prompt().begin(), seq.prompt().end());
-      std::sort(st.prompt_set.begin(), st.prompt_set.end());
-      st.prompt_set.erase(std::unique(st.prompt_set.begin(), st.prompt_set.end()), st.prompt_set.end());
-      st.prompt_set_ready = true;
+  std::span<const float> view = in.logits;
+  if (masks || penalties) {  // a modified copy in the thread's scratch
+    std::vector<float>& work = tl_scratch.work;
+    work.assign(in.logits.begin(), in.logits.end());
+    view = work;
+    if (masks) {  // EOS and stop ids may not end it yet
+      auto mask = [&](int32_t t) {
+        if (t >= 0 && t < vocab) work[t] = kNegInf;
+      };
+      if (in.eos_token_ids && !p.ignore_eos)
+        for (int32_t t : *in.eos_token_ids) mask(t);
+      for (int32_t t : p.stop_token_ids) mask(t);
     }
-    apply_penalties(work, p, st.prompt_set, st.output_counts);
+    if (penalties) {
+      SamplerState& st = seq.sampler;
+      if (p.repetition_penalty != 1.0f && !st.prompt_set_ready) {
+        st.prompt_set.assign(seq.prompt().begin(), seq.prompt().end());
+        std::sort(st.prompt_set.begin(), st.prompt_set.end());
+        st.prompt_set.erase(std::unique(st.prompt_set.begin(), st.prompt_set.end()), st.prompt_set.end());
+        st.prompt_set_ready = true;
+      }
+      apply_penalties(work, p, st.prompt_set, st.output_counts);
+    }
   }
-  if (p.temperature < kSamplingEps) {
-    res.token = argmax_lowest(view);
-  } else {
-    res.token = draw(filter_candidates(view, p), uniform01(seq.sampler.rng));
-  }
+  res.token = sample_token(view, p, seq.sampler.rng);
 
   if (p.logprobs >= 0) {
     // Raw model logprobs (before penalties and masks), as vLLM v1 returns by default.

@@ -39,8 +39,22 @@ struct Candidates {
 };
 Candidates filter_candidates(std::span<const float> logits, const SamplingParams& p);
 
-// Inverse-CDF draw over candidates (in id order) with u in [0, 1).
+// Inverse-CDF draw over candidates (in id order) with u in [0, 1). The exact slow path.
 int32_t draw(const Candidates& c, double u);
+
+// The fast path splits the vocabulary at z = (l - max) / T = -tail_cut: the head (z >= -cut)
+// is filtered and weighed exactly; every tail id has probability < e^-cut relative to the top
+// id, so the tail's mass is at most n_tail * e^-cut (< 5e-4 of the top id's at V = 200k).
+// The draw keeps that bound as an extra slot; only when the uniform lands there (rarely) is
+// the tail evaluated, and the draw stays exact in distribution. Tests lower tail_cut to
+// exercise the tail.
+constexpr double kSamplerTailCut = 20.0;
+// One token from penalised logits: greedy below kSamplingEps, else temperature, min_p,
+// top_k, top_p as filter_candidates + draw, with the same distribution. Consumes one uniform
+// from rng (two in the rare tail-redraw case). Allocation-free in steady state (per-thread
+// scratch).
+int32_t sample_token(std::span<const float> logits, const SamplingParams& p, std::mt19937_64& rng,
+                     double tail_cut = kSamplerTailCut);
 double uniform01(std::mt19937_64& rng);  // 53-bit uniform in [0, 1)
 
 struct SampleResult {

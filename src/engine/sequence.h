@@ -2,6 +2,7 @@
 // Sequence is what the engine thread mutates: tokens, KV progress, blocks, sampling state.
 // Only the engine thread touches a Sequence.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -43,6 +44,8 @@ struct Sequence {
   SeqBlocks blocks;
   SamplerState sampler;
   FinishReason finish_reason = FinishReason::None;
+  // Engine timestamps reported in RequestOutput (default value: not reached).
+  std::chrono::steady_clock::time_point queued_time{}, scheduled_time{}, first_token_time{}, last_token_time{};
 
   const SamplingParams& params() const { return request->params; }
   int num_tokens() const { return static_cast<int>(tokens.size()); }

@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include <algorithm>
+
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -91,11 +93,20 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   void post(std::function<void()> fn) override { asio::post(socket_.get_executor(), std::move(fn)); }
   void on_disconnect(std::function<void()> fn) override { on_disconnect_ = std::move(fn); }
   bool disconnected() const override { return closed_; }
+  void add_header(const std::string& name, const std::string& value) override {
+    auto ok = [](const std::string& s) {
+      return std::all_of(s.begin(), s.end(), [](unsigned char c) { return c >= 0x20 && c != 0x7f; });
+    };
+    if (!name.empty() && ok(name) && ok(value) && name.find(':') == std::string::npos)
+      extra_headers_ += name + ": " + value + "\r\n";
+  }
 
  private:
   std::string head(int status, const std::string& content_type) {
     std::string h = "HTTP/1.1 " + std::to_string(status) + " " + status_text(status) + "\r\n";
     h += "server: moeserve\r\ncontent-type: " + content_type + "\r\n";
+    h += extra_headers_;
+    extra_headers_.clear();
     if (!keep_alive_) h += "connection: close\r\n";
     return h;
   }
@@ -227,6 +238,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   bool writing_ = false;
   bool watching_ = false;
   bool keep_alive_ = true;
+  std::string extra_headers_;  // for the current response
   bool response_done_ = false;
   bool closed_ = false;
   std::atomic<bool> in_flight_{false};

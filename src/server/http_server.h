@@ -41,6 +41,9 @@ class ResponseSink {
   // Called (on the strand) at most once if the client disconnects before the response ends.
   virtual void on_disconnect(std::function<void()> fn) = 0;
   virtual bool disconnected() const = 0;
+  // An extra header for this request's response (before send/start_stream). Values with
+  // control characters are dropped.
+  virtual void add_header(const std::string& name, const std::string& value) { (void)name, (void)value; }
 };
 
 class Handler {

@@ -17,15 +17,31 @@ void Histogram::observe(double v) {
 }
 
 void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  render_counts(out, name, labels, bounds_, counts_, sum_);
+}
+
+void Histogram::render_counts(std::string& out, const std::string& name, const std::string& labels,
+                              const std::vector<double>& bounds, const std::vector<uint64_t>& counts, double sum) {
   uint64_t cum = 0;
-  for (size_t i = 0; i < bounds_.size(); ++i) {
-    cum += counts_[i];
-    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, num(bounds_[i]), num(static_cast<double>(cum)));
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    cum += counts[i];
+    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, num(bounds[i]), num(static_cast<double>(cum)));
   }
-  cum += counts_.back();
+  cum += counts.back();
   out += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n", name, labels, num(static_cast<double>(cum)));
-  out += fmt::format("{}_count{{{}}} {}\n", name, labels, num(static_cast<double>(count_)));
-  out += fmt::format("{}_sum{{{}}} {}\n", name, labels, num(sum_));
+  out += fmt::format("{}_count{{{}}} {}\n", name, labels, num(static_cast<double>(cum)));
+  out += fmt::format("{}_sum{{{}}} {}\n", name, labels, num(sum));
+}
+
+void set_phase_times(FinishedRequestStats& s, const RequestOutput& o) {
+  using TP = std::chrono::steady_clock::time_point;
+  auto secs = [](TP a, TP b) { return std::chrono::duration<double>(b - a).count(); };
+  if (o.queued_time == TP{} || o.scheduled_time == TP{}) return;  // never scheduled
+  s.queue_seconds = secs(o.queued_time, o.scheduled_time);
+  if (o.first_token_time == TP{}) return;
+  s.prefill_seconds = secs(o.scheduled_time, o.first_token_time);
+  s.decode_seconds = secs(o.first_token_time, o.last_token_time);
+  s.inference_seconds = secs(o.scheduled_time, o.last_token_time);
 }
 
 std::vector<double> buckets_1_2_5(double max_value) {
@@ -55,7 +71,11 @@ Metrics::Metrics(MetricsConfig cfg)
       gen_len_(buckets_1_2_5(cfg_.max_model_len)),
       max_gen_len_(buckets_1_2_5(cfg_.max_model_len)),
       params_n_({1, 2, 5, 10, 20}),
-      params_max_tokens_(buckets_1_2_5(cfg_.max_model_len)) {
+      params_max_tokens_(buckets_1_2_5(cfg_.max_model_len)),
+      queue_(kE2e),
+      prefill_(kE2e),
+      decode_(kE2e),
+      inference_(kE2e) {
   labels_ = "model_name=" + json_string(cfg_.model_name) + ",engine=\"0\"";
   for (const char* r : {"stop", "length", "abort", "error"}) success_[r] = 0;
 }
@@ -81,6 +101,10 @@ void Metrics::observe_finished(const FinishedRequestStats& s) {
   gen_len_.observe(s.generation_tokens);
   if (s.generation_tokens > 1 && s.ttft_seconds >= 0)
     tpot_.observe((s.e2e_seconds - s.ttft_seconds) / (s.generation_tokens - 1));
+  if (s.queue_seconds >= 0) queue_.observe(s.queue_seconds);
+  if (s.prefill_seconds >= 0) prefill_.observe(s.prefill_seconds);
+  if (s.decode_seconds >= 0) decode_.observe(s.decode_seconds);
+  if (s.inference_seconds >= 0) inference_.observe(s.inference_seconds);
 }
 
 void Metrics::observe_request_params(int n, int max_tokens, int max_generation_tokens) {
@@ -140,6 +164,15 @@ std::string Metrics::render(const EngineStats& es) const {
   hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl_);
   hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", tpot_);
   hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2e_);
+  hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", queue_);
+  hist("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", inference_);
+  hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", prefill_);
+  hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", decode_);
+  head("vllm:iteration_tokens_total", "histogram", "Histogram of number of tokens per engine_step.");
+  const auto& ib = EngineStats::kIterationTokenBuckets;
+  Histogram::render_counts(out, "vllm:iteration_tokens_total", labels_, std::vector<double>(ib.begin(), ib.end()),
+                           std::vector<uint64_t>(es.iteration_tokens.begin(), es.iteration_tokens.end()),
+                           static_cast<double>(es.iteration_tokens_sum));
   return out;
 }
 

@@ -17,6 +17,9 @@ class Histogram {
   explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
   void observe(double v);
   void render(std::string& out, const std::string& name, const std::string& labels) const;
+  // Renders bucket counts kept elsewhere (per bucket, not cumulative; last = +Inf).
+  static void render_counts(std::string& out, const std::string& name, const std::string& labels,
+                            const std::vector<double>& bounds, const std::vector<uint64_t>& counts, double sum);
   uint64_t count() const { return count_; }
 
  private:
@@ -37,7 +40,15 @@ struct FinishedRequestStats {
   int n = 1;
   int max_tokens = 0;
   int max_generation_tokens = 0;
+  // Engine phases (RequestOutput timestamps); < 0: the phase was not reached.
+  double queue_seconds = -1;      // queued -> first scheduled
+  double prefill_seconds = -1;    // first scheduled -> first token
+  double decode_seconds = -1;     // first token -> last token
+  double inference_seconds = -1;  // first scheduled -> last token
 };
+
+// Fills the phase durations of `s` from an engine output's timestamps.
+void set_phase_times(FinishedRequestStats& s, const RequestOutput& out);
 
 struct MetricsConfig {
   std::string model_name;
@@ -66,6 +77,7 @@ class Metrics {
   uint64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   std::map<std::string, uint64_t> success_;
   Histogram ttft_, itl_, tpot_, e2e_, prompt_len_, gen_len_, max_gen_len_, params_n_, params_max_tokens_;
+  Histogram queue_, prefill_, decode_, inference_;
 };
 
 }  // namespace moeserve::server

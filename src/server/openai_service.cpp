@@ -147,6 +147,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     st.generation_tokens = c.proc->num_generated_tokens();
     st.e2e_seconds = seconds(Clock::now() - arrival);
     st.ttft_seconds = c.ttft;
+    set_phase_times(st, ro);
     svc.metrics().observe_finished(st);
   }
 
@@ -206,6 +207,8 @@ std::string OpenAIService::models_json() const {
   for (size_t i = 0; i < cfg_.served_model_names.size(); ++i) {
     if (i) out += ",";
     out += "{\"id\":" + json_string(cfg_.served_model_names[i]) + ",\"object\":\"model\",\"created\":" +
+           // "vllm", not "moeserve": clients (routers, IDE agents) detect a vLLM server by
+           // owned_by == "vllm" and then read max_model_len.
            std::to_string(created_) + ",\"owned_by\":\"vllm\",\"root\":" + json_string(cfg_.model_root) +
            ",\"parent\":null,\"max_model_len\":" + std::to_string(cfg_.max_model_len) + ",\"permission\":[]}";
   }
@@ -217,6 +220,11 @@ void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink
   if (path.size() > 1 && path.back() == '/') path.pop_back();  // /metrics/ == /metrics
   bool is_get = req.method == "GET" || req.method == "HEAD";
   bool is_post = req.method == "POST";
+  if (cfg_.enable_request_id_headers) {
+    // vLLM's middleware: the client's X-Request-Id, else a fresh one, on every response.
+    std::string rid = req.header("x-request-id");
+    sink->add_header("x-request-id", rid.empty() ? random_hex(32) : rid);
+  }
   try {
     if (!cfg_.api_key.empty() && path.rfind("/v1", 0) == 0 && req.method != "OPTIONS") {
       std::string auth = req.header("authorization");
@@ -308,7 +316,13 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
                                                cfg_.max_model_len, i));
 
   ResponseContext& ctx = call->ctx;
-  ctx.id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+  // As vLLM: the X-Request-Id header, else the body's `request_id`, else a random id. Engine
+  // ids get a random suffix, so a client reusing an id cannot collide with a live request.
+  std::string base_id = http.header("x-request-id");
+  if (base_id.empty() && body.is_object() && body.contains("request_id") && body["request_id"].is_string())
+    base_id = body["request_id"].get<std::string>();
+  const bool client_id = !base_id.empty();
+  ctx.id = (chat ? "chatcmpl-" : "cmpl-") + (client_id ? base_id : random_hex(32));
   ctx.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   ctx.model = r.model.empty() ? cfg_.served_model_names[0] : r.model;
   ctx.chat = chat;
@@ -335,7 +349,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   for (size_t k = 0; k < total; ++k) {
     auto& c = call->choices[k];
     c.prompt_index = static_cast<int>(k / r.n);
-    c.engine_id = fmt::format("{}-{}", ctx.id, k);
+    c.engine_id = client_id ? fmt::format("{}-{}-{}", ctx.id, k, random_hex(8)) : fmt::format("{}-{}", ctx.id, k);
     c.proc = std::make_unique<OutputProcessor>(frontend_, cs);
   }
 

@@ -28,6 +28,7 @@ struct ServiceConfig {
   int max_logprobs = 20;
   SamplingDefaults defaults;
   std::string version = "0.0.0";
+  bool enable_request_id_headers = false;  // echo X-Request-Id (or a new id) on every response
 };
 
 class OpenAIService : public Handler {

@@ -111,9 +111,11 @@ TEST(EngineLoop, ManyConcurrentRequestsMatchReference) {
 // Runs the same seeded requests at a given concurrency (and submission order); returns each
 // request's tokens and the number of preemptions.
 std::map<std::string, std::vector<int32_t>> run_batch(int max_num_seqs, int num_blocks, float temperature,
-                                                      bool reverse = false, uint64_t* preemptions = nullptr) {
+                                                      bool reverse = false, uint64_t* preemptions = nullptr,
+                                                      int vocab_size = kToy.vocab_size) {
   ToyExecutorConfig t = kToy;
   t.num_kv_blocks = num_blocks;
+  t.vocab_size = vocab_size;
   EngineConfig cfg{.max_num_seqs = max_num_seqs, .max_num_batched_tokens = 32};
   auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(t));
   Collector c;
@@ -145,6 +147,50 @@ TEST(EngineLoop, OutputIndependentOfConcurrencyAndPreemption) {
     EXPECT_EQ(serial, starved) << "temperature " << temp;
     if (temp == 0.0f) EXPECT_EQ(serial["q3"], ToyExecutor::reference_greedy(kToy, prompt_of(8, 3), 20));
   }
+}
+
+TEST(EngineLoop, ParallelSamplingIndependentOfBatch) {
+  // 24 rows x 8192 ids crosses the engine's threshold for sampling rows on the thread pool.
+  for (float temp : {0.0f, 1.0f}) {
+    auto serial = run_batch(1, 96, temp, false, nullptr, 8192);
+    auto wide = run_batch(24, 96, temp, true, nullptr, 8192);
+    EXPECT_EQ(serial.size(), 24u);
+    EXPECT_EQ(serial, wide) << "temperature " << temp;
+  }
+}
+
+TEST(EngineLoop, TimestampsAndIterationTokens) {
+  ToyExecutorConfig t = kToy;
+  t.step_sleep = 2ms;
+  EngineConfig cfg{.max_num_seqs = 1, .max_num_batched_tokens = 4};  // one at a time: b queues
+  auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(t));
+  Collector c;
+  SamplingParams p;
+  p.max_tokens = 5;
+  p.ignore_eos = true;
+  ASSERT_TRUE(engine->submit(make_request("a", prompt_of(10, 1), p, c)));
+  ASSERT_TRUE(engine->submit(make_request("b", prompt_of(6, 2), p, c)));
+  ASSERT_TRUE(c.wait_finished(2));
+  using TP = std::chrono::steady_clock::time_point;
+  for (const char* id : {"a", "b"}) {
+    const RequestOutput& o = c.final[id];
+    ASSERT_NE(o.queued_time, TP{}) << id;
+    EXPECT_LE(o.queued_time, o.scheduled_time) << id;
+    EXPECT_LT(o.scheduled_time, o.first_token_time) << id << ": prefill takes >= 1 step";
+    EXPECT_LT(o.first_token_time, o.last_token_time) << id << ": 4 decode steps";
+    EXPECT_GE(o.last_token_time - o.first_token_time, 4 * 2ms) << id;
+  }
+  EXPECT_GE(c.final["b"].scheduled_time, c.final["a"].last_token_time) << "b waited for a";
+  EXPECT_GE(c.final["b"].scheduled_time - c.final["b"].queued_time, 5 * 2ms);
+  engine->shutdown(1s);
+  // Steps: a = prefill chunks 4+4+2 (the last samples) + 4 decodes; b = 4+2 + 4 decodes.
+  EngineStats s = engine->stats();
+  uint64_t steps = 0;
+  for (uint64_t n : s.iteration_tokens) steps += n;
+  EXPECT_EQ(steps, 3u + 4u + 2u + 4u);
+  EXPECT_EQ(s.iteration_tokens_sum, uint64_t(10 + 4 + 6 + 4));
+  EXPECT_EQ(s.iteration_tokens[0], 8u) << "decode steps: 1 token";
+  EXPECT_EQ(s.iteration_tokens[1], 5u) << "prefill chunks of 2..4 tokens (bucket le=8)";
 }
 
 TEST(EngineLoop, AbortMidwayFreesBlocksAndReportsAbort) {

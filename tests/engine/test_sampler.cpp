@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <numeric>
+#include <set>
 
 #include "engine/sampler.h"
 
@@ -199,6 +202,99 @@ TEST(Sampler, LowTemperatureIsGreedy) {
   auto s = make_seq(p);
   std::vector<float> l = {1.0f, 1.0f, 0.5f};
   EXPECT_EQ(sample_next(*s, {.logits = l}).token, 0);
+}
+
+// sample_token (the fast path) must draw from exactly the distribution filter_candidates
+// gives. A low tail_cut puts most of the vocabulary in the "tail", so the bound slot, the
+// exact tail walk and the redraw are all exercised, as well as the top_p ambiguity fallback.
+void expect_same_distribution(const std::vector<float>& l, const SamplingParams& p, double tail_cut, uint64_t seed) {
+  const Candidates c = filter_candidates(l, p);
+  std::vector<double> expect(l.size(), 0.0);
+  for (size_t i = 0; i < c.ids.size(); ++i) expect[c.ids[i]] = c.probs[i];
+  std::mt19937_64 rng(seed);
+  const int n = 30000;
+  std::vector<int> hist(l.size());
+  for (int i = 0; i < n; ++i) ++hist[sample_token(l, p, rng, tail_cut)];
+  for (size_t v = 0; v < l.size(); ++v) {
+    const double sd = std::sqrt(expect[v] * (1 - expect[v]) / n);
+    EXPECT_NEAR(hist[v] / double(n), expect[v], 5 * sd + 1e-4)
+        << "id " << v << " T=" << p.temperature << " top_k=" << p.top_k << " top_p=" << p.top_p
+        << " min_p=" << p.min_p << " cut=" << tail_cut;
+    if (expect[v] == 0) EXPECT_EQ(hist[v], 0) << "id " << v << " is filtered out";
+  }
+}
+
+TEST(Sampler, FastPathDrawsTheFilteredDistribution) {
+  // 48 logits in [-6, 3], a few ties, one -inf and one NaN.
+  std::vector<float> l(48);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = float(int((i * 37) % 19) - 12) / 2.0f;
+  l[5] = -std::numeric_limits<float>::infinity();
+  l[9] = std::nanf("");
+  struct P {
+    float t, top_p, min_p;
+    int top_k;
+  };
+  const std::vector<P> params = {{1.0f, 1.0f, 0, 0},    {0.7f, 1.0f, 0, 0},  {1.0f, 0.9f, 0, 0}, {1.0f, 0.5f, 0, 0},
+                                 {1.3f, 1.0f, 0, 3},    {1.0f, 0.8f, 0, 10}, {1.0f, 1.0f, 0.05f, 0},
+                                 {2.0f, 0.95f, 0.01f, 20}};
+  uint64_t seed = 11;
+  for (const P& q : params) {
+    SamplingParams p;
+    p.temperature = q.t;
+    p.top_p = q.top_p;
+    p.min_p = q.min_p;
+    p.top_k = q.top_k;
+    for (double cut : {0.5, 2.0, 5.0, kSamplerTailCut}) expect_same_distribution(l, p, cut, ++seed);
+  }
+}
+
+TEST(Sampler, FastPathTailHeavierThanHead) {
+  // One id at 0 and 600 at -3: with a cut of 2 the tail (mass 600 e^-3 = 29.9) outweighs the
+  // head (1), and the bound (600 e^-2 = 81.2) is loose, so the redraw path runs often.
+  std::vector<float> l(601, -3.0f);
+  l[300] = 0.0f;
+  SamplingParams p;
+  const Candidates c = filter_candidates(l, p);
+  std::mt19937_64 rng(5);
+  const int n = 40000;
+  int head = 0;
+  std::set<int32_t> seen;
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = sample_token(l, p, rng, 2.0);
+    head += t == 300;
+    seen.insert(t);
+  }
+  const double expect = c.probs[300];  // 1 / (1 + 600 e^-3)
+  EXPECT_NEAR(head / double(n), expect, 5 * std::sqrt(expect * (1 - expect) / n));
+  EXPECT_GT(seen.size(), 550u) << "tail ids are drawn";
+}
+
+TEST(Sampler, LargePeakedVocabularyPicksThePeak) {
+  // The replay backend's rows at MiniMax-M2's vocabulary: one id at 30, the rest 0. Every
+  // other id has probability e^-30 relative, so a draw is the peak (chance of another id
+  // over these draws < 1e-5). With top_k 40 the 200k tied zeros are all kept (boundary ties),
+  // which takes the exact full path.
+  std::vector<float> l(200064, 0.0f);
+  SamplingParams p;
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 60; ++i) {
+    const int32_t peak = (i * 7919) % 200064;
+    l[peak] = 30.0f;
+    EXPECT_EQ(sample_token(l, p, rng), peak);
+    p.top_p = i % 2 ? 0.95f : 1.0f;
+    p.top_k = i % 3 ? 40 : 0;
+    l[peak] = 0.0f;
+  }
+}
+
+TEST(Sampler, GreedyOnBlocksWithNanAndTail) {
+  std::vector<float> l(1000, -1.0f);
+  l[17] = std::nanf("");
+  l[999] = 4.0f;
+  l[640] = 4.0f;
+  EXPECT_EQ(argmax_lowest(l), 640);
+  std::vector<float> all_nan(33, std::nanf(""));
+  EXPECT_EQ(argmax_lowest(all_nan), 0);
 }
 
 }  // namespace

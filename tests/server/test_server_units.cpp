@@ -241,6 +241,78 @@ TEST(Response, SseChunks) {
   EXPECT_DOUBLE_EQ(j["choices"][0]["logprobs"]["top_logprobs"][0]["b"].get<double>(), -1.0);
 }
 
+TEST(Metrics, EnginePhaseHistogramsAndIterationTokens) {
+  Metrics m({"m", 1000, 16, 100, true, 0.9});
+  using namespace std::chrono_literals;
+  RequestOutput o;
+  const auto t0 = std::chrono::steady_clock::now();
+  o.queued_time = t0;
+  o.scheduled_time = t0 + 200ms;
+  o.first_token_time = t0 + 900ms;
+  o.last_token_time = t0 + 3900ms;
+  FinishedRequestStats st{"length", 10, 7, 4.0, 1.0, 1, 7, 7};
+  set_phase_times(st, o);
+  EXPECT_NEAR(st.queue_seconds, 0.2, 1e-9);
+  EXPECT_NEAR(st.prefill_seconds, 0.7, 1e-9);
+  EXPECT_NEAR(st.decode_seconds, 3.0, 1e-9);
+  EXPECT_NEAR(st.inference_seconds, 3.7, 1e-9);
+  m.observe_finished(st);
+  // Aborted while waiting: no phase was reached, nothing is observed.
+  FinishedRequestStats aborted{"abort", 5, 0, 0.1, -1, 1, 7, 0};
+  RequestOutput never;
+  never.queued_time = t0;
+  set_phase_times(aborted, never);
+  EXPECT_LT(aborted.queue_seconds, 0);
+  m.observe_finished(aborted);
+  m.observe_request_params(2, 7, 7);
+  EngineStats es;
+  es.num_preemptions = 3;
+  es.iteration_tokens[0] = 5;   // 1 token
+  es.iteration_tokens[3] = 2;   // (16, 32]
+  es.iteration_tokens[13] = 1;  // > 16384
+  es.iteration_tokens_sum = 5 + 2 * 20 + 20000;
+  const std::string t = m.render(es);
+  auto has = [&](const std::string& line) { return t.find(line + "\n") != std::string::npos; };
+  const std::string L = "model_name=\"m\",engine=\"0\"";
+  EXPECT_TRUE(has("# TYPE vllm:request_queue_time_seconds histogram"));
+  EXPECT_TRUE(has("vllm:request_queue_time_seconds_bucket{" + L + ",le=\"0.3\"} 1.0"));
+  EXPECT_TRUE(has("vllm:request_queue_time_seconds_count{" + L + "} 1.0"));
+  EXPECT_TRUE(has("vllm:request_prefill_time_seconds_bucket{" + L + ",le=\"0.5\"} 0.0"));
+  EXPECT_TRUE(has("vllm:request_prefill_time_seconds_bucket{" + L + ",le=\"0.8\"} 1.0"));
+  EXPECT_TRUE(has("vllm:request_decode_time_seconds_bucket{" + L + ",le=\"2.5\"} 0.0"));
+  EXPECT_TRUE(has("vllm:request_decode_time_seconds_bucket{" + L + ",le=\"5.0\"} 1.0"));
+  EXPECT_TRUE(has("vllm:request_decode_time_seconds_sum{" + L + "} 3.0"));
+  EXPECT_TRUE(has("vllm:request_inference_time_seconds_bucket{" + L + ",le=\"5.0\"} 1.0"));
+  EXPECT_TRUE(has("vllm:request_inference_time_seconds_bucket{" + L + ",le=\"+Inf\"} 1.0"));
+  EXPECT_TRUE(has("# TYPE vllm:request_prompt_tokens histogram"));
+  EXPECT_TRUE(has("vllm:request_prompt_tokens_count{" + L + "} 2.0"));
+  EXPECT_TRUE(has("vllm:request_prompt_tokens_bucket{" + L + ",le=\"5.0\"} 1.0"));
+  EXPECT_TRUE(has("vllm:request_generation_tokens_bucket{" + L + ",le=\"1.0\"} 1.0"));
+  EXPECT_TRUE(has("vllm:request_generation_tokens_bucket{" + L + ",le=\"10.0\"} 2.0"));
+  EXPECT_TRUE(has("vllm:request_params_n_bucket{" + L + ",le=\"2.0\"} 1.0"));
+  EXPECT_TRUE(has("vllm:request_params_n_bucket{" + L + ",le=\"1.0\"} 0.0"));
+  EXPECT_TRUE(has("vllm:request_params_max_tokens_bucket{" + L + ",le=\"10.0\"} 1.0"));
+  EXPECT_TRUE(has("# TYPE vllm:num_preemptions counter"));
+  EXPECT_TRUE(has("vllm:num_preemptions_total{" + L + "} 3.0"));
+  EXPECT_TRUE(has("# TYPE vllm:iteration_tokens_total histogram"));
+  EXPECT_TRUE(has("vllm:iteration_tokens_total_bucket{" + L + ",le=\"1.0\"} 5.0"));
+  EXPECT_TRUE(has("vllm:iteration_tokens_total_bucket{" + L + ",le=\"16.0\"} 5.0"));
+  EXPECT_TRUE(has("vllm:iteration_tokens_total_bucket{" + L + ",le=\"32.0\"} 7.0"));
+  EXPECT_TRUE(has("vllm:iteration_tokens_total_bucket{" + L + ",le=\"16384.0\"} 7.0"));
+  EXPECT_TRUE(has("vllm:iteration_tokens_total_bucket{" + L + ",le=\"+Inf\"} 8.0"));
+  EXPECT_TRUE(has("vllm:iteration_tokens_total_count{" + L + "} 8.0"));
+  EXPECT_TRUE(has("vllm:iteration_tokens_total_sum{" + L + "} 20045.0"));
+  // Buckets: e2e's 21 bounds for the phases, 13 for iteration tokens, each plus +Inf.
+  auto count = [&](const std::string& prefix) {
+    size_t n = 0;
+    for (size_t pos = t.find(prefix); pos != std::string::npos; pos = t.find(prefix, pos + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("vllm:request_queue_time_seconds_bucket{"), 22u);
+  EXPECT_EQ(count("vllm:e2e_request_latency_seconds_bucket{"), 22u);
+  EXPECT_EQ(count("vllm:iteration_tokens_total_bucket{"), 14u);
+}
+
 TEST(Metrics, Exposition) {
   Metrics m({"my-model", 1000, 16, 100, true, 0.9});
   m.observe_ttft(0.03);

@@ -65,9 +65,24 @@ int ReplayExecutor::choose_script(const std::vector<int32_t>& prompt) const {
   return fallback;
 }
 
+void ReplayExecutor::recycle(StepResult&& result) {
+  spare_ = std::move(result.logits);
+  if (spare_.empty()) dirty_.clear();
+}
+
 StepResult ReplayExecutor::execute(const StepBatch& batch) {
   StepResult res;
   res.vocab_size = config_.vocab_size;
+  size_t rows = 0;
+  for (const SequenceStep& st : batch.seqs) rows += st.need_logits ? 1 : 0;
+  const size_t V = static_cast<size_t>(config_.vocab_size);
+  res.logits = std::move(spare_);
+  spare_.clear();
+  for (size_t i : dirty_)
+    if (i < res.logits.size()) res.logits[i] = 0.0f;
+  dirty_.clear();
+  res.logits.resize(rows * V, 0.0f);  // entries past the old size are zeroed by resize
+  size_t row = 0;
   int64_t num_tokens = 0;
   for (const SequenceStep& st : batch.seqs) {
     num_tokens += static_cast<int64_t>(st.tokens.size());
@@ -82,9 +97,9 @@ StepResult ReplayExecutor::execute(const StepBatch& batch) {
     const size_t k = ctx.size() - size_t(s.prompt_len);  // tokens generated so far
     int32_t next = config_.end_token;
     if (s.script >= 0 && k < config_.scripts[s.script].tokens.size()) next = config_.scripts[s.script].tokens[k];
-    const size_t off = res.logits.size();
-    res.logits.resize(off + config_.vocab_size, 0.0f);
-    res.logits[off + next] = config_.forced_logit;
+    const size_t at = V * row++ + size_t(next);
+    res.logits[at] = config_.forced_logit;
+    dirty_.push_back(at);
   }
   const auto sleep = config_.step_sleep + config_.per_token_sleep * num_tokens;
   if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
