@@ -279,8 +279,9 @@ def hf_reference(c, cfg, values, ref_dir, prompt):
     with open(os.path.join(ref_dir, "config.json"), "w") as fh:
         json.dump(hf_config(c, cfg), fh)
     save_file({k: v.contiguous() for k, v in values.items()}, os.path.join(ref_dir, "model.safetensors"))
+    # Eager experts: HF's default grouped_mm needs 16-byte-aligned strides (fails for I = 70).
     model, info = MiniMaxM2ForCausalLM.from_pretrained(ref_dir, dtype=torch.float32, attn_implementation="eager",
-                                                       output_loading_info=True)
+                                                       experts_implementation="eager", output_loading_info=True)
     model.eval()
     missing = [k for k in info["missing_keys"] if not (k.endswith("e_score_correction_bias") and not c["routing_bias"])
                and not (c["tie"] and k == "lm_head.weight")]
@@ -291,7 +292,9 @@ def hf_reference(c, cfg, values, ref_dir, prompt):
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=c["new_tokens"], min_new_tokens=c["new_tokens"],
+        # Explicit mask: HF would otherwise mask prompt tokens equal to pad_token_id.
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=c["new_tokens"], min_new_tokens=c["new_tokens"],
                              do_sample=False, output_logits=True, return_dict_in_generate=True)
     ids = out.sequences[0, len(prompt):].tolist()
     logits = torch.stack([x[0] for x in out.logits]).to(torch.float32).numpy()

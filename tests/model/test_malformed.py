@@ -93,7 +93,7 @@ def test_missing_config(tmp_path):
     (lambda c: c.update(partial_rotary_factor=0.25), "rotary"),
     (lambda c: c.update(rope_parameters=[1, 2]), "rope_parameters"),
     (lambda c: c.update(quantization_config={"quant_method": "awq"}), "quant_method"),
-    (lambda c: c.update(head_dim=16), "q_proj"),      # shapes no longer match the weights
+    (lambda c: c.update(head_dim=16, rotary_dim=8), "q_proj"),  # shapes no longer match the weights
     (lambda c: c.update(hidden_size=96), "hidden"),   # embed_tokens [1000, 128] vs 96
     (lambda c: c.update(scoring_func="softmax"), "scoring_func"),
 ])
@@ -153,7 +153,7 @@ def test_bad_index(tmp_path, text):
 
 def test_tensor_with_wrong_shape(tmp_path):
     d = copy_fixture(tmp_path, "tiny_bf16")
-    name = "model.layers.1.self_attn.o_proj.weight"
+    name = "model.layers.1.self_attn.k_proj.weight"  # [64, 128]
     path = shard_of(d, name)
     header, data = read_st(path)
     header[name]["shape"] = header[name]["shape"][::-1]  # same byte count, transposed shape
