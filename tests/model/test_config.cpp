@@ -234,3 +234,13 @@ TEST(Config, IntegersOutOfRangeAndNegativeEps) {
   j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {1LL << 40, 128}}};
   EXPECT_NE(error_of(j).find("weight_block_size"), std::string::npos);
 }
+
+TEST(Config, ImplausibleSizesFailFast) {
+  json j = base();
+  j["num_hidden_layers"] = 2000000000;  // would declare ~5e10 tensors
+  EXPECT_NE(error_of(j).find("implausibly large"), std::string::npos) << error_of(j);
+  j = base();
+  j["num_hidden_layers"] = 4000;
+  j["num_local_experts"] = 4000;
+  EXPECT_NE(error_of(j).find("num_local_experts"), std::string::npos);
+}
