@@ -67,6 +67,8 @@ EDGE_CASES = [
     dict(name="dir_without_index", shards=-2),
     dict(name="many_shards_f16_fp8", fp8=(32, 32), dtype="float16", shards=7),
     dict(name="rotary_dim_only", rope="rotary_dim", rotary=16, head_dim=32),
+    # HF defaults / aliases: no head_dim key (HF: 128), num_experts instead of num_local_experts.
+    dict(name="head_dim_absent_alias", head_dim=128, rotary=64, omit_head_dim=True, experts_alias=True),
 ]
 
 
@@ -107,6 +109,8 @@ def draw_case(rng, base):
     else:
         c["rotary"] = base.get("rotary", rng.choice([head_dim, head_dim // 2, head_dim // 4]))
     c["name"] = base.get("name", "random")
+    c["omit_head_dim"] = base.get("omit_head_dim", False)
+    c["experts_alias"] = base.get("experts_alias", False)
     return c
 
 
@@ -154,6 +158,10 @@ def hub_config(c):
         rp["rope_theta"] = c["theta"]
     if rp is not None:
         cfg["rope_parameters"] = rp
+    if c["omit_head_dim"]:
+        del cfg["head_dim"]
+    if c["experts_alias"]:
+        cfg["num_experts"] = cfg.pop("num_local_experts")
     if c["fp8"]:
         cfg["quantization_config"] = {
             "activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",

@@ -172,7 +172,10 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   c.shared_intermediate_size = get_int(j, "shared_intermediate_size", 0);
   MS_CHECK(c.shared_intermediate_size == 0, "config.json: shared_intermediate_size {} (a shared expert) is not supported",
            c.shared_intermediate_size);
-  c.num_local_experts = get_int(j, "num_local_experts");
+  // HF's attribute_map aliases num_experts to num_local_experts.
+  c.num_local_experts = j.contains("num_local_experts") || !j.contains("num_experts")
+                            ? get_int(j, "num_local_experts")
+                            : get_int(j, "num_experts");
   c.num_experts_per_tok = get_int(j, "num_experts_per_tok");
   MS_CHECK(c.intermediate_size > 0 && c.num_local_experts > 0, "config.json: intermediate_size and num_local_experts must be positive");
   MS_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_local_experts,

@@ -244,3 +244,12 @@ TEST(Config, ImplausibleSizesFailFast) {
   j["num_local_experts"] = 4000;
   EXPECT_NE(error_of(j).find("num_local_experts"), std::string::npos);
 }
+
+TEST(Config, NumExpertsAlias) {
+  json j = base();
+  j.erase("num_local_experts");
+  j["num_experts"] = 6;
+  EXPECT_EQ(MiniMaxM2Config::from_json(j).num_local_experts, 6);
+  j.erase("num_experts");
+  EXPECT_NE(error_of(j).find("num_local_experts"), std::string::npos);
+}
