@@ -67,6 +67,8 @@ EDGE_CASES = [
     dict(name="dir_without_index", shards=-2),
     dict(name="many_shards_f16_fp8", fp8=(32, 32), dtype="float16", shards=7),
     dict(name="rotary_dim_only", rope="rotary_dim", rotary=16, head_dim=32),
+    # HF defaults / aliases: no head_dim key (HF: 128), num_experts instead of num_local_experts.
+    dict(name="head_dim_absent_alias", head_dim=128, rotary=64, omit_head_dim=True, experts_alias=True),
 ]
 
 
@@ -107,6 +109,8 @@ def draw_case(rng, base):
     else:
         c["rotary"] = base.get("rotary", rng.choice([head_dim, head_dim // 2, head_dim // 4]))
     c["name"] = base.get("name", "random")
+    c["omit_head_dim"] = base.get("omit_head_dim", False)
+    c["experts_alias"] = base.get("experts_alias", False)
     return c
 
 
@@ -154,6 +158,10 @@ def hub_config(c):
         rp["rope_theta"] = c["theta"]
     if rp is not None:
         cfg["rope_parameters"] = rp
+    if c["omit_head_dim"]:
+        del cfg["head_dim"]
+    if c["experts_alias"]:
+        cfg["num_experts"] = cfg.pop("num_local_experts")
     if c["fp8"]:
         cfg["quantization_config"] = {
             "activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
@@ -279,8 +287,9 @@ def hf_reference(c, cfg, values, ref_dir, prompt):
     with open(os.path.join(ref_dir, "config.json"), "w") as fh:
         json.dump(hf_config(c, cfg), fh)
     save_file({k: v.contiguous() for k, v in values.items()}, os.path.join(ref_dir, "model.safetensors"))
+    # Eager experts: HF's default grouped_mm needs 16-byte-aligned strides (fails for I = 70).
     model, info = MiniMaxM2ForCausalLM.from_pretrained(ref_dir, dtype=torch.float32, attn_implementation="eager",
-                                                       output_loading_info=True)
+                                                       experts_implementation="eager", output_loading_info=True)
     model.eval()
     missing = [k for k in info["missing_keys"] if not (k.endswith("e_score_correction_bias") and not c["routing_bias"])
                and not (c["tie"] and k == "lm_head.weight")]
@@ -291,7 +300,9 @@ def hf_reference(c, cfg, values, ref_dir, prompt):
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=c["new_tokens"], min_new_tokens=c["new_tokens"],
+        # Explicit mask: HF would otherwise mask prompt tokens equal to pad_token_id.
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=c["new_tokens"], min_new_tokens=c["new_tokens"],
                              do_sample=False, output_logits=True, return_dict_in_generate=True)
     ids = out.sequences[0, len(prompt):].tolist()
     logits = torch.stack([x[0] for x in out.logits]).to(torch.float32).numpy()

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace moeserve {
 namespace {
@@ -171,7 +172,10 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   c.shared_intermediate_size = get_int(j, "shared_intermediate_size", 0);
   MS_CHECK(c.shared_intermediate_size == 0, "config.json: shared_intermediate_size {} (a shared expert) is not supported",
            c.shared_intermediate_size);
-  c.num_local_experts = get_int(j, "num_local_experts");
+  // HF's attribute_map aliases num_experts to num_local_experts.
+  c.num_local_experts = j.contains("num_local_experts") || !j.contains("num_experts")
+                            ? get_int(j, "num_local_experts")
+                            : get_int(j, "num_experts");
   c.num_experts_per_tok = get_int(j, "num_experts_per_tok");
   MS_CHECK(c.intermediate_size > 0 && c.num_local_experts > 0, "config.json: intermediate_size and num_local_experts must be positive");
   MS_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_local_experts,
@@ -204,6 +208,19 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
     fail("config.json: sliding_window {} is not supported for minimax_m2", j["sliding_window"].dump());
   c.vocab_size = get_int(j, "vocab_size");
   MS_CHECK(c.vocab_size > 0, "config.json: vocab_size must be positive");
+  // Sanity bounds, far above any real model, so a corrupt config fails here instead of
+  // declaring billions of tensors or overflowing sizes.
+  auto bound = [](const char* field, int64_t v, int64_t max) {
+    MS_CHECK(v <= max, "config.json: {} = {} is implausibly large (limit {})", field, v, max);
+  };
+  bound("num_hidden_layers", c.num_hidden_layers, 4096);
+  bound("num_local_experts", c.num_local_experts, 65536);
+  bound("num_hidden_layers * num_local_experts", int64_t(c.num_hidden_layers) * c.num_local_experts, 1 << 22);
+  bound("hidden_size", c.hidden_size, 1 << 20);
+  bound("intermediate_size", c.intermediate_size, 1 << 22);
+  bound("num_attention_heads", c.num_attention_heads, 1 << 14);
+  bound("head_dim", c.head_dim, 1 << 14);
+  bound("vocab_size", c.vocab_size, 1 << 26);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false);
   c.bos_token_id = get_token_id(j, "bos_token_id");
   c.eos_token_id = get_token_id(j, "eos_token_id");
@@ -228,7 +245,13 @@ MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path) {
     fail("{}: invalid JSON: {}", path, e.what());
   }
   try {
-    return from_json(j);
+    MiniMaxM2Config c = from_json(j);
+    const bool factor = j.contains("partial_rotary_factor") ||
+                        (j.contains("rope_parameters") && j["rope_parameters"].contains("partial_rotary_factor"));
+    if (!factor && c.rotary_dim != c.head_dim)
+      spdlog::info("{}: partial RoPE given only as rotary_dim {} (head_dim {}): applied as vLLM/SGLang do "
+                   "(HF transformers v5 reads only partial_rotary_factor)", path, c.rotary_dim, c.head_dim);
+    return c;
   } catch (const Error& e) {
     fail("{}: {}", path, e.what());
   }

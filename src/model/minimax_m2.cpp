@@ -101,7 +101,7 @@ std::vector<WeightDecl> declare_minimax_m2_weights(const MiniMaxM2Config& cfg, c
   d.push_back({"model.norm.weight", {H}, kDense, rep});
   // Tied embeddings (HF semantics): the output projection is embed_tokens; a stored
   // lm_head.weight is not used.
-  if (!cfg.tie_word_embeddings) d.push_back({"lm_head.weight", {cfg.vocab_size, H}, kLinear, rep});
+  if (!cfg.tie_word_embeddings) d.push_back({"lm_head.weight", {cfg.vocab_size, H}, kDense, rep});
   return d;
 }
 

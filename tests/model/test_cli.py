@@ -70,7 +70,7 @@ def test_inspect_golden_fixture():
 def test_make_tiny_deterministic_and_loadable(tmp_path):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     common = ["--hidden-size", "128", "--head-dim", "32", "--rotary-dim", "16", "--intermediate-size", "64",
-              "--vocab-size", "512"]
+              "--vocab-size", "512", "--no-tokenizer"]
     run("make-tiny", str(a), "--seed", "7", *common)
     run("make-tiny", str(b), "--seed", "7", *common)
     run("make-tiny", str(c), "--seed", "8", *common)
@@ -96,7 +96,7 @@ def test_make_tiny_deterministic_and_loadable(tmp_path):
 def test_make_tiny_fp8_and_load_errors(tmp_path):
     d = tmp_path / "fp8"
     run("make-tiny", str(d), "--fp8", "--block-size", "64", "--hidden-size", "192", "--intermediate-size", "96",
-        "--head-dim", "48", "--rotary-dim", "24", "--vocab-size", "300", "--num-mtp-modules", "2")
+        "--head-dim", "48", "--rotary-dim", "24", "--vocab-size", "300", "--num-mtp-modules", "2", "--no-tokenizer")
     r = json.loads(run("inspect", str(d), "--json").stdout)
     assert r["quantization"]["weight_block_size"] == [64, 64] and r["complete"]
     assert r["mtp"]["declared_modules"] == 2 and r["mtp"]["present_modules"] == 0
@@ -123,7 +123,8 @@ def test_make_tiny_fp8_odd_blocks_matches_transformers(tmp_path):
     st = pytest.importorskip("safetensors.torch")
     d = tmp_path / "m"
     run("make-tiny", str(d), "--seed", "3", "--fp8", "--block-size", "48", "--hidden-size", "160",
-        "--intermediate-size", "80", "--head-dim", "40", "--rotary-dim", "20", "--vocab-size", "700")
+        "--intermediate-size", "80", "--head-dim", "40", "--rotary-dim", "20", "--vocab-size", "700",
+        "--no-tokenizer")
     cfg = json.load(open(d / "config.json"))
     idx = json.load(open(d / "model.safetensors.index.json"))
     tensors = {}

@@ -180,3 +180,76 @@ TEST(Config, RealModelDeclarationsAndCounts) {
   EXPECT_EQ(sh.first_expert, 224);
   EXPECT_EQ(sh.num_experts, 32);
 }
+
+// Where HF transformers (the reference for the golden tests) and a naive reading differ.
+TEST(Config, FollowsTransformersDefaultsAndPrecedence) {
+  json j = base();
+  j.erase("head_dim");
+  j.erase("num_key_value_heads");
+  j["num_attention_heads"] = 8;
+  auto c = MiniMaxM2Config::from_json(j);
+  EXPECT_EQ(c.head_dim, 128);  // HF default, not hidden / heads = 32
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.rotary_dim, 128);
+  // partial_rotary_factor: HF takes int(head_dim * factor) (truncation).
+  j = base();
+  j["head_dim"] = 80;
+  j["partial_rotary_factor"] = 0.3;  // 80 * 0.3 = 24.000000000000004 -> 24
+  EXPECT_EQ(MiniMaxM2Config::from_json(j).rotary_dim, 24);
+  // rope_parameters' values win over top-level ones.
+  j = base();
+  j["rope_theta"] = 1e6;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  EXPECT_EQ(MiniMaxM2Config::from_json(j).rope_theta, 10000.0);
+  j.erase("rope_parameters");
+  EXPECT_EQ(MiniMaxM2Config::from_json(j).rope_theta, 1e6);
+  j.erase("rope_theta");
+  EXPECT_EQ(MiniMaxM2Config::from_json(j).rope_theta, 5e6);
+  // Legacy "type" key; a non-default type is refused.
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  EXPECT_NE(error_of(j).find("linear"), std::string::npos);
+  j["rope_scaling"] = json::object();  // empty: ignored, as HF does
+  EXPECT_EQ(MiniMaxM2Config::from_json(j).rope_theta, 5e6);
+  // Tied embeddings are a supported variant (lm_head = embed_tokens).
+  j = base();
+  j["tie_word_embeddings"] = true;
+  c = MiniMaxM2Config::from_json(j);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  const auto decls = declare_minimax_m2_weights(c, ParallelConfig{});
+  EXPECT_TRUE(std::none_of(decls.begin(), decls.end(), [](const auto& d) { return d.name == "lm_head.weight"; }));
+  EXPECT_EQ(count_params(c).total + 1000 * 256, count_params(MiniMaxM2Config::from_json(base())).total);
+}
+
+TEST(Config, IntegersOutOfRangeAndNegativeEps) {
+  json j = base();
+  j["num_hidden_layers"] = 1LL << 40;
+  EXPECT_NE(error_of(j).find("out of range"), std::string::npos) << error_of(j);
+  j = base();
+  j["vocab_size"] = 1e30;
+  EXPECT_NE(error_of(j).find("vocab_size"), std::string::npos);
+  j = base();
+  j["rms_norm_eps"] = -1e-6;
+  EXPECT_NE(error_of(j).find("rms_norm_eps"), std::string::npos);
+  j = base();
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {1LL << 40, 128}}};
+  EXPECT_NE(error_of(j).find("weight_block_size"), std::string::npos);
+}
+
+TEST(Config, ImplausibleSizesFailFast) {
+  json j = base();
+  j["num_hidden_layers"] = 2000000000;  // would declare ~5e10 tensors
+  EXPECT_NE(error_of(j).find("implausibly large"), std::string::npos) << error_of(j);
+  j = base();
+  j["num_hidden_layers"] = 4000;
+  j["num_local_experts"] = 4000;
+  EXPECT_NE(error_of(j).find("num_local_experts"), std::string::npos);
+}
+
+TEST(Config, NumExpertsAlias) {
+  json j = base();
+  j.erase("num_local_experts");
+  j["num_experts"] = 6;
+  EXPECT_EQ(MiniMaxM2Config::from_json(j).num_local_experts, 6);
+  j.erase("num_experts");
+  EXPECT_NE(error_of(j).find("num_local_experts"), std::string::npos);
+}

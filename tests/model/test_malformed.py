@@ -85,6 +85,10 @@ def test_missing_config(tmp_path):
     (lambda c: c.update(num_local_experts=8.5), "num_local_experts"),
     (lambda c: c.update(num_hidden_layers=-1), "num_hidden_layers"),
     (lambda c: c.update(num_hidden_layers=10 ** 12), "num_hidden_layers"),
+    (lambda c: (c.update(num_hidden_layers=2 * 10 ** 9), c.pop("attn_type_list")), "num_hidden_layers"),
+    (lambda c: c.update(vocab_size=0), "vocab_size"),
+    (lambda c: c.update(max_position_embeddings="long"), "max_position_embeddings"),
+    (lambda c: c.update(eos_token_id="x"), "eos_token_id"),
     (lambda c: c.update(rms_norm_eps="tiny"), "rms_norm_eps"),
     (lambda c: c.update(tie_word_embeddings="no"), "tie_word_embeddings"),
     (lambda c: c.update(num_experts_per_tok=9), "num_experts_per_tok"),
@@ -93,7 +97,7 @@ def test_missing_config(tmp_path):
     (lambda c: c.update(partial_rotary_factor=0.25), "rotary"),
     (lambda c: c.update(rope_parameters=[1, 2]), "rope_parameters"),
     (lambda c: c.update(quantization_config={"quant_method": "awq"}), "quant_method"),
-    (lambda c: c.update(head_dim=16), "q_proj"),      # shapes no longer match the weights
+    (lambda c: c.update(head_dim=16, rotary_dim=8), "q_proj"),  # shapes no longer match the weights
     (lambda c: c.update(hidden_size=96), "hidden"),   # embed_tokens [1000, 128] vs 96
     (lambda c: c.update(scoring_func="softmax"), "scoring_func"),
 ])
@@ -153,7 +157,7 @@ def test_bad_index(tmp_path, text):
 
 def test_tensor_with_wrong_shape(tmp_path):
     d = copy_fixture(tmp_path, "tiny_bf16")
-    name = "model.layers.1.self_attn.o_proj.weight"
+    name = "model.layers.1.self_attn.k_proj.weight"  # [64, 128]
     path = shard_of(d, name)
     header, data = read_st(path)
     header[name]["shape"] = header[name]["shape"][::-1]  # same byte count, transposed shape
