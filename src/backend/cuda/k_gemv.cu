@@ -71,10 +71,19 @@ __device__ __forceinline__ float load1(const void* w, int64_t idx) {
 
 template <bool FP8, int MODE>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(LinParams p) {
+  // MoE: grid (row blocks, tiles). Plain linear: a 1-D grid with the row tiles varying
+  // fastest, so the <= 8 tiles that read the same weight rows run together and all but the
+  // first find those rows in L2 (one DRAM pass over the weights for up to 64 rows).
+  int tile = blockIdx.y, nblk = blockIdx.x;
+  if (!p.tile_expert) {
+    const int ntiles = ceil_div(p.M, kGemvTile);
+    tile = blockIdx.x % ntiles;
+    nblk = blockIdx.x / ntiles;
+  }
   TileInfo ti;
-  if (!tile_of(p, blockIdx.y, &ti)) return;
+  if (!tile_of(p, tile, &ti)) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_base = (blockIdx.x * kWarps + warp) * (MODE == int(LinMode::kSwiglu) ? 1 : kRowsPerWarp);
+  const int n_base = (nblk * kWarps + warp) * (MODE == int(LinMode::kSwiglu) ? 1 : kRowsPerWarp);
 
   // The weight matrices this warp reads and the global row of each of its kRowsPerWarp rows.
   const void* wmat[kRowsPerWarp];
@@ -200,8 +209,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(LinParams p) {
 template <int MODE>
 void launch_mode(const LinParams& p, cudaStream_t s) {
   const int rows_per_block = kWarps * (MODE == int(LinMode::kSwiglu) ? 1 : kRowsPerWarp);
-  dim3 grid(ceil_div(p.N, rows_per_block), p.tile_expert ? p.max_tiles : ceil_div(p.M, kGemvTile));
-  if (grid.y == 0) return;
+  const int nblocks = ceil_div(p.N, rows_per_block);
+  dim3 grid = p.tile_expert ? dim3(nblocks, p.max_tiles) : dim3(nblocks * ceil_div(p.M, kGemvTile), 1);
+  if (grid.x == 0 || grid.y == 0) return;
   if (p.fp8)
     gemv_kernel<true, MODE><<<grid, kWarps * 32, 0, s>>>(p);
   else

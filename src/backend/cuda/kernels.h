@@ -133,8 +133,11 @@ struct MoeAlignParams {
   int32_t* num_tiles = nullptr;
 };
 void launch_moe_align(const MoeAlignParams& p, cudaStream_t s);
+// Tiles of <= tile_rows pairs, one expert each: sum_e ceil(c_e / R) <= ceil(P / R) + (experts
+// with c_e > 0) <= ceil(P / R) + min(P, E_local). The min matters for decode: batch 1 has 9
+// tiles at most, not 257, so the grid holds no hundreds of idle blocks per expert kernel.
 inline int moe_max_tiles(int pairs, int tile_rows, int num_local) {
-  return (pairs + tile_rows - 1) / tile_rows + num_local;
+  return (pairs + tile_rows - 1) / tile_rows + (pairs < num_local ? pairs : num_local);
 }
 // out[t, h] = sum_k ypair[pair_pos[t*k + j], h] (fixed order; missing pairs add 0).
 void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int top_k, int H,
