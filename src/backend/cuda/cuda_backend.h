@@ -104,9 +104,11 @@ class CudaBackend final : public Backend {
   // tensor-core GEMM; moe_experts likewise.
   int linear_gemv_max_tokens = 8;
   int moe_gemv_max_tokens = 128;
+  // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
+  bool use_attention_tc = true;
 
  private:
-  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kNumSlots };
+  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kNumSlots };
   void* workspace(Slot s, size_t bytes);
   size_t workspace_capacity(Slot s) const { return ws_[s].bytes; }
   struct ExpertTable;

@@ -97,6 +97,7 @@ void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& 
   p.bias = moe.score_bias.defined() ? moe.score_bias.ptr<float>() : nullptr;
   p.T = T, p.H = H, p.E = E, p.top_k = k;
   p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
+  p.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
   launch_moe_route(p, stream_);
 }
 

@@ -114,6 +114,7 @@ struct RouteParams {
   int T = 0, H = 0, E = 0, top_k = 0;
   int32_t* ids = nullptr;  // [T, top_k]
   float* weights = nullptr;
+  float* logits = nullptr;  // workspace [T, E] f32: router logits between the two kernels
 };
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
 
@@ -162,6 +163,9 @@ struct AttnParams {
 // Query tokens per block for a GQA group size.
 int attn_query_tile(int group);
 void launch_attention(const AttnParams& p, cudaStream_t s);
+// Tensor-core prefill attention (k_attn_tc.cu): head_dim 128, >= 64 query tokens, no splits.
+bool attention_tc_supported(const AttnParams& p);
+void launch_attention_tc(const AttnParams& p, cudaStream_t s);
 
 // ---- random fill (k_fill.cu): kind 0 f32, 1 bf16, 2 fp8 e4m3; uniform in [-scale, scale] ----
 void launch_fill_random(void* p, int kind, int64_t n, uint64_t seed, float scale, cudaStream_t s);
