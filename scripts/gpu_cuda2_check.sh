@@ -27,7 +27,7 @@ for step in $STEPS; do
       MOESERVE_SOURCE_DIR=$PWD timeout 120 ./test_cuda_golden --gtest_color=no > "$OUT/golden_gtest.log" 2>&1
       echo "test_cuda_golden rc=$?"
       grep -E "golden cuda\]|^\[  (PASSED|FAILED) |Failure|Expected|Which is" "$OUT/golden_gtest.log" | head -40
-      BIN=./moeserve OUT=$OUT/golden_script timeout 120 ./golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
+      [ -x ./moeserve ] && BIN=./moeserve OUT=$OUT/golden_script timeout 120 ./golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
       echo "golden_cuda_check rc=$?"; cat "$OUT/golden_script.log" | tail -8
       stamp golden done ;;
     serve)
@@ -56,7 +56,12 @@ PY
     bench)
       timeout 240 ./moeserve bench-model --synthetic minimax-m2.5 --layers "$LAYERS" --profile 1 64 \
         --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1; echo "rc=$?" >> "$OUT/bench.txt"
-      cat "$OUT/bench.txt" | grep -v "^\s*$" | tail -60
+      cat "$OUT/bench.txt" | grep -v "^\s*$" | grep -v '^ *"' | tail -60
+      # Same decode batches with the GEMV path for linears up to 64 rows (instead of 8).
+      timeout 120 ./moeserve bench-model --synthetic minimax-m2.5 --layers 4 --batch-sizes 16 32 64 \
+        --contexts 1024 --prefill-tokens 0 --linear-gemv-max-tokens 64 --profile 64 \
+        --json "$OUT/bench_gemv64.json" > "$OUT/bench_gemv64.txt" 2>&1; echo "rc=$?" >> "$OUT/bench_gemv64.txt"
+      grep -v '^ *"\|^ *[]{}[]' "$OUT/bench_gemv64.txt" | tail -30
       stamp bench done ;;
   esac
 done

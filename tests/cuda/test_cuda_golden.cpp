@@ -25,7 +25,7 @@ namespace moeserve::test {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr double kBound = 5e-2;
+constexpr double kBound = 2e-2;
 
 fs::path fixture(const std::string& name) {
   const char* src = std::getenv("MOESERVE_SOURCE_DIR");

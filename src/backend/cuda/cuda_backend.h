@@ -21,7 +21,7 @@
 
 namespace moeserve {
 
-struct SamplingParams {
+struct GpuSamplingParams {
   float temperature = 1.f;  // <= 0: greedy
   int top_k = 0;            // <= 0: off
   float top_p = 1.f;        // >= 1: off
@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
-  void sample(const Tensor& logits, const std::vector<SamplingParams>& params, Tensor& out_ids);
+  void sample(const Tensor& logits, const std::vector<GpuSamplingParams>& params, Tensor& out_ids);
   void reserve(const WorkspacePlan& plan);
   // Fills a F32 / BF16 / F8_E4M3 tensor with uniform values in [-scale, scale] (synthetic weights).
   void fill_random(Tensor& t, uint64_t seed, float scale);
