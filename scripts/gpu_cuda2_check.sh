@@ -6,7 +6,9 @@
 # Usage on the GPU machine: cd BIN && OUT=/dir LAYERS=16 STEPS="tests golden serve bench" ./gpu_cuda2_check.sh
 set -uo pipefail
 cd "$(dirname "$0")"
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+FINAL=${OUT:-$PWD/out}; mkdir -p "$FINAL"
+# Everything is written under a work folder and returned as one archive (few files come back).
+OUT=/tmp/cuda2_gpu_out; rm -rf "$OUT"; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/lib:${LD_LIBRARY_PATH:-}
 STEPS=${STEPS:-tests golden serve bench}
 LAYERS=${LAYERS:-16}
@@ -27,12 +29,12 @@ for step in $STEPS; do
       MOESERVE_SOURCE_DIR=$PWD timeout 120 ./test_cuda_golden --gtest_color=no > "$OUT/golden_gtest.log" 2>&1
       echo "test_cuda_golden rc=$?"
       grep -E "golden cuda\]|^\[  (PASSED|FAILED) |Failure|Expected|Which is" "$OUT/golden_gtest.log" | head -40
-      [ -x ./moeserve ] && BIN=./moeserve OUT=$OUT/golden_script timeout 120 ./golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
+      [ -x ./moeserve ] && BIN=./moeserve OUT=/tmp/golden_script timeout 120 ./golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
       echo "golden_cuda_check rc=$?"; cat "$OUT/golden_script.log" | tail -8
       stamp golden done ;;
     serve)
       ./moeserve make-tiny /tmp/tiny > "$OUT/serve.log" 2>&1
-      ./moeserve serve /tmp/tiny --served-model-name tiny --device cuda --port 18123 --gpu-memory-utilization 0.5 \
+      ./moeserve serve /tmp/tiny --served-model-name tiny --device cuda --port 18123 --gpu-memory-utilization 0.1 \
         >> "$OUT/serve.log" 2>&1 &
       spid=$!
       python3 - >> "$OUT/serve.log" 2>&1 <<'PY'
@@ -57,6 +59,10 @@ PY
       timeout 240 ./moeserve bench-model --synthetic minimax-m2.5 --layers "$LAYERS" --profile 1 64 \
         --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1; echo "rc=$?" >> "$OUT/bench.txt"
       cat "$OUT/bench.txt" | grep -v "^\s*$" | grep -v '^ *"' | tail -60
+      # As many layers as fit with the KV of batch 64 at 1k: the figures compared with the targets.
+      timeout 200 ./moeserve bench-model --synthetic minimax-m2.5 --layers "${BIG_LAYERS:-30}" --batch-sizes 1 8 64 \
+        --contexts 1024 --json "$OUT/bench_big.json" > "$OUT/bench_big.txt" 2>&1; echo "rc=$?" >> "$OUT/bench_big.txt"
+      grep -v "^\s*$" "$OUT/bench_big.txt" | tail -12
       # Same decode batches with the GEMV path for linears up to 64 rows (instead of 8).
       timeout 120 ./moeserve bench-model --synthetic minimax-m2.5 --layers 4 --batch-sizes 16 32 64 \
         --contexts 1024 --prefill-tokens 0 --linear-gemv-max-tokens 64 --profile 64 \
@@ -66,3 +72,4 @@ PY
   esac
 done
 stamp done
+tar czf "$FINAL/all.tgz" -C "$OUT" . && ls -la "$FINAL"

@@ -15,12 +15,27 @@ Tensor SynthModel::rand(DType t, const Shape& shape, uint64_t seed, float scale)
   return x;
 }
 
-LinearWeight SynthModel::fp8_linear(int out, int in, uint64_t seed) {
+Tensor SynthModel::carve(Slab& slab, DType t, const Shape& shape) {
+  Tensor v = Tensor::view(static_cast<char*>(slab.mem.data) + slab.used, t, shape, Device::CUDA);
+  v.owner = slab.mem.owner;
+  slab.used += (v.nbytes() + 255) / 256 * 256;
+  MS_CHECK(slab.used <= slab.mem.nbytes(), "bench slab overflow");
+  return v;
+}
+
+LinearWeight SynthModel::fp8_linear(int out, int in, uint64_t seed, Slab* w_slab, Slab* s_slab) {
   LinearWeight w;
   // fp8 values uniform in [-1, 1] scaled by ~1/sqrt(in): activations keep unit scale.
-  w.weight = rand(DType::F8_E4M3, {out, in}, seed, 1.f);
+  if (w_slab) {
+    w.weight = carve(*w_slab, DType::F8_E4M3, {out, in});
+    b_.fill_random(w.weight, seed, 1.f);
+    weight_bytes_ += int64_t(w.weight.nbytes());
+  } else {
+    w.weight = rand(DType::F8_E4M3, {out, in}, seed, 1.f);
+  }
   w.block_out = w.block_in = 128;
-  w.scale_inv = b_.alloc(DType::F32, {(out + 127) / 128, (in + 127) / 128});
+  const Shape ss{(out + 127) / 128, (in + 127) / 128};
+  w.scale_inv = s_slab ? carve(*s_slab, DType::F32, ss) : b_.alloc(DType::F32, ss);
   // Constant positive scale 1.7/sqrt(in): uniform(-1,1) has variance 1/3.
   std::vector<float> sc(size_t(w.scale_inv.numel()), 1.7f / std::sqrt(float(in)));
   b_.copy_from_host(w.scale_inv, sc.data(), sc.size() * 4);
@@ -46,9 +61,17 @@ SynthModel::SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max
     L.moe.gate = rand(DType::F32, {s.experts, H}, seed += 10, 0.02f);  // near-uniform routing
     L.moe.score_bias = rand(DType::F32, {s.experts}, seed += 10, 0.001f);
     L.moe.num_experts = s.experts, L.moe.top_k = s.top_k, L.moe.first_local_expert = 0;
-    for (int e = 0; e < s.experts; ++e)
-      L.moe.experts.push_back({fp8_linear(s.intermediate, H, seed += 10), fp8_linear(s.intermediate, H, seed += 10),
-                               fp8_linear(H, s.intermediate, seed += 10)});
+    // All experts of the layer in two slabs (weights, scales).
+    const size_t per_w = (size_t(s.intermediate) * H + 255) / 256 * 256;
+    const size_t per_s = (size_t((s.intermediate + 127) / 128) * ((H + 127) / 128) * 4 + 255) / 256 * 256;
+    Slab ws{b_.alloc(DType::U8, {int64_t(per_w * 3 * s.experts)})};
+    Slab ss{b_.alloc(DType::U8, {int64_t(per_s * 3 * s.experts)})};
+    for (int e = 0; e < s.experts; ++e) {
+      LinearWeight w1 = fp8_linear(s.intermediate, H, seed += 10, &ws, &ss);
+      LinearWeight w3 = fp8_linear(s.intermediate, H, seed += 10, &ws, &ss);
+      LinearWeight w2 = fp8_linear(H, s.intermediate, seed += 10, &ws, &ss);
+      L.moe.experts.push_back({w1, w3, w2});
+    }
     layers_.push_back(std::move(L));
   }
   embed_ = rand(DType::BF16, {s.vocab, H}, seed += 10, 1.f);

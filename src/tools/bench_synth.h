@@ -43,7 +43,14 @@ class SynthModel {
   std::vector<float> routing_ids();  // of the last layer, last step (host copy)
 
  private:
-  LinearWeight fp8_linear(int out, int in, uint64_t seed);
+  // A slab: one device allocation carved into many weights. cudaMalloc rounds large
+  // allocations up to 2 MiB, which for 4.5 MiB expert matrices wastes a third of the memory.
+  struct Slab {
+    Tensor mem;
+    size_t used = 0;
+  };
+  Tensor carve(Slab& slab, DType t, const Shape& shape);
+  LinearWeight fp8_linear(int out, int in, uint64_t seed, Slab* w_slab = nullptr, Slab* s_slab = nullptr);
   Tensor rand(DType t, const Shape& shape, uint64_t seed, float scale);
 
   CudaBackend& b_;

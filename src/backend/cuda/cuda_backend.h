@@ -103,6 +103,8 @@ class CudaBackend final : public Backend {
   // Path thresholds (tokens): linear uses the GEMV path up to this many rows, else the
   // tensor-core GEMM; moe_experts likewise.
   int linear_gemv_max_tokens = 8;
+  // ... and up to 64 rows when N <= this (narrow outputs fill too few GEMM tiles); 0: off.
+  int linear_gemv_narrow_n = 2048;
   int moe_gemv_max_tokens = 128;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
