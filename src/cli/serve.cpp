@@ -120,9 +120,9 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
     const double budget = double(total_b) * util - double(total_b - free_b) - double(1 << 30);
     const int64_t blocks = std::min<int64_t>(budget > 0 ? int64_t(budget / double(per_block)) : 0, INT32_MAX / 2);
     spdlog::info("cuda: {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
-                 "{} KV blocks of {} tokens = {} KV tokens ({:.1f} MiB per block)",
+                 "{} KV blocks of {} tokens = {} KV tokens ({:.1f} KiB per block)",
                  cb->device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0, util, blocks, bs,
-                 blocks * bs, per_block / 1048576.0);
+                 blocks * bs, per_block / 1024.0);
     return int(blocks);
   };
   return std::make_unique<MiniMaxM2Executor>(std::move(backend), eo);
