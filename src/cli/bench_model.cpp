@@ -24,6 +24,9 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--gpu-memory-utilization", opt->gpu_memory_utilization, "Fraction of GPU memory to use")
           ->capture_default_str();
       sub->add_flag("!--no-graphs", opt->graphs, "Run decode eagerly instead of as CUDA graphs");
+      sub->add_option("--profile", opt->profile_batches, "Per-op time breakdown at these batch sizes (eager)");
+      sub->add_option("--linear-gemv-max-tokens", opt->linear_gemv_max_tokens,
+                      "Rows up to which linears use the GEMV path (0: backend default)");
       sub->add_option("--json", opt->json_out, "Write the JSON report here (default: stdout)");
       return [opt, sub]() {
         std::string cmd = "moeserve bench-model";

@@ -21,6 +21,9 @@
 #include "server/parsers/parser.h"
 #include "server/tokenizer_frontend.h"
 #include "model/model_executor.h"
+#ifdef MOESERVE_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #ifdef MOESERVE_HAS_TEST_BACKENDS
 #include "engine/testing/replay_executor.h"
 #endif
@@ -98,13 +101,35 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   }
 #endif
   MS_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda", a.device);
-  MS_CHECK(a.device == "cpu", "--device cuda: the CUDA executor is not part of this build yet");
   ExecutorOptions eo;
   eo.model_dir = a.model;
   eo.block_size = a.block_size;
   eo.max_model_len = max_model_len;
   eo.num_kv_blocks = a.num_kv_blocks;
-  return make_cpu_executor(eo);
+  if (a.device == "cpu") return make_cpu_executor(eo);
+#ifdef MOESERVE_WITH_CUDA
+  MS_CHECK(a.gpu_memory_utilization > 0 && a.gpu_memory_utilization <= 1,
+           "--gpu-memory-utilization {}: expected a fraction in (0, 1]", a.gpu_memory_utilization);
+  auto backend = make_cuda_backend(0);
+  CudaBackend* cb = backend.get();
+  const double util = a.gpu_memory_utilization;
+  // KV pool = what --gpu-memory-utilization leaves after the weights (already resident when
+  // this runs), less 1 GiB for step workspaces and activations.
+  eo.kv_blocks_for_memory = [cb, util, bs = a.block_size](int64_t per_block) {
+    size_t free_b = 0, total_b = 0;
+    cb->mem_info(&free_b, &total_b);
+    const double budget = double(total_b) * util - double(total_b - free_b) - double(1 << 30);
+    const int64_t blocks = std::min<int64_t>(budget > 0 ? int64_t(budget / double(per_block)) : 0, INT32_MAX / 2);
+    spdlog::info("cuda: {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
+                 "{} KV blocks of {} tokens = {} KV tokens ({:.1f} KiB per block)",
+                 cb->device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0, util, blocks, bs,
+                 blocks * bs, per_block / 1024.0);
+    return int(blocks);
+  };
+  return std::make_unique<MiniMaxM2Executor>(std::move(backend), eo);
+#else
+  fail("--device cuda: this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
+#endif
 }
 
 int run_serve(const ServeArgs& a) {

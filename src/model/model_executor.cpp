@@ -28,13 +28,14 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
   info_.block_size = opts.block_size;
   info_.num_kv_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks
                                                : (info_.max_model_len + opts.block_size - 1) / opts.block_size;
+  if (opts.num_kv_blocks <= 0 && opts.kv_blocks_for_memory) {
+    const int64_t per_block = int64_t(cfg.num_hidden_layers) * 2 * opts.block_size * model_->shard().kv_heads *
+                              cfg.head_dim * int64_t(dtype_size(backend_->activation_dtype()));
+    info_.num_kv_blocks = opts.kv_blocks_for_memory(per_block);
+    MS_CHECK(info_.num_kv_blocks > 0, "no memory left for the KV cache ({} bytes per block of {} tokens)", per_block,
+             opts.block_size);
+  }
   kv_ = model_->allocate_kv_cache(info_.num_kv_blocks, info_.block_size, backend_->activation_dtype());
-}
-
-Tensor MiniMaxM2Executor::upload_i32(const std::vector<int32_t>& v, Shape shape) {
-  Tensor t = backend_->alloc(DType::I32, std::move(shape));
-  if (!v.empty()) backend_->copy_from_host(t, v.data(), v.size() * sizeof(int32_t));
-  return t;
 }
 
 StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
@@ -81,6 +82,23 @@ StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
     if (s.need_logits) rows.push_back(int32_t(ids.size()) - 1);
   }
   const int T = int(ids.size());
+  // Pack every I32 array into one host vector -> one copy into the persistent device buffer;
+  // the step's tensors are views of it.
+  std::vector<int32_t> packed;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (offset, count) per array
+  for (const auto* v : {&positions, &query_start, &context_lens, &tables, &slots, &ids, &rows}) {
+    spans.emplace_back(int64_t(packed.size()), int64_t(v->size()));
+    packed.insert(packed.end(), v->begin(), v->end());
+  }
+  if (meta_buf_.numel() < int64_t(packed.size()))
+    meta_buf_ = backend_->alloc(DType::I32, {std::max<int64_t>(int64_t(packed.size()) * 2, 4096)});
+  Tensor used = meta_buf_.slice_rows(0, int64_t(packed.size()));
+  backend_->copy_from_host(used, packed.data(), packed.size() * sizeof(int32_t));
+  size_t next = 0;
+  auto view = [&](Shape shape) {
+    const auto [off, n] = spans[next++];
+    return meta_buf_.slice_rows(off, off + n).reshaped(std::move(shape));
+  };
   AttentionMeta meta;
   meta.num_seqs = S;
   meta.num_tokens = T;
@@ -88,13 +106,14 @@ StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
   meta.max_blocks_per_seq = max_blocks;
   meta.max_query_len = max_q;
   meta.max_context_len = max_ctx;
-  meta.positions = upload_i32(positions, {T});
-  meta.query_start = upload_i32(query_start, {S + 1});
-  meta.context_lens = upload_i32(context_lens, {S});
-  meta.block_tables = upload_i32(tables, {S, max_blocks});
-  meta.slot_mapping = upload_i32(slots, {T});
-  Tensor ids_t = upload_i32(ids, {T});
-  Tensor rows_t = rows.empty() ? Tensor{} : upload_i32(rows, {int64_t(rows.size())});
+  meta.positions = view({T});
+  meta.query_start = view({S + 1});
+  meta.context_lens = view({S});
+  meta.block_tables = view({S, max_blocks});
+  meta.slot_mapping = view({T});
+  Tensor ids_t = view({T});
+  Tensor rows_t = view({int64_t(rows.size())});
+  if (rows.empty()) rows_t = Tensor{};
   Tensor logits = model_->forward(ids_t, meta, kv_, rows_t);
   if (!rows.empty()) res.logits = backend_->download_f32(logits);
   return res;

@@ -3,6 +3,7 @@
 // With a communicator of world > 1 every rank runs execute() on the same batch at the same
 // time (the model all-reduces inside the forward); each rank returns the full logits.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,10 @@ struct ExecutorOptions {
   bool expert_parallel = false;  // with comm: experts owned by ranks (EP) instead of sliced
   // The rank's tensor/expert-parallel group (rank and world come from it); null = one rank.
   Communicator* comm = nullptr;
+  // When set and num_kv_blocks == 0: called after the weights are loaded with the bytes one KV
+  // block takes over all layers; returns the pool size (GPU serving sizes it from
+  // --gpu-memory-utilization and the memory left after the weights).
+  std::function<int(int64_t bytes_per_block)> kv_blocks_for_memory;
 };
 
 class MiniMaxM2Executor : public ModelExecutor {
@@ -32,7 +37,9 @@ class MiniMaxM2Executor : public ModelExecutor {
   Backend& backend() { return *backend_; }
 
  private:
-  Tensor upload_i32(const std::vector<int32_t>& v, Shape shape);
+  // Step metadata goes through one grow-only I32 device buffer (one host->device copy per
+  // step, no allocation once it has grown to the largest step).
+  Tensor meta_buf_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<MiniMaxM2Model> model_;
   std::vector<KVCacheLayer> kv_;

@@ -67,6 +67,62 @@ DecodeBytes decode_bytes(const SynthShapes& s, int B, int C) {
   return d;
 }
 
+// Eager step with an event after every op; returns ms per op name (summed over layers),
+// the median over `reps` steps, in first-seen order.
+std::vector<std::pair<std::string, double>> profile_step(CudaBackend& b, SynthModel& model, int reps) {
+  std::vector<std::vector<std::pair<std::string, double>>> runs;
+  std::vector<cudaEvent_t> ev;
+  std::vector<std::string> names;
+  for (int r = 0; r < reps + 1; ++r) {
+    size_t n = 0;
+    names.clear();
+    auto rec = [&](const char* name) {
+      if (n == ev.size()) {
+        ev.emplace_back();
+        cudaEventCreate(&ev.back());
+      }
+      cudaEventRecord(ev[n++], b.stream());
+      if (name) names.emplace_back(name);
+    };
+    rec(nullptr);
+    model.forward(rec);
+    b.synchronize();
+    if (r == 0) continue;  // warm-up
+    std::vector<std::pair<std::string, double>> acc;
+    for (size_t i = 1; i < n; ++i) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, ev[i - 1], ev[i]);
+      auto it = std::find_if(acc.begin(), acc.end(), [&](auto& x) { return x.first == names[i - 1]; });
+      if (it == acc.end())
+        acc.emplace_back(names[i - 1], ms);
+      else
+        it->second += ms;
+    }
+    runs.push_back(acc);
+  }
+  for (auto e : ev) cudaEventDestroy(e);
+  std::vector<std::pair<std::string, double>> med = runs[0];
+  for (size_t k = 0; k < med.size(); ++k) {
+    std::vector<double> v;
+    for (auto& r : runs) v.push_back(r[k].second);
+    std::sort(v.begin(), v.end());
+    med[k].second = v[v.size() / 2];
+  }
+  return med;
+}
+
+nlohmann::json print_profile(const char* title, const std::vector<std::pair<std::string, double>>& prof) {
+  double total = 0;
+  for (auto& [n, ms] : prof) total += ms;
+  std::printf("profile %s: %.3f ms eager\n", title, total);
+  nlohmann::json j = nlohmann::json::object();
+  for (auto& [n, ms] : prof) {
+    std::printf("  %-14s %9.3f ms %6.1f%%\n", n.c_str(), ms, 100.0 * ms / total);
+    j[n] = ms;
+  }
+  return j;
+}
+
 }  // namespace
 
 int run_bench_model(const BenchModelOptions& opt) {
@@ -108,7 +164,8 @@ int run_bench_model(const BenchModelOptions& opt) {
   const double kv_token_layer = double(s.kv_heads) * s.head_dim * 2 * 2;
   const int64_t blocks_per_layer =
       std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * opt.layers)));
-  const int64_t need_blocks = int64_t(max_batch) * max_blocks;
+  int64_t need_blocks = int64_t(max_blocks);  // one prefill sequence
+  for (int C : opt.contexts) need_blocks = std::max(need_blocks, int64_t(max_batch) * ((C + bs - 1) / bs));
   const int64_t pool = std::min(blocks_per_layer, need_blocks);
   MS_CHECK(pool >= max_blocks, "bench-model: not enough memory for the KV cache of one sequence");
   spdlog::info("KV cache: {} tokens fit per layer at --gpu-memory-utilization {} ({} layers; a {}-layer model "
@@ -121,12 +178,29 @@ int run_bench_model(const BenchModelOptions& opt) {
   b.synchronize();
 
   Timer timer(b.stream());
+  if (opt.linear_gemv_max_tokens > 0) b.linear_gemv_max_tokens = opt.linear_gemv_max_tokens;
+  out["linear_gemv_max_tokens"] = b.linear_gemv_max_tokens;
+  // ---- per-op profile ----
+  nlohmann::json prof = nlohmann::json::array();
+  for (int B : opt.profile_batches) {
+    const int C = opt.contexts.front();
+    if (int64_t(B) * ((C + bs - 1) / bs) > pool || B > max_batch) continue;
+    model.plan(std::vector<int>(B, 1), std::vector<int>(B, C));
+    const std::string title = "decode batch " + std::to_string(B) + " ctx " + std::to_string(C);
+    prof.push_back({{"what", title}, {"ms", print_profile(title.c_str(), profile_step(b, model, 5))}});
+  }
+  if (!opt.profile_batches.empty() && opt.prefill_tokens > 0) {
+    model.plan({opt.prefill_tokens}, {opt.prefill_tokens});
+    const std::string title = "prefill " + std::to_string(opt.prefill_tokens);
+    prof.push_back({{"what", title}, {"ms", print_profile(title.c_str(), profile_step(b, model, 1))}});
+  }
+  if (!prof.empty()) out["profile"] = prof;
   // ---- decode ----
   nlohmann::json dec = nlohmann::json::array();
   std::printf("%-6s %-7s %10s %12s %12s %9s\n", "batch", "context", "step_ms", "tok/s", "floor_ms", "roofline");
   for (int C : opt.contexts) {
     for (int B : opt.batches) {
-      if (int64_t(B) * max_blocks > pool) {
+      if (int64_t(B) * ((C + bs - 1) / bs) > pool) {
         spdlog::warn("decode B={} C={}: skipped (KV pool of {} blocks too small)", B, C, pool);
         continue;
       }

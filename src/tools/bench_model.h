@@ -17,6 +17,12 @@ struct BenchModelOptions {
   int block_size = 16;
   double gpu_memory_utilization = 0.9;
   bool graphs = true;
+  // Per-op time breakdown (eager, an event after each op, summed over layers) for these
+  // batch sizes at the first context, plus the prefill; empty: no profile.
+  std::vector<int> profile_batches;
+  // Linear layers use the GEMV path up to this many rows (CudaBackend::linear_gemv_max_tokens);
+  // 0: the backend default.
+  int linear_gemv_max_tokens = 0;
   std::string json_out;  // also printed to stdout when empty
   std::string command_line;
 };

@@ -5,6 +5,7 @@
 // decode batch (plan/run: metadata lives in fixed device buffers).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -34,14 +35,22 @@ class SynthModel {
   // the step; its KV blocks are [s * max_blocks_per_seq, ...) of each layer's pool.
   void plan(const std::vector<int>& query_lens, const std::vector<int>& context_lens);
   // Runs the planned step: embedding, L layers, final norm, lm_head on each sequence's last
-  // token into logits [S, vocab] f32. Capture-safe after one eager run.
-  void forward();
+  // token into logits [S, vocab] f32. Capture-safe after one eager run. `mark`, when set, is
+  // called after each op with its name (bench-model --profile records an event there).
+  void forward(const std::function<void(const char*)>& mark = {});
   int64_t weight_bytes() const { return weight_bytes_; }
   const SynthShapes& shapes() const { return s_; }
   std::vector<float> routing_ids();  // of the last layer, last step (host copy)
 
  private:
-  LinearWeight fp8_linear(int out, int in, uint64_t seed);
+  // A slab: one device allocation carved into many weights. cudaMalloc rounds large
+  // allocations up to 2 MiB, which for 4.5 MiB expert matrices wastes a third of the memory.
+  struct Slab {
+    Tensor mem;
+    size_t used = 0;
+  };
+  Tensor carve(Slab& slab, DType t, const Shape& shape);
+  LinearWeight fp8_linear(int out, int in, uint64_t seed, Slab* w_slab = nullptr, Slab* s_slab = nullptr);
   Tensor rand(DType t, const Shape& shape, uint64_t seed, float scale);
 
   CudaBackend& b_;

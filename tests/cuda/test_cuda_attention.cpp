@@ -1,7 +1,8 @@
 // Paged causal GQA attention vs a host reference (f64 softmax over the bf16 cache).
 // Threshold: ||out - ref|| / ||ref|| < 1e-2 (bf16 output rounding; f32 accumulation).
 // Cases cover decode (one query token, long contexts: split-KV), prefill, chunked prefill
-// (query tokens after a cached prefix), mixed batches, GQA groups 6 / 2 / 1 and head_dim 64.
+// (query tokens after a cached prefix), mixed batches, GQA groups 6 / 2 / 1 and head_dim 64;
+// batches with >= 64 query tokens and head_dim 128 run the tensor-core kernel (k_attn_tc.cu).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -104,7 +105,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{48, 8, 128, 32, {{300, 37}, {5, 1}, {64, 64}}},        // chunked prefill + decode + prefill
         AttnCase{4, 2, 64, 16, {{200, 13}, {700, 1}}},                  // G = 2, head_dim 64
         AttnCase{8, 8, 128, 16, {{129, 129}, {2000, 1}}},               // MHA (G = 1)
-        AttnCase{12, 1, 96, 8, {{50, 3}}}));                            // G = 12, head_dim 96
+        AttnCase{12, 1, 96, 8, {{50, 3}}},                              // G = 12, head_dim 96
+        // Tensor-core prefill path (>= 64 query tokens, head_dim 128): several query tiles,
+        // a cached prefix (chunked prefill), a partial last tile, and a decode row alongside.
+        AttnCase{48, 8, 128, 16, {{1100, 520}, {90, 70}, {300, 1}}}));
 
 }  // namespace
 }  // namespace moeserve::test

@@ -131,7 +131,7 @@ TEST(CudaSample, GreedyAndDistribution) {
   Tensor dl = to_device(logits, DType::F32, {R, V});
   Tensor out = gpu().alloc(DType::I32, {R});
   auto run = [&](float temp, int top_k, float top_p) {
-    std::vector<SamplingParams> sp(R);
+    std::vector<GpuSamplingParams> sp(R);
     for (int r = 0; r < R; ++r) sp[r] = {temp, top_k, top_p, uint64_t(r) * 7919u + 13u};
     gpu().sample(dl, sp, out);
     std::vector<double> freq(V, 0);

@@ -149,18 +149,26 @@ TEST_P(CudaLinear, MatchesReference) {
   auto x = randn(size_t(c.T) * c.K, rng);
   Tensor dx = to_device(x, DType::BF16, {c.T, c.K});
   auto ref = ref_linear(x, w.deq, c.T, c.N, c.K);
-  for (DType od : {DType::BF16, DType::F32}) {
-    Tensor out = gpu().alloc(od, {c.T, c.N});
-    gpu().linear(dx, w.dev, out);
-    EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2) << "out " << dtype_name(od);
+  // Default dispatch, then each path forced: GEMM only, GEMV only.
+  const int saved_max = gpu().linear_gemv_max_tokens, saved_narrow = gpu().linear_gemv_narrow_n;
+  for (int mode = 0; mode < 3; ++mode) {
+    gpu().linear_gemv_max_tokens = mode == 0 ? saved_max : mode == 1 ? 0 : 1 << 20;
+    gpu().linear_gemv_narrow_n = mode == 1 ? 0 : saved_narrow;
+    for (DType od : {DType::BF16, DType::F32}) {
+      Tensor out = gpu().alloc(od, {c.T, c.N});
+      gpu().linear(dx, w.dev, out);
+      EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2) << "out " << dtype_name(od) << " mode " << mode;
+    }
   }
+  gpu().linear_gemv_max_tokens = saved_max;
+  gpu().linear_gemv_narrow_n = saved_narrow;
 }
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaLinear,
     ::testing::Values(LinCase{1, 6144, 3072, true, 128, 128},   // q_proj, decode (GEMV)
                       LinCase{4, 1024, 3072, true, 128, 128},   // k_proj
                       LinCase{8, 3072, 6144, true, 128, 128},   // o_proj
-                      LinCase{9, 1536, 3072, true, 128, 128},   // tensor-core path
+                      LinCase{9, 1536, 3072, true, 128, 128},   // narrow N: GEMV path by default
                       LinCase{64, 3072, 6144, true, 128, 128},
                       LinCase{200, 384, 320, true, 128, 128},   // partial scale blocks
                       LinCase{5, 100, 80, true, 128, 128},      // N, K not multiples of the block
@@ -168,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(
                       LinCase{70, 37, 72, true, 128, 128},      // K % 16 != 0: scalar GEMM staging
                       LinCase{20, 130, 256, true, 64, 32},      // other block sizes
                       LinCase{1, 32000, 3072, false, 0, 0},     // bf16 lm_head-like, GEMV
-                      LinCase{33, 1000, 3072, false, 0, 0}));   // bf16 tensor-core path
+                      LinCase{33, 1000, 3072, false, 0, 0}));   // bf16 (each case also runs both paths forced)
 
 TEST(CudaOps, WriteKv) {
   SKIP_WITHOUT_GPU();

@@ -161,6 +161,8 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
   workspace(kMoeMeta, (3 * P + 3 * tiles + 1) * 4 + 64);
   workspace(kMoeAct, P * p.intermediate * 2);
   workspace(kMoeY, P * p.hidden * 4);
+  // Router logits [T, E]: E is the global expert count, at least the local one (256 for M2.5).
+  workspace(kRouter, size_t(p.max_tokens) * std::max(p.num_local_experts, 256) * 4);
   // Split-KV partials: splits > 1 only when (kv heads x sequences x query tiles) is below
   // 2 x SMs, i.e. for few tokens; 16 splits of 512 tokens covers that (clamped at launch
   // during capture, grown on demand otherwise).
@@ -265,7 +267,10 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
     p.fp8 = false, p.bo = p.bi = 128;
   }
   p.out = out.data, p.ldo = N, p.out_f32 = !is_bf16(out, "linear", "out");
-  if (T <= linear_gemv_max_tokens)
+  // Narrow outputs (k/v projections: N = 1024) give the 64 x 128 GEMM tiles too few blocks at
+  // decode batch sizes; the GEMV path (8-row tiles sharing weight rows through L2) measured
+  // ~3x faster there at 64 rows on the H200, and slower for wide N, so only narrow N uses it.
+  if (T <= linear_gemv_max_tokens || (T <= 64 && N <= linear_gemv_narrow_n))
     launch_gemv(p, stream_);
   else
     launch_gemm(p, stream_);
@@ -356,7 +361,8 @@ void CudaBackend::attention(const AttentionArgs& a) {
   const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;
   int splits = 1;
   if (base < 2 * num_sms_ && m.max_context_len > 512) {
-    splits = int(std::min<int64_t>((2 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 256)));
+    // >= 128 keys per split: at batch 1, 1k context, 8 splits x 8 kv heads = 64 blocks.
+    splits = int(std::min<int64_t>((2 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 128)));
     const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
     if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
     splits = std::max(splits, 1);
@@ -367,7 +373,10 @@ void CudaBackend::attention(const AttentionArgs& a) {
     }
   }
   p.splits = splits;
-  launch_attention(p, stream_);
+  if (use_attention_tc && splits == 1 && attention_tc_supported(p))
+    launch_attention_tc(p, stream_);
+  else
+    launch_attention(p, stream_);
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {

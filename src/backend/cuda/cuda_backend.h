@@ -21,7 +21,7 @@
 
 namespace moeserve {
 
-struct SamplingParams {
+struct GpuSamplingParams {
   float temperature = 1.f;  // <= 0: greedy
   int top_k = 0;            // <= 0: off
   float top_p = 1.f;        // >= 1: off
@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
-  void sample(const Tensor& logits, const std::vector<SamplingParams>& params, Tensor& out_ids);
+  void sample(const Tensor& logits, const std::vector<GpuSamplingParams>& params, Tensor& out_ids);
   void reserve(const WorkspacePlan& plan);
   // Fills a F32 / BF16 / F8_E4M3 tensor with uniform values in [-scale, scale] (synthetic weights).
   void fill_random(Tensor& t, uint64_t seed, float scale);
@@ -103,10 +103,14 @@ class CudaBackend final : public Backend {
   // Path thresholds (tokens): linear uses the GEMV path up to this many rows, else the
   // tensor-core GEMM; moe_experts likewise.
   int linear_gemv_max_tokens = 8;
+  // ... and up to 64 rows when N <= this (narrow outputs fill too few GEMM tiles); 0: off.
+  int linear_gemv_narrow_n = 2048;
   int moe_gemv_max_tokens = 128;
+  // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
+  bool use_attention_tc = true;
 
  private:
-  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kNumSlots };
+  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kNumSlots };
   void* workspace(Slot s, size_t bytes);
   size_t workspace_capacity(Slot s) const { return ws_[s].bytes; }
   struct ExpertTable;

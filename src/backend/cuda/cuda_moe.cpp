@@ -23,23 +23,42 @@ struct CudaBackend::ExpertTable {
   ExpertPtrs* dev = nullptr;
   int I = 0, H = 0, bo = 128, bi = 128, s_cols_up = 0, s_cols_down = 0;
   bool fp8 = false;
-  const void* key_w = nullptr;  // experts[0].w1 data, to detect a changed MoeWeights
+  uint64_t signature = 0;  // of every expert's pointers and shapes, to detect a changed MoeWeights
   ~ExpertTable() {
     if (dev) cudaFree(dev);
   }
 };
 
+namespace {
+// FNV-1a over every pointer and shape the table is built from: a MoeWeights at a reused
+// address (a new layer object, freed and re-allocated weights) never hits a stale table.
+uint64_t expert_signature(const MoeWeights& moe) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  mix(moe.experts.size());
+  for (const ExpertWeights& e : moe.experts)
+    for (const LinearWeight* w : {&e.w1, &e.w3, &e.w2}) {
+      mix(reinterpret_cast<uintptr_t>(w->weight.data));
+      mix(reinterpret_cast<uintptr_t>(w->scale_inv.data));
+      mix(uint64_t(w->weight.numel()));
+      mix(uint64_t(w->out_features()));
+    }
+  return h;
+}
+}  // namespace
+
 const CudaBackend::ExpertTable& CudaBackend::expert_table(const MoeWeights& moe) {
   MS_CHECK(!moe.experts.empty(), "moe_experts: no local experts");
+  const uint64_t sig = expert_signature(moe);
   auto it = expert_tables_.find(&moe);
-  if (it != expert_tables_.end() && it->second->key_w == moe.experts[0].w1.weight.data) return *it->second;
+  if (it != expert_tables_.end() && it->second->signature == sig) return *it->second;
   MS_CHECK(!capturing_, "moe_experts: expert table built during graph capture (run the step once first)");
   auto t = std::make_shared<ExpertTable>();
   const ExpertWeights& e0 = moe.experts[0];
   t->I = int(e0.w1.out_features());
   t->H = int(e0.w1.in_features());
   t->fp8 = e0.w1.fp8();
-  t->key_w = e0.w1.weight.data;
+  t->signature = sig;
   if (t->fp8) t->bo = e0.w1.block_out, t->bi = e0.w1.block_in;
   t->s_cols_up = ceil_div(t->H, t->bi);
   t->s_cols_down = ceil_div(t->I, t->bi);
@@ -97,6 +116,7 @@ void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& 
   p.bias = moe.score_bias.defined() ? moe.score_bias.ptr<float>() : nullptr;
   p.T = T, p.H = H, p.E = E, p.top_k = k;
   p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
+  p.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
   launch_moe_route(p, stream_);
 }
 
@@ -156,7 +176,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
 }
 
-void CudaBackend::sample(const Tensor& logits, const std::vector<SamplingParams>& params, Tensor& out_ids) {
+void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingParams>& params, Tensor& out_ids) {
   MS_CHECK(!capturing_, "sample: not capture-safe (uploads parameters)");
   MS_CHECK(logits.device == Device::CUDA && out_ids.device == Device::CUDA && logits.rank() == 2,
            "sample: logits [R, V] and out_ids [R] must be on the GPU");

@@ -71,10 +71,19 @@ __device__ __forceinline__ float load1(const void* w, int64_t idx) {
 
 template <bool FP8, int MODE>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(LinParams p) {
+  // MoE: grid (row blocks, tiles). Plain linear: a 1-D grid with the row tiles varying
+  // fastest, so the <= 8 tiles that read the same weight rows run together and all but the
+  // first find those rows in L2 (one DRAM pass over the weights for up to 64 rows).
+  int tile = blockIdx.y, nblk = blockIdx.x;
+  if (!p.tile_expert) {
+    const int ntiles = ceil_div(p.M, kGemvTile);
+    tile = blockIdx.x % ntiles;
+    nblk = blockIdx.x / ntiles;
+  }
   TileInfo ti;
-  if (!tile_of(p, blockIdx.y, &ti)) return;
+  if (!tile_of(p, tile, &ti)) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_base = (blockIdx.x * kWarps + warp) * (MODE == int(LinMode::kSwiglu) ? 1 : kRowsPerWarp);
+  const int n_base = (nblk * kWarps + warp) * (MODE == int(LinMode::kSwiglu) ? 1 : kRowsPerWarp);
 
   // The weight matrices this warp reads and the global row of each of its kRowsPerWarp rows.
   const void* wmat[kRowsPerWarp];
@@ -117,16 +126,16 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(LinParams p) {
   // 16-byte vector path needs every row start and every x row 16-byte aligned.
   const bool vec = (K % 16 == 0) && (p.ldx % 8 == 0) && (p.bi % 16 == 0);
   if (vec) {
+    // The 16 weights of a lane lie in one block_in column block (16 | bi), so the block scale
+    // multiplies the 16-term partial sum once per row instead of every weight (fewer ALU ops:
+    // decode MoE tiles of 1-2 rows are otherwise bound by the dequantisation arithmetic).
     for (int k = lane * 16; k < K; k += 32 * 16) {
       float w[kRowsPerWarp][16];
+      float sc[kRowsPerWarp];
 #pragma unroll
       for (int j = 0; j < kRowsPerWarp; ++j) {
         load16<FP8>(wmat[j], wrow[j], K, k, w[j]);
-        if (FP8) {
-          const float sc = __ldg(smat[j] + (wrow[j] / p.bo) * p.s_cols + k / p.bi);
-#pragma unroll
-          for (int i = 0; i < 16; ++i) w[j][i] *= sc;
-        }
+        sc[j] = FP8 ? __ldg(smat[j] + (wrow[j] / p.bo) * p.s_cols + k / p.bi) : 1.f;
       }
 #pragma unroll
       for (int t = 0; t < kGemvTile; ++t) {
@@ -134,15 +143,20 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(LinParams p) {
           const uint4* xp = reinterpret_cast<const uint4*>(xrow[t] + k);
           const uint4 a = __ldg(xp), b = __ldg(xp + 1);
           const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+          float part[kRowsPerWarp];
+#pragma unroll
+          for (int j = 0; j < kRowsPerWarp; ++j) part[j] = 0.f;
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const float2 xv = bf16x2_to_f2(words[i]);
 #pragma unroll
             for (int j = 0; j < kRowsPerWarp; ++j) {
-              acc[t][j] = fmaf(w[j][2 * i], xv.x, acc[t][j]);
-              acc[t][j] = fmaf(w[j][2 * i + 1], xv.y, acc[t][j]);
+              part[j] = fmaf(w[j][2 * i], xv.x, part[j]);
+              part[j] = fmaf(w[j][2 * i + 1], xv.y, part[j]);
             }
           }
+#pragma unroll
+          for (int j = 0; j < kRowsPerWarp; ++j) acc[t][j] = fmaf(part[j], sc[j], acc[t][j]);
         }
       }
     }
@@ -200,8 +214,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(LinParams p) {
 template <int MODE>
 void launch_mode(const LinParams& p, cudaStream_t s) {
   const int rows_per_block = kWarps * (MODE == int(LinMode::kSwiglu) ? 1 : kRowsPerWarp);
-  dim3 grid(ceil_div(p.N, rows_per_block), p.tile_expert ? p.max_tiles : ceil_div(p.M, kGemvTile));
-  if (grid.y == 0) return;
+  const int nblocks = ceil_div(p.N, rows_per_block);
+  dim3 grid = p.tile_expert ? dim3(nblocks, p.max_tiles) : dim3(nblocks * ceil_div(p.M, kGemvTile), 1);
+  if (grid.x == 0 || grid.y == 0) return;
   if (p.fp8)
     gemv_kernel<true, MODE><<<grid, kWarps * 32, 0, s>>>(p);
   else

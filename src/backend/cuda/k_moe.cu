@@ -9,29 +9,73 @@ namespace {
 
 constexpr int kMaxExperts = 1024;
 
-// One block per token: 8 warps compute the E router logits (f32 accumulation over H), then
-// warp 0 picks top_k by (biased score desc, expert id asc).
+// Router logits [T, E] = x [T, H] . gate [E, H]^T in f32. A warp owns one expert row and a
+// chunk of kRouteTok tokens, so the gate (3 MB f32 for M2.5) is read once per token chunk
+// rather than once per token, and a decode step spreads it over E / 2 blocks instead of one.
+constexpr int kRouteTok = 8, kRouteWarps = 2;
+__global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RouteParams p) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int e = blockIdx.x * kRouteWarps + warp, t0 = blockIdx.y * kRouteTok;
+  if (e >= p.E) return;
+  const int nt = min(kRouteTok, p.T - t0);
+  float acc[kRouteTok];
+#pragma unroll
+  for (int j = 0; j < kRouteTok; ++j) acc[j] = 0.f;
+  const bool vec = p.H % 4 == 0 && !p.gate_bf16;
+  if (vec) {
+    const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
+    for (int h4 = lane; h4 < p.H / 4; h4 += 32) {
+      const float4 w = __ldg(g + h4);
+#pragma unroll
+      for (int j = 0; j < kRouteTok; ++j) {
+        if (j < nt) {
+          const int64_t xi = int64_t(t0 + j) * p.H + 4 * h4;
+          float x0, x1, x2, x3;
+          if (p.x_bf16) {
+            const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.x) + xi));
+            const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
+            x0 = a.x, x1 = a.y, x2 = b.x, x3 = b.y;
+          } else {
+            const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + xi));
+            x0 = v.x, x1 = v.y, x2 = v.z, x3 = v.w;
+          }
+          acc[j] = fmaf(x0, w.x, fmaf(x1, w.y, fmaf(x2, w.z, fmaf(x3, w.w, acc[j]))));
+        }
+      }
+    }
+  } else {
+    for (int h = lane; h < p.H; h += 32) {
+      const int64_t wi = int64_t(e) * p.H + h;
+      const float wv = p.gate_bf16 ? bf2f(static_cast<const bf16*>(p.gate)[wi]) : static_cast<const float*>(p.gate)[wi];
+#pragma unroll
+      for (int j = 0; j < kRouteTok; ++j) {
+        if (j < nt) {
+          const int64_t xi = int64_t(t0 + j) * p.H + h;
+          const float xv = p.x_bf16 ? bf2f(static_cast<const bf16*>(p.x)[xi]) : static_cast<const float*>(p.x)[xi];
+          acc[j] = fmaf(xv, wv, acc[j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRouteTok; ++j) {
+    const float v = warp_sum(acc[j]);
+    if (lane == 0 && j < nt) p.logits[int64_t(t0 + j) * p.E + e] = v;
+  }
+}
+
+// One warp per token: sigmoid scores from the logits, then top_k by (biased score desc,
+// expert id asc), weights renormalised over the chosen k.
 __global__ void route_kernel(RouteParams p) {
   __shared__ float score[kMaxExperts];   // sigmoid(logit)
   __shared__ float choice[kMaxExperts];  // score + bias
-  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int e = warp; e < p.E; e += nw) {
-    float acc = 0.f;
-    for (int h = lane; h < p.H; h += 32) {
-      const int64_t xi = int64_t(t) * p.H + h, wi = int64_t(e) * p.H + h;
-      const float xv = p.x_bf16 ? bf2f(static_cast<const bf16*>(p.x)[xi]) : static_cast<const float*>(p.x)[xi];
-      const float wv = p.gate_bf16 ? bf2f(static_cast<const bf16*>(p.gate)[wi]) : static_cast<const float*>(p.gate)[wi];
-      acc = fmaf(xv, wv, acc);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-      const float s = 1.f / (1.f + expf(-acc));
-      score[e] = s;
-      choice[e] = s + (p.bias ? p.bias[e] : 0.f);
-    }
+  const int t = blockIdx.x, lane = threadIdx.x & 31;
+  for (int e = lane; e < p.E; e += 32) {
+    const float s = 1.f / (1.f + expf(-p.logits[int64_t(t) * p.E + e]));
+    score[e] = s;
+    choice[e] = s + (p.bias ? p.bias[e] : 0.f);
   }
-  __syncthreads();
-  if (warp != 0) return;
+  __syncwarp();
   float sum = 0.f;
   for (int j = 0; j < p.top_k; ++j) {
     float best = -INFINITY;
@@ -61,13 +105,16 @@ __global__ void route_kernel(RouteParams p) {
   }
 }
 
-// Single block. Pass 1 counts pairs per local expert (the atomic's return value is the pair's
-// rank within its expert), thread 0 scans counts into offsets and tiles, pass 2 scatters.
-// The order of pairs inside one expert is not deterministic, but every pair's result is
-// computed independently and combined in k order, so outputs are.
-__global__ void align_kernel(MoeAlignParams p) {
+// Single block of 1024 threads. Pass 1 counts pairs per local expert (the atomic's return
+// value is the pair's rank within its expert); a block-wide scan turns counts and per-expert
+// tile counts into offsets (thread e owns expert e, so no serial loop over experts); each
+// expert's thread writes its tiles; pass 2 scatters. The order of pairs inside one expert is
+// not deterministic, but every pair's result is computed independently and combined in k
+// order, so outputs are.
+__global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
   __shared__ int count[kMaxExperts];
   __shared__ int offset[kMaxExperts];
+  __shared__ int scan_a[kMaxExperts], scan_b[kMaxExperts];  // (pairs, tiles) inclusive scans
   const int P = p.T * p.top_k;
   for (int e = threadIdx.x; e < p.num_local; e += blockDim.x) count[e] = 0;
   __syncthreads();
@@ -76,25 +123,35 @@ __global__ void align_kernel(MoeAlignParams p) {
     p.pair_pos[i] = (e >= 0 && e < p.num_local) ? atomicAdd(&count[e], 1) : -1;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int off = 0, tiles = 0;
-    for (int e = 0; e < p.num_local; ++e) {
-      offset[e] = off;
-      for (int b = 0; b < count[e]; b += p.tile_rows) {
-        p.tile_expert[tiles] = e;
-        p.tile_begin[tiles] = off + b;
-        p.tile_end[tiles] = off + min(count[e], b + p.tile_rows);
-        ++tiles;
-      }
-      off += count[e];
-    }
-    *p.num_tiles = tiles;
+  // Hillis-Steele inclusive scan over kMaxExperts entries (num_local <= blockDim.x = 1024).
+  const int e = threadIdx.x;
+  const int my_cnt = e < p.num_local ? count[e] : 0;
+  const int my_tiles = (my_cnt + p.tile_rows - 1) / p.tile_rows;
+  scan_a[e] = my_cnt;
+  scan_b[e] = my_tiles;
+  __syncthreads();
+  for (int d = 1; d < kMaxExperts; d <<= 1) {
+    const int va = e >= d ? scan_a[e - d] : 0, vb = e >= d ? scan_b[e - d] : 0;
+    __syncthreads();
+    scan_a[e] += va;
+    scan_b[e] += vb;
+    __syncthreads();
   }
+  if (e < p.num_local) {
+    const int off = scan_a[e] - my_cnt, t0 = scan_b[e] - my_tiles;
+    offset[e] = off;
+    for (int j = 0; j < my_tiles; ++j) {
+      p.tile_expert[t0 + j] = e;
+      p.tile_begin[t0 + j] = off + j * p.tile_rows;
+      p.tile_end[t0 + j] = off + min(my_cnt, (j + 1) * p.tile_rows);
+    }
+  }
+  if (e == kMaxExperts - 1) *p.num_tiles = scan_b[e];
   __syncthreads();
   for (int i = threadIdx.x; i < P; i += blockDim.x) {
-    const int e = p.ids[i] - p.first_local;
-    if (e >= 0 && e < p.num_local) {
-      const int pos = offset[e] + p.pair_pos[i];
+    const int ex = p.ids[i] - p.first_local;
+    if (ex >= 0 && ex < p.num_local) {
+      const int pos = offset[ex] + p.pair_pos[i];
       p.pair_pos[i] = pos;
       p.sorted_token[pos] = i / p.top_k;
       p.sorted_weight[pos] = p.weights[i];
@@ -123,7 +180,10 @@ __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int 
 void launch_moe_route(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E, "moe_route: " + std::to_string(p.E) + " experts, top_k " + std::to_string(p.top_k) + " unsupported");
   if (p.T == 0) return;
-  route_kernel<<<p.T, 256, 0, s>>>(p);
+  CU_REQUIRE(p.logits != nullptr, "moe_route: no logits workspace");
+  route_logits_kernel<<<dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), kRouteWarps * 32, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+  route_kernel<<<p.T, 32, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

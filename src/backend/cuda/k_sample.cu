@@ -2,9 +2,11 @@
 // greedy (temperature <= 0): argmax, lowest index on ties. Otherwise z = logit / T; top-k and
 // top-p keep the tokens whose z is at least a threshold found by bisection on the
 // order-preserving integer image of z (32 steps, each a block-wide count or probability
-// sum), so no sort is needed. Ties at the threshold are all kept (top-k may keep a few more
-// than k on exactly equal logits). A uniform u from a counter-based hash of (seed, row)
-// picks the token by a prefix scan over kept probabilities in index order.
+// sum), so no sort is needed. The midpoint is computed in 64 bits: with lo = 0 and
+// hi = 2^32 - 1, a 32-bit hi - lo + 1 wraps to 0 and the bisection never ends. Ties at the
+// threshold are all kept (top-k may keep a few more than k on exactly equal logits). A
+// uniform u from a counter-based hash of (seed, row) picks the token by a prefix scan over
+// kept probabilities in index order.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -77,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
     // Largest thr with count(ordered(z) >= thr) >= top_k.
     uint32_t lo = 0, hi = 0xffffffffu;
     while (lo < hi) {
-      const uint32_t mid = lo + (hi - lo + 1) / 2;
+      const uint32_t mid = uint32_t(lo + (uint64_t(hi) - lo + 1) / 2);  // 64-bit: hi - lo + 1 may be 2^32
       float c = 0.f;
       for (int i = threadIdx.x; i < V; i += kThreads) c += ordered(logit(logits, bf, base + i) * invT) >= mid;
       c = block_sum(c, red);
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
     const float target = sp.top_p * total;
     uint32_t lo = thr, hi = 0xffffffffu;
     while (lo < hi) {
-      const uint32_t mid = lo + (hi - lo + 1) / 2;
+      const uint32_t mid = uint32_t(lo + (uint64_t(hi) - lo + 1) / 2);  // 64-bit: hi - lo + 1 may be 2^32
       float m = 0.f;
       for (int i = threadIdx.x; i < V; i += kThreads) {
         const float z = logit(logits, bf, base + i) * invT;

@@ -114,6 +114,7 @@ struct RouteParams {
   int T = 0, H = 0, E = 0, top_k = 0;
   int32_t* ids = nullptr;  // [T, top_k]
   float* weights = nullptr;
+  float* logits = nullptr;  // workspace [T, E] f32: router logits between the two kernels
 };
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
 
@@ -133,8 +134,11 @@ struct MoeAlignParams {
   int32_t* num_tiles = nullptr;
 };
 void launch_moe_align(const MoeAlignParams& p, cudaStream_t s);
+// Tiles of <= tile_rows pairs, one expert each: sum_e ceil(c_e / R) <= ceil(P / R) + (experts
+// with c_e > 0) <= ceil(P / R) + min(P, E_local). The min matters for decode: batch 1 has 9
+// tiles at most, not 257, so the grid holds no hundreds of idle blocks per expert kernel.
 inline int moe_max_tiles(int pairs, int tile_rows, int num_local) {
-  return (pairs + tile_rows - 1) / tile_rows + num_local;
+  return (pairs + tile_rows - 1) / tile_rows + (pairs < num_local ? pairs : num_local);
 }
 // out[t, h] = sum_k ypair[pair_pos[t*k + j], h] (fixed order; missing pairs add 0).
 void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int top_k, int H,
@@ -159,6 +163,9 @@ struct AttnParams {
 // Query tokens per block for a GQA group size.
 int attn_query_tile(int group);
 void launch_attention(const AttnParams& p, cudaStream_t s);
+// Tensor-core prefill attention (k_attn_tc.cu): head_dim 128, >= 64 query tokens, no splits.
+bool attention_tc_supported(const AttnParams& p);
+void launch_attention_tc(const AttnParams& p, cudaStream_t s);
 
 // ---- random fill (k_fill.cu): kind 0 f32, 1 bf16, 2 fp8 e4m3; uniform in [-scale, scale] ----
 void launch_fill_random(void* p, int kind, int64_t n, uint64_t seed, float scale, cudaStream_t s);
