@@ -71,9 +71,9 @@ def test_make_tiny_deterministic_and_loadable(tmp_path):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     common = ["--hidden-size", "128", "--head-dim", "32", "--rotary-dim", "16", "--intermediate-size", "64",
               "--vocab-size", "512"]
-    run("make-tiny", str(a), "--seed", "7", *common)
-    run("make-tiny", str(b), "--seed", "7", *common)
-    run("make-tiny", str(c), "--seed", "8", *common)
+    run("make-tiny", str(a), "--seed", "7", "--no-tokenizer", *common)
+    run("make-tiny", str(b), "--seed", "7", "--no-tokenizer", *common)
+    run("make-tiny", str(c), "--seed", "8", "--no-tokenizer", *common)
     files = sorted(os.listdir(a))
     assert "config.json" in files and "generation_config.json" in files
     assert "model.safetensors.index.json" in files
@@ -95,7 +95,7 @@ def test_make_tiny_deterministic_and_loadable(tmp_path):
 
 def test_make_tiny_fp8_and_load_errors(tmp_path):
     d = tmp_path / "fp8"
-    run("make-tiny", str(d), "--fp8", "--block-size", "64", "--hidden-size", "192", "--intermediate-size", "96",
+    run("make-tiny", str(d), "--no-tokenizer", "--fp8", "--block-size", "64", "--hidden-size", "192", "--intermediate-size", "96",
         "--head-dim", "48", "--rotary-dim", "24", "--vocab-size", "300", "--num-mtp-modules", "2")
     r = json.loads(run("inspect", str(d), "--json").stdout)
     assert r["quantization"]["weight_block_size"] == [64, 64] and r["complete"]
@@ -120,7 +120,7 @@ def test_make_tiny_fp8_odd_blocks_matches_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     st = pytest.importorskip("safetensors.torch")
     d = tmp_path / "m"
-    run("make-tiny", str(d), "--seed", "3", "--fp8", "--block-size", "48", "--hidden-size", "160",
+    run("make-tiny", str(d), "--seed", "3", "--no-tokenizer", "--fp8", "--block-size", "48", "--hidden-size", "160",
         "--intermediate-size", "80", "--head-dim", "40", "--rotary-dim", "20", "--vocab-size", "700")
     cfg = json.load(open(d / "config.json"))
     idx = json.load(open(d / "model.safetensors.index.json"))
