@@ -140,12 +140,6 @@ bool is_numeric(char32_t c) {
   return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
 }
 
-bool is_punctuation(char32_t c) {
-  if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
-  auto k = category(c);
-  return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
-}
-
 bool is_word_char(char32_t c) {
   if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
   auto k = category(c);
@@ -176,6 +170,8 @@ bool in_ranges(const CpRange (&t)[N], char32_t c) {
 }
 }  // namespace
 
+// HF is_punc: ASCII punctuation or the unicode_categories crate's (pre-Unicode-9) P* tables.
+bool is_punctuation(char32_t c) { return in_ranges(kBertPunctuation, c); }
 bool is_bert_other(char32_t c) { return in_ranges(kBertOther, c); }
 bool is_nonspacing_mark(char32_t c) { return c >= 0x300 && in_ranges(kBertNonspacingMark, c); }
 

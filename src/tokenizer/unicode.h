@@ -47,7 +47,7 @@ const std::array<std::string, 256>& byte_to_utf8();
 bool is_white_space(char32_t c);
 // Rust char::is_numeric (general categories Nd, Nl, No).
 bool is_numeric(char32_t c);
-// HF `is_punc`: ASCII punctuation or general category P*.
+// HF `is_punc`: ASCII punctuation or general category P* (of the tables HF uses; bert_tables.inc).
 bool is_punctuation(char32_t c);
 // Rust regex \w: alphabetic, marks, decimal digits, connector punctuation.
 bool is_word_char(char32_t c);
