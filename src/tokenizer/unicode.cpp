@@ -147,11 +147,6 @@ bool is_word_char(char32_t c) {
          k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC || c == 0x200C || c == 0x200D;
 }
 
-bool is_mark(char32_t c) {
-  if (c < 0x80) return false;
-  auto k = category(c);
-  return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
-}
 
 namespace {
 struct CpRange {
@@ -172,6 +167,8 @@ bool in_ranges(const CpRange (&t)[N], char32_t c) {
 
 // HF is_punc: ASCII punctuation or the unicode_categories crate's (pre-Unicode-9) P* tables.
 bool is_punctuation(char32_t c) { return in_ranges(kBertPunctuation, c); }
+// StripAccents: the combining marks of the unicode-normalization tables HF uses.
+bool is_mark(char32_t c) { return c >= 0x300 && in_ranges(kStripAccentsMark, c); }
 bool is_bert_other(char32_t c) { return in_ranges(kBertOther, c); }
 bool is_nonspacing_mark(char32_t c) { return c >= 0x300 && in_ranges(kBertNonspacingMark, c); }
 

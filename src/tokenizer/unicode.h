@@ -51,7 +51,7 @@ bool is_numeric(char32_t c);
 bool is_punctuation(char32_t c);
 // Rust regex \w: alphabetic, marks, decimal digits, connector punctuation.
 bool is_word_char(char32_t c);
-// General category M* (Mn, Mc, Me): what HF StripAccents removes.
+// Combining marks (M*) as HF StripAccents sees them (its tables; bert_tables.inc).
 bool is_mark(char32_t c);
 // BertNormalizer's character classes, from the (pre-Unicode-9) tables HF uses: "other"
 // (Cc, Cf, Co) and non-spacing marks (Mn). See bert_tables.inc.
