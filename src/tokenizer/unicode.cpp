@@ -1,5 +1,7 @@
 #include "tokenizer/unicode.h"
 
+#include <iterator>
+
 #include <utf8proc.h>
 
 namespace moeserve::tok {
@@ -170,6 +172,24 @@ bool is_punctuation(char32_t c) { return in_ranges(kBertPunctuation, c); }
 // StripAccents: the combining marks of the unicode-normalization tables HF uses.
 bool is_mark(char32_t c) { return c >= 0x300 && in_ranges(kStripAccentsMark, c); }
 bool is_bert_other(char32_t c) { return in_ranges(kBertOther, c); }
+
+namespace {
+struct ScriptRange {
+  char32_t lo, hi;
+  int cls;
+};
+#include "tokenizer/scripts_table.inc"
+}  // namespace
+
+int script_class(char32_t c) {
+  size_t lo = 0, hi = std::size(kScriptRanges);
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (kScriptRanges[mid].hi < c) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < std::size(kScriptRanges) && kScriptRanges[lo].lo <= c ? kScriptRanges[lo].cls : -1;
+}
 bool is_nonspacing_mark(char32_t c) { return c >= 0x300 && in_ranges(kBertNonspacingMark, c); }
 
 }  // namespace moeserve::tok

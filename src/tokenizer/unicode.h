@@ -57,5 +57,8 @@ bool is_mark(char32_t c);
 // (Cc, Cf, Co) and non-spacing marks (Mn). See bert_tables.inc.
 bool is_bert_other(char32_t c);
 bool is_nonspacing_mark(char32_t c);
+// Script class of HF's UnicodeScripts pre-tokenizer (Hiragana/Katakana/U+30FC count as Han),
+// -1 for "Any" (' ' and characters HF's table does not know). See scripts_table.inc.
+int script_class(char32_t c);
 
 }  // namespace moeserve::tok
