@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
+#include <memory>
+#include <random>
 #include <string>
 
 #include "core/error.h"
@@ -195,4 +197,40 @@ TEST(Models, WordPieceGreedyLongestMatch) {
   EXPECT_EQ(t->encode("unaffable", false), (std::vector<int32_t>{4, 5, 3}));  // una ##ff ##able (longest first)
   EXPECT_EQ(t->encode("unax", false), (std::vector<int32_t>{0}));            // an unmatchable rest -> [UNK]
   EXPECT_EQ(t->decode({4, 5, 3, 6}, false), "unaffable a");
+}
+
+TEST(TokenizerErrors, RandomPrecompiledBlobsNeverReadOutOfBounds) {
+  // Random tries (header consistent with the blob size) must load and normalize without
+  // crashing: every trie step and replacement offset is bounds-checked.
+  std::mt19937 rng(1234);
+  static const char* kB64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  for (int round = 0; round < 200; ++round) {
+    size_t units = 1 + rng() % 64;
+    std::string blob;
+    uint32_t trie_bytes = static_cast<uint32_t>(units * 4);
+    for (int k = 0; k < 4; ++k) blob.push_back(static_cast<char>((trie_bytes >> (8 * k)) & 0xFF));
+    for (size_t k = 0; k < units * 4; ++k) blob.push_back(static_cast<char>(rng() & 0xFF));
+    for (size_t k = 0, n = rng() % 16; k < n; ++k) blob.push_back(static_cast<char>('a' + rng() % 26));
+    while (blob.size() % 3) blob.push_back('\0');
+    std::string b64;
+    for (size_t i = 0; i < blob.size(); i += 3) {
+      uint32_t v = (static_cast<uint32_t>(static_cast<unsigned char>(blob[i])) << 16) |
+                   (static_cast<uint32_t>(static_cast<unsigned char>(blob[i + 1])) << 8) | static_cast<unsigned char>(blob[i + 2]);
+      for (int s = 18; s >= 0; s -= 6) b64.push_back(kB64[(v >> s) & 63]);
+    }
+    Parts p;
+    p.normalizer = R"({"type":"Precompiled","precompiled_charsmap":")" + b64 + R"("})";
+    std::shared_ptr<const Tokenizer> t;
+    try {
+      t = Tokenizer::from_json_string(p.json(), "random-charsmap");
+    } catch (const moeserve::Error&) {
+      continue;  // e.g. replacement strings that are not UTF-8
+    }
+    for (const char* s : {"abc", "a\xC3\xA9z", "\xE4\xB8\xAD\xE6\x96\x87", "\xF0\x9F\x98\x80 x", ""}) {
+      try {
+        t->encode(s, false);
+      } catch (const moeserve::Error&) {
+      }
+    }
+  }
 }
