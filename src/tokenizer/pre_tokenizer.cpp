@@ -181,6 +181,32 @@ struct Metaspace final : PreTokenizer {
   }
 };
 
+// HF UnicodeScripts: a piece starts at every character whose script differs from the last
+// non-"Any" script; text before the first such character is dropped (HF's split ranges
+// start there), so a piece of only "Any" characters (spaces) vanishes, as in HF.
+struct UnicodeScripts final : PreTokenizer {
+  void apply(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    out.reserve(pieces.size() * 2);
+    std::vector<size_t> cuts;
+    for (auto& p : pieces) {
+      cuts.clear();
+      int last = -2;  // none yet
+      size_t i = 0;
+      while (i < p.text.size()) {
+        size_t b = i;
+        int s = script_class(next_cp(p.text, i));
+        if (s != -1 && s != last) cuts.push_back(b);
+        if (s != -1) last = s;
+      }
+      cuts.push_back(p.text.size());
+      for (size_t k = 0; k + 1 < cuts.size(); ++k)
+        out.push_back({p.text.substr(cuts[k], cuts[k + 1] - cuts[k]), p.at_start && cuts[k] == 0});
+    }
+    pieces.swap(out);
+  }
+};
+
 struct Sequence final : PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> items;
   void apply(std::vector<Piece>& pieces) const override {
@@ -256,6 +282,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j) {
     m->split = j.value("split", true);
     return m;
   }
+  if (type == "UnicodeScripts") return std::make_unique<UnicodeScripts>();
   if (type == "Sequence") {
     auto s = std::make_unique<Sequence>();
     for (auto& p : j.at("pretokenizers")) {

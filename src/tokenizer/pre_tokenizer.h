@@ -1,7 +1,7 @@
 // Pre-tokenizers of tokenizer.json (`pre_tokenizer`): Split (regex or string, every
 // behaviour, invert), ByteLevel (with/without its GPT-2 regex, add_prefix_space), Digits,
 // Metaspace, Whitespace, WhitespaceSplit, Punctuation, CharDelimiterSplit, BertPreTokenizer,
-// Sequence. Each works on a list of pieces, like HF's PreTokenizedString without offsets.
+// UnicodeScripts, Sequence. Each works on a list of pieces, like HF's PreTokenizedString without offsets.
 #pragma once
 #include <memory>
 #include <nlohmann/json_fwd.hpp>

@@ -1,5 +1,7 @@
 #include "tokenizer/unicode.h"
 
+#include <iterator>
+
 #include <utf8proc.h>
 
 namespace moeserve::tok {
@@ -140,12 +142,6 @@ bool is_numeric(char32_t c) {
   return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
 }
 
-bool is_punctuation(char32_t c) {
-  if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
-  auto k = category(c);
-  return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
-}
-
 bool is_word_char(char32_t c) {
   if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
   auto k = category(c);
@@ -153,11 +149,6 @@ bool is_word_char(char32_t c) {
          k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC || c == 0x200C || c == 0x200D;
 }
 
-bool is_mark(char32_t c) {
-  if (c < 0x80) return false;
-  auto k = category(c);
-  return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
-}
 
 namespace {
 struct CpRange {
@@ -176,7 +167,29 @@ bool in_ranges(const CpRange (&t)[N], char32_t c) {
 }
 }  // namespace
 
+// HF is_punc: ASCII punctuation or the unicode_categories crate's (pre-Unicode-9) P* tables.
+bool is_punctuation(char32_t c) { return in_ranges(kBertPunctuation, c); }
+// StripAccents: the combining marks of the unicode-normalization tables HF uses.
+bool is_mark(char32_t c) { return c >= 0x300 && in_ranges(kStripAccentsMark, c); }
 bool is_bert_other(char32_t c) { return in_ranges(kBertOther, c); }
+
+namespace {
+struct ScriptRange {
+  char32_t lo, hi;
+  int cls;
+};
+#include "tokenizer/scripts_table.inc"
+}  // namespace
+
+int script_class(char32_t c) {
+  size_t lo = 0, hi = std::size(kScriptRanges);
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (kScriptRanges[mid].hi < c) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < std::size(kScriptRanges) && kScriptRanges[lo].lo <= c ? kScriptRanges[lo].cls : -1;
+}
 bool is_nonspacing_mark(char32_t c) { return c >= 0x300 && in_ranges(kBertNonspacingMark, c); }
 
 }  // namespace moeserve::tok

@@ -47,15 +47,18 @@ const std::array<std::string, 256>& byte_to_utf8();
 bool is_white_space(char32_t c);
 // Rust char::is_numeric (general categories Nd, Nl, No).
 bool is_numeric(char32_t c);
-// HF `is_punc`: ASCII punctuation or general category P*.
+// HF `is_punc`: ASCII punctuation or general category P* (of the tables HF uses; bert_tables.inc).
 bool is_punctuation(char32_t c);
 // Rust regex \w: alphabetic, marks, decimal digits, connector punctuation.
 bool is_word_char(char32_t c);
-// General category M* (Mn, Mc, Me): what HF StripAccents removes.
+// Combining marks (M*) as HF StripAccents sees them (its tables; bert_tables.inc).
 bool is_mark(char32_t c);
 // BertNormalizer's character classes, from the (pre-Unicode-9) tables HF uses: "other"
 // (Cc, Cf, Co) and non-spacing marks (Mn). See bert_tables.inc.
 bool is_bert_other(char32_t c);
 bool is_nonspacing_mark(char32_t c);
+// Script class of HF's UnicodeScripts pre-tokenizer (Hiragana/Katakana/U+30FC count as Han),
+// -1 for "Any" (' ' and characters HF's table does not know). See scripts_table.inc.
+int script_class(char32_t c);
 
 }  // namespace moeserve::tok

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -12,7 +15,52 @@ namespace moeserve::tok {
 
 namespace {
 constexpr double kUnkPenalty = 10.0;
+
+// HF reads scores with serde_json's default float parser, which is not correctly rounded:
+// it takes the decimal digits as a u64 significand s and a power of ten e and returns
+// f64(s) * 10^e or f64(s) / 10^-e (10^k from a correctly rounded table), so some scores end up
+// one ulp away from the correctly rounded value. Viterbi ties between equal-sum paths then
+// break differently, so moeserve reproduces HF's value. nlohmann has already parsed the
+// number (correctly rounded); tokenizer.json files are written with the shortest round-trip
+// digits (ryu), so the shortest representation of that double gives back the digits.
+double serde_json_f64(double d) {
+  if (!std::isfinite(d) || d == 0) return d;
+  char buf[48];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*e", prec - 1, d);
+    if (std::strtod(buf, nullptr) == d) break;
+  }
+  // buf = [-]D[.DDD]e[+-]XX
+  const char* p = buf;
+  bool neg = *p == '-';
+  if (neg) ++p;
+  uint64_t sig = 0;
+  int ndig = 0;
+  for (; *p && *p != 'e'; ++p) {
+    if (*p == '.') continue;
+    sig = sig * 10 + static_cast<uint64_t>(*p - '0');
+    ++ndig;
+  }
+  int exp = std::atoi(p + 1) - (ndig - 1);
+  static const std::vector<double> pow10 = [] {
+    std::vector<double> t(309);
+    for (int k = 0; k <= 308; ++k) t[static_cast<size_t>(k)] = std::strtod(("1e" + std::to_string(k)).c_str(), nullptr);
+    return t;
+  }();
+  double f = static_cast<double>(sig);
+  for (;;) {
+    int a = exp < 0 ? -exp : exp;
+    if (a <= 308) {
+      f = exp >= 0 ? f * pow10[static_cast<size_t>(a)] : f / pow10[static_cast<size_t>(a)];
+      break;
+    }
+    if (exp >= 0) return d;  // out of range for serde too; keep the value
+    f /= 1e308;
+    exp += 308;
+  }
+  return neg ? -f : f;
 }
+}  // namespace
 
 Unigram::Unigram(const nlohmann::json& m) {
   MS_CHECK(m.contains("vocab") && m["vocab"].is_array(), "Unigram model: 'vocab' must be an array of [piece, score]");
@@ -25,7 +73,7 @@ Unigram::Unigram(const nlohmann::json& m) {
     MS_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_number(),
              "Unigram model: vocab[{}] must be [piece, score], got {}", k, e.dump());
     pieces_.push_back(e[0].get<std::string>());
-    scores_.push_back(e[1].get<double>());
+    scores_.push_back(e[1].is_number_float() ? serde_json_f64(e[1].get<double>()) : e[1].get<double>());
     min_score_ = std::min(min_score_, scores_.back());
   }
   if (m.contains("unk_id") && !m["unk_id"].is_null()) {

@@ -50,7 +50,7 @@ def generated_corpus(seed, lines):
     return out
 
 
-TRAIN = generated_corpus(1, 12000) + corpus()
+TRAIN = generated_corpus(1, 7000) + corpus()
 TEXTS = corpus() + generated_corpus(2, 150)
 _cache = {}
 

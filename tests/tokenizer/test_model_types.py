@@ -22,7 +22,11 @@ EXTRA = ["Héllo Wörld ÀÉÎÕÜ e\u0301 a\u0308\u0301", "中文字符测试�
          "zero\u200bwidth\u200d joiner\ufeffbom\u2028ls\u2029ps\u1680ogham", "▁meta▁ space\ufffd", "ＦＵＬＬ ｗｉｄｔｈ １２３",
          "ﬁnal ﬂow ǅ ǈ Ⅻ ½ ㎏ ℡", "\u1100\u1161\u11a8 각 \U0001F468\u200d\U0001F469\u200d\U0001F467 \U0001F1EF\U0001F1F5",
          "  leading and   multiple   spaces  ", "İstanbul ΣΊΣΥΦΟΣ straße", "don't do not it's we're I'm they've . , ! ?",
-         "\u0915\u094d\u0937 \u0e01\u0e33 \u0627\u0644\u0639\u0631\u0628\u064a\u0629", "\U00020000\U0002A700\U0002B820 \uf900 \u4e00\u9fff"]
+         "\u0915\u094d\u0937 \u0e01\u0e33 \u0627\u0644\u0639\u0631\u0628\u064a\u0629", "\U00020000\U0002A700\U0002B820 \uf900 \u4e00\u9fff",
+         # Characters HF's (pre-Unicode-9) category tables do not know: newer punctuation,
+         # format characters and marks; HF keeps them as ordinary characters.
+         "Apples are りんご 林檎 ーカタカナ", " a", "   ", "x\u0378y abc\U000C5000def \U000C5000", "ab12цд3 ζ!",
+         "a\u2e43b\u2e4fc\u2e5d d\u08e2e\u0890f\U000110cdg\U00013430 h\u1885i\u07fdj\u0898k\u1ac0l a\u0301\u0898"]
 ALL = TEXTS + EXTRA
 
 _cache = {}
@@ -158,6 +162,15 @@ def unigram_bf_tokenizer(tmp, name, decoder):
 def unigram_byte_fallback(tmp):
     return unigram_bf_tokenizer(tmp, "unigram_bf", decoders.Sequence([decoders.ByteFallback(),
                                                                        decoders.Metaspace(prepend_scheme="first")]))
+
+
+@variant
+def unigram_unicode_scripts(tmp):
+    v = unigram_vocab()
+    t = Tokenizer(models.Unigram(v, unk_id=1))
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.UnicodeScripts(), pre_tokenizers.Metaspace()])
+    t.decoder = decoders.Metaspace()
+    return save("unigram_scripts", tmp, t)
 
 
 @variant
