@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 
@@ -87,14 +88,16 @@ Value f_default(const Value& v, ArgReader& r) {
 }
 
 Value f_length(const Value& v, ArgReader&) { return Value::integer(py_len(v)); }
-Value f_string(const Value& v, ArgReader&) { return Value::string(py_str(v)); }
-Value f_safe(const Value& v, ArgReader&) { return Value::string(py_str(v)); }
+Value f_string(const Value& v, ArgReader&) { return v.is_string() ? v : Value::string(py_str(v)); }
+Value f_safe(const Value& v, ArgReader&) { return v.markup ? v : make_markup(py_str(v)); }
 Value f_lower(const Value& v, ArgReader&) { return call_method(Value::string(py_str(v)), "lower"); }
 Value f_upper(const Value& v, ArgReader&) { return call_method(Value::string(py_str(v)), "upper"); }
 Value f_capitalize(const Value& v, ArgReader&) { return call_method(Value::string(py_str(v)), "capitalize"); }
 Value f_trim(const Value& v, ArgReader& r) {
   const Value* chars = r.arg(0, "chars");
-  return call_method(Value::string(py_str(v)), "strip", chars ? std::vector<Value>{*chars} : std::vector<Value>{});
+  Value out = call_method(Value::string(py_str(v)), "strip", chars ? std::vector<Value>{*chars} : std::vector<Value>{});
+  out.markup = v.markup;  // Markup.strip returns Markup
+  return out;
 }
 
 Value f_title(const Value& v, ArgReader&) {
@@ -257,20 +260,7 @@ Value f_indent(const Value& v, ArgReader& r) {
   return Value::string(out);
 }
 
-Value f_escape(const Value& v, ArgReader&) {
-  std::string out;
-  for (char c : py_str(v)) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return Value::string(out);
-}
+Value f_escape(const Value& v, ArgReader&) { return v.markup ? v : make_markup(html_escape(py_str(v))); }
 
 Value f_unique(const Value& v, ArgReader& r) {
   bool cs = opt_bool(r, 0, "case_sensitive", false);
@@ -350,6 +340,7 @@ CallArgs rest_args(ArgReader& r, size_t from, std::vector<Value>& pos, std::vect
 
 Value f_map(const Value& v, ArgReader& r) {
   List out;
+  if (!v.truthy()) return Value::make_list({});  // jinja2: `if value:` guards the loop (None maps to nothing)
   const Value* attr = nullptr;
   const Value* dflt = nullptr;
   for (auto& [k, x] : *r.a.kw) {
@@ -373,6 +364,7 @@ Value f_map(const Value& v, ArgReader& r) {
 }
 
 Value select_impl(const Value& v, ArgReader& r, bool by_attr, bool keep_true) {
+  if (!v.truthy()) return Value::make_list({});  // as jinja2: falsy input (None too) selects nothing
   size_t idx = 0;
   const Value* attr = by_attr ? &need(r, idx++, "attribute") : nullptr;
   const Value* test = r.arg(idx++, nullptr);
@@ -451,7 +443,7 @@ bool t_in(const Value& v, ArgReader& r) {
     if (!v.is_string()) fail("'in <string>' requires string as left operand");
     return seq.s.find(v.s) != std::string::npos;
   }
-  if (seq.is_dict()) return v.is_string() && seq.find(v.s);
+  if (seq.is_dict()) return find_key(seq, v) != nullptr;
   for (const Value& x : iterate(seq))
     if (py_equal(x, v)) return true;
   return false;
@@ -538,7 +530,9 @@ Value g_raise_exception(CallArgs& a) {
 
 Value g_strftime_now(CallArgs& a) {
   if (a.pos->empty() || !(*a.pos)[0].is_string()) fail("strftime_now(format) needs a format string");
+  // MOESERVE_TEST_NOW (Unix seconds) pins "now" so tests can compare against Python.
   std::time_t t = std::time(nullptr);
+  if (const char* fixed = std::getenv("MOESERVE_TEST_NOW"); fixed && *fixed) t = static_cast<std::time_t>(std::atoll(fixed));
   std::tm tm{};
   localtime_r(&t, &tm);
   char buf[512];

@@ -44,7 +44,7 @@ List iterate(const Value& v) {
     case Value::Kind::List: return *v.list;
     case Value::Kind::Dict: {
       List keys;
-      for (const auto& [k, e] : *v.dict) keys.push_back(Value::string(k));
+      for (const auto& [k, e] : *v.dict) keys.push_back(key_value(k));
       return keys;
     }
     case Value::Kind::String: {
@@ -322,7 +322,7 @@ Value dict_method(const Value& d, const std::string& name, CallArgs& ca) {
   ArgReader r{ca, name.c_str()};
   if (name == "items") {
     List out;
-    for (const auto& [k, v] : *d.dict) out.push_back(Value::make_list({Value::string(k), v}, true));
+    for (const auto& [k, v] : *d.dict) out.push_back(Value::make_list({key_value(k), v}, true));
     return Value::make_list(std::move(out));
   }
   if (name == "keys") return Value::make_list(iterate(d));
@@ -335,8 +335,7 @@ Value dict_method(const Value& d, const std::string& name, CallArgs& ca) {
     const Value* key = r.arg(0, nullptr);
     if (!key) fail("get expected at least 1 argument, got 0");
     const Value* dflt = r.arg(1, nullptr);
-    if (key->is_string())
-      if (const Value* v = d.find(key->s)) return *v;
+    if (const Value* v = find_key(d, *key)) return *v;
     return dflt ? *dflt : Value::none();
   }
   if (name == "copy") return Value::make_dict(*d.dict);
@@ -403,6 +402,10 @@ Value get_item(const Value& obj, const Value& key) {
   if ((obj.is_dict() || obj.kind == Value::Kind::Namespace) && key.is_string()) {
     if (const Value* v = obj.find(key.s)) return *v;
     if (obj.is_dict()) return get_attr(obj, key.s);
+  }
+  if (obj.is_dict() && !key.is_string()) {
+    if (const Value* v = find_key(obj, key)) return *v;
+    return Value::undefined(fmt::format("dict object has no element {}", py_repr(key)));
   }
   if ((obj.is_list() || obj.is_string()) && (key.kind == Value::Kind::Int || key.kind == Value::Kind::Bool)) {
     int64_t idx = key.kind == Value::Kind::Bool ? key.b : key.i;

@@ -241,12 +241,12 @@ class Renderer {
         Dict d;
         for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
           Value key = eval(*e.args[k], sc);
-          if (!key.is_string()) fail("only string keys are supported in dict literals");
+          std::string ks = dict_key(key);
           Value val = eval(*e.args[k + 1], sc);
           bool replaced = false;
           for (auto& [dk, dv] : d)
-            if (dk == key.s) dv = val, replaced = true;
-          if (!replaced) d.emplace_back(key.s, std::move(val));
+            if (dk == ks) dv = val, replaced = true;
+          if (!replaced) d.emplace_back(std::move(ks), std::move(val));
         }
         return Value::make_dict(std::move(d));
       }
@@ -369,7 +369,7 @@ class Renderer {
         for (const Value& x : *container.list)
           if (py_equal(x, item)) return true;
         return false;
-      case Value::Kind::Dict: return item.is_string() && container.find(item.s) != nullptr;
+      case Value::Kind::Dict: return find_key(container, item) != nullptr;
       default: fail("argument of type '{}' is not iterable", container.type_name());
     }
   }
@@ -458,7 +458,11 @@ class Renderer {
     }
     if (op == "%" && l.is_string()) return Value::string(percent_format(l.s, r));
     if (op == "+") {
-      if (l.is_string() && r.is_string()) return Value::string(l.s + r.s);
+      if (l.is_string() && r.is_string()) {
+        if (!l.markup && !r.markup) return Value::string(l.s + r.s);
+        // Markup + str escapes the str (markupsafe), even without autoescape.
+        return make_markup((l.markup ? l.s : html_escape(l.s)) + (r.markup ? r.s : html_escape(r.s)));
+      }
       if (l.is_list() && r.is_list() && l.is_tuple == r.is_tuple) {
         List out = *l.list;
         out.insert(out.end(), r.list->begin(), r.list->end());
