@@ -113,7 +113,7 @@ std::string dict_key(const Value& k) {
   switch (k.kind) {
     case Value::Kind::String: return k.s;
     case Value::Kind::Int: return "\xFFi" + std::to_string(k.i);
-    case Value::Kind::Bool: return k.b ? "\xFFbT" : "\xFFbF";
+    case Value::Kind::Bool: return k.b ? "\xFFi1" : "\xFFi0";  // True == 1 as a dict key
     case Value::Kind::Float: return "\xFFf" + py_float_repr(k.f);
     case Value::Kind::None: return "\xFFn";
     default: fail("unhashable type: '{}'", k.type_name());
@@ -124,7 +124,6 @@ Value key_value(const std::string& k) {
   if (k.empty() || static_cast<unsigned char>(k[0]) != 0xFF) return Value::string(k);
   switch (k.size() > 1 ? k[1] : 'n') {
     case 'i': return Value::integer(std::stoll(k.substr(2)));
-    case 'b': return Value::boolean(k == "\xFFbT");
     case 'f': return Value::floating(std::stod(k.substr(2)));
     default: return Value::none();
   }

@@ -30,6 +30,7 @@ struct Value {
   enum class Kind : uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Function };
   Kind kind = Kind::Undefined;
   bool is_tuple = false;  // List kind printed as (a, b)
+  bool group_tuple = false;  // groupby's (grouper, list) tuple, which also has .grouper/.list
   bool markup = false;    // String that is a markupsafe.Markup (made by |safe, |escape):
                           // `+` with a plain str HTML-escapes the plain side, as Python does
   bool b = false;
