@@ -48,7 +48,9 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 
 def _strftime_now(fmt):
-    return datetime.now().strftime(fmt)
+    # MOESERVE_TEST_NOW (Unix seconds) pins "now" in tests; the C++ engine honours it too.
+    fixed = os.environ.get("MOESERVE_TEST_NOW")
+    return (datetime.fromtimestamp(int(fixed)) if fixed else datetime.now()).strftime(fmt)
 
 
 def make_env():
@@ -59,18 +61,28 @@ def make_env():
     return env
 
 
+_COMPILED = {}
+
+
+def _compiled(source):
+    """Compiled templates are cached by source (compiling dominates the oracle's time)."""
+    if source not in _COMPILED:
+        _COMPILED[source] = make_env().from_string(source)
+    return _COMPILED[source]
+
+
 def render_py(template, messages, tools=None, add_generation_prompt=False, kwargs=None, bos=None, eos=None):
     """Returns (True, text) or (False, error message), like apply_chat_template(tokenize=False)."""
-    ctx = {}
+    # As ChatTemplate::render: the named inputs, then the special tokens, then the template
+    # kwargs, later keys winning (so kwargs may carry `documents`).
+    ctx = {"messages": messages, "tools": tools, "documents": None, "add_generation_prompt": add_generation_prompt}
     if bos:
         ctx["bos_token"] = bos
     if eos:
         ctx["eos_token"] = eos
     ctx.update(kwargs or {})
     try:
-        t = make_env().from_string(template)
-        return True, t.render(messages=messages, tools=tools, documents=None,
-                              add_generation_prompt=add_generation_prompt, **ctx)
+        return True, _compiled(template).render(**ctx)
     except Exception as e:  # noqa: BLE001 - any failure must also be a failure in C++
         return False, f"{type(e).__name__}: {e}"
 
@@ -121,3 +133,23 @@ def render_cpp_source(source, variables):
 
 def render_py_source(source, variables):
     return render_py(source, [], None, False, variables)
+
+
+def jinja_batch_bin():
+    b = os.environ.get("MOESERVE_JINJA_BATCH") or os.path.join(REPO, "build", "tests", "jinja", "jinja_batch")
+    if not os.path.exists(b):
+        raise RuntimeError("jinja_batch not built; set MOESERVE_JINJA_BATCH")
+    return b
+
+
+def render_cpp_batch(requests):
+    """Renders many cases through tests/jinja/jinja_batch in one process. Each request:
+    {template, messages, tools, add_generation_prompt, kwargs, bos, eos}; returns a list of
+    (ok, text-or-error)."""
+    inp = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in requests).encode("utf-8")
+    p = subprocess.run([jinja_batch_bin()], input=inp, capture_output=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError("jinja_batch failed: " + p.stderr.decode("utf-8", "replace"))
+    out = [json.loads(line) for line in p.stdout.decode("utf-8").splitlines()]
+    assert len(out) == len(requests), (len(out), len(requests))
+    return [(o["ok"], o["text"] if o["ok"] else o["error"]) for o in out]

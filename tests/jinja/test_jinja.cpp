@@ -172,6 +172,40 @@ TEST(ChatTemplate, TokenizerConfigLoadsTokensAndNamedTemplates) {
   fs::remove_all(dir);
 }
 
+TEST(JinjaExpr, NonStringDictKeys) {
+  EXPECT_EQ(R("{% set m = {0: 0, 512: 128} %}{{ m[512] }} {{ 512 in m }} {{ m }} {{ m | tojson }}"),
+            "128 True {0: 0, 512: 128} {\"0\": 0, \"512\": 128}");
+  EXPECT_EQ(R("{% for k, v in {2: 'b', 1: 'a'} | dictsort %}{{ k + 1 }}{{ v }}{% endfor %}"), "2a3b");
+  EXPECT_EQ(R("{{ {none: 1, 1: 2, true: 3} | tojson }}"), "{\"null\": 1, \"1\": 3}");
+  EXPECT_EQ(Err("{{ {[1]: 2} }}"), "line 1: unhashable type: 'list'");
+}
+
+TEST(JinjaExpr, MarkupConcatenationEscapesPlainSide) {
+  EXPECT_EQ(R("{{ 'a<' | safe + '<b>' }}|{{ '<' + '&' | safe }}|{{ ('<' | e) ~ '>' }}"), "a<&lt;b&gt;|&lt;&|&lt;>");
+}
+
+TEST(JinjaExpr, PythonFormatting) {
+  EXPECT_EQ(R("{{ '%5.2f|%-3s|%03d|%x|%(a)s' % (3.14159, 'a', 7, 255, 1) if false else '%5.2f|%-3s|%03d|%x' % (3.14159, 'a', 7, 255) }}"),
+            " 3.14|a  |007|ff");
+  EXPECT_EQ(R("{{ '{:>4}|{:<3}|{:^5}|{:.1f}|{:,}|{!r}'.format('ab', 'c', 'm', 2.25, 1234567, 'q') }}"),
+            "  ab|c  |  m  |2.2|1,234,567|'q'");
+  EXPECT_EQ(R("{{ '%s-%s' | format('a', 1) }}"), "a-1");
+}
+
+TEST(JinjaFilters, SequenceFilters) {
+  json ctx = {{"u", json::parse(R"([{"n":"a","r":"x"},{"n":"b","r":"y"},{"n":"c","r":"x"}])")}};
+  EXPECT_EQ(R("{% for g in u | groupby('r') %}{{ g.grouper }}={{ g.list | map(attribute='n') | join }};{% endfor %}", ctx),
+            "x=ac;y=b;");
+  EXPECT_EQ(R("{{ [1, 2, 3] | batch(2, 0) | list }} {{ [1, 2, 3] | slice(2) | list }}"), "[[1, 2], [3, 0]] [[1, 2], [3]]");
+  EXPECT_EQ(R("{{ 'one two_three 4' | wordcount }} {{ 'hello world foo' | truncate(9) }}"), "3 hello...");
+  EXPECT_EQ(R("{% for x in [1, 1, 2] %}{{ loop.changed(x) }}{% endfor %}"), "TrueFalseTrue");
+  EXPECT_EQ(R("{{ none | map('upper') | list }} {{ none | selectattr('x') | list }}"), "[] []");
+}
+
+TEST(JinjaErrors, MacroDefaultOrder) {
+  EXPECT_EQ(Err("\n{% macro m(a=1, b) %}{% endmacro %}"), "line 2: non-default argument follows default argument");
+}
+
 TEST(ChatTemplate, MiniMaxTemplateRendersToolCall) {
   const char* root = std::getenv("MOESERVE_SHARED_DATA");
   std::filesystem::path p = std::filesystem::path(root ? root : MOESERVE_TEST_SHARED_DATA) / "chat-templates/minimax-m2.jinja";

@@ -4,12 +4,44 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 
 #include "core/error.h"
 
 namespace moeserve::jinja {
+// jinja2 make_attrgetter: dotted path, integer parts index, item-first lookup.
+Value attr_path(const Value& item, const Value& attr) {
+  if (attr.kind == Value::Kind::Int) return get_item(item, attr);
+  if (!attr.is_string()) fail("attribute must be a string");
+  Value cur = item;
+  size_t start = 0;
+  while (true) {
+    size_t dot = attr.s.find('.', start);
+    std::string part = attr.s.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
+    cur = numeric ? get_item(cur, Value::integer(std::stoll(part))) : get_item(cur, Value::string(part));
+    if (dot == std::string::npos) return cur;
+    if (cur.is_undefined()) return cur;
+    start = dot + 1;
+  }
+}
+
+static std::string lower_str(const Value& v) {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+  CallArgs ca{&pos, &kw, 0};
+  return (*get_attr(v, "lower").fn)(ca).s;
+}
+
+
+// Sort/unique key: strings lower-cased unless case_sensitive.
+Value sort_key(const Value& v, bool case_sensitive) {
+  if (!case_sensitive && v.is_string()) return Value::string(lower_str(v));
+  return v;
+}
+
 namespace {
 
 using FilterFn = Value (*)(const Value&, ArgReader&);
@@ -32,30 +64,6 @@ Value call_method(const Value& obj, const char* name, std::vector<Value> pos = {
   return (*m.fn)(ca);
 }
 
-// jinja2 make_attrgetter: dotted path, integer parts index, item-first lookup.
-Value attr_path(const Value& item, const Value& attr) {
-  if (attr.kind == Value::Kind::Int) return get_item(item, attr);
-  if (!attr.is_string()) fail("attribute must be a string");
-  Value cur = item;
-  size_t start = 0;
-  while (true) {
-    size_t dot = attr.s.find('.', start);
-    std::string part = attr.s.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    cur = numeric ? get_item(cur, Value::integer(std::stoll(part))) : get_item(cur, Value::string(part));
-    if (dot == std::string::npos) return cur;
-    if (cur.is_undefined()) return cur;
-    start = dot + 1;
-  }
-}
-
-std::string lower_str(const Value& v) { return call_method(v, "lower").s; }
-
-// Sort/unique key: strings lower-cased unless case_sensitive.
-Value sort_key(const Value& v, bool case_sensitive) {
-  if (!case_sensitive && v.is_string()) return Value::string(lower_str(v));
-  return v;
-}
 
 Value f_tojson(const Value& v, ArgReader& r) {
   JsonDumpOptions o;
@@ -87,14 +95,16 @@ Value f_default(const Value& v, ArgReader& r) {
 }
 
 Value f_length(const Value& v, ArgReader&) { return Value::integer(py_len(v)); }
-Value f_string(const Value& v, ArgReader&) { return Value::string(py_str(v)); }
-Value f_safe(const Value& v, ArgReader&) { return Value::string(py_str(v)); }
+Value f_string(const Value& v, ArgReader&) { return v.is_string() ? v : Value::string(py_str(v)); }
+Value f_safe(const Value& v, ArgReader&) { return v.markup ? v : make_markup(py_str(v)); }
 Value f_lower(const Value& v, ArgReader&) { return call_method(Value::string(py_str(v)), "lower"); }
 Value f_upper(const Value& v, ArgReader&) { return call_method(Value::string(py_str(v)), "upper"); }
 Value f_capitalize(const Value& v, ArgReader&) { return call_method(Value::string(py_str(v)), "capitalize"); }
 Value f_trim(const Value& v, ArgReader& r) {
   const Value* chars = r.arg(0, "chars");
-  return call_method(Value::string(py_str(v)), "strip", chars ? std::vector<Value>{*chars} : std::vector<Value>{});
+  Value out = call_method(Value::string(py_str(v)), "strip", chars ? std::vector<Value>{*chars} : std::vector<Value>{});
+  out.markup = v.markup;  // Markup.strip returns Markup
+  return out;
 }
 
 Value f_title(const Value& v, ArgReader&) {
@@ -222,6 +232,8 @@ Value f_round(const Value& v, ArgReader& r) {
   int64_t prec = p ? p->i : 0;
   std::string method = m ? m->s : "common";
   double x = v.as_double(), scale = std::pow(10.0, static_cast<double>(prec));
+  if (method == "common" && (v.kind == Value::Kind::Int || v.kind == Value::Kind::Bool) && prec >= 0)
+    return Value::integer(v.kind == Value::Kind::Bool ? v.b : v.i);  // Python round(int, n) is the int
   if (method == "common") return Value::floating(std::nearbyint(x * scale) / scale);
   if (method == "ceil") return Value::floating(std::ceil(x * scale) / scale);
   if (method == "floor") return Value::floating(std::floor(x * scale) / scale);
@@ -257,20 +269,7 @@ Value f_indent(const Value& v, ArgReader& r) {
   return Value::string(out);
 }
 
-Value f_escape(const Value& v, ArgReader&) {
-  std::string out;
-  for (char c : py_str(v)) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return Value::string(out);
-}
+Value f_escape(const Value& v, ArgReader&) { return v.markup ? v : make_markup(html_escape(py_str(v))); }
 
 Value f_unique(const Value& v, ArgReader& r) {
   bool cs = opt_bool(r, 0, "case_sensitive", false);
@@ -288,6 +287,26 @@ Value f_sort(const Value& v, ArgReader& r) {
   bool rev = opt_bool(r, 0, "reverse", false), cs = opt_bool(r, 1, "case_sensitive", false);
   const Value* attr = r.arg(2, "attribute");
   List l = iterate(v);
+  if (attr && attr->is_string()) {
+    // jinja2 splits "a,b" and compares key lists; Undefined parts compare equal to each other.
+    std::vector<Value> parts;
+    for (size_t start = 0;;) {
+      size_t comma = attr->s.find(',', start);
+      parts.push_back(Value::string(attr->s.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    auto key = [&](const Value& x) {
+      List k;
+      for (const Value& p : parts) k.push_back(sort_key(attr_path(x, p), cs));
+      return Value::make_list(std::move(k));
+    };
+    std::stable_sort(l.begin(), l.end(), [&](const Value& a, const Value& b) {
+      Value ka = key(a), kb = key(b);
+      return rev ? py_less(kb, ka) : py_less(ka, kb);
+    });
+    return Value::make_list(std::move(l));
+  }
   std::stable_sort(l.begin(), l.end(), [&](const Value& a, const Value& b) {
     Value ka = sort_key(attr ? attr_path(a, *attr) : a, cs), kb = sort_key(attr ? attr_path(b, *attr) : b, cs);
     return rev ? py_less(kb, ka) : py_less(ka, kb);
@@ -314,7 +333,14 @@ Value f_sum(const Value& v, ArgReader& r) {
   Value acc = start ? *start : Value::integer(0);
   for (const Value& x : iterate(v)) {
     Value y = attr ? attr_path(x, *attr) : x;
-    if (!acc.is_number() || !y.is_number()) fail("sum() supports numbers only");
+    if (acc.is_list() && y.is_list() && acc.is_tuple == y.is_tuple) {  // sum(lists, start=[]) concatenates
+      List cat = *acc.list;
+      cat.insert(cat.end(), y.list->begin(), y.list->end());
+      acc = Value::make_list(std::move(cat), acc.is_tuple);
+      continue;
+    }
+    if (!acc.is_number() || !y.is_number())
+      fail("unsupported operand type(s) for +: '{}' and '{}'", acc.type_name(), y.type_name());
     if (acc.kind != Value::Kind::Float && y.kind != Value::Kind::Float)
       acc = Value::integer((acc.kind == Value::Kind::Bool ? acc.b : acc.i) + (y.kind == Value::Kind::Bool ? y.b : y.i));
     else
@@ -338,7 +364,14 @@ Value min_max(const Value& v, ArgReader& r, bool want_max) {
 Value f_min(const Value& v, ArgReader& r) { return min_max(v, r, false); }
 Value f_max(const Value& v, ArgReader& r) { return min_max(v, r, true); }
 
-Value f_attr(const Value& v, ArgReader& r) { return get_attr(v, py_str(need(r, 0, "name"))); }
+Value f_attr(const Value& v, ArgReader& r) {
+  std::string name = py_str(need(r, 0, "name"));
+  Value out = get_attr(v, name);
+  // getattr(dict, name) sees methods only: an item found by get_attr is not an attribute.
+  if (v.is_dict() && !out.is_callable() && v.find(name))
+    return Value::undefined(fmt::format("'dict object' has no attribute '{}'", name));
+  return out;
+}
 
 // Remaining positional/keyword arguments from index `from` on, for map/select.
 CallArgs rest_args(ArgReader& r, size_t from, std::vector<Value>& pos, std::vector<std::pair<std::string, Value>>& kw,
@@ -350,6 +383,7 @@ CallArgs rest_args(ArgReader& r, size_t from, std::vector<Value>& pos, std::vect
 
 Value f_map(const Value& v, ArgReader& r) {
   List out;
+  if (!v.truthy()) return Value::make_list({});  // jinja2: `if value:` guards the loop (None maps to nothing)
   const Value* attr = nullptr;
   const Value* dflt = nullptr;
   for (auto& [k, x] : *r.a.kw) {
@@ -373,6 +407,7 @@ Value f_map(const Value& v, ArgReader& r) {
 }
 
 Value select_impl(const Value& v, ArgReader& r, bool by_attr, bool keep_true) {
+  if (!v.truthy()) return Value::make_list({});  // as jinja2: falsy input (None too) selects nothing
   size_t idx = 0;
   const Value* attr = by_attr ? &need(r, idx++, "attribute") : nullptr;
   const Value* test = r.arg(idx++, nullptr);
@@ -404,6 +439,8 @@ const std::map<std::string, FilterFn>& filters() {
       {"dictsort", f_dictsort}, {"sum", f_sum},             {"min", f_min},           {"max", f_max},
       {"attr", f_attr},       {"map", f_map},               {"select", f_select},     {"reject", f_reject},
       {"selectattr", f_selectattr}, {"rejectattr", f_rejectattr},
+      {"wordcount", f_wordcount}, {"center", f_center},    {"truncate", f_truncate}, {"batch", f_batch},
+      {"slice", f_slice},     {"groupby", f_groupby},       {"format", f_format},
   };
   return m;
 }
@@ -451,7 +488,7 @@ bool t_in(const Value& v, ArgReader& r) {
     if (!v.is_string()) fail("'in <string>' requires string as left operand");
     return seq.s.find(v.s) != std::string::npos;
   }
-  if (seq.is_dict()) return v.is_string() && seq.find(v.s);
+  if (seq.is_dict()) return find_key(seq, v) != nullptr;
   for (const Value& x : iterate(seq))
     if (py_equal(x, v)) return true;
   return false;
@@ -471,7 +508,9 @@ bool t_sameas(const Value& v, ArgReader& r) {
 }
 bool t_lower(const Value& v, ArgReader&) { return v.is_string() && lower_str(v) == v.s; }
 bool t_upper(const Value& v, ArgReader&) { return v.is_string() && call_method(v, "upper").s == v.s; }
-bool t_escaped(const Value&, ArgReader&) { return false; }
+bool t_escaped(const Value& v, ArgReader&) { return v.markup; }
+bool t_filter(const Value& v, ArgReader&) { return v.is_string() && has_filter(v.s); }
+bool t_test(const Value& v, ArgReader&) { return v.is_string() && has_test(v.s); }
 
 const std::map<std::string, TestFn>& tests() {
   static const std::map<std::string, TestFn> m = {
@@ -484,7 +523,7 @@ const std::map<std::string, TestFn>& tests() {
       {"<", t_lt},            {"gt", t_gt},               {"greaterthan", t_gt},    {">", t_gt},
       {"le", t_le},           {"<=", t_le},               {"ge", t_ge},             {">=", t_ge},
       {"in", t_in},           {"sameas", t_sameas},       {"lower", t_lower},       {"upper", t_upper},
-      {"escaped", t_escaped},
+      {"escaped", t_escaped}, {"filter", t_filter},       {"test", t_test},
   };
   return m;
 }
@@ -538,7 +577,9 @@ Value g_raise_exception(CallArgs& a) {
 
 Value g_strftime_now(CallArgs& a) {
   if (a.pos->empty() || !(*a.pos)[0].is_string()) fail("strftime_now(format) needs a format string");
+  // MOESERVE_TEST_NOW (Unix seconds) pins "now" so tests can compare against Python.
   std::time_t t = std::time(nullptr);
+  if (const char* fixed = std::getenv("MOESERVE_TEST_NOW"); fixed && *fixed) t = static_cast<std::time_t>(std::atoll(fixed));
   std::tm tm{};
   localtime_r(&t, &tm);
   char buf[512];

@@ -16,6 +16,20 @@ struct ArgReader {
   void max_args(size_t n) const;  // errors on too many positionals / unknown keywords handled loosely
 };
 
+// jinja2 make_attrgetter: dotted path ("a.b.0"), integer parts index, item-first lookup.
+Value attr_path(const Value& item, const Value& attr);
+// Sort key: strings lower-cased unless case_sensitive.
+Value sort_key(const Value& v, bool case_sensitive);
+
+// Sequence and text filters defined in filters_more.cpp (registered by builtins.cpp).
+Value f_wordcount(const Value& v, ArgReader& r);
+Value f_center(const Value& v, ArgReader& r);
+Value f_truncate(const Value& v, ArgReader& r);
+Value f_batch(const Value& v, ArgReader& r);
+Value f_slice(const Value& v, ArgReader& r);
+Value f_groupby(const Value& v, ArgReader& r);
+Value f_format(const Value& v, ArgReader& r);
+
 bool has_filter(const std::string& name);
 bool has_test(const std::string& name);
 // `value | name(args)`. Throws moeserve::Error (without line; the caller adds it).

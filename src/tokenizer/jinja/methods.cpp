@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "tokenizer/jinja/builtins.h"
+#include "tokenizer/jinja/format.h"
 
 namespace moeserve::jinja {
 
@@ -44,7 +45,7 @@ List iterate(const Value& v) {
     case Value::Kind::List: return *v.list;
     case Value::Kind::Dict: {
       List keys;
-      for (const auto& [k, e] : *v.dict) keys.push_back(Value::string(k));
+      for (const auto& [k, e] : *v.dict) keys.push_back(key_value(k));
       return keys;
     }
     case Value::Kind::String: {
@@ -205,34 +206,110 @@ bool prefix_match(const std::string& s, const Value& arg, bool suffix) {
   return one(arg);
 }
 
-// str.format with {} / {0} / {name} fields (no format specs beyond plain substitution).
-std::string format_impl(const std::string& fmt_s, CallArgs& a) {
-  std::string out;
-  size_t auto_idx = 0;
-  for (size_t k = 0; k < fmt_s.size(); ++k) {
-    char c = fmt_s[k];
-    if (c == '{' && k + 1 < fmt_s.size() && fmt_s[k + 1] == '{') { out += '{'; ++k; continue; }
-    if (c == '}' && k + 1 < fmt_s.size() && fmt_s[k + 1] == '}') { out += '}'; ++k; continue; }
-    if (c != '{') { out += c; continue; }
-    size_t e = fmt_s.find('}', k);
-    if (e == std::string::npos) fail("Single '{{' encountered in format string");
-    std::string field = fmt_s.substr(k + 1, e - k - 1);
-    if (field.find_first_of(":!") != std::string::npos) fail("format specs are not supported in str.format");
-    const Value* v = nullptr;
-    if (field.empty()) {
-      if (auto_idx < a.pos->size()) v = &(*a.pos)[auto_idx++];
-    } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
-      size_t idx = std::stoul(field);
-      if (idx < a.pos->size()) v = &(*a.pos)[idx];
-    } else {
-      for (auto& [kn, kv] : *a.kw)
-        if (kn == field) v = &kv;
+// Less common str methods: center/ljust/rjust/zfill, swapcase, partition/rpartition,
+// splitlines, removeprefix/removesuffix, expandtabs, istitle.
+Value str_method_more(const std::string& s, const std::string& name, ArgReader& r) {
+  std::u32string u = utf8_decode(s);
+  if (name == "center" || name == "ljust" || name == "rjust" || name == "zfill") {
+    const Value* w = r.arg(0, nullptr);
+    if (!w || w->kind != Value::Kind::Int) fail("{}() argument 1 must be int", name);
+    char32_t fill = U' ';
+    if (const Value* fc = r.arg(1, nullptr)) {
+      std::u32string f = fc->is_string() ? utf8_decode(fc->s) : std::u32string();
+      if (f.size() != 1) fail("The fill character must be exactly one character long");
+      fill = f[0];
     }
-    if (!v) fail("format field '{}' has no value", field);
-    out += py_str(*v);
-    k = e;
+    int64_t marg = w->i - static_cast<int64_t>(u.size());
+    if (marg <= 0) return Value::string(s);
+    int64_t left = name == "ljust" ? 0 : name == "center" ? marg / 2 + (marg & w->i & 1) : marg;
+    if (name == "zfill") {
+      std::u32string out = u;
+      size_t at = !u.empty() && (u[0] == U'+' || u[0] == U'-') ? 1 : 0;
+      out.insert(at, static_cast<size_t>(marg), U'0');
+      return Value::string(utf8_encode(out));
+    }
+    std::u32string out(static_cast<size_t>(left), fill);
+    out += u;
+    out.append(static_cast<size_t>(marg - left), fill);
+    return Value::string(utf8_encode(out));
   }
-  return out;
+  if (name == "swapcase") {
+    std::string out;
+    for (char32_t c : u) {
+      auto cp = static_cast<utf8proc_int32_t>(c);
+      auto cat = utf8proc_category(cp);
+      utf8_append(out, static_cast<char32_t>(cat == UTF8PROC_CATEGORY_LU ? utf8proc_tolower(cp)
+                                               : cat == UTF8PROC_CATEGORY_LL ? utf8proc_toupper(cp) : cp));
+    }
+    return Value::string(out);
+  }
+  if (name == "partition" || name == "rpartition") {
+    const Value* sep = r.arg(0, nullptr);
+    if (!sep || !sep->is_string()) fail("must be str");
+    if (sep->s.empty()) fail("empty separator");
+    size_t p = name == "partition" ? s.find(sep->s) : s.rfind(sep->s);
+    if (p == std::string::npos)
+      return name == "partition" ? Value::make_list({Value::string(s), Value::string(""), Value::string("")}, true)
+                                 : Value::make_list({Value::string(""), Value::string(""), Value::string(s)}, true);
+    return Value::make_list({Value::string(s.substr(0, p)), *sep, Value::string(s.substr(p + sep->s.size()))}, true);
+  }
+  if (name == "splitlines") {
+    bool keep = r.arg(0, "keepends") && r.arg(0, "keepends")->truthy();
+    List out;
+    std::u32string cur;
+    for (size_t k = 0; k < u.size(); ++k) {
+      char32_t c = u[k];
+      bool brk = c == U'\n' || c == U'\r' || c == U'\v' || c == U'\f' || (c >= 0x1c && c <= 0x1e) || c == 0x85 ||
+                 c == 0x2028 || c == 0x2029;
+      if (!brk) { cur += c; continue; }
+      std::u32string end(1, c);
+      if (c == U'\r' && k + 1 < u.size() && u[k + 1] == U'\n') end += u[++k];
+      out.push_back(Value::string(utf8_encode(keep ? cur + end : cur)));
+      cur.clear();
+    }
+    if (!cur.empty()) out.push_back(Value::string(utf8_encode(cur)));
+    return Value::make_list(std::move(out));
+  }
+  if (name == "removeprefix" || name == "removesuffix") {
+    const Value* a = r.arg(0, nullptr);
+    if (!a || !a->is_string()) fail("{}() argument must be str", name);
+    if (name == "removeprefix") return Value::string(s.rfind(a->s, 0) == 0 ? s.substr(a->s.size()) : s);
+    bool ends = s.size() >= a->s.size() && s.compare(s.size() - a->s.size(), a->s.size(), a->s) == 0;
+    return Value::string(ends && !a->s.empty() ? s.substr(0, s.size() - a->s.size()) : s);
+  }
+  if (name == "expandtabs") {
+    const Value* ts = r.arg(0, "tabsize");
+    int64_t tab = ts ? ts->i : 8, col = 0;
+    std::u32string out;
+    for (char32_t c : u) {
+      if (c == U'\t') {
+        int64_t n = tab > 0 ? tab - col % tab : 0;
+        out.append(static_cast<size_t>(n), U' ');
+        col += n;
+      } else {
+        out += c;
+        col = c == U'\n' || c == U'\r' ? 0 : col + 1;
+      }
+    }
+    return Value::string(utf8_encode(out));
+  }
+  if (name == "istitle") {
+    bool prev_cased = false, any = false;
+    for (char32_t c : u) {
+      auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+      if (cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LT) {
+        if (prev_cased) return Value::boolean(false);
+        prev_cased = any = true;
+      } else if (cat == UTF8PROC_CATEGORY_LL) {
+        if (!prev_cased) return Value::boolean(false);
+        prev_cased = any = true;
+      } else {
+        prev_cased = false;
+      }
+    }
+    return Value::boolean(any);
+  }
+  fail("'str' object has no attribute '{}'", name);
 }
 
 Value str_method(const std::string& s, const std::string& name, CallArgs& ca) {
@@ -293,7 +370,7 @@ Value str_method(const std::string& s, const std::string& name, CallArgs& ca) {
     }
     return Value::string(out);
   }
-  if (name == "format") return Value::string(format_impl(s, ca));
+  if (name == "format") return Value::string(py_str_format(s, ca));
   if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" || name == "isupper" ||
       name == "islower") {
     std::u32string u = utf8_decode(s);
@@ -315,14 +392,14 @@ Value str_method(const std::string& s, const std::string& name, CallArgs& ca) {
     if (name == "isupper" || name == "islower") return Value::boolean(any_cased);
     return Value::boolean(true);
   }
-  fail("'str' object has no attribute '{}'", name);
+  return str_method_more(s, name, r);
 }
 
 Value dict_method(const Value& d, const std::string& name, CallArgs& ca) {
   ArgReader r{ca, name.c_str()};
   if (name == "items") {
     List out;
-    for (const auto& [k, v] : *d.dict) out.push_back(Value::make_list({Value::string(k), v}, true));
+    for (const auto& [k, v] : *d.dict) out.push_back(Value::make_list({key_value(k), v}, true));
     return Value::make_list(std::move(out));
   }
   if (name == "keys") return Value::make_list(iterate(d));
@@ -335,8 +412,7 @@ Value dict_method(const Value& d, const std::string& name, CallArgs& ca) {
     const Value* key = r.arg(0, nullptr);
     if (!key) fail("get expected at least 1 argument, got 0");
     const Value* dflt = r.arg(1, nullptr);
-    if (key->is_string())
-      if (const Value* v = d.find(key->s)) return *v;
+    if (const Value* v = find_key(d, *key)) return *v;
     return dflt ? *dflt : Value::none();
   }
   if (name == "copy") return Value::make_dict(*d.dict);
@@ -376,7 +452,9 @@ Value get_attr(const Value& obj, const std::string& name) {
     case Value::Kind::String:
       if (is_one_of(name, {"strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith", "upper", "lower",
                            "title", "capitalize", "replace", "find", "rfind", "index", "rindex", "count", "join",
-                           "format", "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower"}))
+                           "format", "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower", "center", "ljust",
+                           "rjust", "zfill", "swapcase", "partition", "rpartition", "splitlines", "removeprefix",
+                           "removesuffix", "expandtabs", "istitle"}))
         return bind_method(obj, name, [](const Value& self, const std::string& n, CallArgs& a) { return str_method(self.s, n, a); });
       break;
     case Value::Kind::Dict:
@@ -389,6 +467,7 @@ Value get_attr(const Value& obj, const std::string& name) {
       if (const Value* v = obj.find(name)) return *v;
       break;
     case Value::Kind::List:
+      if (obj.group_tuple && (name == "grouper" || name == "list")) return (*obj.list)[name == "grouper" ? 0 : 1];
       if (is_one_of(name, {"index", "count"})) return bind_method(obj, name, list_method);
       if (is_one_of(name, {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear"}))
         return Value::undefined(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, obj.type_name()));
@@ -403,6 +482,10 @@ Value get_item(const Value& obj, const Value& key) {
   if ((obj.is_dict() || obj.kind == Value::Kind::Namespace) && key.is_string()) {
     if (const Value* v = obj.find(key.s)) return *v;
     if (obj.is_dict()) return get_attr(obj, key.s);
+  }
+  if (obj.is_dict() && !key.is_string()) {
+    if (const Value* v = find_key(obj, key)) return *v;
+    return Value::undefined(fmt::format("dict object has no element {}", py_repr(key)));
   }
   if ((obj.is_list() || obj.is_string()) && (key.kind == Value::Kind::Int || key.kind == Value::Kind::Bool)) {
     int64_t idx = key.kind == Value::Kind::Bool ? key.b : key.i;

@@ -198,6 +198,7 @@ class Parser {
       MacroParam mp;
       mp.name = expect_name();
       if (skip_op("=")) mp.default_value = parse_expression(true);
+      else if (!params.empty() && params.back().default_value) error("non-default argument follows default argument");
       params.push_back(std::move(mp));
     }
     expect_op(")");

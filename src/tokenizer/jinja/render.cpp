@@ -2,11 +2,14 @@
 // statements with jinja2's scoping (for-loop iterations and macros get their own scope;
 // if/set do not; namespace() objects are the way to carry state out of loops).
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "tokenizer/jinja/ast.h"
 #include "tokenizer/jinja/builtins.h"
+#include "tokenizer/jinja/format.h"
 #include "tokenizer/jinja/jinja.h"
 
 namespace moeserve::jinja {
@@ -136,6 +139,7 @@ class Renderer {
     if (outer_loop && outer_loop->kind == Value::Kind::Namespace && st.recursive)
       if (const Value* d = outer_loop->find("depth")) depth = d->i + 1;
     int64_t n = static_cast<int64_t>(all.size());
+    auto last_changed = std::make_shared<std::optional<Value>>();  // loop.changed() state, shared by iterations
     for (int64_t k = 0; k < n; ++k) {
       Scope it;
       it.parent = &sc;
@@ -156,6 +160,12 @@ class Renderer {
       loop.emplace_back("cycle", Value::function([k](CallArgs& a) -> Value {
                           if (a.pos->empty()) fail("no items for cycling given");
                           return (*a.pos)[static_cast<size_t>(k) % a.pos->size()];
+                        }));
+      loop.emplace_back("changed", Value::function([last_changed](CallArgs& a) -> Value {
+                          Value now = Value::make_list(*a.pos, true);
+                          if (*last_changed && py_equal(**last_changed, now)) return Value::boolean(false);
+                          *last_changed = now;
+                          return Value::boolean(true);
                         }));
       Value lv = Value::make_namespace(std::move(loop));
       it.vars["loop"] = lv;
@@ -241,12 +251,12 @@ class Renderer {
         Dict d;
         for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
           Value key = eval(*e.args[k], sc);
-          if (!key.is_string()) fail("only string keys are supported in dict literals");
+          std::string ks = dict_key(key);
           Value val = eval(*e.args[k + 1], sc);
           bool replaced = false;
           for (auto& [dk, dv] : d)
-            if (dk == key.s) dv = val, replaced = true;
-          if (!replaced) d.emplace_back(key.s, std::move(val));
+            if (dk == ks) dv = val, replaced = true;
+          if (!replaced) d.emplace_back(std::move(ks), std::move(val));
         }
         return Value::make_dict(std::move(d));
       }
@@ -369,7 +379,7 @@ class Renderer {
         for (const Value& x : *container.list)
           if (py_equal(x, item)) return true;
         return false;
-      case Value::Kind::Dict: return item.is_string() && container.find(item.s) != nullptr;
+      case Value::Kind::Dict: return find_key(container, item) != nullptr;
       default: fail("argument of type '{}' is not iterable", container.type_name());
     }
   }
@@ -379,37 +389,6 @@ class Renderer {
   static int64_t checked(bool overflow, const int64_t* v) {
     if (overflow) fail("integer overflow (values beyond 64 bits are not supported)");
     return *v;
-  }
-
-  // Python printf-style `'%s and %d' % args` for %s %r %d %i %%.
-  static std::string percent_format(const std::string& f, const Value& args) {
-    List a = args.is_list() && args.is_tuple ? *args.list : List{args};
-    size_t next = 0;
-    std::string out;
-    for (size_t k = 0; k < f.size(); ++k) {
-      if (f[k] != '%') {
-        out += f[k];
-        continue;
-      }
-      if (++k >= f.size()) fail("incomplete format");
-      char c = f[k];
-      if (c == '%') {
-        out += '%';
-        continue;
-      }
-      if (next >= a.size()) fail("not enough arguments for format string");
-      const Value& v = a[next++];
-      if (c == 's') out += py_str(v);
-      else if (c == 'r') out += py_repr(v);
-      else if (c == 'd' || c == 'i') {
-        if (!v.is_number()) fail("%{} format: a real number is required, not {}", c, v.type_name());
-        out += std::to_string(v.kind == Value::Kind::Float ? static_cast<int64_t>(v.f) : v.kind == Value::Kind::Bool ? v.b : v.i);
-      } else {
-        fail("unsupported format character '{}'", c);
-      }
-    }
-    if (next < a.size()) fail("not all arguments converted during string formatting");
-    return out;
   }
 
   static Value binary_op(const std::string& op, const Value& l, const Value& r) {
@@ -456,9 +435,13 @@ class Renderer {
       }
       return type_err();
     }
-    if (op == "%" && l.is_string()) return Value::string(percent_format(l.s, r));
+    if (op == "%" && l.is_string()) return Value::string(py_percent_format(l.s, r));
     if (op == "+") {
-      if (l.is_string() && r.is_string()) return Value::string(l.s + r.s);
+      if (l.is_string() && r.is_string()) {
+        if (!l.markup && !r.markup) return Value::string(l.s + r.s);
+        // Markup + str escapes the str (markupsafe), even without autoescape.
+        return make_markup((l.markup ? l.s : html_escape(l.s)) + (r.markup ? r.s : html_escape(r.s)));
+      }
       if (l.is_list() && r.is_list() && l.is_tuple == r.is_tuple) {
         List out = *l.list;
         out.insert(out.end(), r.list->begin(), r.list->end());

@@ -87,6 +87,59 @@ const Value* Value::find(const std::string& key) const {
   return nullptr;
 }
 
+std::string html_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+Value make_markup(std::string s) {
+  Value v = Value::string(std::move(s));
+  v.markup = true;
+  return v;
+}
+
+std::string dict_key(const Value& k) {
+  switch (k.kind) {
+    case Value::Kind::String: return k.s;
+    case Value::Kind::Int: return "\xFFi" + std::to_string(k.i);
+    case Value::Kind::Bool: return k.b ? "\xFFi1" : "\xFFi0";  // True == 1 as a dict key
+    case Value::Kind::Float: return "\xFFf" + py_float_repr(k.f);
+    case Value::Kind::None: return "\xFFn";
+    default: fail("unhashable type: '{}'", k.type_name());
+  }
+}
+
+Value key_value(const std::string& k) {
+  if (k.empty() || static_cast<unsigned char>(k[0]) != 0xFF) return Value::string(k);
+  switch (k.size() > 1 ? k[1] : 'n') {
+    case 'i': return Value::integer(std::stoll(k.substr(2)));
+    case 'f': return Value::floating(std::stod(k.substr(2)));
+    default: return Value::none();
+  }
+}
+
+const Value* find_key(const Value& d, const Value& key) {
+  switch (key.kind) {
+    case Value::Kind::String: return d.find(key.s);
+    case Value::Kind::Int:
+    case Value::Kind::Bool:
+    case Value::Kind::Float:
+    case Value::Kind::None: return d.find(dict_key(key));
+    default: return nullptr;
+  }
+}
+
 double Value::as_double() const {
   switch (kind) {
     case Kind::Bool: return b ? 1.0 : 0.0;
@@ -253,7 +306,7 @@ std::string py_repr(const Value& v) {
       for (const auto& [k, e] : *v.dict) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + py_repr(e);
+        out += py_repr(key_value(k)) + ": " + py_repr(e);
       }
       out += v.kind == Value::Kind::Namespace ? "}>" : "}";
       return out;
@@ -391,13 +444,15 @@ static void json_dump(std::string& out, const Value& v, const JsonDumpOptions& o
       if (v.dict->empty()) { out += "{}"; return; }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& e : *v.dict) items.push_back(&e);
-      if (opt.sort_keys)
-        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      if (opt.sort_keys)  // Python compares the keys themselves (ints numerically)
+        std::stable_sort(items.begin(), items.end(),
+                         [](auto* a, auto* b) { return py_less(key_value(a->first), key_value(b->first)); });
       out += '{';
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += opt.item_sep;
         if (opt.has_indent) newline(level + 1);
-        json_string(out, items[k]->first, opt.ensure_ascii);
+        Value key = key_value(items[k]->first);  // json.dumps writes 512 as "512", None as "null"
+        json_string(out, key.is_string() ? key.s : key.is_none() ? "null" : key.kind == K::Bool ? (key.b ? "true" : "false") : py_str(key), opt.ensure_ascii);
         out += opt.key_sep;
         json_dump(out, items[k]->second, opt, level + 1);
       }

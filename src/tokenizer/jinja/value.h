@@ -30,6 +30,9 @@ struct Value {
   enum class Kind : uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Function };
   Kind kind = Kind::Undefined;
   bool is_tuple = false;  // List kind printed as (a, b)
+  bool group_tuple = false;  // groupby's (grouper, list) tuple, which also has .grouper/.list
+  bool markup = false;    // String that is a markupsafe.Markup (made by |safe, |escape):
+                          // `+` with a plain str HTML-escapes the plain side, as Python does
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -68,6 +71,18 @@ struct Value {
   // Python type name for error messages ("str", "dict", ...).
   const char* type_name() const;
 };
+
+// Dict keys are stored as strings. Other hashable keys (int, bool, float, None; Python
+// allows them in dict literals such as {512: 128}) are encoded behind a 0xFF byte, which
+// never occurs in UTF-8 text. dict_key() throws for unhashable keys (list, dict).
+std::string dict_key(const Value& k);
+Value key_value(const std::string& k);
+// d[key] for a dict/namespace with any key type; nullptr when absent or not hashable.
+const Value* find_key(const Value& d, const Value& key);
+
+// markupsafe.escape: & < > " ' as &amp; &lt; &gt; &#34; &#39;.
+std::string html_escape(const std::string& s);
+Value make_markup(std::string s);
 
 // Python str(x) and repr(x).
 std::string py_str(const Value& v);
