@@ -72,7 +72,7 @@ def main():
     args = ap.parse_args()
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
     tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else None
-    for cand in [REPO.parent / "shared/data/tokenizers/qwen3", Path("/work/shared/data/tokenizers/qwen3")]:
+    for cand in [REPO / "tests/fixtures/shared-data/tokenizers/qwen3"]:
         if tok_dir is None and (cand / "tokenizer.json").exists():
             tok_dir = cand
     tmp = Path(tempfile.mkdtemp())

@@ -13,8 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = None
-for cand in [REPO.parent / "shared/data/tokenizers/qwen3", Path("/work/shared/data/tokenizers/qwen3"),
-             REPO / "shared/data/tokenizers/qwen3"]:
+for cand in [REPO / "tests/fixtures/shared-data/tokenizers/qwen3"]:
     if (cand / "tokenizer.json").exists():
         QWEN = cand
         break
@@ -43,7 +42,7 @@ def free_port():
 class Server:
     def __init__(self, tmp, extra_args=(), script_extra=None):
         if QWEN is None:
-            pytest.skip("shared/data/tokenizers/qwen3 not found")
+            pytest.fail("tests/fixtures/shared-data/tokenizers/qwen3 not found")
         self.bin = os.environ.get("MOESERVE_BIN", str(REPO / "build/moeserve"))
         model = tmp / "model"
         model.mkdir()
