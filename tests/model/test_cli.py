@@ -118,9 +118,15 @@ def test_make_tiny_fp8_odd_blocks_matches_transformers(tmp_path):
     """A make-tiny FP8 checkpoint with 48x48 blocks (partial edge blocks everywhere), read by
     HF transformers' own MiniMaxM2ForCausalLM with dequantised weights: same greedy ids and
     logits as `moeserve generate`. Skipped where torch/transformers are not installed."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    st = pytest.importorskip("safetensors.torch")
+    # Optional live cross-check (torch + transformers are not CI dependencies; the committed
+    # golden fixtures are the CI check). Any import failure, e.g. a tokenizers version that
+    # this transformers refuses, means the oracle is unavailable here.
+    try:
+        import torch
+        import transformers
+        import safetensors.torch as st
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"torch/transformers oracle unavailable: {e}")
     d = tmp_path / "m"
     run("make-tiny", str(d), "--seed", "3", "--fp8", "--block-size", "48", "--hidden-size", "160",
         "--intermediate-size", "80", "--head-dim", "40", "--rotary-dim", "20", "--vocab-size", "700",
