@@ -249,6 +249,7 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   MS_CHECK(x.dim(-1) == K && out.numel() == int64_t(T) * N, "linear: x {} weight {} out {}", shape_str(x.shape),
            shape_str(w.weight.shape), shape_str(out.shape));
   LinParams p;
+  p.tc = use_gemv_tc;
   p.mode = LinMode::kStore;
   p.x = x.data, p.ldx = K, p.M = T;
   p.w = w.weight.data, p.N = N, p.K = K;
@@ -361,8 +362,9 @@ void CudaBackend::attention(const AttentionArgs& a) {
   const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;
   int splits = 1;
   if (base < 2 * num_sms_ && m.max_context_len > 512) {
-    // >= 128 keys per split: at batch 1, 1k context, 8 splits x 8 kv heads = 64 blocks.
-    splits = int(std::min<int64_t>((2 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 128)));
+    // >= 64 keys (one K/V tile) per split: at batch 1, 1k context, 16 splits x 8 kv heads =
+    // 128 blocks, each staging a single tile (128 keys per split left half the SMs idle).
+    splits = int(std::min<int64_t>((2 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 64)));
     const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
     if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
     splits = std::max(splits, 1);

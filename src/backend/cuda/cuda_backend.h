@@ -108,6 +108,8 @@ class CudaBackend final : public Backend {
   int moe_gemv_max_tokens = 128;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
+  // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
+  bool use_gemv_tc = true;
 
  private:
   enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kNumSlots };
