@@ -271,7 +271,10 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   // Narrow outputs (k/v projections: N = 1024) give the 64 x 128 GEMM tiles too few blocks at
   // decode batch sizes; the GEMV path (8-row tiles sharing weight rows through L2) measured
   // ~3x faster there at 64 rows on the H200, and slower for wide N, so only narrow N uses it.
-  if (T <= linear_gemv_max_tokens || (T <= 64 && N <= linear_gemv_narrow_n))
+  // FP8 linears the tensor-core GEMV supports take it up to linear_gemv_tc_max_tokens rows:
+  // at 64 rows the 64 x 128 GEMM gives q/o projections only 24-48 blocks (~140 GB/s).
+  if (T <= linear_gemv_max_tokens || (T <= 64 && N <= linear_gemv_narrow_n) ||
+      (T <= linear_gemv_tc_max_tokens && gemv_tc_supported(p)))
     launch_gemv(p, stream_);
   else
     launch_gemm(p, stream_);
