@@ -364,10 +364,11 @@ void CudaBackend::attention(const AttentionArgs& a) {
   const int qtiles = ceil_div(std::max(1, m.max_query_len), attn_query_tile(std::max(1, p.Hq / std::max(1, p.Hkv))));
   const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;
   int splits = 1;
-  if (base < 2 * num_sms_ && m.max_context_len > 512) {
-    // >= 64 keys (one K/V tile) per split: at batch 1, 1k context, 16 splits x 8 kv heads =
-    // 128 blocks, each staging a single tile (128 keys per split left half the SMs idle).
-    splits = int(std::min<int64_t>((2 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 64)));
+  if (base < 8 * num_sms_ && m.max_context_len > 512) {
+    // Aim at ~8 blocks per SM (about 2 waves at this kernel's occupancy), >= 64 keys (one K/V
+    // tile) per split: batch 1 at 1k context gets 16 splits x 8 kv heads = 128 blocks, batch
+    // 64 (512 blocks of 16 serial tiles, one partial wave) 3 splits.
+    splits = int(std::min<int64_t>((8 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 64)));
     const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
     if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
     splits = std::max(splits, 1);
