@@ -9,7 +9,7 @@
 //
 // Layout: a warp owns 16 rows of each of two matrices (kSwiglu: W1 and W3 rows of the same
 // intermediate index; otherwise rows n_base..+15 and n_base+16..+31) and every 4th 128-column
-// block (split-K over the block's 4 warps, reduced through shared memory). A lane (g = lane / 4,
+// block (split-K over the block's 4 or 8 warps, reduced through shared memory). A lane (g = lane / 4,
 // q = lane % 4) loads 16 contiguous FP8 bytes of rows g and g + 8 at column q * 16 of each
 // 64-column step, and the matching 16 activations of token g. Because a dot product is
 // invariant under a permutation of k applied to both operands, mma i of the step uses
@@ -22,7 +22,6 @@
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kWarps = 4;
 constexpr int kChunk = 128;  // columns per block scale (bi)
 
 __device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -52,7 +51,8 @@ struct Chunk {
   uint4 x[2][2];     // [step][two uint4 = 16 bf16]
 };
 
-template <int MODE>
+// kWarps: split-K ways (4, or 8 for grids too small to fill the GPU, e.g. k/v projections).
+template <int MODE, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   __shared__ float red[kWarps - 1][2][4][32];
   int tile = blockIdx.y, nblk = blockIdx.x;
@@ -210,7 +210,12 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
   const int nblocks = ceil_div(p.N, rows_per_block);
   dim3 grid = p.tile_expert ? dim3(nblocks, p.max_tiles) : dim3(nblocks * ceil_div(p.M, kGemvTile), 1);
   if (grid.x == 0 || grid.y == 0) return;
-  gemv_tc_kernel<MODE><<<grid, kWarps * 32, 0, s>>>(p);
+  // Fewer than ~2 blocks per SM (k/v/o projections at batch 1: 32-96 blocks): 8 warps per
+  // block so each row group's K is streamed by twice as many warps.
+  if (int64_t(grid.x) * grid.y < 264)
+    gemv_tc_kernel<MODE, 8><<<grid, 8 * 32, 0, s>>>(p);
+  else
+    gemv_tc_kernel<MODE, 4><<<grid, 4 * 32, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
