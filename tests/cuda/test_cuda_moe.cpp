@@ -100,14 +100,18 @@ TEST_P(CudaMoeExperts, MatchesReference) {
       for (int h = 0; h < c.H; ++h) ref[size_t(t) * c.H + h] += wts[size_t(t) * c.K + j] * y[h];
     }
   }
-  for (int gemv_max : {128, 0}) {  // default dispatch, then forced tensor-core path
+  // Default dispatch (GEMV kernels with the tensor-core FP8 GEMV where supported), the
+  // f32 CUDA-core GEMV, then the grouped GEMM forced.
+  for (int mode = 0; mode < 3; ++mode) {
     const int saved = gpu().moe_gemv_max_tokens;
-    gpu().moe_gemv_max_tokens = gemv_max == 128 ? saved : 0;
+    gpu().moe_gemv_max_tokens = mode < 2 ? saved : 0;
+    gpu().use_gemv_tc = mode != 1;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
     gpu().moe_gemv_max_tokens = saved;
+    gpu().use_gemv_tc = true;
     auto got = gpu().download_f32(out);
-    EXPECT_LT(rel_err(got, ref), 2e-2) << "gemv_max " << gemv_max;
+    EXPECT_LT(rel_err(got, ref), 2e-2) << "mode " << mode;
   }
 }
 

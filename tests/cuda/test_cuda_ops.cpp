@@ -151,15 +151,21 @@ TEST_P(CudaLinear, MatchesReference) {
   auto ref = ref_linear(x, w.deq, c.T, c.N, c.K);
   // Default dispatch, then each path forced: GEMM only, GEMV only.
   const int saved_max = gpu().linear_gemv_max_tokens, saved_narrow = gpu().linear_gemv_narrow_n;
-  for (int mode = 0; mode < 3; ++mode) {
+  const int saved_tc = gpu().linear_gemv_tc_max_tokens;
+  // Modes 2 and 3 force the GEMV with and without the tensor-core FP8 kernel.
+  for (int mode = 0; mode < 4; ++mode) {
     gpu().linear_gemv_max_tokens = mode == 0 ? saved_max : mode == 1 ? 0 : 1 << 20;
     gpu().linear_gemv_narrow_n = mode == 1 ? 0 : saved_narrow;
+    gpu().linear_gemv_tc_max_tokens = mode == 1 ? 0 : saved_tc;
+    gpu().use_gemv_tc = mode != 3;
     for (DType od : {DType::BF16, DType::F32}) {
       Tensor out = gpu().alloc(od, {c.T, c.N});
       gpu().linear(dx, w.dev, out);
       EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2) << "out " << dtype_name(od) << " mode " << mode;
     }
   }
+  gpu().use_gemv_tc = true;
+  gpu().linear_gemv_tc_max_tokens = saved_tc;
   gpu().linear_gemv_max_tokens = saved_max;
   gpu().linear_gemv_narrow_n = saved_narrow;
 }
@@ -168,6 +174,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(LinCase{1, 6144, 3072, true, 128, 128},   // q_proj, decode (GEMV)
                       LinCase{4, 1024, 3072, true, 128, 128},   // k_proj
                       LinCase{8, 3072, 6144, true, 128, 128},   // o_proj
+                      LinCase{11, 144, 128, true, 128, 128},    // tensor-core GEMV: half row group, 1 chunk
                       LinCase{9, 1536, 3072, true, 128, 128},   // narrow N: GEMV path by default
                       LinCase{64, 3072, 6144, true, 128, 128},
                       LinCase{200, 384, 320, true, 128, 128},   // partial scale blocks

@@ -249,6 +249,7 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   MS_CHECK(x.dim(-1) == K && out.numel() == int64_t(T) * N, "linear: x {} weight {} out {}", shape_str(x.shape),
            shape_str(w.weight.shape), shape_str(out.shape));
   LinParams p;
+  p.tc = use_gemv_tc;
   p.mode = LinMode::kStore;
   p.x = x.data, p.ldx = K, p.M = T;
   p.w = w.weight.data, p.N = N, p.K = K;
@@ -270,7 +271,10 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   // Narrow outputs (k/v projections: N = 1024) give the 64 x 128 GEMM tiles too few blocks at
   // decode batch sizes; the GEMV path (8-row tiles sharing weight rows through L2) measured
   // ~3x faster there at 64 rows on the H200, and slower for wide N, so only narrow N uses it.
-  if (T <= linear_gemv_max_tokens || (T <= 64 && N <= linear_gemv_narrow_n))
+  // FP8 linears the tensor-core GEMV supports take it up to linear_gemv_tc_max_tokens rows:
+  // at 64 rows the 64 x 128 GEMM gives q/o projections only 24-48 blocks (~140 GB/s).
+  if (T <= linear_gemv_max_tokens || (T <= 64 && N <= linear_gemv_narrow_n) ||
+      (T <= linear_gemv_tc_max_tokens && gemv_tc_supported(p)))
     launch_gemv(p, stream_);
   else
     launch_gemm(p, stream_);
@@ -360,9 +364,11 @@ void CudaBackend::attention(const AttentionArgs& a) {
   const int qtiles = ceil_div(std::max(1, m.max_query_len), attn_query_tile(std::max(1, p.Hq / std::max(1, p.Hkv))));
   const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;
   int splits = 1;
-  if (base < 2 * num_sms_ && m.max_context_len > 512) {
-    // >= 128 keys per split: at batch 1, 1k context, 8 splits x 8 kv heads = 64 blocks.
-    splits = int(std::min<int64_t>((2 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 128)));
+  if (base < 8 * num_sms_ && m.max_context_len > 512) {
+    // Aim at ~8 blocks per SM (about 2 waves at this kernel's occupancy), >= 64 keys (one K/V
+    // tile) per split: batch 1 at 1k context gets 16 splits x 8 kv heads = 128 blocks, batch
+    // 64 (512 blocks of 16 serial tiles, one partial wave) 3 splits.
+    splits = int(std::min<int64_t>((8 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 64)));
     const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
     if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
     splits = std::max(splits, 1);

@@ -105,9 +105,13 @@ class CudaBackend final : public Backend {
   int linear_gemv_max_tokens = 8;
   // ... and up to 64 rows when N <= this (narrow outputs fill too few GEMM tiles); 0: off.
   int linear_gemv_narrow_n = 2048;
+  // ... and up to this many rows for FP8 linears the tensor-core GEMV supports; 0: off.
+  int linear_gemv_tc_max_tokens = 64;
   int moe_gemv_max_tokens = 128;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
+  // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
+  bool use_gemv_tc = true;
 
  private:
   enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kNumSlots };

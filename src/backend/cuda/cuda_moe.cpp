@@ -154,6 +154,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   launch_moe_align(a, stream_);
 
   LinParams up;
+  up.tc = use_gemv_tc;
   up.mode = LinMode::kSwiglu;
   up.x = x.data, up.ldx = H, up.x_rows = a.sorted_token, up.M = P;
   up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;

@@ -77,10 +77,13 @@ __global__ void row_sumsq_kernel(const void* x, bool bf, int cols, float* out) {
 // exactly one thread (the owner of its pair), so the in-place update is race-free.
 // inv_freq[d] (d < rot / 2) comes from shared memory, computed once per block (the double
 // pow per element made this kernel ~45 us per layer at decode).
+// Only the heads of this block's slice (blockIdx.y of gridDim.y) are written.
 __device__ void norm_rope_row(void* x, bool bf, int64_t base, int W, float r, const void* w, bool wbf,
                               int D, int rot, float pos, const float* inv_freq_tab) {
-  const int half = rot / 2;
-  for (int idx = threadIdx.x; idx < W; idx += blockDim.x) {
+  const int half = rot / 2, heads = W / D;
+  const int lo = int(int64_t(heads) * blockIdx.y / gridDim.y) * D;
+  const int hi = blockIdx.y + 1 == gridDim.y ? W : int(int64_t(heads) * (blockIdx.y + 1) / gridDim.y) * D;
+  for (int idx = lo + threadIdx.x; idx < hi; idx += blockDim.x) {
     const int d = idx % D;
     if (d < half) {
       const int j = idx + half;
@@ -177,7 +180,11 @@ void launch_row_sum_squares(const void* x, bool x_bf16, int rows, int cols, floa
 void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
   if (p.T == 0) return;
   CU_REQUIRE(p.rotary_dim / 2 <= kMaxHalfRot, "qk_norm_rope: rotary_dim " + std::to_string(p.rotary_dim) + " > 1024");
-  qk_norm_rope_kernel<<<p.T, 256, 0, s>>>(p);
+  // Few tokens (decode): 8 blocks per token, each normalising (and rotating) 1/8 of the heads
+  // after recomputing the row statistics (a 12 KB row from L2), instead of one block
+  // walking all 56 heads of a token.
+  const int slices = p.T < 64 ? 8 : 1;
+  qk_norm_rope_kernel<<<dim3(p.T, slices), 256, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -31,12 +31,11 @@ __device__ __forceinline__ bool tile_of(const LinParams& p, int tile, TileInfo* 
   return true;
 }
 
-// Loads 16 weights starting at element k of row `row` (as floats, unscaled).
+// Unpacks 16 weights (one uint4 of FP8, two of bf16) into floats (unscaled).
 template <bool FP8>
-__device__ __forceinline__ void load16(const void* w, int64_t row, int K, int k, float* out) {
+__device__ __forceinline__ void unpack16(const uint4* v, float* out) {
   if constexpr (FP8) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w) + row * K + k));
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    const uint32_t words[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float2 a = fp8x2_to_f2(uint16_t(words[i] & 0xffff));
@@ -47,9 +46,7 @@ __device__ __forceinline__ void load16(const void* w, int64_t row, int K, int k,
       out[4 * i + 3] = b.y;
     }
   } else {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const bf16*>(w) + row * K + k);
-    const uint4 v0 = __ldg(p), v1 = __ldg(p + 1);
-    const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    const uint32_t words[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       float2 a = bf16x2_to_f2(words[i]);
@@ -129,34 +126,56 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(LinParams p) {
     // The 16 weights of a lane lie in one block_in column block (16 | bi), so the block scale
     // multiplies the 16-term partial sum once per row instead of every weight (fewer ALU ops:
     // decode MoE tiles of 1-2 rows are otherwise bound by the dequantisation arithmetic).
-    for (int k = lane * 16; k < K; k += 32 * 16) {
-      float w[kRowsPerWarp][16];
-      float sc[kRowsPerWarp];
+    // Loads of kUnroll consecutive 512-column chunks are all issued before any arithmetic:
+    // a warp then has kUnroll x kRowsPerWarp 16-byte loads per lane in flight (one K=3072 FP8
+    // row pair in a single round trip), which is what keeps HBM busy at 1-8 rows per tile.
+    constexpr int kVec = FP8 ? 1 : 2;           // uint4 per 16 weights
+    constexpr int kUnroll = FP8 ? 4 : 1;  // bf16 (lm_head) already streams at ~bandwidth
+    for (int k0 = lane * 16; k0 < K; k0 += 32 * 16 * kUnroll) {
+      uint4 raw[kUnroll][kRowsPerWarp][kVec];
+      float sc[kUnroll][kRowsPerWarp];
 #pragma unroll
-      for (int j = 0; j < kRowsPerWarp; ++j) {
-        load16<FP8>(wmat[j], wrow[j], K, k, w[j]);
-        sc[j] = FP8 ? __ldg(smat[j] + (wrow[j] / p.bo) * p.s_cols + k / p.bi) : 1.f;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = k0 + u * 512;
+        if (k < K) {
+#pragma unroll
+          for (int j = 0; j < kRowsPerWarp; ++j) {
+            const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(wmat[j]) +
+                                                              (wrow[j] * K + k) * (FP8 ? 1 : 2));
+#pragma unroll
+            for (int v = 0; v < kVec; ++v) raw[u][j][v] = __ldg(src + v);
+            sc[u][j] = FP8 ? __ldg(smat[j] + (wrow[j] / p.bo) * p.s_cols + k / p.bi) : 1.f;
+          }
+        }
       }
 #pragma unroll
-      for (int t = 0; t < kGemvTile; ++t) {
-        if (t < nrows) {
-          const uint4* xp = reinterpret_cast<const uint4*>(xrow[t] + k);
-          const uint4 a = __ldg(xp), b = __ldg(xp + 1);
-          const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-          float part[kRowsPerWarp];
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = k0 + u * 512;
+        if (k >= K) break;
+        float w[kRowsPerWarp][16];
 #pragma unroll
-          for (int j = 0; j < kRowsPerWarp; ++j) part[j] = 0.f;
+        for (int j = 0; j < kRowsPerWarp; ++j) unpack16<FP8>(raw[u][j], w[j]);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const float2 xv = bf16x2_to_f2(words[i]);
+        for (int t = 0; t < kGemvTile; ++t) {
+          if (t < nrows) {
+            const uint4* xp = reinterpret_cast<const uint4*>(xrow[t] + k);
+            const uint4 a = __ldg(xp), b = __ldg(xp + 1);
+            const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            float part[kRowsPerWarp];
 #pragma unroll
-            for (int j = 0; j < kRowsPerWarp; ++j) {
-              part[j] = fmaf(w[j][2 * i], xv.x, part[j]);
-              part[j] = fmaf(w[j][2 * i + 1], xv.y, part[j]);
+            for (int j = 0; j < kRowsPerWarp; ++j) part[j] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const float2 xv = bf16x2_to_f2(words[i]);
+#pragma unroll
+              for (int j = 0; j < kRowsPerWarp; ++j) {
+                part[j] = fmaf(w[j][2 * i], xv.x, part[j]);
+                part[j] = fmaf(w[j][2 * i + 1], xv.y, part[j]);
+              }
             }
-          }
 #pragma unroll
-          for (int j = 0; j < kRowsPerWarp; ++j) acc[t][j] = fmaf(part[j], sc[j], acc[t][j]);
+            for (int j = 0; j < kRowsPerWarp; ++j) acc[t][j] = fmaf(part[j], sc[u][j], acc[t][j]);
+          }
         }
       }
     }
@@ -227,6 +246,10 @@ void launch_mode(const LinParams& p, cudaStream_t s) {
 }  // namespace
 
 void launch_gemv(const LinParams& p, cudaStream_t s) {
+  if (gemv_tc_supported(p)) {
+    launch_gemv_tc(p, s);
+    return;
+  }
   switch (p.mode) {
     case LinMode::kStore: launch_mode<int(LinMode::kStore)>(p, s); break;
     case LinMode::kSwiglu: launch_mode<int(LinMode::kSwiglu)>(p, s); break;

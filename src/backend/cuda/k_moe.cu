@@ -24,6 +24,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RoutePar
   const bool vec = p.H % 4 == 0 && !p.gate_bf16;
   if (vec) {
     const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
+#pragma unroll 4  // several gate loads in flight per lane (a decode step is latency-bound here)
     for (int h4 = lane; h4 < p.H / 4; h4 += 32) {
       const float4 w = __ldg(g + h4);
 #pragma unroll

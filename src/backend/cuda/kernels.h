@@ -97,11 +97,16 @@ struct LinParams {
   int ldo = 0;
   bool out_f32 = false;
   const float* row_scale = nullptr;  // kDown
+  bool tc = true;  // GEMV: tensor-core FP8 path (k_gemv_tc.cu) where gemv_tc_supported
 };
 // Rows per tile of each path (the MoE align kernel builds tiles of this height).
 constexpr int kGemvTile = 8;
 constexpr int kGemmTileM = 64;
 void launch_gemv(const LinParams& p, cudaStream_t s);  // memory-bound path, small row counts
+// Tensor-core decode path (FP8 weights, 128x128 scales, K % 128 == 0, N % 16 == 0);
+// launch_gemv dispatches to it when supported and p.tc is set.
+bool gemv_tc_supported(const LinParams& p);
+void launch_gemv_tc(const LinParams& p, cudaStream_t s);
 void launch_gemm(const LinParams& p, cudaStream_t s);  // tensor-core path (mma.sync bf16)
 
 // ---- MoE (k_moe.cu) ----

@@ -1,0 +1,237 @@
+// Tensor-core decode path for FP8 weights with 128x128 block scales ("swap AB" GEMV):
+// y[r, n] = sum_k x[r, k] W[n, k] for tiles of <= 8 activation rows.
+//
+// The weights are the M side of mma.sync m16n8k16 (f16 in, f32 accumulate) and the <= 8
+// activation rows of a tile are the N side, so one FP8 -> f16x2 conversion per two weights
+// is all the CUDA-core work per weight (the f32 FMA GEMV spent ~4 ops per weight and ran out
+// of issue slots before HBM bandwidth). FP8 e4m3 converts to f16 exactly; activations are
+// rounded bf16 -> f16 (11-bit mantissa, so exact) after clamping to the f16 range.
+//
+// Layout: a warp owns 16 rows of each of two matrices (kSwiglu: W1 and W3 rows of the same
+// intermediate index; otherwise rows n_base..+15 and n_base+16..+31) and every 4th 128-column
+// block (split-K over the block's 4 or 8 warps, reduced through shared memory). A lane (g = lane / 4,
+// q = lane % 4) loads 16 contiguous FP8 bytes of rows g and g + 8 at column q * 16 of each
+// 64-column step, and the matching 16 activations of token g. Because a dot product is
+// invariant under a permutation of k applied to both operands, mma i of the step uses
+// physical columns q*16 + 4i + {0,1} as logical k {2q, 2q+1} and q*16 + 4i + {2,3} as
+// {2q+8, 2q+9}: the fragments come straight from the 16-byte loads, no shuffles.
+// Each 128-column chunk is accumulated separately and added with its block scale.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kChunk = 128;  // columns per block scale (bi)
+
+__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t v16) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// bf16x2 word -> f16x2 word, clamped to the finite f16 range.
+__device__ __forceinline__ uint32_t bf2_to_h2(uint32_t w) {
+  float2 f = bf16x2_to_f2(w);
+  f.x = fminf(fmaxf(f.x, -65504.f), 65504.f);
+  f.y = fminf(fmaxf(f.y, -65504.f), 65504.f);
+  __half2 h = __floats2half2_rn(f.x, f.y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+struct Chunk {
+  uint4 a[2][2][2];  // [matrix group][step][row g / g + 8]
+  uint4 x[2][2];     // [step][two uint4 = 16 bf16]
+};
+
+// kWarps: split-K ways (4, or 8 for grids too small to fill the GPU, e.g. k/v projections).
+template <int MODE, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
+  __shared__ float red[kWarps - 1][2][4][32];
+  int tile = blockIdx.y, nblk = blockIdx.x;
+  if (!p.tile_expert) {
+    const int ntiles = ceil_div(p.M, kGemvTile);
+    tile = blockIdx.x % ntiles;
+    nblk = blockIdx.x / ntiles;
+  }
+  int expert = -1, begin, end;
+  if (p.tile_expert) {
+    if (tile >= *p.num_tiles) return;
+    expert = p.tile_expert[tile], begin = p.tile_begin[tile], end = p.tile_end[tile];
+  } else {
+    begin = tile * kGemvTile;
+    end = min(p.M, begin + kGemvTile);
+  }
+  const int nrows = end - begin;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  constexpr bool kSw = MODE == int(LinMode::kSwiglu);
+  const int n_base = nblk * (kSw ? 16 : 32);
+  if (n_base >= p.N) return;
+
+  const ExpertPtrs* ep = expert >= 0 ? p.experts + expert : nullptr;
+  const uint8_t* wm[2];
+  const float* sm[2];
+  int rb[2];  // first row of each 16-row group
+  bool gvalid[2];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    if (kSw) {
+      wm[m] = static_cast<const uint8_t*>(m == 0 ? ep->w1 : ep->w3);
+      sm[m] = m == 0 ? ep->s1 : ep->s3;
+      rb[m] = n_base;
+    } else {
+      wm[m] = static_cast<const uint8_t*>(ep ? ep->w2 : p.w);
+      sm[m] = ep ? ep->s2 : p.s;
+      rb[m] = n_base + 16 * m;
+    }
+    gvalid[m] = rb[m] < p.N;
+    if (!gvalid[m]) rb[m] = rb[0];  // re-read group 0, discard
+  }
+  const int K = p.K, nchunks = K / kChunk;
+  const int xr_local = begin + min(g, nrows - 1);
+  const bf16* xrow = static_cast<const bf16*>(p.x) + int64_t(p.x_rows ? p.x_rows[xr_local] : xr_local) * p.ldx;
+  const int64_t row_off[2][2] = {{int64_t(rb[0] + g) * K, int64_t(rb[0] + g + 8) * K},
+                                 {int64_t(rb[1] + g) * K, int64_t(rb[1] + g + 8) * K}};
+  const int srow[2] = {(rb[0] / p.bo) * p.s_cols, (rb[1] / p.bo) * p.s_cols};
+
+  float acc[2][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[m][e] = 0.f;
+
+  auto load = [&](int c, Chunk& ch) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int col = c * kChunk + s * 64 + q * 16;
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ch.a[m][s][h] = __ldg(reinterpret_cast<const uint4*>(wm[m] + row_off[m][h] + col));
+      const uint4* xp = reinterpret_cast<const uint4*>(xrow + col);
+      ch.x[s][0] = __ldg(xp);
+      ch.x[s][1] = __ldg(xp + 1);
+    }
+  };
+  auto compute = [&](int c, const Chunk& ch) {
+    float part[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[m][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t xw[8] = {ch.x[s][0].x, ch.x[s][0].y, ch.x[s][0].z, ch.x[s][0].w,
+                              ch.x[s][1].x, ch.x[s][1].y, ch.x[s][1].z, ch.x[s][1].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t b0 = bf2_to_h2(xw[2 * i]), b1 = bf2_to_h2(xw[2 * i + 1]);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const uint4 lo = ch.a[m][s][0], hi = ch.a[m][s][1];
+          const uint32_t wl = i == 0 ? lo.x : i == 1 ? lo.y : i == 2 ? lo.z : lo.w;
+          const uint32_t wh = i == 0 ? hi.x : i == 1 ? hi.y : i == 2 ? hi.z : hi.w;
+          const uint32_t a[4] = {fp8x2_to_h2(wl), fp8x2_to_h2(wh), fp8x2_to_h2(wl >> 16), fp8x2_to_h2(wh >> 16)};
+          mma_f16(part[m], a, b0, b1);
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const float sc = __ldg(sm[m] + srow[m] + c);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][e] = fmaf(part[m][e], sc, acc[m][e]);
+    }
+  };
+  // Two chunks in flight per warp (16 x 16-byte weight loads per lane) before any math.
+  for (int c = warp; c < nchunks; c += 2 * kWarps) {
+    Chunk c0, c1;
+    const int c2 = c + kWarps;
+    load(c, c0);
+    if (c2 < nchunks) load(c2, c1);
+    compute(c, c0);
+    if (c2 < nchunks) compute(c2, c1);
+  }
+
+  // Split-K reduction: warps 1..3 hand their partials to warp 0.
+  if (warp > 0) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp - 1][m][e][lane] = acc[m][e];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][e] += red[w][m][e][lane];
+
+  // C fragment: acc[m][0..1] = rows rb[m] + g, tokens 2q, 2q + 1; acc[m][2..3] = row + 8.
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int tok = 2 * q + j;
+    if (tok >= nrows) continue;
+    const int r = begin + tok;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (kSw) {
+        const float gt = acc[0][2 * h + j], up = acc[1][2 * h + j];
+        static_cast<bf16*>(p.out)[int64_t(r) * p.ldo + n_base + g + 8 * h] = f2bf(silu(gt) * up);
+      } else {
+        const float scale = MODE == int(LinMode::kDown) ? p.row_scale[r] : 1.f;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          if (!gvalid[m]) continue;
+          const int64_t o = int64_t(r) * p.ldo + rb[m] + g + 8 * h;
+          const float v = acc[m][2 * h + j] * scale;
+          if (p.out_f32)
+            static_cast<float*>(p.out)[o] = v;
+          else
+            static_cast<bf16*>(p.out)[o] = f2bf(v);
+        }
+      }
+    }
+  }
+}
+
+template <int MODE>
+void launch_tc_mode(const LinParams& p, cudaStream_t s) {
+  const int rows_per_block = MODE == int(LinMode::kSwiglu) ? 16 : 32;
+  const int nblocks = ceil_div(p.N, rows_per_block);
+  dim3 grid = p.tile_expert ? dim3(nblocks, p.max_tiles) : dim3(nblocks * ceil_div(p.M, kGemvTile), 1);
+  if (grid.x == 0 || grid.y == 0) return;
+  // Fewer than ~2 blocks per SM (k/v/o projections at batch 1: 32-96 blocks): 8 warps per
+  // block so each row group's K is streamed by twice as many warps.
+  if (int64_t(grid.x) * grid.y < 264)
+    gemv_tc_kernel<MODE, 8><<<grid, 8 * 32, 0, s>>>(p);
+  else
+    gemv_tc_kernel<MODE, 4><<<grid, 4 * 32, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool gemv_tc_supported(const LinParams& p) {
+  return p.tc && p.fp8 && p.bo == 128 && p.bi == kChunk && p.K % kChunk == 0 && p.N % 16 == 0 && p.ldx % 8 == 0 &&
+         p.K > 0;
+}
+
+void launch_gemv_tc(const LinParams& p, cudaStream_t s) {
+  switch (p.mode) {
+    case LinMode::kStore: launch_tc_mode<int(LinMode::kStore)>(p, s); break;
+    case LinMode::kSwiglu: launch_tc_mode<int(LinMode::kSwiglu)>(p, s); break;
+    case LinMode::kDown: launch_tc_mode<int(LinMode::kDown)>(p, s); break;
+  }
+}
+
+}  // namespace moeserve::cuda
