@@ -1,5 +1,7 @@
 #include "server/json_text.h"
 
+#include "core/python_repr.h"
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -35,38 +37,10 @@ void append_json_string(std::string& out, std::string_view s) {
 }
 
 std::string py_float_repr(double v) {
+  // json.dumps spells the non-finite values as JavaScript does.
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
-  if (v == 0) return std::signbit(v) ? "-0.0" : "0.0";
-  // Shortest round-trip digits in scientific form: [-]d[.ddd]e[+-]X
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
-  std::string sci(buf, res.ptr);
-  bool neg = sci[0] == '-';
-  if (neg) sci.erase(0, 1);
-  size_t epos = sci.find('e');
-  int exp10 = std::stoi(sci.substr(epos + 1));
-  std::string digits;
-  for (size_t i = 0; i < epos; ++i)
-    if (sci[i] != '.') digits.push_back(sci[i]);
-  int decpt = exp10 + 1;  // position of the decimal point relative to digits
-  std::string out = neg ? "-" : "";
-  if (decpt > -4 && decpt <= 16) {  // Python repr uses fixed notation here
-    if (decpt <= 0) {
-      out += "0." + std::string(-decpt, '0') + digits;
-    } else if (decpt >= static_cast<int>(digits.size())) {
-      out += digits + std::string(decpt - digits.size(), '0') + ".0";
-    } else {
-      out += digits.substr(0, decpt) + "." + digits.substr(decpt);
-    }
-  } else {
-    out += digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
-    char e[16];
-    std::snprintf(e, sizeof e, "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
-    out += e;
-  }
-  return out;
+  return python_float_repr(v);
 }
 
 void append_logprob(std::string& out, float v) {
