@@ -1,36 +1,70 @@
 #!/usr/bin/env bash
-# Runs GPU checks with binaries built on the development machine (the GPU machine lacks
-# some build dependencies, e.g. utf8proc). Build them with
-#   BUILD_DIR=build-cuda scripts/build.sh -DMOESERVE_CUDA=ON -DMOESERVE_CUDA_ARCHS=90a
-# and copy moeserve plus the test binaries into .gpubin/. Usage on the GPU machine:
-#   OUT=/dir STEPS="tests bench golden" scripts/gpu_prebuilt_check.sh
+# One device run of prebuilt CUDA binaries packed by scripts/gpu_pack.sh. Steps (STEPS):
+#   tests   op tests against the CPU backend, one timeout per suite (a hang costs one suite)
+#   golden  CUDA golden gtest + golden_cuda_check.sh (`generate --device cuda` vs HF references)
+#   hf      scripts/make_golden.py --check (regenerates the HF references with the machine's transformers)
+#   serve   `serve --device cuda` on make-tiny, one completion and one chat request
+#   bench   bench-model --synthetic minimax-m2.5 (LAYERS, BATCHES, CONTEXTS, PROFILE)
+# Usage on the GPU machine: cd .gpubin && OUT=/dir STEPS="tests golden bench" LAYERS=30 ./gpu_prebuilt_check.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-BIN=${BIN:-.gpubin}
-STEPS=${STEPS:-tests bench}
-LAYERS=${LAYERS:-4}
+cd "$(dirname "$0")"
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+STEPS=${STEPS:-tests golden serve bench}
+LAYERS=${LAYERS:-30}
 start=$(date +%s)
 stamp() { echo "[gpu +$(( $(date +%s) - start ))s] $*"; }
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/gpu.txt"
-git rev-parse HEAD > "$OUT/revision.txt" 2>/dev/null
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 for step in $STEPS; do
   case $step in
     tests)
-      for t in "$BIN"/test_*; do
-        stamp "$t"
-        timeout 300 "$t" --gtest_color=no > "$OUT/$(basename "$t").log" 2>&1; echo "rc=$?" >> "$OUT/$(basename "$t").log"
-        grep -E "^\[  (PASSED|FAILED|SKIPPED) |rc=|Failure|rel|err" "$OUT/$(basename "$t").log" | grep -v "^\[       OK" | head -40
-      done ;;
-    bench)
-      stamp bench-model
-      timeout 300 "$BIN/moeserve" bench-model --synthetic minimax-m2.5 --layers "$LAYERS" \
-        --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1; echo "rc=$?" >> "$OUT/bench.txt"
-      tail -40 "$OUT/bench.txt" ;;
+      for suite in 'CudaOps.*' '*CudaNorm*' '*CudaQkNormRope*' '*CudaLinear*' '*CudaAttention*' 'CudaMoe.*' \
+                   '*CudaMoeExperts*' 'CudaSample.*' 'CudaGraph.*' 'CudaVsCpu.*'; do
+        timeout 90 ./test_cuda_ops --gtest_color=no --gtest_filter="$suite" >> "$OUT/tests.log" 2>&1
+        echo "suite $suite rc=$?" | tee -a "$OUT/tests.log"
+      done
+      grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure" "$OUT/tests.log" | sort | uniq -c | head -30
+      stamp tests done ;;
     golden)
-      stamp golden
-      timeout 300 python3 scripts/make_golden.py --out "$OUT/golden" > "$OUT/golden.log" 2>&1; echo "rc=$?" >> "$OUT/golden.log"
-      tail -20 "$OUT/golden.log" ;;
+      MOESERVE_SOURCE_DIR=$PWD timeout 120 ./test_cuda_golden --gtest_color=no > "$OUT/golden_gtest.log" 2>&1
+      echo "test_cuda_golden rc=$?"
+      grep -E "golden cuda\]|^\[  (PASSED|FAILED) |Failure|Expected|Which is" "$OUT/golden_gtest.log" | head -40
+      BIN=./moeserve OUT=/tmp/golden_script timeout 120 ./golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
+      echo "golden_cuda_check rc=$?"; tail -8 "$OUT/golden_script.log"
+      stamp golden done ;;
+    hf)
+      timeout 200 python3 scripts/make_golden.py --check > "$OUT/make_golden_check.log" 2>&1
+      echo "make_golden --check rc=$?"; grep CHECK "$OUT/make_golden_check.log"
+      stamp hf done ;;
+    serve)
+      ./moeserve make-tiny /tmp/tiny > "$OUT/serve.log" 2>&1
+      ./moeserve serve /tmp/tiny --served-model-name tiny --device cuda --port 18123 --gpu-memory-utilization 0.1 \
+        >> "$OUT/serve.log" 2>&1 &
+      spid=$!
+      python3 - >> "$OUT/serve.log" 2>&1 <<'PY'
+import json, time, urllib.request
+base = "http://127.0.0.1:18123"
+for _ in range(120):
+    try:
+        urllib.request.urlopen(base + "/health", timeout=1); break
+    except Exception:
+        time.sleep(0.5)
+def post(path, body):
+    req = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=60).read())
+print("completion:", post("/v1/completions", {"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0}))
+print("chat:", post("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                             "max_tokens": 8, "temperature": 0.7, "seed": 1}))
+PY
+      kill $spid; wait $spid 2>/dev/null
+      grep -iE "kv|cuda|error|completion|chat" "$OUT/serve.log" | cut -c1-400 | head -10
+      stamp serve done ;;
+    bench)
+      timeout "${BENCH_TIMEOUT:-240}" ./moeserve bench-model --synthetic minimax-m2.5 --layers "$LAYERS" \
+        --batch-sizes ${BATCHES:-1 8 64} --contexts ${CONTEXTS:-1024} --profile ${PROFILE:-1 64} \
+        --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+      echo "rc=$?" >> "$OUT/bench.txt"
+      grep -v "^\s*$" "$OUT/bench.txt" | grep -v '^ *"\|^ *[]{}[]' | tail -70
+      stamp bench done ;;
   esac
 done
 stamp done

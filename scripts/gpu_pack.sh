@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries here (the GPU machine lacks utf8proc and GTest, so binaries are
+# built on the development machine and run there) and packs them with what the GPU checks
+# need into .gpubin/ (git-ignored; carry it to the GPU machine).
+#   scripts/gpu_pack.sh            then on the GPU machine:  cd .gpubin && OUT=/dir ./gpu_prebuilt_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build-cuda} scripts/build.sh -DMOESERVE_CUDA=ON -DMOESERVE_CUDA_ARCHS="${ARCHS:-90a}"
+B=${BUILD_DIR:-build-cuda}
+rm -rf .gpubin && mkdir -p .gpubin/tests/fixtures .gpubin/scripts
+cp "$B/moeserve" "$B/tests/cuda/test_cuda_ops" "$B/tests/cuda/test_cuda_golden" .gpubin/
+cp scripts/gpu_prebuilt_check.sh scripts/golden_cuda_check.sh .gpubin/
+cp scripts/make_golden.py .gpubin/scripts/
+cp -r tests/fixtures/golden .gpubin/tests/fixtures/
+du -sh .gpubin
