@@ -28,7 +28,7 @@ for step in $STEPS; do
       MOESERVE_SOURCE_DIR=$PWD timeout 120 ./test_cuda_golden --gtest_color=no > "$OUT/golden_gtest.log" 2>&1
       echo "test_cuda_golden rc=$?"
       grep -E "golden cuda\]|^\[  (PASSED|FAILED) |Failure|Expected|Which is" "$OUT/golden_gtest.log" | head -40
-      BIN=./moeserve OUT=/tmp/golden_script timeout 120 ./golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
+      BIN=$PWD/moeserve OUT=/tmp/golden_script timeout 120 ./scripts/golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
       echo "golden_cuda_check rc=$?"; tail -8 "$OUT/golden_script.log"
       stamp golden done ;;
     hf)
