@@ -16,14 +16,10 @@
 
 namespace moeserve::tok {
 
-class Bpe final : public Model {
+class Bpe final : public VocabModel {
  public:
   explicit Bpe(const nlohmann::json& model);
   void tokenize(std::string_view word, std::vector<int32_t>& out) const override;
-  std::optional<int32_t> token_to_id(std::string_view t) const override { return vocab_.find(t); }
-  const std::string* id_to_token(int32_t id) const override { return vocab_.token(id); }
-  size_t vocab_entries() const override { return vocab_.map.size(); }
-  int32_t max_id() const override { return vocab_.max_id; }
 
  private:
   struct Merge {
@@ -33,7 +29,6 @@ class Bpe final : public Model {
   void merge_word(std::string_view w, std::vector<int32_t>& out) const;
   const Merge* find_merge(int32_t a, int32_t b) const;
 
-  Vocab vocab_;
   std::unordered_map<uint64_t, Merge> merges_;
   std::optional<std::string> unk_token_;
   std::string prefix_, suffix_;

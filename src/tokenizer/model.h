@@ -53,6 +53,19 @@ struct Vocab {
   }
 };
 
+// Base of the models whose vocabulary is a plain {token: id} map (BPE, WordPiece,
+// WordLevel): the lookups every such model answers the same way.
+class VocabModel : public Model {
+ public:
+  std::optional<int32_t> token_to_id(std::string_view t) const override { return vocab_.find(t); }
+  const std::string* id_to_token(int32_t id) const override { return vocab_.token(id); }
+  size_t vocab_entries() const override { return vocab_.map.size(); }
+  int32_t max_id() const override { return vocab_.max_id; }
+
+ protected:
+  Vocab vocab_;
+};
+
 // word -> ids cache, sharded so concurrent encodes do not serialise on one lock.
 class WordCache {
  public:

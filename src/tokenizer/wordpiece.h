@@ -8,34 +8,24 @@
 
 namespace moeserve::tok {
 
-class WordPiece final : public Model {
+class WordPiece final : public VocabModel {
  public:
   explicit WordPiece(const nlohmann::json& model);
   void tokenize(std::string_view word, std::vector<int32_t>& out) const override;
-  std::optional<int32_t> token_to_id(std::string_view t) const override { return vocab_.find(t); }
-  const std::string* id_to_token(int32_t id) const override { return vocab_.token(id); }
-  size_t vocab_entries() const override { return vocab_.map.size(); }
-  int32_t max_id() const override { return vocab_.max_id; }
 
  private:
   int32_t unk_id() const;  // throws when the unk token is not in the vocab (HF: MissingUnkToken)
-  Vocab vocab_;
   std::string unk_token_, prefix_;
   size_t max_chars_ = 100;
   WordCache cache_;
 };
 
-class WordLevel final : public Model {
+class WordLevel final : public VocabModel {
  public:
   explicit WordLevel(const nlohmann::json& model);
   void tokenize(std::string_view word, std::vector<int32_t>& out) const override;
-  std::optional<int32_t> token_to_id(std::string_view t) const override { return vocab_.find(t); }
-  const std::string* id_to_token(int32_t id) const override { return vocab_.token(id); }
-  size_t vocab_entries() const override { return vocab_.map.size(); }
-  int32_t max_id() const override { return vocab_.max_id; }
 
  private:
-  Vocab vocab_;
   std::string unk_token_;
 };
 
