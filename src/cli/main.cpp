@@ -42,8 +42,16 @@ int main(int argc, char** argv) {
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
     app.parse(args);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors exit 2 with an "error:" line, as argparse (vllm's CLI) does.
+    std::fprintf(stderr, "error: %s\nRun with --help for more information.\n", e.what());
+    return 2;
   }
   init_logging(log_level);
   for (auto& [sub, run] : runners) {

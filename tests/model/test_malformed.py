@@ -270,10 +270,17 @@ def test_bad_generate_args(args, needle):
     d = os.path.join(GOLDEN, "tiny_bf16")
     p = run("generate", "--model", d, "--prompt-ids", "3,4", *args)
     if p.returncode != 1 and "--max-tokens" in args and "99999999999" in args:
-        # CLI11 rejects the value itself (exit code of its parser): still an error, not a crash.
-        assert p.returncode > 0 and "max-tokens" in p.stderr, p.stderr
+        # The flag parser rejects the value itself: a usage error, exit 2 like argparse.
+        assert p.returncode == 2 and "error:" in p.stderr and "max-tokens" in p.stderr, p.stderr
         return
     expect_error(p, needle)
+
+
+def test_usage_errors_exit_2():
+    # Unknown flags and missing required options: "error: ..." and exit 2 (argparse's code).
+    for args in (["generate", "--bogus"], ["generate"], ["serve", "--port", "notanumber"], ["nosuchcommand"]):
+        p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and p.stderr.startswith("error: "), (args, p.returncode, p.stderr)
 
 
 def test_dump_logits_to_directory(tmp_path):
