@@ -179,7 +179,10 @@ int64_t count_tensors(const std::vector<Group>& groups) {
   return n;
 }
 
-std::string gib(int64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30)); }
+// Bytes for people: GB = 1e9 B (as GPU datasheets), MB below 1 GB.
+std::string human(int64_t b) {
+  return b >= 1000000000 ? fmt::format("{:.2f} GB", double(b) / 1e9) : fmt::format("{:.2f} MB", double(b) / 1e6);
+}
 
 // Problems that make a layout impossible regardless of memory.
 void structural_checks(const ModelShape& m, const Layout& l, std::vector<std::string>& why,
@@ -478,8 +481,8 @@ json make_plan(const json& config, const json* index, const PlanOptions& o) {
     const int64_t seq_blocks = ceil_div(L, o.block_size);
     const int64_t seqs_per_replica = blocks / seq_blocks;
     if (weights + reserve > usable)
-      why.push_back(fmt::format("weights {} + reserve {} exceed the usable {} per GPU", gib(weights), gib(reserve),
-                                gib(usable)));
+      why.push_back(fmt::format("weights {} + reserve {} exceed the usable {} per GPU", human(weights), human(reserve),
+                                human(usable)));
     else if (kv_tokens < L)
       why.push_back(fmt::format("the KV cache holds {} tokens per replica, less than max_model_len {}", kv_tokens, L));
     std::string flags = fmt::format("--tensor-parallel-size {}", l.tp);
@@ -518,7 +521,7 @@ json make_plan(const json& config, const json* index, const PlanOptions& o) {
 }
 
 std::string format_plan(const json& r) {
-  auto G = [](const json& v) { return double(v.get<int64_t>()) / 1e9; };
+  auto I = [](const json& v) { return v.get<int64_t>(); };
   const auto& o = r["options"];
   const auto& m = r["model"];
   std::string s;
@@ -528,23 +531,24 @@ std::string format_plan(const json& r) {
                    m["head_dim"].get<int64_t>(), m["num_experts"].get<int64_t>(), m["experts_per_token"].get<int64_t>(),
                    m["expert_intermediate_size"].get<int64_t>(), m["vocab_size"].get<int64_t>());
   const auto& ck = r["checkpoint"];
-  s += fmt::format("weights: {:.2f} GB by config arithmetic", G(ck["computed_bytes"]));
+  s += fmt::format("weights: {} by config arithmetic", human(I(ck["computed_bytes"])));
   if (ck.contains("index_total_size") && !ck["index_total_size"].is_null())
-    s += fmt::format(", index total_size {:.2f} GB", G(ck["index_total_size"]));
+    s += fmt::format(", index total_size {}", human(I(ck["index_total_size"])));
   s += fmt::format("; MTP modules {} declared, {} present (not loaded)\n", ck["mtp"]["declared_modules"].get<int64_t>(),
                    ck["mtp"]["present_modules"].is_null() ? std::string("?") : ck["mtp"]["present_modules"].dump());
-  s += fmt::format("GPUs: {} x {:.2f} GB, utilization {} -> {:.2f} GB usable each; max_model_len {}, KV {} ({} B/elem)\n",
-                   o["gpus"].get<int>(), G(o["gpu_memory_bytes"]), o["gpu_memory_utilization"].get<double>(),
-                   G(o["usable_bytes_per_gpu"]), o["max_model_len"].get<int64_t>(),
+  s += fmt::format("GPUs: {} x {}, utilization {} -> {} usable each; max_model_len {}, KV {} ({} B/elem)\n",
+                   o["gpus"].get<int>(), human(I(o["gpu_memory_bytes"])), o["gpu_memory_utilization"].get<double>(),
+                   human(I(o["usable_bytes_per_gpu"])), o["max_model_len"].get<int64_t>(),
                    o["kv_cache_dtype"].get<std::string>(), o["kv_cache_bytes_per_element"].get<int>());
   s += "memory model (per GPU):\n";
   for (const auto& line : r["memory_model"]) s += "  " + line.get<std::string>() + "\n";
-  s += fmt::format("\n{:<16} {:>6} {:>10} {:>10} {:>12} {:>12} {:>8}\n", "layout", "valid", "weights", "reserve",
+  s += fmt::format("\n{:<16} {:>6} {:>11} {:>11} {:>12} {:>12} {:>8}\n", "layout", "valid", "weights/GPU", "reserve",
                    "KV tokens", "KV B/token", "seqs@L");
+  // KV tokens: all replicas together; KV B/token: per GPU; seqs@L: sequences of max_model_len at once.
   for (const auto& l : r["layouts"]) {
-    s += fmt::format("{:<16} {:>6} {:>7.2f} GB {:>7.2f} GB {:>12} {:>12} {:>8}\n", l["name"].get<std::string>(),
-                     l["valid"].get<bool>() ? "yes" : "no", G(l["weights_bytes_per_gpu"]),
-                     G(l["reserve_bytes"]["total"]), l["kv_tokens_total"].get<int64_t>(),
+    s += fmt::format("{:<16} {:>6} {:>11} {:>11} {:>12} {:>12} {:>8}\n", l["name"].get<std::string>(),
+                     l["valid"].get<bool>() ? "yes" : "no", human(I(l["weights_bytes_per_gpu"])),
+                     human(I(l["reserve_bytes"]["total"])), l["kv_tokens_total"].get<int64_t>(),
                      l["kv_bytes_per_token_per_gpu"].get<int64_t>(), l["max_concurrent_seqs"].get<int64_t>());
     for (const auto& w : l["reasons"]) s += "    invalid: " + w.get<std::string>() + "\n";
     for (const auto& w : l["notes"]) s += "    note: " + w.get<std::string>() + "\n";

@@ -97,18 +97,53 @@ def test_nothing_fits_exits_2(m25_dir):
     assert "recommended: none" in p.stdout and "exceed the usable" in p.stdout
 
 
-def test_single_file_checkpoint_header(tmp_path):
+def read_st(path):
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    return header, raw[8 + n:]
+
+
+def test_tiny_checkpoint_index_matches_arithmetic(tmp_path):
+    """make-tiny writes a real sharded checkpoint (fp32 router, bf16 rest): the byte total of
+    config arithmetic must equal the index's total_size exactly."""
     model = tmp_path / "tiny"
     subprocess.run([BIN, "make-tiny", str(model)], check=True, capture_output=True)
-    assert not (model / "model.safetensors.index.json").exists()
-    r = json.loads(run("--model", str(model), "--gpus", "2", "--gpu-memory", "1GiB", "--json").stdout)
-    assert r["sources"]["index"].endswith("model.safetensors (header)")
-    st = model / "model.safetensors"
-    n = int.from_bytes(st.read_bytes()[:8], "little")
-    assert r["checkpoint"]["index_total_size"] == st.stat().st_size - 8 - n
-    # The tiny checkpoint is bf16 with the declared shapes: config arithmetic must agree exactly.
+    r = json.loads(run("--model", str(model), "--gpus", "2", "--gpu-memory", "8GiB", "--json").stdout)
+    assert r["sources"]["index"].endswith("model.safetensors.index.json")
     assert r["checkpoint"]["index_minus_computed_bytes"] == 0, r["checkpoint"]
+    assert r["checkpoint"]["index_tensors"] == r["checkpoint"]["computed_tensors"]
     assert r["warnings"] == []
+    # Same with the FP8 variant (block scales included).
+    fp8 = tmp_path / "tiny-fp8"
+    subprocess.run([BIN, "make-tiny", str(fp8), "--fp8", "--block-size", "32"], check=True, capture_output=True)
+    r = json.loads(run("--model", str(fp8), "--gpus", "2", "--gpu-memory", "8GiB", "--json").stdout)
+    assert r["checkpoint"]["index_minus_computed_bytes"] == 0, r["checkpoint"]
+    assert r["checkpoint"]["index_fp8_scale_tensors"] > 0
+
+
+def test_single_file_checkpoint_header(tmp_path):
+    """No index, one model.safetensors: names and total size come from its header only."""
+    model = tmp_path / "tiny"
+    subprocess.run([BIN, "make-tiny", str(model)], check=True, capture_output=True)
+    merged, data = {}, b""
+    for shard in sorted(model.glob("model-*.safetensors")):
+        header, body = read_st(shard)
+        for k, v in header.items():
+            if k == "__metadata__":
+                continue
+            b, e = v["data_offsets"]
+            merged[k] = {**v, "data_offsets": [len(data) + b, len(data) + e]}
+        data += body
+        shard.unlink()
+    (model / "model.safetensors.index.json").unlink()
+    h = json.dumps(merged).encode()
+    (model / "model.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + data)
+    r = json.loads(run("--model", str(model), "--gpus", "2", "--gpu-memory", "8GiB", "--json").stdout)
+    assert r["sources"]["index"].endswith("model.safetensors (header)")
+    assert r["checkpoint"]["index_total_size"] == len(data)
+    assert r["checkpoint"]["index_tensors"] == len(merged)
+    assert r["checkpoint"]["index_minus_computed_bytes"] == 0, r["checkpoint"]
 
 
 def test_bad_inputs(tmp_path, m25_dir):

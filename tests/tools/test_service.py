@@ -86,8 +86,9 @@ def test_exec_start_round_trip(tmp_path):
     d = directives(unit)
     argv = systemd_words(d["ExecStart"][0])
     assert argv[0] == str(Path(BIN).resolve()) and argv[1] == "serve"
-    # The relative model directory became absolute; everything else is verbatim and in order.
-    assert argv[2:] == [str(model), "--port", "8000", *TRICKY, "--tensor_parallel_size=2"]
+    # The relative model directory became absolute; everything else is verbatim and in order
+    # (flag names with underscores arrive with dashes: main.cpp normalises them as vLLM does).
+    assert argv[2:] == [str(model), "--port", "8000", *TRICKY, "--tensor-parallel-size=2"]
     assert d["Type"] == ["notify"] and d["Restart"] == ["on-failure"] and d["LimitNOFILE"] == ["65536"]
     assert d["User"] == ["root"] and d["SyslogIdentifier"] == ["m25"]
     env = [systemd_words(v)[0] for v in d["Environment"]]
