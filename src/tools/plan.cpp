@@ -560,7 +560,7 @@ std::string format_plan(const json& r) {
     std::string flags;
     for (const auto& l : r["layouts"])
       if (l["name"] == r["recommended"]) flags = l["flags"].get<std::string>();
-    s += fmt::format("\nrecommended: {} ({})\n  moeserve serve MODEL {}\n", r["recommended"].get<std::string>(),
+    s += fmt::format("\nrecommended: {} ({})\n  flags (vllm serve spelling): {}\n", r["recommended"].get<std::string>(),
                      r["recommendation_reason"].get<std::string>(), flags);
   }
   return s;

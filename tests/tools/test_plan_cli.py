@@ -79,7 +79,7 @@ def test_text_output_and_reasons(m25_dir):
               "--kv-cache-dtype", "fp8").stdout
     assert "block-FP8 expert intermediate size 1536/8 = 192 is not a multiple of the 128 weight block" in out
     assert "recommended: TP8+EP8" in out
-    assert "--tensor-parallel-size 8 --enable-expert-parallel" in out
+    assert "flags (vllm serve spelling): --tensor-parallel-size 8 --enable-expert-parallel" in out
     assert "memory model (per GPU)" in out and "usable = gpu_memory * gpu_memory_utilization" in out
 
 
