@@ -1,6 +1,7 @@
 #include "tools/plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <set>
 
@@ -332,7 +333,16 @@ IndexInfo read_index(const json& index, const ModelShape& m) {
   if (index.contains("metadata") && index["metadata"].is_object() && has(index["metadata"], "total_size")) {
     const json& t = index["metadata"]["total_size"];
     if (t.is_number_integer()) r.total_size = t.get<int64_t>();
-    else if (t.is_string()) r.total_size = std::stoll(t.get<std::string>());
+    else if (t.is_string()) {
+      const std::string v = t.get<std::string>();
+      size_t used = 0;
+      try {
+        r.total_size = std::stoll(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      MS_CHECK(used == v.size() && used > 0, "model.safetensors.index.json: metadata.total_size '{}' is not a number", v);
+    }
     else fail("model.safetensors.index.json: metadata.total_size must be an integer, got {}", t.dump());
   }
   if (index.contains("weight_map")) {

@@ -316,6 +316,16 @@ TEST(PlanErrors, BadConfigsNameTheField) {
   c["kv_lora_rank"] = 512;
   EXPECT_NE(msg(c).find("MLA"), std::string::npos);
   EXPECT_THROW(candidate_layouts(0), moeserve::Error);
+  json bad_index = {{"metadata", {{"total_size", "12x"}}}, {"weight_map", json::object()}};
+  o.gpu_memory = 1000;
+  try {
+    make_plan(m25_config(), &bad_index, o);
+    ADD_FAILURE() << "no error";
+  } catch (const moeserve::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("total_size '12x'"), std::string::npos) << e.what();
+  }
+  bad_index = {{"weight_map", {1, 2}}};
+  EXPECT_THROW(make_plan(m25_config(), &bad_index, o), moeserve::Error);
 }
 
 }  // namespace
