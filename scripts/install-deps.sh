@@ -10,6 +10,7 @@ PKGS=(
   libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pip curl
+  systemd                     # systemd-analyze verify (service unit test)
 )
 missing=()
 for p in "${PKGS[@]}"; do

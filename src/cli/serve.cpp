@@ -2,10 +2,12 @@
 // SIGTERM/SIGINT drain: stop accepting, let running requests finish for up to
 // --shutdown-grace-seconds, abort the rest (their streams end with finish_reason "abort"
 // and [DONE]), exit 0.
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_service.h"
+#include "server/sd_notify.h"
 #include "server/parsers/parser.h"
 #include "server/tokenizer_frontend.h"
 #include "model/model_executor.h"
@@ -132,6 +135,36 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
 #endif
 }
 
+// One greedy token through the whole stack (scheduler, executor, sampler) before READY=1, so
+// the first client request does not pay for lazy initialisation (and, on CUDA, graph capture).
+void warm_up(Engine& engine) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  RequestOutput last;
+  Request r;
+  r.id = "moeserve-warmup";
+  r.prompt_ids = {0};
+  r.params.temperature = 0;
+  r.params.max_tokens = 1;
+  r.params.ignore_eos = true;
+  r.on_output = [&](RequestOutput&& o) {
+    if (!o.finished) return;
+    std::lock_guard<std::mutex> lk(mu);
+    last = std::move(o);
+    done = true;
+    cv.notify_all();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  MS_CHECK(engine.submit(std::move(r)), "warm-up: the engine refused the request");
+  std::unique_lock<std::mutex> lk(mu);
+  MS_CHECK(cv.wait_for(lk, std::chrono::minutes(30), [&] { return done; }), "warm-up: no output after 30 minutes");
+  MS_CHECK(last.finish_reason != FinishReason::Error && last.finish_reason != FinishReason::Abort,
+           "warm-up generate failed: {}", last.error.empty() ? finish_reason_name(last.finish_reason) : last.error);
+  spdlog::info("warm-up: 1 token in {:.1f} ms",
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
+
 int run_serve(const ServeArgs& a) {
   MS_CHECK(!a.model.empty(), "serve: MODEL_DIR is required");
   MS_CHECK(fs::is_directory(a.model), "serve: {} is not a directory", a.model);
@@ -151,6 +184,7 @@ int run_serve(const ServeArgs& a) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  server::sd_notify("STATUS=loading tokenizer and chat template from " + a.model);
   server::TokenizerFrontend frontend(a.model, a.chat_template);
   int max_model_len = a.max_model_len.empty() ? 0 : parse_human_int(a.max_model_len);
 
@@ -172,6 +206,7 @@ int run_serve(const ServeArgs& a) {
   for (int32_t id : frontend.eos_token_ids())
     if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())
       ec.eos_token_ids.push_back(id);
+  server::sd_notify("STATUS=loading model weights from " + a.model);
   auto engine = make_engine(ec, make_executor(a, max_model_len));
   const EngineConfig& resolved = engine->config();
   ExecutorInfo info = engine->executor_info();
@@ -202,13 +237,18 @@ int run_serve(const ServeArgs& a) {
   hc.io_threads = a.io_threads;
   hc.max_body_bytes = a.max_request_body_bytes;
   server::HttpServer http(hc, service);
+  server::sd_notify("STATUS=warming up (one greedy token)");
+  warm_up(*engine);
   http.start();
   spdlog::info("moeserve {} serving {} as '{}' on http://{}:{} (max_model_len {}, {} KV blocks of {})",
                MOESERVE_VERSION, a.model, sc.served_model_names[0], a.host, http.port(), resolved.max_model_len,
                info.num_kv_blocks, info.block_size);
 
+  // READY=1 only now: weights loaded, warm-up done, /health answering 200.
+  server::sd_notify(fmt::format("READY=1\nSTATUS=serving on {}:{}", a.host, http.port()));
   int sig = 0;
   sigwait(&sigs, &sig);
+  server::sd_notify(fmt::format("STOPPING=1\nSTATUS=draining (signal {}, grace {} s)", sig, a.shutdown_grace_seconds));
   spdlog::info("signal {}: draining (grace {} s)", sig, a.shutdown_grace_seconds);
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_grace_seconds * 1000));
