@@ -165,9 +165,35 @@ void MiniMaxM2Model::load(const Checkpoint& ckpt) {
     L.moe.num_experts = cfg_.num_local_experts;
     L.moe.top_k = cfg_.num_experts_per_tok;
     L.moe.first_local_expert = shard_.first_expert;
-    for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e) {
-      const std::string q = expert_prefix(l, e);
-      L.moe.experts.push_back({up_lin(q + "w1.weight"), up_lin(q + "w3.weight"), up_lin(q + "w2.weight")});
+    if (be_.device() == Device::CUDA) {
+      // The layer's experts in one device allocation: a separate allocation per matrix is
+      // rounded up to 2 MiB, which wastes a third of a 4.5 MiB M2.5 expert matrix.
+      std::vector<LinearWeight> lin;
+      for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e)
+        for (const char* m : {"w1.weight", "w3.weight", "w2.weight"})
+          lin.push_back(got.at(expert_prefix(l, e) + m).linear());
+      auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
+      size_t bytes = 0;
+      for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() ? pad(w.scale_inv.nbytes()) : 0);
+      Tensor slab = be_.alloc(DType::U8, {int64_t(std::max<size_t>(bytes, 1))});
+      size_t at = 0;
+      auto put = [&](Tensor& t) {
+        Tensor v = Tensor::view(static_cast<char*>(slab.data) + at, t.dtype, t.shape, Device::CUDA);
+        v.owner = slab.owner;
+        if (t.nbytes()) be_.copy_from_host(v, t.data, t.nbytes());
+        at += pad(t.nbytes());
+        t = v;
+      };
+      for (auto& w : lin) {
+        put(w.weight);
+        if (w.fp8()) put(w.scale_inv);
+      }
+      for (size_t i = 0; i + 2 < lin.size(); i += 3) L.moe.experts.push_back({lin[i], lin[i + 1], lin[i + 2]});
+    } else {
+      for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e) {
+        const std::string q = expert_prefix(l, e);
+        L.moe.experts.push_back({up_lin(q + "w1.weight"), up_lin(q + "w3.weight"), up_lin(q + "w2.weight")});
+      }
     }
     w_.layers.push_back(std::move(L));
   }
@@ -250,13 +276,17 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   }
 
   be_.embedding(w_.embed, ids, residual);
+  mark("embedding");
   be_.rms_norm(residual, w_.layers[0].input_norm, eps, x);
+  mark("norm");
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     MiniMaxM2Layer& L = w_.layers[l];
     // Attention block.
     be_.linear(x, L.q, q);  // [T, Hq_local*D]
+    mark("q_proj");
     be_.linear(x, L.k, k);  // [T, Hkv_local*D]
     be_.linear(x, L.v, v);
+    mark("kv_proj");
     QkNormRopeArgs qa;
     qa.q = &q;
     qa.k = &k;
@@ -278,7 +308,9 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
     }
     be_.qk_norm_rope(qa);
+    mark("qk_norm_rope");
     be_.write_kv(k, v, kv[l], meta);
+    mark("write_kv");
     AttentionArgs aa;
     aa.q = &q;
     aa.kv = &kv[l];
@@ -289,21 +321,28 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     aa.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     aa.out = &attn;
     be_.attention(aa);
+    mark("attention");
     be_.linear(attn, L.o, o);  // row-parallel: partial sums per rank
+    mark("o_proj");
     all_reduce(o);
     be_.add_rms_norm(residual, o, L.post_attention_norm, eps, x);
+    mark("norm");
     // MoE block.
     be_.moe_route(x, L.moe, routing);
+    mark("moe_route");
     be_.moe_experts(x, L.moe, routing, moe_out);  // this rank's experts / expert slices
+    mark("moe_experts");
     all_reduce(moe_out);
     const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
     be_.add_rms_norm(residual, moe_out, next_norm, eps, x);
+    mark("norm");
   }
   if (R == 0) return {};
   Tensor sel = ws_.sel.slice_rows(0, R);
   be_.embedding(x, rows, sel);  // gather the rows that need logits
   Tensor logits = ws_.logits.slice_rows(0, R);
   be_.linear(sel, w_.lm_head, logits);
+  mark("lm_head");
   return logits;
 }
 

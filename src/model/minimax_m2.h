@@ -83,6 +83,11 @@ class MiniMaxM2Model {
   const MiniMaxM2Config& config() const { return cfg_; }
   const MiniMaxM2Shard& shard() const { return shard_; }
   const MiniMaxM2Weights& weights() const { return w_; }
+  // Weights made elsewhere (bench-model's synthetic weights); shapes as declare_minimax_m2_weights.
+  void set_weights(MiniMaxM2Weights w) { w_ = std::move(w); }
+  // Profiling: when set, forward calls it after each op with the op's name (bench-model
+  // --profile records a CUDA event there). Not for captured steps.
+  void set_op_hook(std::function<void(const char*)> hook) { op_hook_ = std::move(hook); }
 
   // One KV layer per model layer: [num_blocks, block_size, kv_heads_local, head_dim].
   std::vector<KVCacheLayer> allocate_kv_cache(int num_blocks, int block_size, DType dtype) const;
@@ -93,6 +98,7 @@ class MiniMaxM2Model {
   // Changes whenever a step buffer was reallocated (graphs captured before are stale).
   int64_t workspace_epoch() const { return ws_epoch_; }
   int64_t workspace_bytes() const;
+  const MiniMaxM2Workspace& workspace() const { return ws_; }
 
   // ids [T] I32 (device), meta for the batch, the KV cache (written at meta.slot_mapping),
   // rows [R] I32: which token rows to produce logits for. Returns logits [R, V], a view of the
@@ -101,6 +107,9 @@ class MiniMaxM2Model {
 
  private:
   void all_reduce(Tensor& t);
+  void mark(const char* op) {
+    if (op_hook_) op_hook_(op);
+  }
   MiniMaxM2Config cfg_;
   Backend& be_;
   ParallelConfig par_;
@@ -109,6 +118,7 @@ class MiniMaxM2Model {
   MiniMaxM2Weights w_;
   MiniMaxM2Workspace ws_;
   int64_t ws_epoch_ = 0;
+  std::function<void(const char*)> op_hook_;
 };
 
 }  // namespace moeserve
