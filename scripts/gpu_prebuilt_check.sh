@@ -2,6 +2,7 @@
 # One device run of prebuilt CUDA binaries packed by scripts/gpu_pack.sh. Steps (STEPS):
 #   tests   op tests against the CPU backend, one timeout per suite (a hang costs one suite)
 #   golden  CUDA golden gtest + golden_cuda_check.sh (`generate --device cuda` vs HF references)
+#   graphs  decode-step CUDA graphs through the executor vs --enforce-eager (test_cuda_graphs)
 #   hf      scripts/make_golden.py --check (regenerates the HF references with the machine's transformers)
 #   serve   `serve --device cuda` on make-tiny, one completion and one chat request
 #   bench   bench-model --synthetic minimax-m2.5 (LAYERS, BATCHES, CONTEXTS, PROFILE)
@@ -31,6 +32,11 @@ for step in $STEPS; do
       BIN=$PWD/moeserve OUT=/tmp/golden_script timeout 120 ./scripts/golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
       echo "golden_cuda_check rc=$?"; tail -8 "$OUT/golden_script.log"
       stamp golden done ;;
+    graphs)
+      MOESERVE_SOURCE_DIR=$PWD timeout 120 ./test_cuda_graphs --gtest_color=no > "$OUT/graphs_gtest.log" 2>&1
+      echo "test_cuda_graphs rc=$?"
+      grep -E "^\[graphs|^\[  (PASSED|FAILED) |Failure|Expected|Which is|cuda graph: captured" "$OUT/graphs_gtest.log" | head -40
+      stamp graphs done ;;
     hf)
       timeout 200 python3 scripts/make_golden.py --check > "$OUT/make_golden_check.log" 2>&1
       echo "make_golden --check rc=$?"; grep CHECK "$OUT/make_golden_check.log"
@@ -54,9 +60,18 @@ def post(path, body):
 print("completion:", post("/v1/completions", {"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0}))
 print("chat:", post("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                              "max_tokens": 8, "temperature": 0.7, "seed": 1}))
+# Concurrent greedy requests (decode batches of several sequences: padded graph buckets) vs
+# the same prompts one at a time.
+import concurrent.futures as cf
+prompts = ["the quick brown fox %d" % i for i in range(12)]
+one = lambda p: post("/v1/completions", {"model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0})["choices"][0]["text"]
+seq = [one(p) for p in prompts]
+with cf.ThreadPoolExecutor(12) as ex:
+    par = list(ex.map(one, prompts))
+print("concurrent == sequential (greedy): %d of %d" % (sum(a == b for a, b in zip(seq, par)), len(prompts)))
 PY
       kill $spid; wait $spid 2>/dev/null
-      grep -iE "kv|cuda|error|completion|chat" "$OUT/serve.log" | cut -c1-400 | head -10
+      grep -iE "kv|cuda|graph|error|completion|chat|concurrent|bucket|workspace" "$OUT/serve.log" | cut -c1-400 | head -40
       stamp serve done ;;
     bench)
       timeout "${BENCH_TIMEOUT:-240}" ./moeserve bench-model --synthetic minimax-m2.5 --layers "$LAYERS" \

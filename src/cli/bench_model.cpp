@@ -13,8 +13,10 @@ moeserve::cli::RegisterSubcommand reg(
 #ifdef MOESERVE_WITH_CUDA
       auto opt = std::make_shared<moeserve::tools::BenchModelOptions>();
       sub->add_option("--synthetic", opt->synthetic, "Random weights with a known model's shapes (minimax-m2.5)");
-      sub->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (not supported yet)");
-      sub->add_option("--layers", opt->layers, "Decoder layers to instantiate")->capture_default_str();
+      sub->add_option("model", opt->checkpoint, "Checkpoint directory (instead of --synthetic)");
+      sub->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (same as the positional argument)");
+      sub->add_option("--layers", opt->layers, "Decoder layers (0: 4 synthetic / all of a checkpoint)")
+          ->capture_default_str();
       sub->add_option("--batch-sizes", opt->batches, "Decode batch sizes")->capture_default_str();
       sub->add_option("--contexts", opt->contexts, "Decode context lengths")->capture_default_str();
       sub->add_option("--prefill-tokens", opt->prefill_tokens, "Prompt length for prefill/TTFT (0: skip)")

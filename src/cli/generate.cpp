@@ -30,6 +30,7 @@ struct Args {
   float temperature = 0.f;
   uint64_t seed = 0;
   bool json = false;
+  bool enforce_eager = false;
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -75,6 +76,7 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
   sub->add_option("--device", a->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   sub->add_option("--block-size", a->block_size, "KV cache block size")->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "chunked prefill size (0 = whole prompt)");
+  sub->add_flag("--enforce-eager", a->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   return [a] {
     std::unique_ptr<moeserve::Backend> backend;
     if (a->device == "cpu") {
@@ -126,6 +128,9 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     // A KV pool just large enough for this one sequence.
     const int total = int(g.prompt_ids.size()) + a->max_tokens;
     eo.num_kv_blocks = std::max(1, (total + a->block_size - 1) / std::max(1, a->block_size));
+    eo.max_num_seqs = 1;  // one sequence: a single decode graph (CUDA)
+    eo.max_num_batched_tokens = a->prefill_chunk > 0 ? a->prefill_chunk : int(g.prompt_ids.size());
+    eo.enforce_eager = a->enforce_eager;
     auto exec = std::make_unique<moeserve::MiniMaxM2Executor>(std::move(backend), eo);
     const auto res = moeserve::generate(*exec, g);
     if (!a->dump_logits.empty())

@@ -56,6 +56,8 @@ struct ServeArgs {
   bool enable_prefix_caching = true;
   bool enable_request_id_headers = false;
   double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
+  bool capture_graphs_at_startup = false;
   int max_logprobs = 20;
   int io_threads = 2;
   int max_waiting_requests = 1024;
@@ -109,6 +111,10 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   eo.block_size = a.block_size;
   eo.max_model_len = max_model_len;
   eo.num_kv_blocks = a.num_kv_blocks;
+  eo.max_num_seqs = a.max_num_seqs;
+  eo.max_num_batched_tokens = a.max_num_batched_tokens;
+  eo.enforce_eager = a.enforce_eager;
+  eo.capture_graphs_at_startup = a.capture_graphs_at_startup;
   if (a.device == "cpu") return make_cpu_executor(eo);
 #ifdef MOESERVE_WITH_CUDA
   MS_CHECK(a.gpu_memory_utilization > 0 && a.gpu_memory_utilization <= 1,
@@ -116,12 +122,13 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   auto backend = make_cuda_backend(0);
   CudaBackend* cb = backend.get();
   const double util = a.gpu_memory_utilization;
-  // KV pool = what --gpu-memory-utilization leaves after the weights (already resident when
-  // this runs), less 1 GiB for step workspaces and activations.
+  // KV pool = what --gpu-memory-utilization leaves after the weights and the step workspaces
+  // (already resident when this runs), less 512 MiB headroom (expert tables, decode graphs,
+  // workspaces an unusually long prompt grows).
   eo.kv_blocks_for_memory = [cb, util, bs = a.block_size](int64_t per_block) {
     size_t free_b = 0, total_b = 0;
     cb->mem_info(&free_b, &total_b);
-    const double budget = double(total_b) * util - double(total_b - free_b) - double(1 << 30);
+    const double budget = double(total_b) * util - double(total_b - free_b) - double(512 << 20);
     const int64_t blocks = std::min<int64_t>(budget > 0 ? int64_t(budget / double(per_block)) : 0, INT32_MAX / 2);
     spdlog::info("cuda: {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
                  "{} KV blocks of {} tokens = {} KV tokens ({:.1f} KiB per block)",
@@ -293,6 +300,9 @@ moeserve::cli::RegisterSubcommand reg("serve", "Serve a model over the OpenAI-co
                 "reuse KV blocks of shared prompt prefixes (default on)");
   sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization, "fraction of GPU memory (ignored on cpu)")
       ->capture_default_str();
+  sub->add_flag("--enforce-eager", a->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
+  sub->add_flag("--capture-graphs-at-startup", a->capture_graphs_at_startup,
+                "capture every decode graph bucket before serving (default: on first use)");
   sub->add_option("--max-logprobs", a->max_logprobs, "largest top_logprobs / logprobs accepted")->capture_default_str();
   sub->add_option("--io-threads", a->io_threads, "HTTP io threads")->capture_default_str();
   sub->add_option("--max-waiting-requests", a->max_waiting_requests,

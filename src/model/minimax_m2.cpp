@@ -1,5 +1,6 @@
 #include "model/minimax_m2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -164,9 +165,35 @@ void MiniMaxM2Model::load(const Checkpoint& ckpt) {
     L.moe.num_experts = cfg_.num_local_experts;
     L.moe.top_k = cfg_.num_experts_per_tok;
     L.moe.first_local_expert = shard_.first_expert;
-    for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e) {
-      const std::string q = expert_prefix(l, e);
-      L.moe.experts.push_back({up_lin(q + "w1.weight"), up_lin(q + "w3.weight"), up_lin(q + "w2.weight")});
+    if (be_.device() == Device::CUDA) {
+      // The layer's experts in one device allocation: a separate allocation per matrix is
+      // rounded up to 2 MiB, which wastes a third of a 4.5 MiB M2.5 expert matrix.
+      std::vector<LinearWeight> lin;
+      for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e)
+        for (const char* m : {"w1.weight", "w3.weight", "w2.weight"})
+          lin.push_back(got.at(expert_prefix(l, e) + m).linear());
+      auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
+      size_t bytes = 0;
+      for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() ? pad(w.scale_inv.nbytes()) : 0);
+      Tensor slab = be_.alloc(DType::U8, {int64_t(std::max<size_t>(bytes, 1))});
+      size_t at = 0;
+      auto put = [&](Tensor& t) {
+        Tensor v = Tensor::view(static_cast<char*>(slab.data) + at, t.dtype, t.shape, Device::CUDA);
+        v.owner = slab.owner;
+        if (t.nbytes()) be_.copy_from_host(v, t.data, t.nbytes());
+        at += pad(t.nbytes());
+        t = v;
+      };
+      for (auto& w : lin) {
+        put(w.weight);
+        if (w.fp8()) put(w.scale_inv);
+      }
+      for (size_t i = 0; i + 2 < lin.size(); i += 3) L.moe.experts.push_back({lin[i], lin[i + 1], lin[i + 2]});
+    } else {
+      for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e) {
+        const std::string q = expert_prefix(l, e);
+        L.moe.experts.push_back({up_lin(q + "w1.weight"), up_lin(q + "w3.weight"), up_lin(q + "w2.weight")});
+      }
     }
     w_.layers.push_back(std::move(L));
   }
@@ -188,35 +215,78 @@ std::vector<KVCacheLayer> MiniMaxM2Model::allocate_kv_cache(int num_blocks, int 
   return kv;
 }
 
+void MiniMaxM2Model::reserve_workspace(int64_t max_tokens, int64_t max_rows) {
+  max_tokens = std::max<int64_t>({max_tokens, ws_.max_tokens, 1});
+  max_rows = std::max<int64_t>({max_rows, ws_.max_rows, 1});
+  if (max_tokens == ws_.max_tokens && max_rows == ws_.max_rows) return;
+  const int64_t T = max_tokens, H = cfg_.hidden_size, D = cfg_.head_dim, K = cfg_.num_experts_per_tok;
+  const int64_t qw = int64_t(shard_.q_heads) * D, kw = int64_t(shard_.kv_heads) * D;
+  const DType act = be_.activation_dtype();
+  MiniMaxM2Workspace w;  // built whole, then swapped in (the old buffers are freed after)
+  w.max_tokens = T;
+  w.max_rows = max_rows;
+  w.residual = be_.alloc(act, {T, H});
+  w.x = be_.alloc(act, {T, H});
+  w.o = be_.alloc(act, {T, H});
+  w.moe_out = be_.alloc(act, {T, H});
+  w.q = be_.alloc(act, {T, qw});
+  w.attn = be_.alloc(act, {T, qw});
+  w.k = be_.alloc(act, {T, kw});
+  w.v = be_.alloc(act, {T, kw});
+  w.expert_ids = be_.alloc(DType::I32, {T, K});
+  w.expert_w = be_.alloc(DType::F32, {T, K});
+  if (par_.world > 1) {
+    w.q_ss = be_.alloc(DType::F32, {T});
+    w.k_ss = be_.alloc(DType::F32, {T});
+  }
+  w.sel = be_.alloc(act, {max_rows, H});
+  w.logits = be_.alloc(act, {max_rows, cfg_.vocab_size});
+  ws_ = std::move(w);
+  ++ws_epoch_;
+  spdlog::debug("minimax_m2: step workspace for {} tokens / {} logits rows ({:.1f} MiB)", T, max_rows,
+                workspace_bytes() / 1048576.0);
+}
+
+int64_t MiniMaxM2Model::workspace_bytes() const {
+  int64_t n = 0;
+  for (const Tensor* t : {&ws_.residual, &ws_.x, &ws_.o, &ws_.moe_out, &ws_.q, &ws_.attn, &ws_.k, &ws_.v,
+                          &ws_.expert_ids, &ws_.expert_w, &ws_.q_ss, &ws_.k_ss, &ws_.sel, &ws_.logits})
+    n += int64_t(t->nbytes());
+  return n;
+}
+
 Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std::vector<KVCacheLayer>& kv,
                                const Tensor& rows) {
   MS_CHECK(!w_.layers.empty(), "MiniMaxM2Model::forward before load");
   MS_CHECK(int(kv.size()) == cfg_.num_hidden_layers, "KV cache has {} layers, model {}", kv.size(),
            cfg_.num_hidden_layers);
-  const int64_t T = meta.num_tokens, H = cfg_.hidden_size, D = cfg_.head_dim;
-  const int64_t qw = int64_t(shard_.q_heads) * D, kw = int64_t(shard_.kv_heads) * D;
+  const int64_t T = meta.num_tokens, D = cfg_.head_dim;
   const float eps = float(cfg_.rms_norm_eps);
-  const DType act = be_.activation_dtype();
-
-  Tensor residual = be_.alloc(act, {T, H}), x = be_.alloc(act, {T, H});
-  Tensor q = be_.alloc(act, {T, qw}), k = be_.alloc(act, {T, kw}), v = be_.alloc(act, {T, kw});
-  Tensor attn = be_.alloc(act, {T, qw}), o = be_.alloc(act, {T, H}), moe_out = be_.alloc(act, {T, H});
-  MoeRouting routing{be_.alloc(DType::I32, {T, cfg_.num_experts_per_tok}),
-                     be_.alloc(DType::F32, {T, cfg_.num_experts_per_tok})};
+  const int64_t R = rows.defined() ? rows.numel() : 0;
+  if (T > ws_.max_tokens || R > ws_.max_rows)
+    reserve_workspace(std::max(T, ws_.max_tokens), std::max(R, ws_.max_rows));
+  auto first = [T](const Tensor& t) { return t.slice_rows(0, T); };
+  Tensor residual = first(ws_.residual), x = first(ws_.x), q = first(ws_.q), k = first(ws_.k), v = first(ws_.v);
+  Tensor attn = first(ws_.attn), o = first(ws_.o), moe_out = first(ws_.moe_out);
+  MoeRouting routing{first(ws_.expert_ids), first(ws_.expert_w)};
   Tensor q_ss, k_ss;
   if (par_.world > 1) {
-    q_ss = be_.alloc(DType::F32, {T});
-    k_ss = be_.alloc(DType::F32, {T});
+    q_ss = first(ws_.q_ss);
+    k_ss = first(ws_.k_ss);
   }
 
   be_.embedding(w_.embed, ids, residual);
+  mark("embedding");
   be_.rms_norm(residual, w_.layers[0].input_norm, eps, x);
+  mark("norm");
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     MiniMaxM2Layer& L = w_.layers[l];
     // Attention block.
     be_.linear(x, L.q, q);  // [T, Hq_local*D]
+    mark("q_proj");
     be_.linear(x, L.k, k);  // [T, Hkv_local*D]
     be_.linear(x, L.v, v);
+    mark("kv_proj");
     QkNormRopeArgs qa;
     qa.q = &q;
     qa.k = &k;
@@ -238,7 +308,9 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
     }
     be_.qk_norm_rope(qa);
+    mark("qk_norm_rope");
     be_.write_kv(k, v, kv[l], meta);
+    mark("write_kv");
     AttentionArgs aa;
     aa.q = &q;
     aa.kv = &kv[l];
@@ -249,22 +321,28 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     aa.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     aa.out = &attn;
     be_.attention(aa);
+    mark("attention");
     be_.linear(attn, L.o, o);  // row-parallel: partial sums per rank
+    mark("o_proj");
     all_reduce(o);
     be_.add_rms_norm(residual, o, L.post_attention_norm, eps, x);
+    mark("norm");
     // MoE block.
     be_.moe_route(x, L.moe, routing);
+    mark("moe_route");
     be_.moe_experts(x, L.moe, routing, moe_out);  // this rank's experts / expert slices
+    mark("moe_experts");
     all_reduce(moe_out);
     const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
     be_.add_rms_norm(residual, moe_out, next_norm, eps, x);
+    mark("norm");
   }
-  const int64_t R = rows.defined() ? rows.numel() : 0;
   if (R == 0) return {};
-  Tensor sel = be_.alloc(act, {R, H});
+  Tensor sel = ws_.sel.slice_rows(0, R);
   be_.embedding(x, rows, sel);  // gather the rows that need logits
-  Tensor logits = be_.alloc(act, {R, cfg_.vocab_size});
+  Tensor logits = ws_.logits.slice_rows(0, R);
   be_.linear(sel, w_.lm_head, logits);
+  mark("lm_head");
   return logits;
 }
 

@@ -51,6 +51,20 @@ struct MiniMaxM2Layer {
   MoeWeights moe;
 };
 
+// Step activations, allocated once for up to max_tokens rows (and max_rows logits rows); each
+// forward takes views of the first T (R) rows, so a step allocates nothing once the buffers
+// fit it and their addresses stay fixed (a captured CUDA graph keeps pointing at them).
+struct MiniMaxM2Workspace {
+  int64_t max_tokens = 0, max_rows = 0;
+  Tensor residual, x, o, moe_out;  // [max_tokens, H]
+  Tensor q, attn;                  // [max_tokens, Hq_local * D]
+  Tensor k, v;                     // [max_tokens, Hkv_local * D]
+  Tensor expert_ids, expert_w;     // [max_tokens, top_k] I32 / F32
+  Tensor q_ss, k_ss;               // [max_tokens] F32 (TP only)
+  Tensor sel;                      // [max_rows, H]
+  Tensor logits;                   // [max_rows, V]
+};
+
 struct MiniMaxM2Weights {
   Tensor embed;  // [V, H]
   std::vector<MiniMaxM2Layer> layers;
@@ -69,22 +83,42 @@ class MiniMaxM2Model {
   const MiniMaxM2Config& config() const { return cfg_; }
   const MiniMaxM2Shard& shard() const { return shard_; }
   const MiniMaxM2Weights& weights() const { return w_; }
+  // Weights made elsewhere (bench-model's synthetic weights); shapes as declare_minimax_m2_weights.
+  void set_weights(MiniMaxM2Weights w) { w_ = std::move(w); }
+  // Profiling: when set, forward calls it after each op with the op's name (bench-model
+  // --profile records a CUDA event there). Not for captured steps.
+  void set_op_hook(std::function<void(const char*)> hook) { op_hook_ = std::move(hook); }
 
   // One KV layer per model layer: [num_blocks, block_size, kv_heads_local, head_dim].
   std::vector<KVCacheLayer> allocate_kv_cache(int num_blocks, int block_size, DType dtype) const;
 
+  // Allocates the step buffers for up to max_tokens tokens and max_rows logits rows (grows
+  // only; forward grows them on demand too, bumping workspace_epoch()).
+  void reserve_workspace(int64_t max_tokens, int64_t max_rows);
+  // Changes whenever a step buffer was reallocated (graphs captured before are stale).
+  int64_t workspace_epoch() const { return ws_epoch_; }
+  int64_t workspace_bytes() const;
+  const MiniMaxM2Workspace& workspace() const { return ws_; }
+
   // ids [T] I32 (device), meta for the batch, the KV cache (written at meta.slot_mapping),
-  // rows [R] I32: which token rows to produce logits for. Returns logits [R, V].
+  // rows [R] I32: which token rows to produce logits for. Returns logits [R, V], a view of the
+  // workspace (valid until the next forward). Allocates nothing when the workspace fits.
   Tensor forward(const Tensor& ids, const AttentionMeta& meta, std::vector<KVCacheLayer>& kv, const Tensor& rows);
 
  private:
   void all_reduce(Tensor& t);
+  void mark(const char* op) {
+    if (op_hook_) op_hook_(op);
+  }
   MiniMaxM2Config cfg_;
   Backend& be_;
   ParallelConfig par_;
   AllReduceFn all_reduce_;
   MiniMaxM2Shard shard_;
   MiniMaxM2Weights w_;
+  MiniMaxM2Workspace ws_;
+  int64_t ws_epoch_ = 0;
+  std::function<void(const char*)> op_hook_;
 };
 
 }  // namespace moeserve

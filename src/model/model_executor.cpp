@@ -1,10 +1,14 @@
 #include "model/model_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+
+#include <fmt/ranges.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace moeserve {
 
@@ -28,14 +32,65 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
   info_.block_size = opts.block_size;
   info_.num_kv_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks
                                                : (info_.max_model_len + opts.block_size - 1) / opts.block_size;
+  const int world = opts.comm ? opts.comm->world_size() : 1;
+  const bool want_graphs = !opts.enforce_eager && world == 1;
+  graphs_ = want_graphs ? (opts.graph_runner_factory ? opts.graph_runner_factory(*backend_)
+                                                     : make_graph_runner(*backend_))
+                        : nullptr;
+  if (!opts.enforce_eager && world > 1) spdlog::info("executor: decode graphs off with {} ranks", world);
+  if (graphs_ || opts.pad_decode) buckets_ = moeserve::graph_buckets(std::max(1, opts.max_num_seqs));
+
+  // Step workspaces before the KV pool is sized, so the pool gets what is really left.
+  const int max_bucket = buckets_.empty() ? 0 : buckets_.back();
+  const int max_tokens = std::max(opts.max_num_batched_tokens, max_bucket);
+  if (max_tokens > 0) {
+    const int64_t used0 = backend_memory_used(*backend_);
+    model_->reserve_workspace(max_tokens, std::max(1, std::max(opts.max_num_seqs, max_bucket)));
+    const MiniMaxM2Shard& sh = model_->shard();
+    reserve_backend_workspaces(*backend_, BackendWorkspaceDims{max_tokens, cfg.hidden_size, sh.expert_inter,
+                                                               cfg.num_experts_per_tok, sh.num_experts, sh.q_heads,
+                                                               cfg.head_dim});
+    const int64_t used1 = backend_memory_used(*backend_);
+    spdlog::log(used0 >= 0 ? spdlog::level::info : spdlog::level::debug,
+                "executor: step workspaces for {} tokens: model {:.1f} MiB{}", max_tokens,
+                 model_->workspace_bytes() / 1048576.0,
+                 used0 >= 0 ? fmt::format(", device memory {:+.1f} MiB in all", (used1 - used0) / 1048576.0) : "");
+  }
   if (opts.num_kv_blocks <= 0 && opts.kv_blocks_for_memory) {
     const int64_t per_block = int64_t(cfg.num_hidden_layers) * 2 * opts.block_size * model_->shard().kv_heads *
                               cfg.head_dim * int64_t(dtype_size(backend_->activation_dtype()));
-    info_.num_kv_blocks = opts.kv_blocks_for_memory(per_block);
+    // One block more than the pool: the dummy block padded decode rows attend to.
+    info_.num_kv_blocks = opts.kv_blocks_for_memory(per_block) - (buckets_.empty() ? 0 : 1);
     MS_CHECK(info_.num_kv_blocks > 0, "no memory left for the KV cache ({} bytes per block of {} tokens)", per_block,
              opts.block_size);
   }
-  kv_ = model_->allocate_kv_cache(info_.num_kv_blocks, info_.block_size, backend_->activation_dtype());
+  const int extra = buckets_.empty() ? 0 : 1;
+  kv_ = model_->allocate_kv_cache(info_.num_kv_blocks + extra, info_.block_size, backend_->activation_dtype());
+  spdlog::info("KV cache: {} blocks = {} tokens (block size {})", info_.num_kv_blocks,
+               int64_t(info_.num_kv_blocks) * info_.block_size, info_.block_size);
+
+  if (!buckets_.empty()) {
+    pad_.block_size = info_.block_size;
+    pad_.num_kv_blocks = info_.num_kv_blocks;
+    pad_.dummy_block = info_.num_kv_blocks;
+    pad_.vocab_size = info_.vocab_size;
+    pad_.max_model_len = info_.max_model_len;
+    const int stride = (info_.max_model_len + info_.block_size - 1) / info_.block_size;
+    const DecodeLayout big = DecodeLayout::make(max_bucket, stride);
+    graph_meta_ = backend_->alloc(DType::I32, {big.total});
+    staging_.assign(size_t(big.total), 0);
+    spdlog::info("executor: decode steps padded to buckets [{}]{}", fmt::join(buckets_, ", "),
+                 graphs_ ? " and replayed as graphs" : " (eager)");
+    if (graphs_ && opts.capture_graphs_at_startup) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t m0 = backend_memory_used(*backend_);
+      for (int B : buckets_) forward_padded(StepBatch{}, B);  // all rows padding: writes no KV
+      const int64_t m1 = backend_memory_used(*backend_);
+      spdlog::info("executor: captured {} decode graphs in {:.2f} s{}", graphs_->size(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                   m0 >= 0 ? fmt::format(" ({:+.1f} MiB device memory)", (m1 - m0) / 1048576.0) : "");
+    }
+  }
 }
 
 StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
@@ -43,6 +98,77 @@ StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
   res.vocab_size = info_.vocab_size;
   const int S = int(batch.seqs.size());
   if (S == 0) return res;
+  Tensor logits;
+  const bool all_logits = std::all_of(batch.seqs.begin(), batch.seqs.end(), [](auto& s) { return s.need_logits; });
+  const int bucket = all_logits && is_pure_decode(batch) ? pick_bucket(buckets_, S) : 0;
+  if (bucket > 0)
+    logits = forward_padded(batch, bucket).slice_rows(0, S);  // padded rows' logits are dropped
+  else
+    logits = forward_eager(batch);
+  if (logits.defined()) res.logits = backend_->download_f32(logits);
+  return res;
+}
+
+void MiniMaxM2Executor::drop_stale_graphs() {
+  if (!graphs_) return;
+  const int64_t ep = model_->workspace_epoch();
+  const uint64_t gen = graphs_->backend_generation();
+  if (ep == graph_ws_epoch_ && gen == graph_backend_gen_) return;
+  if (graphs_->size() > 0)
+    spdlog::info("executor: step workspaces were reallocated; dropping {} decode graphs (recaptured on use)",
+                 graphs_->size());
+  graphs_->clear();
+  graph_logits_.clear();
+  graph_ws_epoch_ = ep;
+  graph_backend_gen_ = gen;
+}
+
+Tensor MiniMaxM2Executor::forward_padded(const StepBatch& batch, int bucket) {
+  const int stride = (info_.max_model_len + info_.block_size - 1) / info_.block_size;
+  const DecodeLayout L = DecodeLayout::make(bucket, stride);
+  plan_padded_decode(batch, L, pad_, staging_.data());
+  Tensor dst = graph_meta_.slice_rows(0, L.total);
+  backend_->copy_from_host(dst, staging_.data(), size_t(L.total) * sizeof(int32_t));
+  // The step's tensors: fixed views of graph_meta_ for this bucket.
+  auto at = [&](int64_t off, Shape shape) {
+    const int64_t n = shape_numel(shape);
+    return graph_meta_.slice_rows(off, off + n).reshaped(std::move(shape));
+  };
+  const int B = bucket;
+  AttentionMeta meta;
+  meta.num_seqs = B;
+  meta.num_tokens = B;
+  meta.block_size = info_.block_size;
+  meta.max_blocks_per_seq = stride;
+  meta.max_query_len = 1;
+  // Fixed (not this step's longest context): host decisions that depend on it, like the
+  // CUDA attention's KV split count, must be the same on every replay. Splits past a
+  // sequence's context are empty.
+  meta.max_context_len = info_.max_model_len;
+  meta.positions = at(L.positions, {B});
+  meta.query_start = at(L.query_start, {B + 1});
+  meta.context_lens = at(L.context_lens, {B});
+  meta.block_tables = at(L.tables, {B, stride});
+  meta.slot_mapping = at(L.slots, {B});
+  const Tensor ids = at(L.ids, {B}), rows = at(L.rows, {B});
+
+  drop_stale_graphs();
+  if (graphs_ && graphs_->has(B)) {
+    graphs_->replay(B);
+    ++replays_;
+    return graph_logits_.at(B);
+  }
+  Tensor logits = model_->forward(ids, meta, kv_, rows);  // eager (the bucket's warm-up with graphs)
+  if (graphs_) {
+    drop_stale_graphs();  // the warm-up may have grown a workspace
+    graphs_->capture(B, [this, meta, ids, rows]() { model_->forward(ids, meta, kv_, rows); });
+    graph_logits_[B] = logits;
+  }
+  return logits;
+}
+
+Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
+  const int S = int(batch.seqs.size());
   const int bs = info_.block_size;
   // Host planning: token ids, positions, per-sequence offsets, block tables, slots.
   std::vector<int32_t> ids, positions, query_start{0}, context_lens, slots, rows;
@@ -114,9 +240,7 @@ StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
   Tensor ids_t = view({T});
   Tensor rows_t = view({int64_t(rows.size())});
   if (rows.empty()) rows_t = Tensor{};
-  Tensor logits = model_->forward(ids_t, meta, kv_, rows_t);
-  if (!rows.empty()) res.logits = backend_->download_f32(logits);
-  return res;
+  return model_->forward(ids_t, meta, kv_, rows_t);
 }
 
 std::unique_ptr<MiniMaxM2Executor> make_cpu_executor(const ExecutorOptions& opts) {

@@ -4,12 +4,15 @@
 // time (the model all-reduces inside the forward); each rank returns the full logits.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "backend/backend.h"
 #include "dist/communicator.h"
 #include "engine/executor.h"
+#include "model/decode_plan.h"
+#include "model/graph_runner.h"
 #include "model/minimax_m2.h"
 
 namespace moeserve {
@@ -26,6 +29,19 @@ struct ExecutorOptions {
   // block takes over all layers; returns the pool size (GPU serving sizes it from
   // --gpu-memory-utilization and the memory left after the weights).
   std::function<int(int64_t bytes_per_block)> kv_blocks_for_memory;
+  // Step bounds (the engine's): the step workspace is allocated once for
+  // max(max_num_batched_tokens, largest bucket) tokens before the KV pool is sized; 0: grown on
+  // demand. max_num_seqs also caps the decode graph buckets.
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 0;
+  // Whole-step graphs for pure-decode steps (CUDA; one per batch-size bucket, captured after
+  // one eager warm-up of the bucket). enforce_eager (vLLM's --enforce-eager) turns them off.
+  bool enforce_eager = false;
+  bool capture_graphs_at_startup = false;  // capture every bucket in the constructor
+  // Pad pure-decode steps into buckets even without a graph runner (tests of the padding).
+  bool pad_decode = false;
+  // Replaces make_graph_runner() (tests: a recording runner on the CPU backend).
+  std::function<std::unique_ptr<GraphRunner>(Backend&)> graph_runner_factory;
 };
 
 class MiniMaxM2Executor : public ModelExecutor {
@@ -35,8 +51,20 @@ class MiniMaxM2Executor : public ModelExecutor {
   StepResult execute(const StepBatch& batch) override;
   const MiniMaxM2Model& model() const { return *model_; }
   Backend& backend() { return *backend_; }
+  // Decode buckets in use (empty when decode steps are not padded) and graphs captured so far.
+  const std::vector<int>& graph_buckets() const { return buckets_; }
+  int graphs_captured() const { return graphs_ ? graphs_->size() : 0; }
+  int graph_replays() const { return replays_; }
 
  private:
+  // Logits [rows with need_logits, V] of one step (a view of the model's workspace).
+  Tensor forward_eager(const StepBatch& batch);
+  // A pure-decode step padded to `bucket` rows: graph replay, or eager warm-up + capture.
+  // Returns logits [bucket, V].
+  Tensor forward_padded(const StepBatch& batch, int bucket);
+  void drop_stale_graphs();
+
+
   // Step metadata goes through one grow-only I32 device buffer (one host->device copy per
   // step, no allocation once it has grown to the largest step).
   Tensor meta_buf_;
@@ -44,6 +72,18 @@ class MiniMaxM2Executor : public ModelExecutor {
   std::unique_ptr<MiniMaxM2Model> model_;
   std::vector<KVCacheLayer> kv_;
   ExecutorInfo info_;
+  // Padded decode: buckets, the fixed metadata buffer every bucket's layout starts at (sized for
+  // the largest), its host staging copy, the dummy KV block (index num_kv_blocks, outside the
+  // engine's pool), and per captured bucket the logits view its graph writes.
+  std::vector<int> buckets_;
+  DecodePadding pad_;
+  Tensor graph_meta_;
+  std::vector<int32_t> staging_;
+  std::unique_ptr<GraphRunner> graphs_;
+  std::map<int, Tensor> graph_logits_;
+  int64_t graph_ws_epoch_ = -1;
+  uint64_t graph_backend_gen_ = 0;
+  int replays_ = 0;
 };
 
 // Convenience: the executor for a checkpoint directory on the CPU backend.

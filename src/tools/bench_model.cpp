@@ -9,6 +9,8 @@
 #include "tools/bench_model.h"
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/safetensors.h"
 #include "tools/bench_synth.h"
 
 namespace moeserve::tools {
@@ -69,7 +72,8 @@ DecodeBytes decode_bytes(const SynthShapes& s, int B, int C) {
 
 // Eager step with an event after every op; returns ms per op name (summed over layers),
 // the median over `reps` steps, in first-seen order.
-std::vector<std::pair<std::string, double>> profile_step(CudaBackend& b, SynthModel& model, int reps) {
+std::vector<std::pair<std::string, double>> profile_step(CudaBackend& b, MiniMaxM2Model& model, BenchStep& step,
+                                                         int reps) {
   std::vector<std::vector<std::pair<std::string, double>>> runs;
   std::vector<cudaEvent_t> ev;
   std::vector<std::string> names;
@@ -85,7 +89,9 @@ std::vector<std::pair<std::string, double>> profile_step(CudaBackend& b, SynthMo
       if (name) names.emplace_back(name);
     };
     rec(nullptr);
-    model.forward(rec);
+    model.set_op_hook(rec);
+    step.forward();
+    model.set_op_hook({});
     b.synchronize();
     if (r == 0) continue;  // warm-up
     std::vector<std::pair<std::string, double>> acc;
@@ -126,20 +132,43 @@ nlohmann::json print_profile(const char* title, const std::vector<std::pair<std:
 }  // namespace
 
 int run_bench_model(const BenchModelOptions& opt) {
-  MS_CHECK(opt.checkpoint.empty(),
-           "bench-model: checkpoint directories are not supported yet (needs the model loader); use --synthetic "
-           "minimax-m2.5");
-  MS_CHECK(opt.synthetic == "minimax-m2.5", "bench-model: unknown --synthetic '{}' (expected minimax-m2.5)",
-           opt.synthetic);
-  MS_CHECK(opt.layers >= 1 && opt.iters >= 1, "bench-model: --layers and --iters must be >= 1");
+  MS_CHECK(opt.checkpoint.empty() != opt.synthetic.empty(),
+           "bench-model: give either a checkpoint directory or --synthetic minimax-m2.5");
+  MS_CHECK(opt.synthetic.empty() || opt.synthetic == "minimax-m2.5",
+           "bench-model: unknown --synthetic '{}' (expected minimax-m2.5)", opt.synthetic);
+  MS_CHECK(opt.layers >= 0 && opt.iters >= 1, "bench-model: --layers must be >= 0 and --iters >= 1");
   auto backend = make_cuda_backend(0);
   CudaBackend& b = *backend;
-  const SynthShapes s;
+  // The model: MiniMaxM2Model with synthetic weights, or a checkpoint's first --layers layers.
+  MiniMaxM2Config cfg;
+  SynthShapes s;
+  if (opt.checkpoint.empty()) {
+    cfg = synth_config(s, opt.layers > 0 ? opt.layers : 4);
+  } else {
+    cfg = MiniMaxM2Config::from_file((std::filesystem::path(opt.checkpoint) / "config.json").string());
+    s = shapes_of(cfg);
+    if (opt.layers > 0) cfg.num_hidden_layers = std::min(cfg.num_hidden_layers, opt.layers);
+  }
+  const int layers = cfg.num_hidden_layers;
+  MiniMaxM2Model model(cfg, b, ParallelConfig{});
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t wbytes = 0;
+    if (opt.checkpoint.empty()) {
+      wbytes = make_synthetic_weights(b, model);
+    } else {
+      model.load(Checkpoint::open(opt.checkpoint));
+      wbytes = weight_bytes(model.weights());
+    }
+    spdlog::info("{} weights: {:.2f} GB for {} layers in {:.1f} s", opt.checkpoint.empty() ? "synthetic" : "checkpoint",
+                 wbytes / 1e9, layers,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   nlohmann::json out;
   out["command"] = opt.command_line;
   out["gpu"] = b.device_name();
-  out["layers"] = opt.layers;
-  out["model"] = "minimax-m2.5 (synthetic weights)";
+  out["layers"] = layers;
+  out["model"] = opt.checkpoint.empty() ? "minimax-m2.5 (synthetic weights)" : opt.checkpoint;
 
   const Roofline roof = measure_roofline(b.stream());
   out["roofline"] = {{"copy_GBps", roof.copy_bytes_per_s / 1e9},
@@ -152,9 +181,8 @@ int run_bench_model(const BenchModelOptions& opt) {
   const int bs = opt.block_size;
   const int max_blocks = (max_ctx + bs - 1) / bs + 1;
   const int max_tokens = std::max(max_batch, opt.prefill_tokens);
-  SynthModel model(b, s, opt.layers, max_tokens, std::max(max_batch, 1), max_blocks);
+  BenchStep step(b, model, max_tokens, std::max(max_batch, 1), max_blocks);
   b.synchronize();
-  spdlog::info("synthetic weights: {:.2f} GB for {} layers", model.weight_bytes() / 1e9, opt.layers);
 
   // KV pool from --gpu-memory-utilization, after weights and workspaces (plus 2 GB headroom
   // for the workspaces a prefill grows).
@@ -163,18 +191,18 @@ int run_bench_model(const BenchModelOptions& opt) {
   const double budget = double(total_b) * opt.gpu_memory_utilization - double(total_b - free_b) - 2e9;
   const double kv_token_layer = double(s.kv_heads) * s.head_dim * 2 * 2;
   const int64_t blocks_per_layer =
-      std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * opt.layers)));
+      std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * layers)));
   int64_t need_blocks = int64_t(max_blocks);  // one prefill sequence
   for (int C : opt.contexts) need_blocks = std::max(need_blocks, int64_t(max_batch) * ((C + bs - 1) / bs));
   const int64_t pool = std::min(blocks_per_layer, need_blocks);
   MS_CHECK(pool >= max_blocks, "bench-model: not enough memory for the KV cache of one sequence");
   spdlog::info("KV cache: {} tokens fit per layer at --gpu-memory-utilization {} ({} layers; a {}-layer model "
                "would hold {} tokens); allocating {} blocks of {}",
-               blocks_per_layer * bs, opt.gpu_memory_utilization, opt.layers, s.total_layers,
+               blocks_per_layer * bs, opt.gpu_memory_utilization, layers, s.total_layers,
                int64_t(budget / (kv_token_layer * s.total_layers)), pool, bs);
   out["kv_tokens_fit_per_layer"] = blocks_per_layer * bs;
   out["kv_tokens_fit_62_layers"] = int64_t(budget / (kv_token_layer * s.total_layers));
-  model.alloc_kv(int(pool), bs);
+  step.alloc_kv(int(pool), bs);
   b.synchronize();
 
   Timer timer(b.stream());
@@ -185,14 +213,14 @@ int run_bench_model(const BenchModelOptions& opt) {
   for (int B : opt.profile_batches) {
     const int C = opt.contexts.front();
     if (int64_t(B) * ((C + bs - 1) / bs) > pool || B > max_batch) continue;
-    model.plan(std::vector<int>(B, 1), std::vector<int>(B, C));
+    step.plan(std::vector<int>(B, 1), std::vector<int>(B, C));
     const std::string title = "decode batch " + std::to_string(B) + " ctx " + std::to_string(C);
-    prof.push_back({{"what", title}, {"ms", print_profile(title.c_str(), profile_step(b, model, 5))}});
+    prof.push_back({{"what", title}, {"ms", print_profile(title.c_str(), profile_step(b, model, step, 5))}});
   }
   if (!opt.profile_batches.empty() && opt.prefill_tokens > 0) {
-    model.plan({opt.prefill_tokens}, {opt.prefill_tokens});
+    step.plan({opt.prefill_tokens}, {opt.prefill_tokens});
     const std::string title = "prefill " + std::to_string(opt.prefill_tokens);
-    prof.push_back({{"what", title}, {"ms", print_profile(title.c_str(), profile_step(b, model, 1))}});
+    prof.push_back({{"what", title}, {"ms", print_profile(title.c_str(), profile_step(b, model, step, 1))}});
   }
   if (!prof.empty()) out["profile"] = prof;
   // ---- decode ----
@@ -204,26 +232,26 @@ int run_bench_model(const BenchModelOptions& opt) {
         spdlog::warn("decode B={} C={}: skipped (KV pool of {} blocks too small)", B, C, pool);
         continue;
       }
-      model.plan(std::vector<int>(B, 1), std::vector<int>(B, C));
-      model.forward();  // eager: sizes workspaces, builds expert tables
+      step.plan(std::vector<int>(B, 1), std::vector<int>(B, C));
+      step.forward();  // eager: sizes workspaces, builds expert tables
       b.synchronize();
-      auto ids = model.routing_ids();
+      auto ids = step.routing_ids();
       std::set<int> distinct(ids.begin(), ids.end());
       double ms;
       if (opt.graphs) {
         b.begin_capture();
-        model.forward();
+        step.forward();
         CudaGraph g = b.end_capture();
         g.replay(b.stream());
         ms = timer.median_ms(opt.iters, [&] { g.replay(b.stream()); });
       } else {
-        ms = timer.median_ms(opt.iters, [&] { model.forward(); });
+        ms = timer.median_ms(opt.iters, [&] { step.forward(); });
       }
       const DecodeBytes d = decode_bytes(s, B, C);
       const double lm = double(s.vocab) * s.hidden * 2;
-      const double bytes = opt.layers * (d.attn_w + d.router + d.experts + d.kv) + lm;
+      const double bytes = layers * (d.attn_w + d.router + d.experts + d.kv) + lm;
       const double floor_ms = bytes / roof.copy_bytes_per_s * 1e3;
-      const double per_layer_ms = (ms - lm / roof.copy_bytes_per_s * 1e3) / opt.layers;
+      const double per_layer_ms = (ms - lm / roof.copy_bytes_per_s * 1e3) / layers;
       const double ms62 = per_layer_ms * s.total_layers + lm / roof.copy_bytes_per_s * 1e3;
       std::printf("%-6d %-7d %10.3f %12.1f %12.3f %8.1f%%\n", B, C, ms, B / (ms * 1e-3), floor_ms,
                   100.0 * floor_ms / ms);
@@ -245,21 +273,21 @@ int run_bench_model(const BenchModelOptions& opt) {
   // ---- prefill ----
   if (opt.prefill_tokens > 0) {
     const int P = opt.prefill_tokens;
-    model.plan({P}, {P});
-    model.forward();
+    step.plan({P}, {P});
+    step.forward();
     b.synchronize();
-    const double ms = timer.median_ms(std::max(1, std::min(opt.iters, 3)), [&] { model.forward(); });
+    const double ms = timer.median_ms(std::max(1, std::min(opt.iters, 3)), [&] { step.forward(); });
     const double H = s.hidden, QW = double(s.q_heads) * s.head_dim, KW = double(s.kv_heads) * s.head_dim;
     const double proj = 2.0 * P * (QW * H + 2 * KW * H + H * QW);
     const double router = 2.0 * P * s.experts * H;
     const double experts = 2.0 * P * s.top_k * 3.0 * H * s.intermediate;
     const double attn = 2.0 * 2.0 * s.q_heads * s.head_dim * (double(P) * (P + 1) / 2);
-    const double flops = opt.layers * (proj + router + experts + attn) + 2.0 * H * s.vocab;
+    const double flops = layers * (proj + router + experts + attn) + 2.0 * H * s.vocab;
     const double floor_ms = roof.fp8_flops > 0 ? flops / roof.fp8_flops * 1e3 : 0;
-    const double per_layer = ms / opt.layers;
+    const double per_layer = ms / layers;
     std::printf("prefill %d tokens: %.1f ms (%.0f tok/s), FLOP floor %.1f ms at FP8 rate: %.1f%% ; TTFT %.1f ms "
                 "(%d layers), est. %.0f ms for %d layers\n",
-                P, ms, P / (ms * 1e-3), floor_ms, floor_ms > 0 ? 100.0 * floor_ms / ms : 0.0, ms, opt.layers,
+                P, ms, P / (ms * 1e-3), floor_ms, floor_ms > 0 ? 100.0 * floor_ms / ms : 0.0, ms, layers,
                 per_layer * s.total_layers, s.total_layers);
     out["prefill"] = {{"tokens", P},
                       {"ms", ms},

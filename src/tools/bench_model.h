@@ -1,5 +1,6 @@
-// `moeserve bench-model`: decode and prefill throughput of MiniMax-M2.5-shaped layers on
-// one GPU, against the roofline measured at start (copy bandwidth, FP8 matrix rate).
+// `moeserve bench-model`: decode and prefill throughput of MiniMaxM2Model (synthetic M2.5-shaped
+// weights or a checkpoint) on one GPU, against the roofline measured at start (copy bandwidth,
+// FP8 matrix rate).
 #pragma once
 #include <string>
 #include <vector>
@@ -8,8 +9,8 @@ namespace moeserve::tools {
 
 struct BenchModelOptions {
   std::string synthetic;   // "minimax-m2.5"
-  std::string checkpoint;  // checkpoint dir (not supported yet)
-  int layers = 4;
+  std::string checkpoint;  // checkpoint dir, loaded through MiniMaxM2Model::load
+  int layers = 0;          // 0: 4 synthetic layers / every layer of the checkpoint
   std::vector<int> batches = {1, 8, 32, 64, 128, 256};
   std::vector<int> contexts = {1024, 8192};
   int prefill_tokens = 8192;

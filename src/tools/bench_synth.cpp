@@ -2,120 +2,177 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "core/error.h"
 #include "core/log.h"
 
 namespace moeserve::tools {
 
-Tensor SynthModel::rand(DType t, const Shape& shape, uint64_t seed, float scale) {
-  Tensor x = b_.alloc(t, shape);
-  b_.fill_random(x, seed, scale);
-  weight_bytes_ += int64_t(x.nbytes());
-  return x;
+SynthShapes shapes_of(const MiniMaxM2Config& c) {
+  SynthShapes s;
+  s.hidden = c.hidden_size, s.q_heads = c.num_attention_heads, s.kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim, s.rotary_dim = c.rotary_dim, s.experts = c.num_local_experts;
+  s.top_k = c.num_experts_per_tok, s.intermediate = c.intermediate_size, s.vocab = c.vocab_size;
+  s.theta = float(c.rope_theta), s.eps = float(c.rms_norm_eps), s.total_layers = c.num_hidden_layers;
+  return s;
 }
 
-Tensor SynthModel::carve(Slab& slab, DType t, const Shape& shape) {
-  Tensor v = Tensor::view(static_cast<char*>(slab.mem.data) + slab.used, t, shape, Device::CUDA);
-  v.owner = slab.mem.owner;
-  slab.used += (v.nbytes() + 255) / 256 * 256;
-  MS_CHECK(slab.used <= slab.mem.nbytes(), "bench slab overflow");
-  return v;
+MiniMaxM2Config synth_config(const SynthShapes& s, int layers) {
+  MiniMaxM2Config c;
+  c.architectures = {"MiniMaxM2ForCausalLM"};
+  c.model_type = "minimax_m2";
+  c.hidden_size = s.hidden, c.num_hidden_layers = layers, c.num_attention_heads = s.q_heads;
+  c.num_key_value_heads = s.kv_heads, c.head_dim = s.head_dim, c.rotary_dim = s.rotary_dim;
+  c.rope_theta = s.theta, c.max_position_embeddings = 196608, c.intermediate_size = s.intermediate;
+  c.num_local_experts = s.experts, c.num_experts_per_tok = s.top_k, c.rms_norm_eps = s.eps;
+  c.vocab_size = s.vocab;
+  c.quantization.quant_method = "fp8";
+  c.quantization.fmt = "float8_e4m3fn";
+  c.quantization.activation_scheme = "dynamic";
+  c.quantization.block_out = c.quantization.block_in = 128;
+  return c;
 }
 
-LinearWeight SynthModel::fp8_linear(int out, int in, uint64_t seed, Slab* w_slab, Slab* s_slab) {
-  LinearWeight w;
-  // fp8 values uniform in [-1, 1] scaled by ~1/sqrt(in): activations keep unit scale.
-  if (w_slab) {
-    w.weight = carve(*w_slab, DType::F8_E4M3, {out, in});
-    b_.fill_random(w.weight, seed, 1.f);
-    weight_bytes_ += int64_t(w.weight.nbytes());
-  } else {
-    w.weight = rand(DType::F8_E4M3, {out, in}, seed, 1.f);
+namespace {
+
+// One device allocation carved into many tensors (256-byte aligned).
+struct Slab {
+  Tensor mem;
+  size_t used = 0;
+  Tensor carve(DType t, const Shape& shape) {
+    Tensor v = Tensor::view(static_cast<char*>(mem.data) + used, t, shape, Device::CUDA);
+    v.owner = mem.owner;
+    used += (v.nbytes() + 255) / 256 * 256;
+    MS_CHECK(used <= mem.nbytes(), "bench slab overflow");
+    return v;
   }
-  w.block_out = w.block_in = 128;
-  const Shape ss{(out + 127) / 128, (in + 127) / 128};
-  w.scale_inv = s_slab ? carve(*s_slab, DType::F32, ss) : b_.alloc(DType::F32, ss);
-  // Constant positive scale 1.7/sqrt(in): uniform(-1,1) has variance 1/3.
-  std::vector<float> sc(size_t(w.scale_inv.numel()), 1.7f / std::sqrt(float(in)));
-  b_.copy_from_host(w.scale_inv, sc.data(), sc.size() * 4);
-  weight_bytes_ += int64_t(w.scale_inv.nbytes());
-  return w;
+};
+
+size_t fp8_bytes(int out, int in) {
+  auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
+  return pad(size_t(out) * in) + pad(size_t((out + 127) / 128) * ((in + 127) / 128) * 4);
 }
 
-SynthModel::SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max_tokens, int max_seqs,
-                       int max_blocks_per_seq)
-    : b_(b), s_(s), max_tokens_(max_tokens), max_seqs_(max_seqs), max_blocks_(max_blocks_per_seq) {
-  const int H = s.hidden, QW = s.q_heads * s.head_dim, KW = s.kv_heads * s.head_dim;
-  uint64_t seed = 1000;
-  for (int l = 0; l < layers; ++l) {
-    SynthLayer L;
-    L.q = fp8_linear(QW, H, seed += 10);
-    L.k = fp8_linear(KW, H, seed += 10);
-    L.v = fp8_linear(KW, H, seed += 10);
-    L.o = fp8_linear(H, QW, seed += 10);
-    L.in_norm = rand(DType::BF16, {H}, seed += 10, 1.f);
-    L.post_norm = rand(DType::BF16, {H}, seed += 10, 1.f);
-    L.q_norm = rand(DType::BF16, {QW}, seed += 10, 1.f);
-    L.k_norm = rand(DType::BF16, {KW}, seed += 10, 1.f);
-    L.moe.gate = rand(DType::F32, {s.experts, H}, seed += 10, 0.02f);  // near-uniform routing
-    L.moe.score_bias = rand(DType::F32, {s.experts}, seed += 10, 0.001f);
-    L.moe.num_experts = s.experts, L.moe.top_k = s.top_k, L.moe.first_local_expert = 0;
-    // All experts of the layer in two slabs (weights, scales).
-    const size_t per_w = (size_t(s.intermediate) * H + 255) / 256 * 256;
-    const size_t per_s = (size_t((s.intermediate + 127) / 128) * ((H + 127) / 128) * 4 + 255) / 256 * 256;
-    Slab ws{b_.alloc(DType::U8, {int64_t(per_w * 3 * s.experts)})};
-    Slab ss{b_.alloc(DType::U8, {int64_t(per_s * 3 * s.experts)})};
-    for (int e = 0; e < s.experts; ++e) {
-      LinearWeight w1 = fp8_linear(s.intermediate, H, seed += 10, &ws, &ss);
-      LinearWeight w3 = fp8_linear(s.intermediate, H, seed += 10, &ws, &ss);
-      LinearWeight w2 = fp8_linear(H, s.intermediate, seed += 10, &ws, &ss);
+struct Gen {
+  CudaBackend& b;
+  uint64_t seed;
+  Tensor rand(Slab& s, DType t, const Shape& shape, float scale) {
+    Tensor x = s.carve(t, shape);
+    b.fill_random(x, seed += 10, scale);
+    return x;
+  }
+  // fp8 values uniform in [-1, 1] with a constant block scale 1.7/sqrt(in) (uniform(-1,1) has
+  // variance 1/3): activations keep unit scale through the layer.
+  LinearWeight fp8(Slab& s, int out, int in) {
+    LinearWeight w;
+    w.weight = rand(s, DType::F8_E4M3, {out, in}, 1.f);
+    w.block_out = w.block_in = 128;
+    w.scale_inv = s.carve(DType::F32, {(out + 127) / 128, (in + 127) / 128});
+    std::vector<float> sc(size_t(w.scale_inv.numel()), 1.7f / std::sqrt(float(in)));
+    b.copy_from_host(w.scale_inv, sc.data(), sc.size() * 4);
+    return w;
+  }
+};
+
+}  // namespace
+
+int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t seed) {
+  const MiniMaxM2Config& c = model.config();
+  const int H = c.hidden_size, QW = c.num_attention_heads * c.head_dim, KW = c.num_key_value_heads * c.head_dim;
+  const int E = c.num_local_experts, I = c.intermediate_size;
+  Gen g{b, seed};
+  MiniMaxM2Weights w;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    // One slab per layer: projections, norms, router, and every expert.
+    const size_t bytes = fp8_bytes(QW, H) + 2 * fp8_bytes(KW, H) + fp8_bytes(H, QW) + size_t(E) * 3 * fp8_bytes(I, H) +
+                         4 * size_t(H + 255) * 2 + size_t(QW + KW + 512) * 2 + size_t(E) * (H + 1) * 4 + 4096;
+    Slab s{b.alloc(DType::U8, {int64_t(bytes)})};
+    MiniMaxM2Layer L;
+    L.q = g.fp8(s, QW, H);
+    L.k = g.fp8(s, KW, H);
+    L.v = g.fp8(s, KW, H);
+    L.o = g.fp8(s, H, QW);
+    L.input_norm = g.rand(s, DType::BF16, {H}, 1.f);
+    L.post_attention_norm = g.rand(s, DType::BF16, {H}, 1.f);
+    L.q_norm = g.rand(s, DType::BF16, {QW}, 1.f);
+    L.k_norm = g.rand(s, DType::BF16, {KW}, 1.f);
+    L.moe.gate = g.rand(s, DType::F32, {E, H}, 0.02f);  // near-uniform routing
+    L.moe.score_bias = g.rand(s, DType::F32, {E}, 0.001f);
+    L.moe.num_experts = E, L.moe.top_k = c.num_experts_per_tok, L.moe.first_local_expert = 0;
+    for (int e = 0; e < E; ++e) {
+      LinearWeight w1 = g.fp8(s, I, H), w3 = g.fp8(s, I, H), w2 = g.fp8(s, H, I);
       L.moe.experts.push_back({w1, w3, w2});
     }
-    layers_.push_back(std::move(L));
+    w.layers.push_back(std::move(L));
   }
-  embed_ = rand(DType::BF16, {s.vocab, H}, seed += 10, 1.f);
-  final_norm_ = rand(DType::BF16, {H}, seed += 10, 1.f);
-  lm_head_.weight = rand(DType::BF16, {s.vocab, H}, seed += 10, 0.03f);
+  Slab top{b.alloc(DType::U8, {int64_t(2 * (size_t(c.vocab_size) * H * 2 + 256) + size_t(H) * 2 + 256)})};
+  w.embed = g.rand(top, DType::BF16, {c.vocab_size, H}, 1.f);
+  w.final_norm = g.rand(top, DType::BF16, {H}, 1.f);
+  w.lm_head.weight = g.rand(top, DType::BF16, {c.vocab_size, H}, 0.03f);
+  const int64_t n = weight_bytes(w);
+  model.set_weights(std::move(w));
+  b.synchronize();
+  return n;
+}
+
+int64_t weight_bytes(const MiniMaxM2Weights& w) {
+  std::set<const void*> seen;
+  int64_t n = 0;
+  auto add = [&](const Tensor& t) {
+    if (t.defined() && seen.insert(t.data).second) n += int64_t(t.nbytes());
+  };
+  auto lin = [&](const LinearWeight& l) {
+    add(l.weight);
+    add(l.scale_inv);
+  };
+  add(w.embed);
+  add(w.final_norm);
+  lin(w.lm_head);
+  for (const auto& L : w.layers) {
+    for (const Tensor* t : {&L.input_norm, &L.post_attention_norm, &L.q_norm, &L.k_norm, &L.moe.gate, &L.moe.score_bias})
+      add(*t);
+    for (const LinearWeight* l : {&L.q, &L.k, &L.v, &L.o}) lin(*l);
+    for (const auto& e : L.moe.experts) {
+      lin(e.w1);
+      lin(e.w3);
+      lin(e.w2);
+    }
+  }
+  return n;
+}
+
+BenchStep::BenchStep(CudaBackend& b, MiniMaxM2Model& model, int max_tokens, int max_seqs, int max_blocks_per_seq)
+    : b_(b), model_(model), max_tokens_(max_tokens), max_seqs_(max_seqs), max_blocks_(max_blocks_per_seq) {
+  const MiniMaxM2Config& c = model.config();
   const int T = max_tokens;
   ids_ = b_.alloc(DType::I32, {T});
-  h_ = b_.alloc(DType::BF16, {T, H});
-  xn_ = b_.alloc(DType::BF16, {T, H});
-  q_ = b_.alloc(DType::BF16, {T, QW});
-  k_ = b_.alloc(DType::BF16, {T, KW});
-  v_ = b_.alloc(DType::BF16, {T, KW});
-  attn_ = b_.alloc(DType::BF16, {T, QW});
-  o_ = b_.alloc(DType::BF16, {T, H});
-  moe_out_ = b_.alloc(DType::BF16, {T, H});
-  last_x_ = b_.alloc(DType::BF16, {max_seqs, H});
-  logits_ = b_.alloc(DType::F32, {max_seqs, s.vocab});
-  routing_ = {b_.alloc(DType::I32, {T, s.top_k}), b_.alloc(DType::F32, {T, s.top_k})};
+  last_rows_ = b_.alloc(DType::I32, {max_seqs});
   meta_.positions = b_.alloc(DType::I32, {T});
   meta_.slot_mapping = b_.alloc(DType::I32, {T});
   meta_.query_start = b_.alloc(DType::I32, {max_seqs + 1});
   meta_.context_lens = b_.alloc(DType::I32, {max_seqs});
   meta_.block_tables = b_.alloc(DType::I32, {max_seqs, max_blocks_per_seq});
-  last_rows_ = b_.alloc(DType::I32, {max_seqs});
-  // Random token ids (a fixed pattern is fine: embedding rows are random).
+  // Token ids: a fixed spread over the vocabulary (embedding rows are random or real).
   std::vector<int32_t> ids(T);
-  for (int i = 0; i < T; ++i) ids[i] = int32_t((int64_t(i) * 7919) % s.vocab);
+  for (int i = 0; i < T; ++i) ids[i] = int32_t((int64_t(i) * 7919) % c.vocab_size);
   b_.copy_from_host(ids_, ids.data(), ids.size() * 4);
-  WorkspacePlan wp{T, H, s.intermediate, s.top_k, s.experts, s.q_heads, s.head_dim};
-  b_.reserve(wp);
+  model_.reserve_workspace(T, max_seqs);
+  const MiniMaxM2Shard& sh = model.shard();
+  b_.reserve(WorkspacePlan{T, c.hidden_size, sh.expert_inter, c.num_experts_per_tok, sh.num_experts, sh.q_heads,
+                           c.head_dim});
 }
 
-void SynthModel::alloc_kv(int blocks_per_layer, int block_size) {
+void BenchStep::alloc_kv(int blocks, int block_size) {
   meta_.block_size = block_size;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    auto& L = layers_[l];
-    L.kv.k = b_.alloc(DType::BF16, {blocks_per_layer, block_size, s_.kv_heads, s_.head_dim});
-    L.kv.v = b_.alloc(DType::BF16, {blocks_per_layer, block_size, s_.kv_heads, s_.head_dim});
-    b_.fill_random(L.kv.k, 77 + l, 1.f);
-    b_.fill_random(L.kv.v, 99 + l, 1.f);
+  kv_ = model_.allocate_kv_cache(blocks, block_size, DType::BF16);
+  for (size_t l = 0; l < kv_.size(); ++l) {
+    b_.fill_random(kv_[l].k, 77 + l, 1.f);
+    b_.fill_random(kv_[l].v, 99 + l, 1.f);
   }
 }
 
-void SynthModel::plan(const std::vector<int>& qlens, const std::vector<int>& ctxs) {
+void BenchStep::plan(const std::vector<int>& qlens, const std::vector<int>& ctxs) {
   const int S = int(qlens.size()), bs = meta_.block_size;
   MS_CHECK(S <= max_seqs_, "bench plan: {} sequences > {}", S, max_seqs_);
   std::vector<int32_t> pos, slots, qstart{0}, ctx(ctxs.begin(), ctxs.end()), table(size_t(S) * max_blocks_), last(S);
@@ -141,7 +198,7 @@ void SynthModel::plan(const std::vector<int>& qlens, const std::vector<int>& ctx
   T_ = qstart.back();
   S_ = S;
   MS_CHECK(T_ <= max_tokens_, "bench plan: {} tokens > {}", T_, max_tokens_);
-  MS_CHECK(int64_t(S) * stride <= layers_[0].kv.k.dim(0), "bench plan: KV pool too small");
+  MS_CHECK(int64_t(S) * stride <= kv_blocks(), "bench plan: KV pool too small");
   meta_.num_seqs = S, meta_.num_tokens = T_, meta_.max_blocks_per_seq = max_blocks_;
   meta_.max_query_len = max_q, meta_.max_context_len = max_ctx;
   auto put = [&](Tensor& t, const std::vector<int32_t>& v) {
@@ -156,59 +213,20 @@ void SynthModel::plan(const std::vector<int>& qlens, const std::vector<int>& ctx
   put(last_rows_, last);
 }
 
-void SynthModel::forward(const std::function<void(const char*)>& mark) {
-  auto m = [&](const char* op) {
-    if (mark) mark(op);
-  };
-  const int T = T_;
-  auto rows = [&](Tensor& t) { return t.slice_rows(0, T); };
-  Tensor ids = ids_.slice_rows(0, T), h = rows(h_), xn = rows(xn_), q = rows(q_), k = rows(k_), v = rows(v_),
-         attn = rows(attn_), o = rows(o_), mo = rows(moe_out_);
-  MoeRouting r{routing_.expert_ids.slice_rows(0, T), routing_.weights.slice_rows(0, T)};
-  Tensor positions = meta_.positions.slice_rows(0, T);
-  b_.embedding(embed_, ids, h);
-  m("embedding");
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    SynthLayer& L = layers_[l];
-    if (l == 0)
-      b_.rms_norm(h, L.in_norm, s_.eps, xn);
-    else
-      b_.add_rms_norm(h, mo, L.in_norm, s_.eps, xn);
-    m("norm");
-    b_.linear(xn, L.q, q);
-    m("q_proj");
-    b_.linear(xn, L.k, k);
-    b_.linear(xn, L.v, v);
-    m("kv_proj");
-    QkNormRopeArgs qa;
-    qa.q = &q, qa.k = &k, qa.q_norm_weight = &L.q_norm, qa.k_norm_weight = &L.k_norm, qa.positions = &positions;
-    qa.rope = {s_.head_dim, s_.rotary_dim, s_.theta};
-    qa.eps = s_.eps;
-    b_.qk_norm_rope(qa);
-    m("qk_norm_rope");
-    b_.write_kv(k, v, L.kv, meta_);
-    m("write_kv");
-    AttentionArgs aa{&q, &L.kv, &meta_, s_.q_heads, s_.kv_heads, s_.head_dim, 1.f / std::sqrt(float(s_.head_dim)), &attn};
-    b_.attention(aa);
-    m("attention");
-    b_.linear(attn, L.o, o);
-    m("o_proj");
-    b_.add_rms_norm(h, o, L.post_norm, s_.eps, xn);
-    m("norm");
-    b_.moe_route(xn, L.moe, r);
-    m("moe_route");
-    b_.moe_experts(xn, L.moe, r, mo);
-    m("moe_experts");
-  }
-  b_.add_rms_norm(h, mo, final_norm_, s_.eps, xn);
-  m("norm");
-  // Last token of each sequence -> [S, H] (an embedding gather over the normed rows), then lm_head.
-  Tensor last_x = last_x_.slice_rows(0, S_), logits = logits_.slice_rows(0, S_);
-  b_.embedding(xn, last_rows_.slice_rows(0, S_), last_x);
-  b_.linear(last_x, lm_head_, logits);
-  m("lm_head");
+void BenchStep::forward() {
+  // The step's views: T tokens and S sequences of the fixed buffers.
+  AttentionMeta m = meta_;
+  m.positions = meta_.positions.slice_rows(0, T_);
+  m.slot_mapping = meta_.slot_mapping.slice_rows(0, T_);
+  m.query_start = meta_.query_start.slice_rows(0, S_ + 1);
+  m.context_lens = meta_.context_lens.slice_rows(0, S_);
+  m.block_tables = meta_.block_tables.slice_rows(0, S_);
+  model_.forward(ids_.slice_rows(0, T_), m, kv_, last_rows_.slice_rows(0, S_));
 }
 
-std::vector<float> SynthModel::routing_ids() { return b_.download_f32(routing_.expert_ids.slice_rows(0, T_)); }
+std::vector<float> BenchStep::routing_ids() {
+  // The workspace keeps the routing of the last layer of the last step.
+  return b_.download_f32(model_.workspace().expert_ids.slice_rows(0, T_));
+}
 
 }  // namespace moeserve::tools

@@ -1,14 +1,17 @@
-// A MiniMax-M2.5-shaped stack of L decoder layers with random weights generated on the GPU
-// (FP8 block-scaled projections and experts, f32 router, bf16 norms / embedding / lm_head),
-// plus the forward step composed from Backend ops. This stands in for the model branch's
-// forward until it lands; bench-model times it eagerly (prefill) and as one CUDA graph per
-// decode batch (plan/run: metadata lives in fixed device buffers).
+// bench-model's model: the real MiniMaxM2Model (src/model/minimax_m2.*) with either random
+// weights generated on the GPU in the MiniMax-M2.5 shapes (FP8 128x128 block-scaled
+// projections and experts, f32 router, bf16 norms / embedding / lm_head; each layer's experts
+// carved from one slab allocation) or a checkpoint loaded through MiniMaxM2Model::load, plus
+// a step planner that writes batch metadata into fixed device buffers (plan/run), so a
+// planned decode step can be captured as one CUDA graph and replayed.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "model/minimax_m2.h"
 
 namespace moeserve::tools {
 
@@ -18,53 +21,36 @@ struct SynthShapes {  // MiniMax-M2.5 (shared/reference/minimax-m2.md §3-4)
   float theta = 5e6f, eps = 1e-6f;
   int total_layers = 62;  // of the real model, for extrapolation
 };
+// The shapes of a checkpoint's config (total_layers = its layer count).
+SynthShapes shapes_of(const MiniMaxM2Config& cfg);
+// A MiniMax-M2.5 config with `layers` layers and FP8 128x128 block quantisation.
+MiniMaxM2Config synth_config(const SynthShapes& s, int layers);
+// Random weights for `model` (built from synth_config), generated on the GPU. Returns bytes.
+int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t seed = 1000);
+// Bytes of a model's weights (each tensor counted once).
+int64_t weight_bytes(const MiniMaxM2Weights& w);
 
-struct SynthLayer {
-  LinearWeight q, k, v, o;
-  Tensor in_norm, post_norm, q_norm, k_norm;
-  MoeWeights moe;
-  KVCacheLayer kv;
-};
-
-class SynthModel {
+class BenchStep {
  public:
-  SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max_tokens, int max_seqs, int max_blocks_per_seq);
-  // Allocates `blocks_per_layer` KV blocks for every layer and fills them with random values.
-  void alloc_kv(int blocks_per_layer, int block_size);
+  BenchStep(CudaBackend& b, MiniMaxM2Model& model, int max_tokens, int max_seqs, int max_blocks_per_seq);
+  // Allocates `blocks` KV blocks per layer, filled with random values.
+  void alloc_kv(int blocks, int block_size);
+  int kv_blocks() const { return kv_.empty() ? 0 : int(kv_[0].k.dim(0)); }
   // Plans one step: sequence s has query_lens[s] new tokens and context_lens[s] tokens after
-  // the step; its KV blocks are [s * max_blocks_per_seq, ...) of each layer's pool.
+  // the step; its KV blocks are consecutive runs of the pool.
   void plan(const std::vector<int>& query_lens, const std::vector<int>& context_lens);
-  // Runs the planned step: embedding, L layers, final norm, lm_head on each sequence's last
-  // token into logits [S, vocab] f32. Capture-safe after one eager run. `mark`, when set, is
-  // called after each op with its name (bench-model --profile records an event there).
-  void forward(const std::function<void(const char*)>& mark = {});
-  int64_t weight_bytes() const { return weight_bytes_; }
-  const SynthShapes& shapes() const { return s_; }
-  std::vector<float> routing_ids();  // of the last layer, last step (host copy)
+  // The planned step through MiniMaxM2Model::forward (logits of each sequence's last token).
+  // Capture-safe after one eager run of the same plan.
+  void forward();
+  std::vector<float> routing_ids();  // expert ids of the last layer, last step (host copy)
 
  private:
-  // A slab: one device allocation carved into many weights. cudaMalloc rounds large
-  // allocations up to 2 MiB, which for 4.5 MiB expert matrices wastes a third of the memory.
-  struct Slab {
-    Tensor mem;
-    size_t used = 0;
-  };
-  Tensor carve(Slab& slab, DType t, const Shape& shape);
-  LinearWeight fp8_linear(int out, int in, uint64_t seed, Slab* w_slab = nullptr, Slab* s_slab = nullptr);
-  Tensor rand(DType t, const Shape& shape, uint64_t seed, float scale);
-
   CudaBackend& b_;
-  SynthShapes s_;
+  MiniMaxM2Model& model_;
   int max_tokens_, max_seqs_, max_blocks_;
-  int64_t weight_bytes_ = 0;
-  std::vector<SynthLayer> layers_;
-  Tensor embed_, final_norm_;
-  LinearWeight lm_head_;
-  // Step buffers [max_tokens, ...] and metadata buffers.
-  Tensor ids_, h_, xn_, q_, k_, v_, attn_, o_, moe_out_, last_x_, logits_;
-  MoeRouting routing_;
+  std::vector<KVCacheLayer> kv_;
+  Tensor ids_, last_rows_;
   AttentionMeta meta_;
-  Tensor last_rows_;  // [max_seqs] I32: token index of each sequence's last token
   int T_ = 0, S_ = 0;
 };
 

@@ -94,6 +94,9 @@ class CudaBackend final : public Backend {
   void begin_capture();
   CudaGraph end_capture();
   bool capturing() const { return capturing_; }
+  // Bumped whenever a workspace a forward step uses is reallocated (graphs captured before
+  // then point at freed memory and must be recaptured). The sampling workspace is not counted.
+  uint64_t workspace_generation() const { return ws_generation_; }
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_; }
   std::string device_name() const;
@@ -124,6 +127,7 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   bool capturing_ = false;
+  uint64_t ws_generation_ = 0;
   struct Buf {
     void* ptr = nullptr;
     size_t bytes = 0;
