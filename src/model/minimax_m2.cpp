@@ -26,6 +26,18 @@ Tensor to_f32_host(const Tensor& t) {
   return f;
 }
 
+// Host BF16 copy of a F16/F32 tensor. A bf16-activation backend (CUDA) runs its GEMMs on
+// BF16 or FP8 weights only, so F16 tensors and F32 matrices are rounded to BF16 on the way
+// (relative rounding <= 2^-9, inside the bf16 tolerance the CUDA golden check holds).
+Tensor to_bf16_host(const Tensor& t) {
+  std::vector<float> f(size_t(t.numel()));
+  convert_to_f32(t.dtype, t.data, f.data(), f.size());
+  Tensor b = Tensor::host(DType::BF16, t.shape);
+  auto* out = b.ptr<uint16_t>();
+  for (size_t i = 0; i < f.size(); ++i) out[i] = f32_to_bf16(f[i]);
+  return b;
+}
+
 }  // namespace
 
 MiniMaxM2Shard plan_shard(const MiniMaxM2Config& cfg, const ParallelConfig& par) {
@@ -139,15 +151,23 @@ void MiniMaxM2Model::load(const Checkpoint& ckpt) {
   if (mtp) spdlog::info("checkpoint {}: skipped {} MTP tensors", ckpt.dir(), mtp);
   if (unexpected > 8) spdlog::warn("checkpoint {}: {} unexpected tensors ignored in all", ckpt.dir(), unexpected);
 
-  auto up = [&](const std::string& name) { return be_.upload(got.at(name).tensor); };
+  // What the backend computes in: F16 never reaches a bf16-activation backend, nor do F32
+  // matrices (linears, the embedding table that a tied lm_head reuses); the F32 router gate and
+  // F32 norm vectors stay F32 (the router must select experts in f32).
+  const bool bf16_backend = be_.activation_dtype() == DType::BF16;
+  auto host_for_backend = [&](const Tensor& t, bool matrix) {
+    if (bf16_backend && (t.dtype == DType::F16 || (matrix && t.dtype == DType::F32))) return to_bf16_host(t);
+    return t;
+  };
+  auto up = [&](const std::string& name) { return be_.upload(host_for_backend(got.at(name).tensor, false)); };
   auto up_lin = [&](const std::string& name) {
     LinearWeight w = got.at(name).linear();
-    w.weight = be_.upload(w.weight);
+    w.weight = be_.upload(host_for_backend(w.weight, true));
     if (w.fp8()) w.scale_inv = be_.upload(w.scale_inv);
     return w;
   };
   w_ = MiniMaxM2Weights{};
-  w_.embed = up("model.embed_tokens.weight");
+  w_.embed = be_.upload(host_for_backend(got.at("model.embed_tokens.weight").tensor, true));
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
     MiniMaxM2Layer L;
@@ -159,7 +179,7 @@ void MiniMaxM2Model::load(const Checkpoint& ckpt) {
     L.o = up_lin(p + "self_attn.o_proj.weight");
     L.q_norm = up(p + "self_attn.q_norm.weight");
     L.k_norm = up(p + "self_attn.k_norm.weight");
-    L.moe.gate = up(p + "block_sparse_moe.gate.weight");
+    L.moe.gate = be_.upload(to_f32_host(got.at(p + "block_sparse_moe.gate.weight").tensor));  // exact
     if (cfg_.use_routing_bias)
       L.moe.score_bias = be_.upload(to_f32_host(got.at(p + "block_sparse_moe.e_score_correction_bias").tensor));
     L.moe.num_experts = cfg_.num_local_experts;
@@ -172,6 +192,8 @@ void MiniMaxM2Model::load(const Checkpoint& ckpt) {
       for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e)
         for (const char* m : {"w1.weight", "w3.weight", "w2.weight"})
           lin.push_back(got.at(expert_prefix(l, e) + m).linear());
+      for (auto& w : lin)
+        if (!w.fp8()) w.weight = host_for_backend(w.weight, true);
       auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
       size_t bytes = 0;
       for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() ? pad(w.scale_inv.nbytes()) : 0);
