@@ -212,8 +212,8 @@ TEST(BenchReport, VllmLayout) {
   EXPECT_EQ(s.rfind("============ Serving Benchmark Result ============\n", 0), 0u);
   EXPECT_NE(s.find("Successful requests:                     4         \n"), std::string::npos);
   EXPECT_NE(s.find("Benchmark duration (s):                  2.00      \n"), std::string::npos);
-  EXPECT_NE(s.find("Request goodput (req/s):                 0.50      \n"), std::string::npos);
-  EXPECT_NE(s.find("Peak concurrent requests:                 2.00      \n"), std::string::npos);
+  EXPECT_NE(s.find("Request goodput (req/s):                 1.00      \n"), std::string::npos);
+  EXPECT_NE(s.find("Peak concurrent requests:                2.00      \n"), std::string::npos);
   EXPECT_NE(s.find("-----Time per Output Token (excl. 1st token)------\n"), std::string::npos);
   EXPECT_NE(s.find("P99 TTFT (ms):                           492.50    \n"), std::string::npos);
   EXPECT_EQ(s.find("Request rate configured"), std::string::npos);  // infinite rate: not printed
