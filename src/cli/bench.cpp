@@ -62,6 +62,8 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--ready-check-timeout-sec", o->ready_check_timeout_sec,
                       "retry the first request while the server refuses connections (0: skip the check)")
           ->capture_default_str();
+      sub->add_option("--num-warmups", o->num_warmups, "requests sent (and not measured) before the run")
+          ->capture_default_str();
       sub->add_flag("--disable-tqdm", o->disable_tqdm, "no progress output");
       return [o, rate, burst]() {
         o->request_rate = parse_rate(*rate, "--request-rate");

@@ -79,8 +79,9 @@ def test_chat_endpoint_and_jsonl(server, tmp_path):
     out = tmp_path / "c.json"
     r = bench(server.base, "--endpoint", "/v1/chat/completions", "--dataset-name", "jsonl", "--dataset-path",
               str(ds), "--num-prompts", "4", "--ignore-eos", "--request-rate", "20", "--burstiness", "0.5",
-              "--result-json", str(out), "--disable-tqdm")
+              "--result-json", str(out), "--disable-tqdm", "--num-warmups", "2")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "Warming up with 2 requests..." in r.stdout and "Warmup run completed." in r.stdout
     assert "Request rate configured (RPS):           20.00" in r.stdout
     assert "Burstiness factor: 0.5 (Gamma distribution)" in r.stdout
     j = json.loads(out.read_text())
@@ -213,3 +214,78 @@ def test_tiny_model(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def test_foreign_server_spec_decode_and_no_usage(tmp_path):
+    """Another OpenAI-compatible server (a stdlib HTTP/1.0 one here: body ends at close, no
+    usage chunk, no tokenizer reachable) that exports vLLM's spec-decode counters: the
+    acceptance section comes from the /metrics deltas, output lengths from the chunk count."""
+    import http.server
+    import threading
+
+    counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0, 0, 0]}
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path == "/v1/models":
+                body = json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}).encode()
+            elif self.path == "/metrics":
+                with lock:
+                    c = dict(counters)
+                body = "\n".join(
+                    ["# TYPE vllm:spec_decode_num_drafts_total counter",
+                     f'vllm:spec_decode_num_drafts_total{{model_name="fake"}} {c["drafts"]}',
+                     f'vllm:spec_decode_num_draft_tokens_total{{model_name="fake"}} {c["draft_tokens"]}',
+                     f'vllm:spec_decode_num_accepted_tokens_total{{model_name="fake"}} {c["accepted"]}'] +
+                    [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="fake",position="{i}"}} {v}'
+                     for i, v in enumerate(c["pos"])]).encode() + b"\n"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert req["stream"] and req["stream_options"] == {"include_usage": True}
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()  # HTTP/1.0, no length: the body ends when the connection closes
+            for i in range(5):
+                self.wfile.write(f'data: {json.dumps({"choices": [{"index": 0, "text": f"w{i} "}]})}\n\n'.encode())
+                self.wfile.flush()
+                time.sleep(0.01)
+            self.wfile.write(b"data: [DONE]\n\n")
+            with lock:
+                counters["drafts"] += 4
+                counters["draft_tokens"] += 12
+                counters["accepted"] += 6
+                counters["pos"] = [counters["pos"][0] + 3, counters["pos"][1] + 2, counters["pos"][2] + 1]
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "f.json"
+        r = bench(f"http://127.0.0.1:{httpd.server_address[1]}", "--random-input-len", "8", "--random-output-len", "5",
+                  "--num-prompts", "3", "--result-json", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Note: no tokenizer" in r.stdout
+        assert "progress: 3/3 requests done" in r.stderr  # not a TTY: plain progress lines
+        assert "---------------Speculative Decoding---------------" in r.stdout
+        assert "Acceptance rate (%):                     50.00" in r.stdout
+        assert "Acceptance length:                       2.50" in r.stdout
+        j = json.loads(out.read_text())
+        assert j["completed"] == 3 and j["output_lens"] == [5, 5, 5] and j["input_lens"] == [8, 8, 8]
+        assert j["generated_texts"][0] == "w0 w1 w2 w3 w4 "
+        assert j["spec_decode_num_drafts"] == 12 and j["spec_decode_draft_tokens"] == 36
+        assert j["spec_decode_acceptance_rate"] == 50.0 and j["spec_decode_acceptance_length"] == 2.5
+        assert j["spec_decode_per_position_acceptance_rates"] == [0.75, 0.5, 0.25]
+        assert all(len(itl) == 4 for itl in j["itls"]) and min(j["ttfts"]) > 0
+    finally:
+        httpd.shutdown()

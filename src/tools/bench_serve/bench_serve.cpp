@@ -185,6 +185,19 @@ int run_bench(const BenchOptions& o) {
     std::printf("Skipping endpoint ready check.\n");
   }
 
+  MS_CHECK(o.num_warmups >= 0, "--num-warmups must be >= 0");
+  if (o.num_warmups > 0) {
+    std::printf("Warming up with %d requests...\n", o.num_warmups);
+    std::fflush(stdout);
+    LoadPlan warm = plan;
+    warm.bodies.assign(o.num_warmups, request_body(o, request_model, chat, samples[0], extra));
+    warm.prompt_lens.assign(o.num_warmups, samples[0].prompt_len);
+    warm.arrival_s.assign(o.num_warmups, 0.0);
+    double d = 0;
+    run_load(warm, &d);
+    std::printf("Warmup run completed.\n");
+  }
+
   for (const auto& s : samples) {
     plan.bodies.push_back(request_body(o, request_model, chat, s, extra));
     plan.prompt_lens.push_back(s.prompt_len);

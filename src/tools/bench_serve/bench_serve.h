@@ -36,6 +36,7 @@ struct BenchOptions {
   std::vector<std::string> goodput;  // "ttft:500" ...
   std::string result_json;           // file to write; empty: none
   double ready_check_timeout_sec = 600;
+  int num_warmups = 0;  // copies of the first request sent (and discarded) before the run
   bool disable_tqdm = false;
   std::string api_key;  // default: env OPENAI_API_KEY
 };

@@ -83,7 +83,8 @@ std::string format_report(const RunInfo& info, const BenchmarkMetrics& m, const 
         rowf(s, fmt::format("  Position {}:", i), spec->per_position_acceptance_rates[i] * 100.0);
     }
   }
-  s += std::string(50, '=') + "\n";
+  s.append(50, '=');
+  s += '\n';
   return s;
 }
 
@@ -140,11 +141,10 @@ nlohmann::json result_json(const RunInfo& info, const BenchmarkMetrics& m, const
   for (const auto& ml : kMetrics) {
     if (!selected(info, ml.key)) continue;
     const auto& st = stats_of(m, ml.key);
-    const std::string k = ml.key;
-    r["mean_" + k + "_ms"] = st.mean_ms;
-    r["median_" + k + "_ms"] = st.median_ms;
-    r["std_" + k + "_ms"] = st.std_ms;
-    for (const auto& [p, v] : st.percentiles_ms) r["p" + percentile_word(p) + "_" + k + "_ms"] = v;
+    r[fmt::format("mean_{}_ms", ml.key)] = st.mean_ms;
+    r[fmt::format("median_{}_ms", ml.key)] = st.median_ms;
+    r[fmt::format("std_{}_ms", ml.key)] = st.std_ms;
+    for (const auto& [p, v] : st.percentiles_ms) r[fmt::format("p{}_{}_ms", percentile_word(p), ml.key)] = v;
   }
   if (spec) {
     r["spec_decode_acceptance_rate"] = spec->acceptance_rate;
