@@ -64,6 +64,8 @@ moeserve::cli::RegisterSubcommand reg(
           ->capture_default_str();
       sub->add_option("--num-warmups", o->num_warmups, "requests sent (and not measured) before the run")
           ->capture_default_str();
+      sub->add_flag("--explain-metrics", o->explain_metrics,
+                    "after the results, print how TTFT/TPOT/ITL/E2EL map to AIPerf, GuideLLM and llmperf names");
       sub->add_flag("--disable-tqdm", o->disable_tqdm, "no progress output");
       return [o, rate, burst]() {
         o->request_rate = parse_rate(*rate, "--request-rate");

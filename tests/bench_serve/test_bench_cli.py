@@ -273,9 +273,10 @@ def test_foreign_server_spec_decode_and_no_usage(tmp_path):
     try:
         out = tmp_path / "f.json"
         r = bench(f"http://127.0.0.1:{httpd.server_address[1]}", "--random-input-len", "8", "--random-output-len", "5",
-                  "--num-prompts", "3", "--result-json", str(out))
+                  "--num-prompts", "3", "--result-json", str(out), "--explain-metrics")
         assert r.returncode == 0, r.stdout + r.stderr
         assert "Note: no tokenizer" in r.stdout
+        assert "AIPerf ITL" in r.stdout.split("=" * 50)[-1]  # glossary after the table
         assert "progress: 3/3 requests done" in r.stderr  # not a TTY: plain progress lines
         assert "---------------Speculative Decoding---------------" in r.stdout
         assert "Acceptance rate (%):                     50.00" in r.stdout

@@ -260,6 +260,7 @@ int run_bench(const BenchOptions& o) {
   info.percentiles = percentiles;
   info.goodput = !goodput.empty();
   std::fputs(format_report(info, m, spec).c_str(), stdout);
+  if (o.explain_metrics) std::fputs(metric_glossary().c_str(), stdout);
   std::fflush(stdout);
   if (!o.result_json.empty()) {
     std::ofstream f(o.result_json);

@@ -38,6 +38,7 @@ struct BenchOptions {
   double ready_check_timeout_sec = 600;
   int num_warmups = 0;  // copies of the first request sent (and discarded) before the run
   bool disable_tqdm = false;
+  bool explain_metrics = false;  // print metric_glossary() after the results
   std::string api_key;  // default: env OPENAI_API_KEY
 };
 

@@ -88,6 +88,19 @@ std::string format_report(const RunInfo& info, const BenchmarkMetrics& m, const 
   return s;
 }
 
+std::string metric_glossary() {
+  return "Metric definitions (vllm bench serve) and their names in other tools:\n"
+         "  TTFT  first chunk with choices - send   | AIPerf TTFT | GuideLLM TTFT (TTFOT: first content) | llmperf TTFT "
+         "(first non-empty content)\n"
+         "  TPOT  (E2EL - TTFT) / (tokens - 1)      | AIPerf ITL  | GuideLLM ITL                          | llmperf "
+         "~inter_token_latency (E2EL / tokens)\n"
+         "  ITL   gaps between chunks (per chunk)   | AIPerf ICL  | -                                     | -\n"
+         "  E2EL  last token chunk - send           | request latency | request latency                   | end-to-end "
+         "latency\n"
+         "  Output tok/s  usage tokens / duration   | output token throughput | output tok/s              | overall "
+         "output throughput\n";
+}
+
 nlohmann::json result_json(const RunInfo& info, const BenchmarkMetrics& m, const std::vector<RequestOutput>& outputs,
                            const std::optional<SpecDecodeStats>& spec) {
   using nlohmann::json;

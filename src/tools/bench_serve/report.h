@@ -30,6 +30,9 @@ struct RunInfo {
 // "P99", "P99.9": the percentile's name in labels and keys (Python's str(p) unless integral).
 std::string percentile_word(double p);
 std::string format_report(const RunInfo& info, const BenchmarkMetrics& m, const std::optional<SpecDecodeStats>& spec);
+// How these metrics map onto other tools' names (AIPerf/GenAI-Perf, GuideLLM, llmperf), for
+// --explain-metrics.
+std::string metric_glossary();
 nlohmann::json result_json(const RunInfo& info, const BenchmarkMetrics& m, const std::vector<RequestOutput>& outputs,
                            const std::optional<SpecDecodeStats>& spec);
 
