@@ -256,9 +256,11 @@ FileMeta HubClient::head_file(const std::string& commit, const std::string& path
       if (r.transport_error) throw_for_status(r, url, "file " + path);
       const std::string loc = r.header("location");
       const bool redirect = r.status >= 300 && r.status < 400 && !loc.empty();
-      // A relative redirect is the hub itself (renamed repo): follow it. An absolute one is
-      // the file host: the hub's headers on this response are the metadata.
-      if (redirect && loc.find("://") == std::string::npos && loc.rfind("//", 0) != 0) {
+      // A redirect that carries no file metadata and stays on the hub (a renamed repo, a
+      // relative Location) is followed; otherwise this response is the metadata and the
+      // Location is where the bytes are (the file host).
+      const bool has_meta = !r.header("x-linked-etag").empty() || !r.header("x-repo-commit").empty();
+      if (redirect && !has_meta && same_origin_as_hub(url_join(url, loc))) {
         url = url_join(url, loc);
         continue;
       }
