@@ -1,6 +1,7 @@
 // `moeserve pull REPO`: downloads a hub repository into the hub cache (or --local-dir),
 // in parallel, resumable and verified (src/tools/downloader.h). Prints the snapshot
 // folder on stdout, progress and the summary on stderr.
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -102,6 +103,9 @@ moeserve::cli::RegisterSubcommand reg(
         hub::HubClient client(cfg);
         hub::Progress::Options po;
         po.tty = ::isatty(STDERR_FILENO) != 0;
+        struct winsize ws {};
+        if (po.tty && ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 60)
+          po.width = std::min<int>(ws.ws_col - 1, 160);
         po.quiet = a->quiet;
         po.interval_s = a->log_interval;
         hub::Progress progress(po);

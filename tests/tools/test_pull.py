@@ -29,6 +29,10 @@ def make_files(seed=7):
         "model-00002-of-00002.safetensors": blob(1_300_000),
         "sub/dir/extra.bin": blob(40_000),
         "sub/notes.txt": b"nested small file\n",
+        "sub/with space+plus.txt": b"quoted path\n",
+        "empty.txt": b"",
+        "dup/a.safetensors": b"same" * 2000,  # two paths, one blob
+        "dup/b.safetensors": b"same" * 2000,
     }
 
 
@@ -90,14 +94,14 @@ def test_cache_layout_and_listing_pagination(hub, tmp_path):
     assert r.returncode == 0, r.stderr
     snap = check_cache(tmp_path, hub)
     assert r.stdout.strip().splitlines()[-1] == str(snap)
-    assert "Fetched 7 files" in r.stderr
+    assert "Fetched 10 files" in r.stderr and "1 already present" in r.stderr
     # the listing was paginated through Link headers
     trees = [q for q in hub.requests("hub", "GET") if "/tree/" in q["path"]]
     assert len(trees) >= 3 and any("cursor=" in q["path"] for q in trees)
     # LFS files came from the file host, small git files straight from the hub
-    got = {q["path"].split("/lfs/")[1].split("?")[0] for q in hub.requests("file", "GET")}
+    got = [q["path"].split("/lfs/")[1].split("?")[0] for q in hub.requests("file", "GET")]
     repo = hub.repos[REPO_ID]
-    assert got == {sha256(repo.files[p]) for p in repo.lfs}
+    assert sorted(got) == sorted({sha256(repo.files[p]) for p in repo.lfs})  # the shared blob once
 
 
 def test_huggingface_hub_reads_our_cache(hub, tmp_path):
@@ -168,7 +172,7 @@ def test_include_exclude(hub, tmp_path):
     assert r.returncode == 0, r.stderr
     snap = cache_repo(tmp_path) / "snapshots" / hub.repos[REPO_ID].commit
     got = sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if not p.is_dir())
-    assert got == ["config.json", "sub/notes.txt", "tokenizer.json"]
+    assert got == ["config.json", "sub/notes.txt", "sub/with space+plus.txt", "tokenizer.json"]
 
 
 def test_idempotent_rerun_downloads_nothing(hub, tmp_path):
@@ -176,13 +180,13 @@ def test_idempotent_rerun_downloads_nothing(hub, tmp_path):
     n_file, n_head = len(hub.requests("file")), len(hub.requests("hub", "HEAD"))
     r = pull(hub, tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "Fetched 0 files" in r.stderr and "7 already present" in r.stderr
+    assert "Fetched 0 files" in r.stderr and "11 already present" in r.stderr
     assert len(hub.requests("file")) == n_file and len(hub.requests("hub", "HEAD")) == n_head
     out = tmp_path / "ld"
     assert pull(hub, tmp_path, "--local-dir", str(out)).returncode == 0
     n_file = len(hub.requests("file"))
     r = pull(hub, tmp_path, "--local-dir", str(out))
-    assert r.returncode == 0 and "7 already present" in r.stderr, r.stderr
+    assert r.returncode == 0 and "11 already present" in r.stderr, r.stderr
     assert len(hub.requests("file")) == n_file
 
 
@@ -376,3 +380,26 @@ def test_hub_cache_env(hub, tmp_path):
     r = pull(hub, tmp_path, "--include", "README.md", env=env_for(hub, tmp_path, HF_HUB_CACHE=str(cache)))
     assert r.returncode == 0, r.stderr
     assert (cache / "models--acme--tiny-moe" / "snapshots" / hub.repos[REPO_ID].commit / "README.md").exists()
+
+
+def test_progress_bars_on_a_terminal(hub, tmp_path):
+    import pty
+    master, slave = pty.openpty()
+    hub.faults = {"slow": 1_000_000}
+    p = subprocess.Popen([BIN, "pull", REPO_ID], env=env_for(hub, tmp_path), stdout=subprocess.PIPE,
+                         stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert p.wait(timeout=60) == 0
+    text = out.decode(errors="replace")
+    assert "\x1b[" in text and "total (" in text and "ETA" in text and "/s" in text
+    assert "model-00002-of-00002.safetensors" in text  # a bar for an active file
+    assert "Fetched 10 files" in text
