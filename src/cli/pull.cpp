@@ -82,7 +82,7 @@ moeserve::cli::RegisterSubcommand reg(
         cfg.repo_type = a->repo_type;
         cfg.user_agent = std::string("moeserve/") + MOESERVE_VERSION;
         cfg.etag_timeout_s = env_seconds("HF_HUB_ETAG_TIMEOUT", 10);
-        cfg.download_timeout_s = env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 20);
+        cfg.download_timeout_s = env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10);
         cfg.retry.max_attempts = a->max_retries;
         MS_CHECK(!a->repo.empty() && a->repo.front() != '/' && a->repo.back() != '/' &&
                      a->repo.find("..") == std::string::npos && a->repo.find("--") == std::string::npos,

@@ -334,6 +334,10 @@ void Puller::run_chunk(Job& j, size_t ci) {
                 return false;
               }
               body_pos = a;
+            } else if (!resp.header("content-length").empty() &&
+                       std::strtoll(resp.header("content-length").c_str(), nullptr, 10) != j.size) {
+              bad = fmt::format("the file host sends {} bytes, the hub said {}", resp.header("content-length"), j.size);
+              return false;
             }
           }
           const int64_t lo = std::max(body_pos, pos + gained), hi = std::min(body_pos + int64_t(n), c.end);

@@ -43,7 +43,7 @@ struct HubConfig {
   std::string repo_type = "model";                  // model | dataset | space
   std::string user_agent = "moeserve";
   long etag_timeout_s = 10;                         // HF_HUB_ETAG_TIMEOUT: metadata requests
-  long download_timeout_s = 20;                     // HF_HUB_DOWNLOAD_TIMEOUT: stall limit on transfers
+  long download_timeout_s = 10;                     // HF_HUB_DOWNLOAD_TIMEOUT: stall limit on transfers
   RetryPolicy retry;
 };
 

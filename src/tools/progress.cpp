@@ -32,7 +32,7 @@ std::string format_bar_line(const std::string& name, int64_t done, int64_t total
   for (int i = 0; i < int(frac * bar_w); ++i) bar[size_t(i)] = '#';
   // The name takes what the bar and numbers leave, cut from the left ("...ors-00001.safetensors").
   // A fixed name column (tail lengths vary by a few characters from frame to frame).
-  int name_w = std::max(8, width - bar_w - 4 - 58);
+  int name_w = std::max(12, width - bar_w - 4 - 52);
   std::string n = name;
   if (int(n.size()) > name_w) n = "..." + n.substr(n.size() - size_t(name_w - 3));
   return fmt::format("{:<{}} [{}]{}", n, name_w, bar, tail);

@@ -16,6 +16,7 @@ Faults are set on `FakeHub.faults` (in-process) or as JSON via --faults (CLI):
   drop_times:   int              how many times each drop fires (default 1)
   corrupt:      [substring]      the file host flips a byte of matching files
   slow:         bytes/s          file-host throttle
+  stall:        {substring: N}   the file host stops sending for stall_s seconds (default 30) after N bytes, once
   ignore_range: bool             the file host answers 200 with the whole file to Range requests
 Every request is appended to `FakeHub.log`: dicts with server, method, path, range, auth.
 """
@@ -175,6 +176,10 @@ class Base(BaseHTTPRequestHandler):
                 drop_at = f["drop"][sub]
         if any(sub in self.path for sub in f.get("corrupt", [])) and body:
             body = bytes([body[0] ^ 0xFF]) + body[1:]
+        stall_at = None
+        for sub in (f.get("stall") or {}):
+            if sub in self.path and self.hub.count("stall", sub) < 1:
+                stall_at = f["stall"][sub]
         rate = f.get("slow")
         step = 16384 if not rate else max(1, min(16384, int(rate / 10)))
         sent = 0
@@ -187,6 +192,13 @@ class Base(BaseHTTPRequestHandler):
                     self.connection.shutdown(socket.SHUT_RDWR)
                     self.close_connection = True
                     return
+                if stall_at is not None and sent + n > stall_at:
+                    self.wfile.write(body[sent:stall_at])
+                    self.wfile.flush()
+                    sent = stall_at
+                    stall_at = None
+                    time.sleep(f.get("stall_s", 30))
+                    continue
                 self.wfile.write(body[sent:sent + n])
                 sent += n
                 if rate:

@@ -305,6 +305,20 @@ def test_dropped_connection_is_resumed(hub, tmp_path):
     assert len(gets) == 3 and gets[1]["range"] == "bytes=500000-"
 
 
+def test_stalled_transfer_times_out_and_resumes(hub, tmp_path):
+    repo = hub.repos[REPO_ID]
+    big = "model-00002-of-00002.safetensors"
+    sha = sha256(repo.files[big])
+    hub.faults = {"stall": {sha: 300_000}, "stall_s": 20}
+    t0 = time.time()
+    r = pull(hub, tmp_path, "--include", big, env=env_for(hub, tmp_path, HF_HUB_DOWNLOAD_TIMEOUT="2"))
+    assert r.returncode == 0, r.stderr
+    assert time.time() - t0 < 15
+    gets = [q for q in hub.requests("file", "GET") if sha in q["path"]]
+    assert len(gets) == 2 and gets[1]["range"] == "bytes=300000-"
+    check_cache(tmp_path, hub, [big])
+
+
 def test_server_ignoring_range(hub, tmp_path):
     repo = hub.repos[REPO_ID]
     big = "model-00002-of-00002.safetensors"
@@ -401,5 +415,5 @@ def test_progress_bars_on_a_terminal(hub, tmp_path):
     assert p.wait(timeout=60) == 0
     text = out.decode(errors="replace")
     assert "\x1b[" in text and "total (" in text and "ETA" in text and "/s" in text
-    assert "model-00002-of-00002.safetensors" in text  # a bar for an active file
+    assert "00002.safetensors [" in text  # a bar for an active file
     assert "Fetched 10 files" in text
