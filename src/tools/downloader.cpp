@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -270,6 +271,12 @@ void Puller::plan_and_start(Job& j) {
   int64_t done = 0;
   for (auto& c : j.chunks) done += c.done;
   if (done > 0) spdlog::info("{}: resuming at {} of {} bytes", j.entry.path, done, j.size);
+  struct statvfs vfs {};
+  if (::statvfs(j.incomplete.parent_path().c_str(), &vfs) == 0 &&
+      double(vfs.f_bavail) * double(vfs.f_frsize) < double(j.size - done))
+    spdlog::warn("{}: not enough free disk space: {} more needed, {} free in {}", j.entry.path,
+                 format_bytes(double(j.size - done)),
+                 format_bytes(double(vfs.f_bavail) * double(vfs.f_frsize)), j.incomplete.parent_path().string());
   if (j.pid < 0)
     j.pid = prog_.add_file(j.entry.path, j.size, done);
   else

@@ -112,12 +112,17 @@ void Progress::loop() {
   const auto period = std::chrono::duration<double>(opt_.tty ? 0.2 : opt_.interval_s);
   while (!stopping_) {
     cv_.wait_for(lk, period, [&] { return stopping_; });
-    draw(stopping_);
+    const std::string frame = draw(stopping_);
+    // Written without the lock: a blocked stderr must not stall the download threads.
+    lk.unlock();
+    std::fputs(frame.c_str(), stderr);
+    std::fflush(stderr);
+    lk.lock();
   }
 }
 
-// Called with mu_ held.
-void Progress::draw(bool final) {
+// Called with mu_ held; returns the text to write.
+std::string Progress::draw(bool final) {
   const double rate = rate_now();
   int64_t done = 0, total = 0;
   int nfin = 0;
@@ -128,14 +133,11 @@ void Progress::draw(bool final) {
   }
   const std::string total_name = fmt::format("total ({}/{} files)", nfin, files_.size());
   if (!opt_.tty) {
-    if (final) return;  // the summary follows
+    if (final) return "";  // the summary follows
     const double frac = total > 0 ? 100.0 * double(done) / double(total) : 100.0;
-    std::fprintf(stderr, "pull: %d/%zu files, %s/%s (%.0f%%), %s/s, ETA %s\n", nfin, files_.size(),
-                 format_bytes(double(done)).c_str(), format_bytes(double(total)).c_str(), frac,
-                 format_bytes(rate).c_str(),
-                 format_duration(rate > 0 ? double(total - done) / rate : INFINITY).c_str());
-    std::fflush(stderr);
-    return;
+    return fmt::format("pull: {}/{} files, {}/{} ({:.0f}%), {}/s, ETA {}\n", nfin, files_.size(),
+                       format_bytes(double(done)), format_bytes(double(total)), frac, format_bytes(rate),
+                       format_duration(rate > 0 ? double(total - done) / rate : INFINITY));
   }
   std::string out;
   if (drawn_lines_ > 0) out += fmt::format("\x1b[{}F", drawn_lines_);  // back to the first drawn line
@@ -159,9 +161,8 @@ void Progress::draw(bool final) {
   ++lines;
   for (int i = lines; i < drawn_lines_; ++i) out += "\x1b[2K\n";  // clear leftovers of a taller frame
   if (drawn_lines_ > lines) out += fmt::format("\x1b[{}F", drawn_lines_ - lines);
-  std::fputs(out.c_str(), stderr);
-  std::fflush(stderr);
   drawn_lines_ = lines;
+  return out;
 }
 
 }  // namespace moeserve::hub

@@ -53,7 +53,7 @@ class Progress {
     int64_t last_done = 0;
   };
   void loop();
-  void draw(bool final);
+  std::string draw(bool final);
   double rate_now();
 
   Options opt_;
