@@ -18,6 +18,10 @@ Faults are set on `FakeHub.faults` (in-process) or as JSON via --faults (CLI):
   slow:         bytes/s          file-host throttle
   stall:        {substring: N}   the file host stops sending for stall_s seconds (default 30) after N bytes, once
   ignore_range: bool             the file host answers 200 with the whole file to Range requests
+  busy:         {substring: N}   the first N matching requests answer 429 with Retry-After: 1
+  expire:       {substring: N}   the file host answers 403 (expired signed URL) to the first N matching GETs
+  missing:      [path]           the resolve endpoint answers 404 EntryNotFound for these files
+  aliases:      {old_id: new_id} a renamed repository: requests for old_id get a 307 to new_id
 Every request is appended to `FakeHub.log`: dicts with server, method, path, range, auth.
 """
 import argparse
@@ -141,6 +145,14 @@ class Base(BaseHTTPRequestHandler):
         if self.hub.fault_hit("fail", self.path):
             self.send(500, b'{"error":"injected"}')
             return True
+        if self.hub.fault_hit("busy", self.path):
+            self.send(429, b'{"error":"slow down"}', {"Retry-After": "1"})
+            return True
+        for old, new in (self.hub.faults.get("aliases") or {}).items():
+            for prefix in ("/api/models/", "/"):
+                if self.path.startswith(prefix + old + "/"):
+                    self.send(307, b"", {"Location": prefix + new + self.path[len(prefix + old):]})
+                    return True
         return False
 
     def send_bytes(self, data, extra):
@@ -312,7 +324,7 @@ class HubHandler(Base):
         if commit is None:
             return self.error(404, "RevisionNotFound", "Invalid rev id")
         path = urllib.parse.unquote("/".join(rest[2:]))
-        if path not in repo.files:
+        if path not in repo.files or path in self.hub.faults.get("missing", []):
             return self.error(404, "EntryNotFound", "%s does not exist on %s" % (path, rest[1]))
         data = repo.files[path]
         e = repo.entry(path)
@@ -335,7 +347,8 @@ class FileHandler(Base):
         url = urllib.parse.urlsplit(self.path)
         sha = url.path.rsplit("/", 1)[-1]
         data = self.hub.blobs.get(sha)
-        if data is None or not url.query.startswith("sig="):
+        if data is None or not url.query.startswith("sig=") or \
+                (self.command == "GET" and self.hub.fault_hit("expire", self.path)):
             return self.send(403, b"<Error>AccessDenied</Error>", ctype="application/xml")
         self.send_bytes(data, {"ETag": '"%s"' % sha})
 

@@ -417,3 +417,56 @@ def test_progress_bars_on_a_terminal(hub, tmp_path):
     assert "\x1b[" in text and "total (" in text and "ETA" in text and "/s" in text
     assert "00002.safetensors [" in text  # a bar for an active file
     assert "Fetched 10 files" in text
+
+
+def test_missing_file_is_reported_and_the_rest_fetched(hub, tmp_path):
+    hub.faults = {"missing": ["sub/notes.txt"]}
+    r = pull(hub, tmp_path)
+    assert r.returncode != 0
+    assert "file not found" in r.stderr and "sub/notes.txt" in r.stderr and "404" in r.stderr
+    hub.faults = {}
+    r = pull(hub, tmp_path)  # the re-run fetches only what is missing
+    assert r.returncode == 0 and "Fetched 1 file " in r.stderr, r.stderr
+    check_cache(tmp_path, hub)
+
+
+def test_expired_file_url_is_refreshed(hub, tmp_path):
+    big = "model-00001-of-00002.safetensors"
+    hub.faults = {"expire": {sha256(hub.repos[REPO_ID].files[big]): 1}}
+    r = pull(hub, tmp_path, "--include", big)
+    assert r.returncode == 0, r.stderr
+    heads = [q for q in hub.requests("hub", "HEAD") if big in q["path"]]
+    assert len(heads) == 2  # a second HEAD for a fresh signed URL
+    check_cache(tmp_path, hub, [big])
+
+
+def test_429_retry_after_is_honoured(hub, tmp_path):
+    hub.faults = {"busy": {"/tree/": 1, "/lfs/": 1}}
+    t0 = time.time()
+    r = pull(hub, tmp_path, "--include", "*.json")
+    assert r.returncode == 0, r.stderr
+    assert time.time() - t0 >= 1.9 and "HTTP 429" in r.stderr
+    check_cache(tmp_path, hub, ["config.json", "tokenizer.json"])
+
+
+def test_renamed_repository_redirect(hub, tmp_path):
+    hub.faults = {"aliases": {"acme/old-name": REPO_ID}}
+    r = pull(hub, tmp_path, "acme/old-name", "--include", "*.json", env=env_for(hub, tmp_path, HF_TOKEN=TOKEN))
+    assert r.returncode == 0, r.stderr
+    snap = tmp_path / "hfhome/hub/models--acme--old-name/snapshots" / hub.repos[REPO_ID].commit
+    assert (snap / "tokenizer.json").read_bytes() == hub.repos[REPO_ID].files["tokenizer.json"]
+    assert all(q["auth"] == "Bearer " + TOKEN for q in hub.requests("hub"))  # same origin: token kept
+    assert all(q["auth"] is None for q in hub.requests("file"))
+
+
+def test_two_processes_share_the_cache(hub, tmp_path):
+    hub.faults = {"slow": 500_000}
+    env = env_for(hub, tmp_path)
+    ps = [subprocess.Popen([BIN, "pull", REPO_ID, "--quiet"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in ps]
+    assert all(p.returncode == 0 for p in ps), outs
+    check_cache(tmp_path, hub)
+    repo = hub.repos[REPO_ID]
+    got = [q["path"].split("/lfs/")[1].split("?")[0] for q in hub.requests("file", "GET")]
+    assert sorted(got) == sorted({sha256(repo.files[p]) for p in repo.lfs})  # each blob fetched once
