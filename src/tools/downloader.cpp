@@ -145,11 +145,17 @@ void Puller::mark_present(const std::string& path, const std::string& etag) {
 // when verify_existing is on, the right hash. A cached blob that fails is removed.
 bool Puller::is_present(const std::string& path, const std::string& etag, int64_t size, const std::string& sha) {
   std::error_code ec;
+  // The content check: sha256 for LFS files, the git blob sha1 for git-stored ones (when
+  // the ETag has that shape).
+  auto content_ok = [&](const fs::path& p) {
+    if (!opt_.verify_existing) return true;
+    if (!sha.empty()) return sha256_file(p) == sha;
+    return !is_commit_sha(etag) || git_etag_matches(p, etag);
+  };
   if (cache_mode_) {
     const fs::path b = cl_.blob(etag);
     if (!fs::is_regular_file(b, ec)) return false;
-    bool ok = int64_t(fs::file_size(b, ec)) == size;
-    if (ok && opt_.verify_existing && !sha.empty()) ok = sha256_file(b) == sha;
+    const bool ok = int64_t(fs::file_size(b, ec)) == size && content_ok(b);
     if (!ok) {
       spdlog::warn("{}: cached blob {} is damaged (size or sha256 differ); fetching it again", path, b.string());
       fs::remove(b, ec);
@@ -159,9 +165,9 @@ bool Puller::is_present(const std::string& path, const std::string& etag, int64_
   const fs::path f = local_ / path;
   if (!fs::is_regular_file(f, ec) || int64_t(fs::file_size(f, ec)) != size) return false;
   auto md = read_local_metadata(local_, path);
-  if (md && md->etag == etag) return !(opt_.verify_existing && !sha.empty()) || sha256_file(f) == sha;
-  // No metadata (or another etag): only a sha256 can prove the file is the right one.
-  if (!sha.empty() && sha256_file(f) == sha) {
+  if (md && md->etag == etag) return content_ok(f);
+  // No metadata (or another etag): only a hash can prove the file is the right one.
+  if ((!sha.empty() && sha256_file(f) == sha) || (sha.empty() && is_commit_sha(etag) && git_etag_matches(f, etag))) {
     write_local_metadata(local_, path, commit_, etag);
     return true;
   }
@@ -464,6 +470,9 @@ void Puller::finalize(Job& j) {
     } else if (!j.sha256.empty()) {
       const std::string h = sha256_file(j.incomplete);
       if (h != j.sha256) bad = fmt::format("sha256 mismatch: expected {}, got {}", j.sha256, h);
+    } else if (is_commit_sha(j.etag) && !git_etag_matches(j.incomplete, j.etag)) {
+      spdlog::warn("{}: content does not hash to the ETag {} (git blob sha1); kept, its size is right", j.entry.path,
+                   j.etag);
     }
     if (!bad.empty()) {
       fs::remove(j.incomplete, ec);

@@ -113,7 +113,7 @@ void check_repo_path(const std::string& path) {
 namespace {
 struct Md {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  Md() { EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr); }
+  explicit Md(const EVP_MD* md = EVP_sha256()) { EVP_DigestInit_ex(ctx, md, nullptr); }
   ~Md() { EVP_MD_CTX_free(ctx); }
   void update(const void* d, size_t n) { EVP_DigestUpdate(ctx, d, n); }
   std::string hex() {
@@ -131,6 +131,25 @@ std::string sha256_hex(const std::string& data) {
   Md md;
   md.update(data.data(), data.size());
   return md.hex();
+}
+
+bool git_etag_matches(const fs::path& p, const std::string& etag) {
+  std::error_code ec;
+  const auto size = fs::file_size(p, ec);
+  if (ec) return false;
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return false;
+  Md git(EVP_sha1()), plain(EVP_sha1());
+  const std::string head = fmt::format("blob {}", size);
+  git.update(head.data(), head.size() + 1);  // with the terminating NUL
+  std::vector<char> buf(size_t(1) << 20);
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    const auto n = size_t(f.gcount());
+    git.update(buf.data(), n);
+    plain.update(buf.data(), n);
+  }
+  return git.hex() == etag || plain.hex() == etag;
 }
 
 std::string sha256_file(const fs::path& p) {

@@ -54,6 +54,9 @@ void check_repo_path(const std::string& path);
 // Lower-case hex sha256 of a file's contents (OpenSSL EVP).
 std::string sha256_file(const fs::path& p);
 std::string sha256_hex(const std::string& data);
+// Whether a git-stored file matches its ETag: the git blob sha1 (sha1 of "blob <len>\0" +
+// content, what the hub sends) or, from mirrors that hash plainly, the sha1 of the content.
+bool git_etag_matches(const fs::path& p, const std::string& etag);
 
 // Writes `text` to `p` through a temp file and rename.
 void write_file_atomic(const fs::path& p, const std::string& text);

@@ -71,6 +71,17 @@ TEST(Hashes, Sha256AndShapes) {
   EXPECT_EQ(normalize_etag("\"abc\""), "abc");
 }
 
+TEST(Hashes, GitBlobSha1Etag) {
+  auto p = std::filesystem::temp_directory_path() / "moeserve_test_hub_git.txt";
+  std::ofstream(p) << "hello\n";
+  EXPECT_TRUE(git_etag_matches(p, "ce013625030ba8dba906f756967f9e9ca394464a"));  // `git hash-object`
+  EXPECT_TRUE(git_etag_matches(p, "f572d396fae9206628714fb2ce00f72e94f2258f"));  // plain sha1
+  EXPECT_FALSE(git_etag_matches(p, "0000000000000000000000000000000000000000"));
+  std::ofstream(p) << "hellO\n";
+  EXPECT_FALSE(git_etag_matches(p, "ce013625030ba8dba906f756967f9e9ca394464a"));
+  std::filesystem::remove(p);
+}
+
 TEST(Urls, QuoteOriginJoinLink) {
   EXPECT_EQ(url_quote("refs/pr/1", ""), "refs%2Fpr%2F1");
   EXPECT_EQ(url_quote("dir/a b+c.json"), "dir/a%20b%2Bc.json");

@@ -202,13 +202,21 @@ def test_rerun_repairs_a_damaged_file(hub, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "Fetched 1 file " in r.stderr
     assert (out / name).read_bytes() == repo.files[name]
+    # a git-stored file edited in place (same size) is found by its git blob sha1
+    (out / "README.md").write_bytes(b"# TINY\n")
+    r = pull(hub, tmp_path, "--local-dir", str(out))
+    assert r.returncode == 0 and "Fetched 1 file " in r.stderr, r.stderr
+    assert (out / "README.md").read_bytes() == repo.files["README.md"]
     # cache mode: a corrupt blob is found by its sha256 and fetched again
     assert pull(hub, tmp_path).returncode == 0
     blob = cache_repo(tmp_path) / "blobs" / sha256(repo.files[name])
     blob.write_bytes(b"garbage")
+    small = cache_repo(tmp_path) / "blobs" / repo.entry("config.json")["oid"]
+    small.write_bytes(small.read_bytes().upper())
     r = pull(hub, tmp_path)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and "Fetched 2 files " in r.stderr, r.stderr
     assert blob.read_bytes() == repo.files[name]
+    assert small.read_bytes() == repo.files["config.json"]
 
 
 def test_resume_after_kill(hub, tmp_path):
