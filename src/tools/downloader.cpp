@@ -383,6 +383,10 @@ void Puller::run_chunk(Job& j, size_t ci) {
       }
       if (gained > 0) fails = 0;
       if (pos + gained >= c.end) break;
+      {
+        std::lock_guard<std::mutex> lk(j.mu);
+        if (j.failed) break;  // another range of this file failed: stop quietly
+      }
       if (!bad.empty() && bad.rfind("write error", 0) == 0) throw Error(bad);
       std::string why;
       double retry_after = 0;
