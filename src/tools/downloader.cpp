@@ -473,7 +473,7 @@ void Puller::finalize(Job& j) {
       bad = fmt::format("consistency check failed: file should be of size {} but has size {}", j.size, got);
     } else if (!j.sha256.empty()) {
       const std::string h = sha256_file(j.incomplete);
-      if (h != j.sha256) bad = fmt::format("sha256 mismatch: expected {}, got {}", j.sha256, h);
+      if (h != j.sha256) bad = fmt::format("sha256 checksum mismatch: expected {}, got {}", j.sha256, h);
     } else if (is_commit_sha(j.etag) && !git_etag_matches(j.incomplete, j.etag)) {
       spdlog::warn("{}: content does not hash to the ETag {} (git blob sha1); kept, its size is right", j.entry.path,
                    j.etag);

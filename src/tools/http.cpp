@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <mutex>
 
 namespace moeserve::hub {
@@ -99,6 +100,15 @@ HttpResponse http_perform(const HttpRequest& req) {
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &ctx);
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  // A proxy from the environment never applies to loopback (local mirrors, tests).
+  const std::string origin = url_origin(req.url);
+  for (const char* lo : {"://127.0.0.1", "://localhost", "://[::1]"}) {
+    const auto at = origin.find(lo);
+    if (at != std::string::npos) {
+      const char next = at + std::strlen(lo) < origin.size() ? origin[at + std::strlen(lo)] : '\0';
+      if (next == '\0' || next == ':') curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    }
+  }
   const CURLcode rc = curl_easy_perform(h);
   curl_slist_free_all(hdrs);
   if (rc != CURLE_OK && !resp.stopped_by_sink) {

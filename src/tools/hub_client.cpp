@@ -101,7 +101,7 @@ void HubClient::throw_for_status(const HttpResponse& r, const std::string& url, 
                                "{}/{} and authenticate with HF_TOKEN or --token{}",
                                repo, what, s, cfg_.endpoint, repo, said),
                    s);
-  if (code == "RepoNotFound" || (s == 401 && !have_token && code.empty() && what.rfind("repository", 0) == 0))
+  if (code == "RepoNotFound")
     throw HubError(fmt::format("repository not found: {} at {} (HTTP {}). Check the name; if it is private or gated, "
                                "{}{}",
                                repo, cfg_.endpoint, s,

@@ -284,7 +284,7 @@ def test_wrong_checksum_fails_and_nothing_final(hub, tmp_path):
     hub.faults = {"corrupt": [sha]}
     r = pull(hub, tmp_path, "--include", name)
     assert r.returncode != 0
-    assert "sha256 mismatch" in r.stderr and name in r.stderr
+    assert "sha256 checksum mismatch" in r.stderr and name in r.stderr
     root = cache_repo(tmp_path)
     assert not (root / "blobs" / sha).exists()
     assert not (root / "snapshots" / hub.repos[REPO_ID].commit / name).exists()
