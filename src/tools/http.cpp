@@ -100,6 +100,7 @@ HttpResponse http_perform(const HttpRequest& req) {
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &ctx);
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);  // fewer, larger writes for multi-GB shards
   // A proxy from the environment never applies to loopback (local mirrors, tests).
   const std::string origin = url_origin(req.url);
   for (const char* lo : {"://127.0.0.1", "://localhost", "://[::1]"}) {

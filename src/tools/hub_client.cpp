@@ -98,8 +98,11 @@ void HubClient::throw_for_status(const HttpResponse& r, const std::string& url, 
   const bool have_token = !cfg_.token.empty();
   if (code == "GatedRepo")
     throw HubError(fmt::format("{} is a gated repository: access to {} is restricted (HTTP {}). Accept its terms at "
-                               "{}/{} and authenticate with HF_TOKEN or --token{}",
-                               repo, what, s, cfg_.endpoint, repo, said),
+                               "{}/{} and {}{}",
+                               repo, what, s, cfg_.endpoint, repo,
+                               have_token ? "check that the token (HF_TOKEN / --token) belongs to an account with access"
+                                          : "authenticate with HF_TOKEN or --token",
+                               said),
                    s);
   if (code == "RepoNotFound")
     throw HubError(fmt::format("repository not found: {} at {} (HTTP {}). Check the name; if it is private or gated, "

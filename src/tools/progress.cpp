@@ -85,6 +85,7 @@ void Progress::finish(int id) {
 void Progress::start() {
   if (opt_.quiet || thread_.joinable()) return;
   t0_ = std::chrono::steady_clock::now();
+  samples_.emplace_back(0.0, received_.load());  // the first rate is the average since the start
   thread_ = std::thread([this] { loop(); });
 }
 
