@@ -22,6 +22,8 @@ Faults are set on `FakeHub.faults` (in-process) or as JSON via --faults (CLI):
   expire:       {substring: N}   the file host answers 403 (expired signed URL) to the first N matching GETs
   missing:      [path]           the resolve endpoint answers 404 EntryNotFound for these files
   aliases:      {old_id: new_id} a renamed repository: requests for old_id get a 307 to new_id
+  bare_listing: bool             tree entries without "lfs" (the sha256 then comes from X-Linked-Etag)
+  no_tree:      bool             no tree endpoint (404): clients fall back to the revision's siblings
 Every request is appended to `FakeHub.log`: dicts with server, method, path, range, auth.
 """
 import argparse
@@ -299,7 +301,12 @@ class HubHandler(Base):
             body = {"_id": "x", "id": rid, "modelId": rid, "sha": commit, "private": repo.private,
                     "gated": repo.gated, "siblings": sib}
             return self.send(200, json.dumps(body).encode())
+        if self.hub.faults.get("no_tree"):
+            return self.send(404, b"Not Found", ctype="text/plain")
         entries = [repo.entry(p) for p in repo.files]
+        if self.hub.faults.get("bare_listing"):
+            for e in entries:
+                e.pop("lfs", None)
         dirs = sorted({"/".join(p.split("/")[:i]) for p in repo.files for i in range(1, p.count("/") + 1)})
         entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in dirs]
         cursor = int(q.get("cursor", ["0"])[0])

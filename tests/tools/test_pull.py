@@ -478,3 +478,42 @@ def test_two_processes_share_the_cache(hub, tmp_path):
     repo = hub.repos[REPO_ID]
     got = [q["path"].split("/lfs/")[1].split("?")[0] for q in hub.requests("file", "GET")]
     assert sorted(got) == sorted({sha256(repo.files[p]) for p in repo.lfs})  # each blob fetched once
+
+
+@pytest.mark.parametrize("variant", ["bare_listing", "no_tree"])
+def test_listing_variants(hub, tmp_path, variant):
+    hub.faults = {variant: True}
+    r = pull(hub, tmp_path)
+    assert r.returncode == 0, r.stderr
+    check_cache(tmp_path, hub)
+    name = "model-00001-of-00002.safetensors"  # sha256 still checked (from X-Linked-Etag)
+    hub.faults = {variant: True, "corrupt": [sha256(hub.repos[REPO_ID].files[name])]}
+    r = pull(hub, tmp_path, "--include", name, "--cache-dir", str(tmp_path / "other"))
+    assert r.returncode != 0 and "checksum mismatch" in r.stderr
+
+
+def test_resume_after_kill_local_dir(hub, tmp_path):
+    repo = hub.repos[REPO_ID]
+    name = "model-00002-of-00002.safetensors"
+    out = tmp_path / "ld"
+    hub.faults = {"slow": 200_000}
+    p = subprocess.Popen([BIN, "pull", REPO_ID, "--include", name, "--local-dir", str(out)],
+                         env=env_for(hub, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    dl = out / ".cache/huggingface/download"
+    deadline = time.time() + 30
+    parts = []
+    while time.time() < deadline:
+        parts = list(dl.glob("*.incomplete")) if dl.exists() else []
+        if parts and parts[0].stat().st_size > 300_000:
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert parts and not (out / name).exists()
+    have = parts[0].stat().st_size
+    hub.faults = {}
+    n = len(hub.requests("file", "GET"))
+    r = pull(hub, tmp_path, "--include", name, "--local-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    assert hub.requests("file", "GET")[n]["range"] == "bytes=%d-" % have
+    assert (out / name).read_bytes() == repo.files[name] and not list(dl.glob("*.incomplete"))
