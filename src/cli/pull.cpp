@@ -52,13 +52,13 @@ int64_t parse_size(const std::string& s) {
 moeserve::cli::RegisterSubcommand reg(
     "pull", "Download a model repository from the Hugging Face hub (or a mirror: HF_ENDPOINT)", [](CLI::App* sub) {
       auto a = std::make_shared<Args>();
-      sub->add_option("repo", a->repo, "repository id, e.g. MiniMaxAI/MiniMax-M2")->required();
+      sub->add_option("repo", a->repo, "repository id, e.g. MiniMaxAI/MiniMax-M2");
       sub->add_option("--revision", a->revision, "branch, tag or commit")->capture_default_str();
       sub->add_option("--local-dir", a->local_dir, "write real files into this folder instead of the hub cache");
       sub->add_option("--cache-dir,--download-dir", a->cache_dir, "hub cache folder (default: $HF_HUB_CACHE)");
-      sub->add_option("--include", a->include, "only files matching these globs (fnmatch; '*' spans '/')")
+      CLI::Option* inc = sub->add_option("--include", a->include, "only files matching these globs (fnmatch; '*' spans '/')")
           ->expected(1, -1);
-      sub->add_option("--exclude", a->exclude, "skip files matching these globs")->expected(1, -1);
+      CLI::Option* exc = sub->add_option("--exclude", a->exclude, "skip files matching these globs")->expected(1, -1);
       sub->add_option("--max-workers", a->max_workers, "parallel transfers (files and ranges)")
           ->capture_default_str()
           ->check(CLI::Range(1, 256));
@@ -74,7 +74,21 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_flag("--no-verify-existing", a->no_verify_existing,
                     "trust files already present by size instead of re-hashing them");
       sub->add_flag("--quiet", a->quiet, "no progress output, only the summary");
-      return [a] {
+      return [a, sub, inc, exc] {
+        // `pull --include '*.json' ORG/NAME`: the glob list took the repository id; give it back.
+        if (a->repo.empty()) {
+          const auto order = sub->parse_order();
+          for (auto it = order.rbegin(); it != order.rend(); ++it) {
+            if (*it != inc && *it != exc) continue;
+            auto& list = *it == inc ? a->include : a->exclude;
+            if (!list.empty() && list.back().find_first_of("*?[") == std::string::npos) {
+              a->repo = list.back();
+              list.pop_back();
+            }
+            break;
+          }
+          MS_CHECK(!a->repo.empty(), "pull: the repository id (e.g. MiniMaxAI/MiniMax-M2) is required");
+        }
         hub::HubConfig cfg;
         cfg.endpoint = hub::hf_endpoint();
         cfg.token = a->token.empty() ? hub::find_token() : a->token;

@@ -175,6 +175,18 @@ def test_include_exclude(hub, tmp_path):
     assert got == ["config.json", "sub/notes.txt", "sub/with space+plus.txt", "tokenizer.json"]
 
 
+def test_repo_after_glob_lists(hub, tmp_path):
+    env = env_for(hub, tmp_path)
+    r = subprocess.run([BIN, "pull", "--exclude", "*.bin", "--include", "*.json", "sub/", REPO_ID],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    snap = Path(r.stdout.strip())
+    got = sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if not p.is_dir())
+    assert got == ["config.json", "sub/notes.txt", "sub/with space+plus.txt", "tokenizer.json"]
+    r = subprocess.run([BIN, "pull", "--include", "*.json"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "repository id" in r.stderr
+
+
 def test_idempotent_rerun_downloads_nothing(hub, tmp_path):
     assert pull(hub, tmp_path).returncode == 0
     n_file, n_head = len(hub.requests("file")), len(hub.requests("hub", "HEAD"))
