@@ -19,7 +19,7 @@ namespace hub = moeserve::hub;
 struct Args {
   std::string repo, revision = "main", local_dir, cache_dir, token, repo_type = "model", chunk_size = "64M";
   std::vector<std::string> include, exclude;
-  int max_workers = 8, max_retries = 8;
+  int max_workers = 8, max_retries = 5;
   double log_interval = 5.0;
   bool no_verify_existing = false, quiet = false;
 };
@@ -66,9 +66,9 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--repo-type", a->repo_type, "model, dataset or space")->capture_default_str();
       sub->add_option("--chunk-size", a->chunk_size, "files larger than this are fetched as parallel ranges")
           ->capture_default_str();
-      sub->add_option("--max-retries", a->max_retries, "attempts per request without progress")
+      sub->add_option("--max-retries", a->max_retries, "retries of a request that fails without progress")
           ->capture_default_str()
-          ->check(CLI::Range(1, 1000));
+          ->check(CLI::Range(0, 1000));
       sub->add_option("--log-interval", a->log_interval, "seconds between progress lines when not on a terminal")
           ->capture_default_str();
       sub->add_flag("--no-verify-existing", a->no_verify_existing,
@@ -97,7 +97,7 @@ moeserve::cli::RegisterSubcommand reg(
         cfg.user_agent = std::string("moeserve/") + MOESERVE_VERSION;
         cfg.etag_timeout_s = env_seconds("HF_HUB_ETAG_TIMEOUT", 10);
         cfg.download_timeout_s = env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10);
-        cfg.retry.max_attempts = a->max_retries;
+        cfg.retry.max_attempts = a->max_retries + 1;
         MS_CHECK(!a->repo.empty() && a->repo.front() != '/' && a->repo.back() != '/' &&
                      a->repo.find("..") == std::string::npos && a->repo.find("--") == std::string::npos,
                  "invalid repository id '{}' (expected 'org/name')", a->repo);

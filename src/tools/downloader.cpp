@@ -420,7 +420,9 @@ void Puller::run_chunk(Job& j, size_t ci) {
       }
       if (++fails >= cfg.retry.max_attempts)
         throw Error(fmt::format("giving up after {} attempts without progress: {}", fails, why));
-      const double d = cfg.retry.delay_for(fails, retry_after);
+      // A transfer that moved forward before it broke is retried at once (a dropped
+      // connection); repeated failures without progress back off.
+      const double d = gained > 0 && retry_after == 0 ? 0.05 : cfg.retry.delay_for(fails, retry_after);
       log_retry(j.entry.path, why, fails, d);
       sleep_seconds(d);
     }

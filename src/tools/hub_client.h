@@ -30,9 +30,10 @@ class HubError : public Error {
 };
 
 struct RetryPolicy {
-  int max_attempts = 8;        // per operation; an attempt that made progress does not count
+  // As huggingface_hub's http_backoff: 5 retries, waits doubling up to 8 s (0.5+1+2+4+8 s).
+  int max_attempts = 6;        // per operation; an attempt that made progress does not count
   double base_delay_s = 0.5;   // doubled per failed attempt, with jitter
-  double max_delay_s = 10.0;
+  double max_delay_s = 8.0;
   double delay_for(int failed_attempts, double retry_after_s) const;
 };
 

@@ -529,3 +529,12 @@ def test_resume_after_kill_local_dir(hub, tmp_path):
     assert r.returncode == 0, r.stderr
     assert hub.requests("file", "GET")[n]["range"] == "bytes=%d-" % have
     assert (out / name).read_bytes() == repo.files[name] and not list(dl.glob("*.incomplete"))
+
+
+def test_persistent_server_errors_fail_in_bounded_time(hub, tmp_path):
+    hub.faults = {"fail": {"/resolve/" + hub.repos[REPO_ID].commit + "/README.md": 1000}}
+    t0 = time.time()
+    r = pull(hub, tmp_path, "--max-retries", "2")
+    assert r.returncode != 0 and time.time() - t0 < 20
+    assert "README.md" in r.stderr and "giving up after 3 attempts" in r.stderr
+    assert "Fetched 9 files" in r.stderr  # the others are in place; a re-run fetches the rest
