@@ -75,6 +75,8 @@ class FakeHub:
             for p in r.lfs:
                 self.blobs[hashlib.sha256(r.files[p]).hexdigest()] = r.files[p]
         self._counters = {}
+        self.active = 0           # file-host bodies being sent now
+        self.max_active = 0       # the most at once: parallelism seen by the server
         self.hub = self._server(HubHandler)
         self.files = self._server(FileHandler)
         self.endpoint = "http://127.0.0.1:%d" % self.hub.server_address[1]
@@ -197,6 +199,9 @@ class Base(BaseHTTPRequestHandler):
         rate = f.get("slow")
         step = 16384 if not rate else max(1, min(16384, int(rate / 10)))
         sent = 0
+        with self.hub.lock:
+            self.hub.active += 1
+            self.hub.max_active = max(self.hub.max_active, self.hub.active)
         try:
             while sent < len(body):
                 n = min(step, len(body) - sent)
@@ -220,6 +225,9 @@ class Base(BaseHTTPRequestHandler):
                     time.sleep(n / rate)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        finally:
+            with self.hub.lock:
+                self.hub.active -= 1
 
 
 class HubHandler(Base):

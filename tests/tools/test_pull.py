@@ -278,6 +278,7 @@ def test_resume_after_kill_chunked(hub, tmp_path):
         time.sleep(0.05)
     p.send_signal(signal.SIGKILL)
     p.wait()
+    assert hub.max_active >= 2  # ranges of one file in parallel
     chunks = json.loads(side.read_text())["chunks"]
     assert len(chunks) == 5 and sum(c[2] for c in chunks) > 0
     hub.faults = {}
@@ -353,6 +354,7 @@ def test_slow_file_host(hub, tmp_path):
     r = pull(hub, tmp_path, "--include", "*.safetensors", "--max-workers", "4")
     assert r.returncode == 0, r.stderr
     check_cache(tmp_path, hub, [p for p in hub.repos[REPO_ID].files if p.endswith(".safetensors")])
+    assert hub.max_active >= 2  # files in parallel
     assert "pull: " in r.stderr  # periodic plain progress lines when not on a terminal
 
 
