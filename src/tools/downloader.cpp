@@ -525,7 +525,7 @@ PullSummary Puller::run() {
     fs::create_directories(cl_.snapshot_dir(commit_));
     sum_.path = cl_.snapshot_dir(commit_).string();
   } else {
-    local_ = fs::path(opt_.local_dir);
+    local_ = fs::absolute(fs::path(opt_.local_dir)).lexically_normal();
     init_local_dir(local_);
     sum_.path = local_.string();
   }

@@ -149,6 +149,7 @@ def test_local_dir_real_files_and_metadata(hub, tmp_path):
     out = tmp_path / "model"
     r = pull(hub, tmp_path, "--local-dir", str(out))
     assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out)
     repo = hub.repos[REPO_ID]
     for p, data in repo.files.items():
         f = out / p
