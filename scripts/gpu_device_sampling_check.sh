@@ -16,11 +16,15 @@ TINY=/tmp/gpusample_tiny200k
 "$BIN" make-tiny "$TINY" --vocab-size 200064 --seed 1 > /dev/null 2>&1 || echo "make-tiny failed"
 STREAMS=${STREAMS:-256}
 TOKENS=${TOKENS:-128}
+run() {  # streams temperature [--host-sampling]
+  timeout 150 python3 "$HERE/bench/server_bench.py" --bin "$BIN" --model "$TINY" --device cuda \
+    --streams "$1" --tokens "$TOKENS" --temperature "$2" ${3:-} 2> "$OUT/bench_err_$1_$2${3:-}.txt" \
+    | tee -a "$OUT/bench.jsonl"
+  grep -i error "$OUT/bench_err_$1_$2${3:-}.txt" | head -3
+}
 for temp in 1.0 0.0; do
-  for mode in "" "--host-sampling"; do
-    timeout 150 python3 "$HERE/bench/server_bench.py" --bin "$BIN" --model "$TINY" --device cuda \
-      --streams "$STREAMS" --tokens "$TOKENS" --temperature "$temp" $mode 2> "$OUT/bench_err_${temp}${mode}.txt" \
-      | tee -a "$OUT/bench.jsonl"
-    tail -3 "$OUT/bench_err_${temp}${mode}.txt"
-  done
+  run "$STREAMS" "$temp"
+  run "$STREAMS" "$temp" --host-sampling
 done
+run 32 1.0
+run 32 1.0 --host-sampling

@@ -142,7 +142,8 @@ void MiniMaxM2Executor::collect_rows(const StepBatch& batch, const Tensor& logit
     res.logits = backend_->download_f32(logits);
     return;
   }
-  if (sampled_buf_.numel() < R) sampled_buf_ = backend_->alloc(DType::I32, {std::max<int64_t>(R, 256)});
+  // (An empty Tensor has shape [] and numel() 1: test the data pointer too.)
+  if (!sampled_buf_.data || sampled_buf_.numel() < R) sampled_buf_ = backend_->alloc(DType::I32, {std::max<int64_t>(R, 256)});
   Tensor ids = sampled_buf_.slice_rows(0, R);
   device_sampler_(logits, params, ids);
   const std::vector<float> got = backend_->download_f32(ids);  // exact: ids < 2^24

@@ -129,10 +129,14 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaDeviceSamplingGreedy,
                          ::testing::Values(GreedyCase{4096, 1}, GreedyCase{4096, 3}, GreedyCase{4096, 8},
                                            GreedyCase{50000, 5}));
 
-// All rows on the device (no logits come back), against the same executor with host rows.
-TEST(CudaDeviceSampling, AllDeviceRowsMatchHostGreedyRun) {
+// All rows on the device (no logits come back), against the same model with host rows.
+// S = 1 first: a fresh executor's first device step with one row (the ids buffer must be
+// allocated for it: `serve` failed its first single-request step before this was tested).
+class CudaDeviceSamplingAllDevice : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaDeviceSamplingAllDevice, MatchesHostGreedyRun) {
   SKIP_WITHOUT_GPU();
-  const int V = 4096, S = 4;
+  const int V = 4096, S = GetParam();
   auto dev = make_exec(V, true, S);
   auto host = make_exec(V, false, S);
   ASSERT_FALSE(host->info().device_sampling);
@@ -161,6 +165,8 @@ TEST(CudaDeviceSampling, AllDeviceRowsMatchHostGreedyRun) {
   bad.seqs.push_back(step_of(h[0], 0, DeviceSampling{}));
   EXPECT_THROW(host->execute(bad), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(Sizes, CudaDeviceSamplingAllDevice, ::testing::Values(1, 4));
 
 TEST(CudaDeviceSampling, SeededSamplingIsReproducibleAndPositionIndependent) {
   SKIP_WITHOUT_GPU();
