@@ -11,6 +11,12 @@ engine, sampling) per streamed token. Sampling defaults to vLLM's default (tempe
 top_p 1, top_k off).
 
   python3 bench/server_bench.py --bin build/moeserve --streams 256 --tokens 256
+
+With --model DIR the server runs that checkpoint instead (e.g. `moeserve make-tiny DIR
+--vocab-size 200064`) on --device (cpu or cuda); --host-sampling passes serve's flag of that
+name, which downloads every logits row and samples on the host instead of on the GPU.
+
+  python3 bench/server_bench.py --model /tmp/tiny200k --device cuda [--host-sampling]
 """
 import argparse
 import asyncio
@@ -69,32 +75,44 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--model", default=None, help="serve this checkpoint instead of the replay backend")
+    ap.add_argument("--device", default="cpu", help="with --model: cpu or cuda")
+    ap.add_argument("--host-sampling", action="store_true", help="with --model: serve --host-sampling")
     args = ap.parse_args()
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
-    tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else None
-    for cand in [REPO / "tests/fixtures/shared-data/tokenizers/qwen3"]:
-        if tok_dir is None and (cand / "tokenizer.json").exists():
-            tok_dir = cand
-    tmp = Path(tempfile.mkdtemp())
-    model = tmp / "model"
-    model.mkdir()
-    shutil.copy(tok_dir / "tokenizer.json", model)
-    shutil.copy(tok_dir / "tokenizer_config.json", model)
-    # Token ids 200..711: ordinary byte-level pieces of the tokenizer; the replay vocabulary
-    # (logits width) is --vocab.
-    script = {"vocab_size": args.vocab, "max_model_len": 4096, "num_kv_blocks": 65536, "end_token": 0,
-              "scripts": [{"marker": [], "tokens": [200 + (i % 512) for i in range(4000)]}]}
-    (tmp / "replay.json").write_text(json.dumps(script))
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    proc = subprocess.Popen([args.bin, "--log-level", "warn", "serve", str(model), "--host", "127.0.0.1", "--port",
-                             str(port), "--test-replay-backend", str(tmp / "replay.json"), "--max-num-seqs",
-                             str(args.streams), "--max-num-batched-tokens", "8192", "--io-threads",
-                             str(args.io_threads)])
+    common = ["--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(args.streams),
+              "--max-num-batched-tokens", "8192", "--io-threads", str(args.io_threads)]
+    tmp = Path(tempfile.mkdtemp())
+    if args.model:
+        cmd = [args.bin, "--log-level", "warn", "serve", args.model, "--device", args.device, *common]
+        if args.host_sampling:
+            cmd.append("--host-sampling")
+        args.vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    else:
+        tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else None
+        for cand in [REPO / "tests/fixtures/shared-data/tokenizers/qwen3"]:
+            if tok_dir is None and (cand / "tokenizer.json").exists():
+                tok_dir = cand
+        model = tmp / "model"
+        model.mkdir()
+        shutil.copy(tok_dir / "tokenizer.json", model)
+        shutil.copy(tok_dir / "tokenizer_config.json", model)
+        # Token ids 200..711: ordinary byte-level pieces of the tokenizer; the replay vocabulary
+        # (logits width) is --vocab.
+        script = {"vocab_size": args.vocab, "max_model_len": 4096, "num_kv_blocks": 65536, "end_token": 0,
+                  "scripts": [{"marker": [], "tokens": [200 + (i % 512) for i in range(4000)]}]}
+        (tmp / "replay.json").write_text(json.dumps(script))
+        cmd = [args.bin, "--log-level", "warn", "serve", str(model), "--test-replay-backend", str(tmp / "replay.json"),
+               *common]
+    proc = subprocess.Popen(cmd)
     try:
-        for _ in range(200):
+        for _ in range(1200):
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited with {proc.returncode}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
@@ -114,6 +132,8 @@ def main():
            "wall_s": round(t1 - t0, 3), "tokens_per_s": round(total / (t1 - t0), 1),
            "server_cpu_s": round(c1 - c0, 3), "server_cpu_us_per_token": round((c1 - c0) / total * 1e6, 2),
            "io_threads": args.io_threads, "cores": os.cpu_count(), "vocab": args.vocab, **sampling}
+    if args.model:
+        res.update(model=args.model, device=args.device, host_sampling=args.host_sampling)
     print(json.dumps(res))
 
 

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-cuda} scripts/build.sh -DMOESERVE_CUDA=ON -DMOESERVE_CUDA_ARCHS="${ARCHS:-90a}"
 B=${BUILD_DIR:-build-cuda}
 rm -rf .gpubin && mkdir -p .gpubin/tests/fixtures .gpubin/scripts
-cp "$B/moeserve" "$B/tests/cuda/test_cuda_ops" "$B/tests/cuda/test_cuda_golden" .gpubin/
+cp "$B/moeserve" "$B/tests/cuda/test_cuda_ops" "$B/tests/cuda/test_cuda_golden" "$B/tests/cuda/test_cuda_device_sampling" .gpubin/
 [ -f "$B/tests/cuda/test_cuda_graphs" ] && cp "$B/tests/cuda/test_cuda_graphs" .gpubin/
 cp scripts/gpu_prebuilt_check.sh .gpubin/
 cp scripts/golden_cuda_check.sh .gpubin/scripts/

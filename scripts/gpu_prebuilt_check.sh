@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device run of prebuilt CUDA binaries packed by scripts/gpu_pack.sh. Steps (STEPS):
-#   tests   op tests against the CPU backend, one timeout per suite (a hang costs one suite)
+#   tests   op tests against the CPU backend, one timeout per suite (a hang costs one suite),
+#           and test_cuda_device_sampling (engine-seam device sampling on a tiny model)
 #   golden  CUDA golden gtest + golden_cuda_check.sh (`generate --device cuda` vs HF references)
 #   graphs  decode-step CUDA graphs through the executor vs --enforce-eager (test_cuda_graphs)
 #   hf      scripts/make_golden.py --check (regenerates the HF references with the machine's transformers)
@@ -23,6 +24,9 @@ for step in $STEPS; do
         timeout 90 ./test_cuda_ops --gtest_color=no --gtest_filter="$suite" >> "$OUT/tests.log" 2>&1
         echo "suite $suite rc=$?" | tee -a "$OUT/tests.log"
       done
+      # Device sampling through MiniMaxM2Executor (tiny model) and the kernel at a 200k vocab.
+      timeout 120 ./test_cuda_device_sampling --gtest_color=no >> "$OUT/tests.log" 2>&1
+      echo "suite test_cuda_device_sampling rc=$?" | tee -a "$OUT/tests.log"
       grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure" "$OUT/tests.log" | sort | uniq -c | head -30
       stamp tests done ;;
     golden)

@@ -26,6 +26,7 @@
 #include "model/model_executor.h"
 #ifdef MOESERVE_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "model/device_sampler.h"
 #endif
 #ifdef MOESERVE_HAS_TEST_BACKENDS
 #include "engine/testing/replay_executor.h"
@@ -64,6 +65,7 @@ struct ServeArgs {
   size_t max_request_body_bytes = 32u << 20;
   double shutdown_grace_seconds = 30;
   uint64_t seed = 0;
+  bool host_sampling = false;
   std::string replay_script;
 };
 
@@ -136,6 +138,7 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
                  blocks * bs, per_block / 1024.0);
     return int(blocks);
   };
+  eo.device_sampler = cuda_device_sampler(cb);  // used unless --host-sampling (EngineConfig)
   return std::make_unique<MiniMaxM2Executor>(std::move(backend), eo);
 #else
   fail("--device cuda: this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
@@ -209,6 +212,7 @@ int run_serve(const ServeArgs& a) {
   ec.enable_prefix_caching = a.enable_prefix_caching;
   ec.max_waiting_requests = a.max_waiting_requests;
   ec.seed = a.seed;
+  ec.device_sampling = !a.host_sampling;
   ec.eos_token_ids = read_eos_token_ids(a.model);
   for (int32_t id : frontend.eos_token_ids())
     if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())
@@ -311,6 +315,9 @@ moeserve::cli::RegisterSubcommand reg("serve", "Serve a model over the OpenAI-co
   sub->add_option("--shutdown-grace-seconds", a->shutdown_grace_seconds,
                   "on SIGTERM, how long running requests may finish")->capture_default_str();
   sub->add_option("--seed", a->seed, "seed for requests without one")->capture_default_str();
+  sub->add_flag("--host-sampling", a->host_sampling,
+                "moeserve: sample every row on the host from downloaded logits (default: on the GPU when "
+                "the request needs no penalties, min_p, min_tokens or logprobs)");
 #ifdef MOESERVE_HAS_TEST_BACKENDS
   sub->add_option("--test-replay-backend", a->replay_script, "TEST ONLY: scripted replay executor (JSON)");
 #endif

@@ -269,15 +269,35 @@ class EngineImpl final : public Engine {
     for (const auto& sc : out.scheduled)
       if (sc.seq->scheduled_time == std::chrono::steady_clock::time_point{}) sc.seq->scheduled_time = t_sched;
     count_iteration_tokens(out.num_batched_tokens);
-    StepResult res;
+    // Rows that sample this step, in batch order. Device rows (when the executor samples on
+    // its side) get their parameters and this step's seed, drawn from the sequence's RNG so a
+    // seeded request reproduces whatever batch it is in; the rest come back as logits.
     std::vector<Sequence*> rows;
-    for (const auto& sc : out.scheduled)
-      if (sc.sample) rows.push_back(sc.seq);
+    std::vector<char> on_device;
+    std::vector<int64_t> host_rows;  // indices into rows
+    const bool use_device = config_.device_sampling && info_.device_sampling;
+    for (size_t i = 0; i < out.scheduled.size(); ++i) {
+      const ScheduledSeq& sc = out.scheduled[i];
+      if (!sc.sample) continue;
+      std::optional<DeviceSampling> d;
+      if (use_device) d = device_sampling_params(*sc.seq);
+      if (d) d->seed = sc.seq->sampler.rng();
+      else host_rows.push_back(int64_t(rows.size()));
+      out.batch.seqs[i].device_sample = d;
+      on_device.push_back(d.has_value());
+      rows.push_back(sc.seq);
+    }
+    const size_t num_device = rows.size() - host_rows.size();
+    StepResult res;
     try {
       res = exec_->execute(out.batch);
-      MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == rows.size() * size_t(res.vocab_size),
-               "executor returned {} logits of vocab {} for {} rows (expected vocab {})", res.logits.size(),
-               res.vocab_size, rows.size(), info_.vocab_size);
+      MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == host_rows.size() * size_t(res.vocab_size),
+               "executor returned {} logits of vocab {} for {} host rows (expected vocab {})", res.logits.size(),
+               res.vocab_size, host_rows.size(), info_.vocab_size);
+      MS_CHECK(res.sampled_ids.size() == num_device, "executor returned {} sampled ids for {} device rows",
+               res.sampled_ids.size(), num_device);
+      for (int32_t t : res.sampled_ids)
+        MS_CHECK(t >= 0 && t < info_.vocab_size, "executor sampled token {} outside [0, {})", t, info_.vocab_size);
     } catch (const std::exception& e) {
       spdlog::error("model step failed: {}", e.what());
       for (const auto& sc : out.scheduled) finish(sc.seq, FinishReason::Error, make_output(*sc.seq), e.what());
@@ -289,12 +309,16 @@ class EngineImpl final : public Engine {
     // sequence's token does not depend on the batch it is in.
     const size_t V = static_cast<size_t>(res.vocab_size);
     const int64_t n = static_cast<int64_t>(rows.size());
+    const int64_t nh = static_cast<int64_t>(host_rows.size());
     std::vector<SampleResult> results(rows.size());
     std::vector<std::exception_ptr> errors(rows.size());
+    for (int64_t r = 0, d = 0; r < n; ++r)
+      if (on_device[r]) results[r].token = res.sampled_ids[d++];
     auto sample_rows = [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
+      for (int64_t h = begin; h < end; ++h) {
+        const int64_t r = host_rows[h];
         try {
-          SampleInput in{.logits = std::span<const float>(res.logits.data() + V * r, V),
+          SampleInput in{.logits = std::span<const float>(res.logits.data() + V * h, V),
                          .eos_token_ids = &config_.eos_token_ids};
           results[r] = sample_next(*rows[r], in);
         } catch (...) {
@@ -302,10 +326,10 @@ class EngineImpl final : public Engine {
         }
       }
     };
-    if (n >= 2 && size_t(n) * V >= (size_t(1) << 17)) {
-      ThreadPool::global().parallel_for(n, sample_rows, 1);
+    if (nh >= 2 && size_t(nh) * V >= (size_t(1) << 17)) {
+      ThreadPool::global().parallel_for(nh, sample_rows, 1);
     } else {
-      sample_rows(0, n);
+      sample_rows(0, nh);
     }
     exec_->recycle(std::move(res));
     const auto t_token = std::chrono::steady_clock::now();

@@ -81,6 +81,12 @@ struct EngineConfig {
   int max_waiting_requests = 1024;  // submit() refuses beyond this (server answers 429/503)
   std::vector<int32_t> eos_token_ids;  // see read_eos_token_ids (engine/stop.h)
   uint64_t seed = 0;  // seeds the per-request RNG of requests without a seed
+  // Sample next to the logits when the executor can (ExecutorInfo::device_sampling) and the
+  // request needs no host feature (see device_sampling_params in engine/sampler.h); false
+  // downloads every row and samples on the host (serve --host-sampling). The device and host
+  // samplers draw from different random streams: seeded non-greedy outputs differ between
+  // them (each is reproducible); greedy is the same argmax (lowest id on ties).
+  bool device_sampling = true;
 };
 
 // Live counters for /metrics, read without stopping the engine.

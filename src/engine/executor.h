@@ -2,11 +2,27 @@
 // running on a backend. The engine plans which tokens of which sequences run this step
 // and where their K/V live; the executor turns that into AttentionMeta, runs the forward
 // pass and returns logits for the sequences that sample this step.
+//
+// Device sampling (ExecutorInfo::device_sampling): an executor whose backend can sample next
+// to the logits (CUDA) takes per-row sampling parameters and returns token ids for those
+// rows instead of logits rows, so only the rows the engine samples on the host (penalties,
+// min_p, min_tokens masks, logprobs) cross to the host. The engine decides per row.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace moeserve {
+
+// How the executor samples one row on the device: temperature, then top-k, then top-p over
+// the kept mass, then one draw. The seed is this row's draw at this step (the engine takes it
+// from the request's RNG), so the token depends only on (logits, params), not on the batch.
+struct DeviceSampling {
+  float temperature = 0.f;  // 0: greedy, lowest id on ties
+  int top_k = 0;            // <= 0: off
+  float top_p = 1.f;        // >= 1: off
+  uint64_t seed = 0;
+};
 
 struct SequenceStep {
   int64_t seq_id = 0;
@@ -14,6 +30,9 @@ struct SequenceStep {
   int32_t start_pos = 0;             // position of tokens[0] = tokens already in the KV cache
   std::vector<int32_t> block_table;  // physical KV blocks covering [0, start_pos + tokens.size())
   bool need_logits = true;           // false for non-final prefill chunks
+  // With need_logits, only when the executor reports device_sampling: sample this row on the
+  // device; its token id comes back in StepResult::sampled_ids instead of a logits row.
+  std::optional<DeviceSampling> device_sample;
 };
 
 struct StepBatch {
@@ -22,9 +41,11 @@ struct StepBatch {
 
 struct StepResult {
   int vocab_size = 0;
-  // Row-major [num rows, vocab_size] f32: one row per sequence with need_logits, in batch
-  // order. Row r holds the logits of that sequence's last query token.
+  // Row-major [num rows, vocab_size] f32: one row per sequence with need_logits and no
+  // device_sample, in batch order. Row r holds the logits of that sequence's last query token.
   std::vector<float> logits;
+  // One token id per sequence with need_logits and device_sample, in batch order.
+  std::vector<int32_t> sampled_ids;
 };
 
 struct ExecutorInfo {
@@ -32,6 +53,7 @@ struct ExecutorInfo {
   int max_model_len = 0;
   int block_size = 16;
   int num_kv_blocks = 0;  // blocks in the KV pool this executor allocated
+  bool device_sampling = false;  // honours SequenceStep::device_sample
 };
 
 class ModelExecutor {

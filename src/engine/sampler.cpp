@@ -396,4 +396,16 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in) {
   return res;
 }
 
+std::optional<DeviceSampling> device_sampling_params(const Sequence& seq) {
+  const SamplingParams& p = seq.params();
+  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) return std::nullopt;
+  if (p.min_p > 0.0f || p.logprobs >= 0) return std::nullopt;
+  if (seq.num_output_tokens() < p.min_tokens) return std::nullopt;  // EOS / stop ids masked on the host
+  DeviceSampling d;
+  d.temperature = p.temperature < kSamplingEps ? 0.0f : p.temperature;
+  d.top_k = p.top_k > 0 ? p.top_k : 0;
+  d.top_p = p.top_p;
+  return d;
+}
+
 }  // namespace moeserve

@@ -9,10 +9,12 @@
 // gives the same tokens whatever else is in the batch.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "engine/sequence.h"
 
 namespace moeserve {
@@ -74,5 +76,11 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in);
 
 // Records a generated token in the sampler state (output counts for penalties).
 void note_generated(Sequence& seq, int32_t token);
+
+// The device-sampling parameters of `seq`'s next token (seed left 0 for the caller to fill),
+// or nullopt when it needs a host feature: penalties (token counts), min_p, an active
+// min_tokens mask, or logprobs. temperature < kSamplingEps maps to greedy (0) and top_k -1
+// to 0, so the device sees the host sampler's semantics.
+std::optional<DeviceSampling> device_sampling_params(const Sequence& seq);
 
 }  // namespace moeserve

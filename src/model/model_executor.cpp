@@ -64,6 +64,9 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
     MS_CHECK(info_.num_kv_blocks > 0, "no memory left for the KV cache ({} bytes per block of {} tokens)", per_block,
              opts.block_size);
   }
+  device_sampler_ = opts.device_sampler;
+  info_.device_sampling = bool(device_sampler_);
+  MS_CHECK(!device_sampler_ || info_.vocab_size < (1 << 24), "device sampling: vocab {} >= 2^24", info_.vocab_size);
   const int extra = buckets_.empty() ? 0 : 1;
   kv_ = model_->allocate_kv_cache(info_.num_kv_blocks + extra, info_.block_size, backend_->activation_dtype());
   spdlog::info("KV cache: {} blocks = {} tokens (block size {})", info_.num_kv_blocks,
@@ -105,7 +108,7 @@ StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
     logits = forward_padded(batch, bucket).slice_rows(0, S);  // padded rows' logits are dropped
   else
     logits = forward_eager(batch);
-  if (logits.defined()) res.logits = backend_->download_f32(logits);
+  if (logits.defined()) collect_rows(batch, logits, res);
   return res;
 }
 
@@ -241,6 +244,49 @@ Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
   Tensor rows_t = view({int64_t(rows.size())});
   if (rows.empty()) rows_t = Tensor{};
   return model_->forward(ids_t, meta, kv_, rows_t);
+}
+
+void MiniMaxM2Executor::collect_rows(const StepBatch& batch, const Tensor& logits, StepResult& res) {
+  const int64_t R = logits.dim(0);
+  // Per logits row: its device parameters, or greedy as a placeholder for a host row (the
+  // kernel costs one block per row; sampling all rows keeps the logits one contiguous input).
+  std::vector<DeviceSampling> params;
+  std::vector<char> host(size_t(R), 0);
+  int64_t num_host = 0;
+  for (const auto& s : batch.seqs) {
+    if (!s.need_logits) continue;
+    MS_CHECK(!s.device_sample || device_sampler_, "sequence {}: device sampling requested, executor has none",
+             s.seq_id);
+    host[params.size()] = !s.device_sample;
+    num_host += !s.device_sample;
+    params.push_back(s.device_sample.value_or(DeviceSampling{}));
+  }
+  MS_CHECK(int64_t(params.size()) == R, "{} logits rows for {} sampling sequences", R, params.size());
+  if (num_host == R) {
+    res.logits = backend_->download_f32(logits);
+    return;
+  }
+  // (An empty Tensor has shape [] and numel() 1: test the data pointer too.)
+  if (!sampled_buf_.data || sampled_buf_.numel() < R) sampled_buf_ = backend_->alloc(DType::I32, {std::max<int64_t>(R, 256)});
+  Tensor ids = sampled_buf_.slice_rows(0, R);
+  device_sampler_(logits, params, ids);
+  const std::vector<float> got = backend_->download_f32(ids);  // exact: ids < 2^24
+  res.sampled_ids.reserve(size_t(R - num_host));
+  for (int64_t r = 0; r < R; ++r)
+    if (!host[r]) res.sampled_ids.push_back(int32_t(got[r]));
+  // Host rows' logits, one download per contiguous run of host rows.
+  res.logits.reserve(size_t(num_host) * size_t(info_.vocab_size));
+  for (int64_t r = 0; r < R;) {
+    if (!host[r]) {
+      ++r;
+      continue;
+    }
+    int64_t e = r;
+    while (e < R && host[e]) ++e;
+    const std::vector<float> part = backend_->download_f32(logits.slice_rows(r, e));
+    res.logits.insert(res.logits.end(), part.begin(), part.end());
+    r = e;
+  }
 }
 
 std::unique_ptr<MiniMaxM2Executor> make_cpu_executor(const ExecutorOptions& opts) {

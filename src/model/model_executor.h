@@ -42,6 +42,11 @@ struct ExecutorOptions {
   bool pad_decode = false;
   // Replaces make_graph_runner() (tests: a recording runner on the CPU backend).
   std::function<std::unique_ptr<GraphRunner>(Backend&)> graph_runner_factory;
+  // When set, the executor reports device_sampling and samples the rows that ask for it:
+  // out_ids [R] I32 (device) = one token per row of the device logits [R, V] (the model's
+  // output dtype). See model/device_sampler.h for the CUDA one.
+  std::function<void(const Tensor& logits, const std::vector<DeviceSampling>& params, Tensor& out_ids)>
+      device_sampler;
 };
 
 class MiniMaxM2Executor : public ModelExecutor {
@@ -65,6 +70,11 @@ class MiniMaxM2Executor : public ModelExecutor {
   void drop_stale_graphs();
 
 
+  // After the forward: device rows sampled by device_sampler (ids downloaded), the other
+  // rows' logits downloaded. logits [R, V] device, one row per need_logits sequence.
+  void collect_rows(const StepBatch& batch, const Tensor& logits, StepResult& res);
+  std::function<void(const Tensor&, const std::vector<DeviceSampling>&, Tensor&)> device_sampler_;
+  Tensor sampled_buf_;  // grow-only [>= R] I32 device ids
   // Step metadata goes through one grow-only I32 device buffer (one host->device copy per
   // step, no allocation once it has grown to the largest step).
   Tensor meta_buf_;

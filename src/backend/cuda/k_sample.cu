@@ -5,7 +5,7 @@
 // sum), so no sort is needed. The midpoint is computed in 64 bits: with lo = 0 and
 // hi = 2^32 - 1, a 32-bit hi - lo + 1 wraps to 0 and the bisection never ends. Ties at the
 // threshold are all kept (top-k may keep a few more than k on exactly equal logits). A
-// uniform u from a counter-based hash of (seed, row) picks the token by a prefix scan over
+// uniform u from a hash of the row's seed picks the token by a prefix scan over
 // kept probabilities in index order.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -115,7 +115,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
   }
 
   // u in [0, total): scan contiguous chunks in index order.
-  const uint64_t h = splitmix64(sp.seed ^ splitmix64(uint64_t(row) + 0x51ED27ull));
+  // The draw depends on the row's seed only (not its index), so a row samples the same
+  // token whatever batch position it has; callers give distinct rows distinct seeds.
+  const uint64_t h = splitmix64(sp.seed ^ 0x51ED27ull);
   const float u = float(double(h >> 11) * (1.0 / 9007199254740992.0)) * total;
   const int per = (V + kThreads - 1) / kThreads;
   const int b = threadIdx.x * per, e = min(V, b + per);
