@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/parallel_cli.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -60,6 +61,7 @@ struct ServeArgs {
   double shutdown_grace_seconds = 30;
   uint64_t seed = 0;
   std::string replay_script;
+  cli::ParallelFlags par;
 };
 
 // vLLM's human_readable_int: 32k = 32000, 32K = 32768, plain integers as is.
@@ -106,28 +108,36 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   eo.block_size = a.block_size;
   eo.max_model_len = max_model_len;
   eo.num_kv_blocks = a.num_kv_blocks;
-  if (a.device == "cpu") return make_cpu_executor(eo);
 #ifdef MOESERVE_WITH_CUDA
-  MS_CHECK(a.gpu_memory_utilization > 0 && a.gpu_memory_utilization <= 1,
+  MS_CHECK(a.device == "cpu" || (a.gpu_memory_utilization > 0 && a.gpu_memory_utilization <= 1),
            "--gpu-memory-utilization {}: expected a fraction in (0, 1]", a.gpu_memory_utilization);
-  auto backend = make_cuda_backend(0);
-  CudaBackend* cb = backend.get();
   const double util = a.gpu_memory_utilization;
   // KV pool = what --gpu-memory-utilization leaves after the weights (already resident when
-  // this runs), less 1 GiB for step workspaces and activations.
-  eo.kv_blocks_for_memory = [cb, util, bs = a.block_size](int64_t per_block) {
+  // this runs), less 1 GiB for step workspaces and activations. Per GPU; a rank group
+  // takes the minimum.
+  auto kv_blocks = [util, bs = a.block_size](Backend& be, int64_t per_block) {
+    auto* cb = static_cast<CudaBackend*>(&be);
     size_t free_b = 0, total_b = 0;
     cb->mem_info(&free_b, &total_b);
     const double budget = double(total_b) * util - double(total_b - free_b) - double(1 << 30);
     const int64_t blocks = std::min<int64_t>(budget > 0 ? int64_t(budget / double(per_block)) : 0, INT32_MAX / 2);
-    spdlog::info("cuda: {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
+    spdlog::info("cuda:{} {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
                  "{} KV blocks of {} tokens = {} KV tokens ({:.1f} KiB per block)",
-                 cb->device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0, util, blocks, bs,
-                 blocks * bs, per_block / 1024.0);
+                 cb->device_index(), cb->device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0,
+                 util, blocks, bs, blocks * bs, per_block / 1024.0);
     return int(blocks);
   };
+  if (a.par.parallel())
+    return cli::make_parallel_executor(a.par, eo, a.device,
+                                       a.device == "cuda" ? std::function<int(Backend&, int64_t)>(kv_blocks) : nullptr);
+  if (a.device == "cpu") return make_cpu_executor(eo);
+  auto backend = make_cuda_backend(0);
+  CudaBackend* cb = backend.get();
+  eo.kv_blocks_for_memory = [cb, kv_blocks](int64_t per_block) { return kv_blocks(*cb, per_block); };
   return std::make_unique<MiniMaxM2Executor>(std::move(backend), eo);
 #else
+  if (a.par.parallel()) return cli::make_parallel_executor(a.par, eo, a.device);
+  if (a.device == "cpu") return make_cpu_executor(eo);
   fail("--device cuda: this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
 #endif
 }
@@ -261,6 +271,7 @@ moeserve::cli::RegisterSubcommand reg("serve", "Serve a model over the OpenAI-co
   sub->add_option("--shutdown-grace-seconds", a->shutdown_grace_seconds,
                   "on SIGTERM, how long running requests may finish")->capture_default_str();
   sub->add_option("--seed", a->seed, "seed for requests without one")->capture_default_str();
+  cli::add_parallel_flags(sub, a->par);
 #ifdef MOESERVE_HAS_TEST_BACKENDS
   sub->add_option("--test-replay-backend", a->replay_script, "TEST ONLY: scripted replay executor (JSON)");
 #endif

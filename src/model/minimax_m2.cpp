@@ -61,6 +61,29 @@ MiniMaxM2Shard plan_shard(const MiniMaxM2Config& cfg, const ParallelConfig& par)
   return s;
 }
 
+std::string fp8_split_problem(const MiniMaxM2Config& cfg, const ParallelConfig& par) {
+  if (!cfg.quantization.enabled() || par.world == 1) return "";
+  const MiniMaxM2Shard s = plan_shard(cfg, par);
+  const int bo = cfg.quantization.block_out, bi = cfg.quantization.block_in;
+  const int64_t D = cfg.head_dim;
+  auto bad = [&](const char* what, int64_t full, int64_t local, int block, const char* hint) {
+    return fmt::format(
+        "{} ({} split over {} ranks = {} per rank) is not a multiple of the FP8 weight block {}: {}", what, full,
+        par.world, local, block, hint);
+  };
+  const char* tp_hint = "choose a tensor-parallel size that keeps whole blocks";
+  if ((int64_t(s.q_heads) * D) % bo) return bad("q_proj rows", cfg.num_attention_heads * D, s.q_heads * D, bo, tp_hint);
+  if ((int64_t(s.q_heads) * D) % bi) return bad("o_proj columns", cfg.num_attention_heads * D, s.q_heads * D, bi, tp_hint);
+  if ((int64_t(s.kv_heads) * D) % bo)
+    return bad("k_proj/v_proj rows", cfg.num_key_value_heads * D, s.kv_heads * D, bo, tp_hint);
+  if (!par.expert_parallel) {
+    const char* ep_hint = "use --enable-expert-parallel (whole experts per rank) or a smaller tensor-parallel size";
+    if (s.expert_inter % bo) return bad("expert intermediate_size (w1/w3 rows)", cfg.intermediate_size, s.expert_inter, bo, ep_hint);
+    if (s.expert_inter % bi) return bad("expert intermediate_size (w2 columns)", cfg.intermediate_size, s.expert_inter, bi, ep_hint);
+  }
+  return "";
+}
+
 std::vector<WeightDecl> declare_minimax_m2_weights(const MiniMaxM2Config& cfg, const ParallelConfig& par) {
   const MiniMaxM2Shard s = plan_shard(cfg, par);
   const int64_t H = cfg.hidden_size, D = cfg.head_dim, I = cfg.intermediate_size, E = cfg.num_local_experts;

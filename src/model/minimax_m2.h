@@ -12,6 +12,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -40,6 +41,13 @@ struct MiniMaxM2Shard {
   int expert_inter = 0;     // local expert intermediate size
 };
 MiniMaxM2Shard plan_shard(const MiniMaxM2Config& cfg, const ParallelConfig& par);
+
+// FP8 checkpoints: a split whose per-rank slice is not a whole number of weight blocks
+// (e.g. expert intermediate 1536 over 8 ranks = 192 rows with 128-row blocks). The loader
+// handles it exactly (smaller local blocks), but the fast kernels need whole 128 blocks, so
+// user-facing layouts refuse it. Returns "" when every split is block-aligned, else a
+// message naming the tensor and what to use instead.
+std::string fp8_split_problem(const MiniMaxM2Config& cfg, const ParallelConfig& par);
 
 // Every tensor of the main model with its global shape, accepted dtypes and shard spec.
 std::vector<WeightDecl> declare_minimax_m2_weights(const MiniMaxM2Config& cfg, const ParallelConfig& par);
