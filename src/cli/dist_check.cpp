@@ -48,8 +48,8 @@ int run(const Args& a) {
   const int world = b.num_processes * local;
   const NcclUniqueId mine = b.process_rank == 0 ? nccl_unique_id() : NcclUniqueId{};
   const NcclUniqueId id = nccl_rendezvous(b, mine);
-  std::vector<CollectiveCheckResult> res(size_t(local));
-  std::vector<std::exception_ptr> err(size_t(local));
+  std::vector<CollectiveCheckResult> res(static_cast<size_t>(local));
+  std::vector<std::exception_ptr> err(static_cast<size_t>(local));
   std::vector<std::thread> th;
   for (int l = 0; l < local; ++l)
     th.emplace_back([&, l] {

@@ -19,7 +19,7 @@ struct ParallelFlags {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  bool parallel() const { return tensor_parallel > 1 || data_parallel != 1 || nnodes != 1; }
+  bool parallel() const { return tensor_parallel != 1 || data_parallel != 1 || nnodes != 1; }
 };
 
 // -tp/--tensor-parallel-size, --enable-expert-parallel, -dp/--data-parallel-size,

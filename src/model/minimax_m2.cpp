@@ -226,10 +226,13 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   Tensor attn = be_.alloc(act, {T, qw}), o = be_.alloc(act, {T, H}), moe_out = be_.alloc(act, {T, H});
   MoeRouting routing{be_.alloc(DType::I32, {T, cfg_.num_experts_per_tok}),
                      be_.alloc(DType::F32, {T, cfg_.num_experts_per_tok})};
-  Tensor q_ss, k_ss;
+  // QK-norm statistics of q and k in one [2, T] buffer: one all-reduce per layer, not two
+  // (decode all-reduces are latency-bound).
+  Tensor qk_ss, q_ss, k_ss;
   if (par_.world > 1) {
-    q_ss = be_.alloc(DType::F32, {T});
-    k_ss = be_.alloc(DType::F32, {T});
+    qk_ss = be_.alloc(DType::F32, {2, T});
+    q_ss = qk_ss.slice_rows(0, 1).reshaped({T});
+    k_ss = qk_ss.slice_rows(1, 2).reshaped({T});
   }
 
   be_.embedding(w_.embed, ids, residual);
@@ -253,8 +256,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       // by `kv_replicate` ranks is counted that many times, so the width is scaled to match.
       be_.row_sum_squares(q, q_ss);
       be_.row_sum_squares(k, k_ss);
-      all_reduce(q_ss);
-      all_reduce(k_ss);
+      all_reduce(qk_ss);
       qa.q_sum_squares = &q_ss;
       qa.k_sum_squares = &k_ss;
       qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;

@@ -169,7 +169,10 @@ std::exception_ptr ParallelExecutor::run_on_ranks(const std::function<void(Rank&
 }
 
 StepResult ParallelExecutor::execute(const StepBatch& batch) {
-  MS_CHECK(!broken_, "parallel executor: a rank failed in an earlier step; the rank group is unusable");
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    MS_CHECK(!broken_, "parallel executor: a rank failed in an earlier step; the rank group is unusable");
+  }
   check_step_batch(info_, batch);  // a bad batch throws here, before any rank starts
   if (std::exception_ptr e = run_on_ranks([&batch](Rank& k) { k.result = k.exec->execute(batch); }))
     std::rethrow_exception(e);

@@ -132,6 +132,9 @@ int run_bench_model(const BenchModelOptions& opt) {
   MS_CHECK(opt.synthetic == "minimax-m2.5", "bench-model: unknown --synthetic '{}' (expected minimax-m2.5)",
            opt.synthetic);
   MS_CHECK(opt.layers >= 1 && opt.iters >= 1, "bench-model: --layers and --iters must be >= 1");
+  MS_CHECK(opt.tensor_parallel >= 1, "bench-model: --tensor-parallel-size must be >= 1");
+  MS_CHECK(opt.data_parallel == 1, "bench-model: --data-parallel-size {}: only 1 is implemented", opt.data_parallel);
+  if (opt.tensor_parallel > 1) return run_bench_model_parallel(opt);
   auto backend = make_cuda_backend(0);
   CudaBackend& b = *backend;
   const SynthShapes s;

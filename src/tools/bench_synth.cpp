@@ -44,9 +44,26 @@ LinearWeight SynthModel::fp8_linear(int out, int in, uint64_t seed, Slab* w_slab
 }
 
 SynthModel::SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max_tokens, int max_seqs,
-                       int max_blocks_per_seq)
-    : b_(b), s_(s), max_tokens_(max_tokens), max_seqs_(max_seqs), max_blocks_(max_blocks_per_seq) {
-  const int H = s.hidden, QW = s.q_heads * s.head_dim, KW = s.kv_heads * s.head_dim;
+                       int max_blocks_per_seq, SynthParallel par)
+    : b_(b), s_(s), par_(std::move(par)), max_tokens_(max_tokens), max_seqs_(max_seqs), max_blocks_(max_blocks_per_seq) {
+  const int W = par_.world;
+  MS_CHECK(W >= 1 && par_.rank >= 0 && par_.rank < W && (W == 1 || par_.all_reduce), "bench: bad parallel rank");
+  MS_CHECK(s.q_heads % W == 0 && (s.kv_heads % W == 0 || W % s.kv_heads == 0),
+           "bench: {} query / {} KV heads do not split over {} ranks", s.q_heads, s.kv_heads, W);
+  qh_ = s.q_heads / W;
+  kvh_ = s.kv_heads >= W ? s.kv_heads / W : 1;
+  kv_rep_ = s.kv_heads >= W ? 1 : W / s.kv_heads;
+  if (par_.expert_parallel) {
+    MS_CHECK(s.experts % W == 0, "bench: {} experts do not split over {} expert-parallel ranks", s.experts, W);
+    ne_ = s.experts / W, first_e_ = par_.rank * ne_, inter_ = s.intermediate;
+  } else {
+    MS_CHECK(s.intermediate % (W * 128) == 0,
+             "bench: expert intermediate {} over {} ranks = {} is not a multiple of the FP8 block 128; use "
+             "--enable-expert-parallel",
+             s.intermediate, W, s.intermediate / W);
+    ne_ = s.experts, first_e_ = 0, inter_ = s.intermediate / W;
+  }
+  const int H = s.hidden, QW = qh_ * s.head_dim, KW = kvh_ * s.head_dim;
   uint64_t seed = 1000;
   for (int l = 0; l < layers; ++l) {
     SynthLayer L;
@@ -60,23 +77,24 @@ SynthModel::SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max
     L.k_norm = rand(DType::BF16, {KW}, seed += 10, 1.f);
     L.moe.gate = rand(DType::F32, {s.experts, H}, seed += 10, 0.02f);  // near-uniform routing
     L.moe.score_bias = rand(DType::F32, {s.experts}, seed += 10, 0.001f);
-    L.moe.num_experts = s.experts, L.moe.top_k = s.top_k, L.moe.first_local_expert = 0;
+    L.moe.num_experts = s.experts, L.moe.top_k = s.top_k, L.moe.first_local_expert = first_e_;
     // All experts of the layer in two slabs (weights, scales).
-    const size_t per_w = (size_t(s.intermediate) * H + 255) / 256 * 256;
-    const size_t per_s = (size_t((s.intermediate + 127) / 128) * ((H + 127) / 128) * 4 + 255) / 256 * 256;
-    Slab ws{b_.alloc(DType::U8, {int64_t(per_w * 3 * s.experts)})};
-    Slab ss{b_.alloc(DType::U8, {int64_t(per_s * 3 * s.experts)})};
-    for (int e = 0; e < s.experts; ++e) {
-      LinearWeight w1 = fp8_linear(s.intermediate, H, seed += 10, &ws, &ss);
-      LinearWeight w3 = fp8_linear(s.intermediate, H, seed += 10, &ws, &ss);
-      LinearWeight w2 = fp8_linear(H, s.intermediate, seed += 10, &ws, &ss);
+    const int I = inter_;
+    const size_t per_w = (size_t(I) * H + 255) / 256 * 256;
+    const size_t per_s = (size_t((I + 127) / 128) * ((H + 127) / 128) * 4 + 255) / 256 * 256;
+    Slab ws{b_.alloc(DType::U8, {int64_t(per_w * 3 * ne_)})};
+    Slab ss{b_.alloc(DType::U8, {int64_t(per_s * 3 * ne_)})};
+    for (int e = 0; e < ne_; ++e) {
+      LinearWeight w1 = fp8_linear(I, H, seed += 10, &ws, &ss);
+      LinearWeight w3 = fp8_linear(I, H, seed += 10, &ws, &ss);
+      LinearWeight w2 = fp8_linear(H, I, seed += 10, &ws, &ss);
       L.moe.experts.push_back({w1, w3, w2});
     }
     layers_.push_back(std::move(L));
   }
   embed_ = rand(DType::BF16, {s.vocab, H}, seed += 10, 1.f);
   final_norm_ = rand(DType::BF16, {H}, seed += 10, 1.f);
-  lm_head_.weight = rand(DType::BF16, {s.vocab, H}, seed += 10, 0.03f);
+  if (par_.rank == 0) lm_head_.weight = rand(DType::BF16, {s.vocab, H}, seed += 10, 0.03f);
   const int T = max_tokens;
   ids_ = b_.alloc(DType::I32, {T});
   h_ = b_.alloc(DType::BF16, {T, H});
@@ -96,11 +114,12 @@ SynthModel::SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max
   meta_.context_lens = b_.alloc(DType::I32, {max_seqs});
   meta_.block_tables = b_.alloc(DType::I32, {max_seqs, max_blocks_per_seq});
   last_rows_ = b_.alloc(DType::I32, {max_seqs});
+  if (W > 1) qk_ss_ = b_.alloc(DType::F32, {2, T});
   // Random token ids (a fixed pattern is fine: embedding rows are random).
   std::vector<int32_t> ids(T);
   for (int i = 0; i < T; ++i) ids[i] = int32_t((int64_t(i) * 7919) % s.vocab);
   b_.copy_from_host(ids_, ids.data(), ids.size() * 4);
-  WorkspacePlan wp{T, H, s.intermediate, s.top_k, s.experts, s.q_heads, s.head_dim};
+  WorkspacePlan wp{T, H, inter_, s.top_k, ne_, qh_, s.head_dim};
   b_.reserve(wp);
 }
 
@@ -108,8 +127,8 @@ void SynthModel::alloc_kv(int blocks_per_layer, int block_size) {
   meta_.block_size = block_size;
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto& L = layers_[l];
-    L.kv.k = b_.alloc(DType::BF16, {blocks_per_layer, block_size, s_.kv_heads, s_.head_dim});
-    L.kv.v = b_.alloc(DType::BF16, {blocks_per_layer, block_size, s_.kv_heads, s_.head_dim});
+    L.kv.k = b_.alloc(DType::BF16, {blocks_per_layer, block_size, kvh_, s_.head_dim});
+    L.kv.v = b_.alloc(DType::BF16, {blocks_per_layer, block_size, kvh_, s_.head_dim});
     b_.fill_random(L.kv.k, 77 + l, 1.f);
     b_.fill_random(L.kv.v, 99 + l, 1.f);
   }
@@ -184,25 +203,43 @@ void SynthModel::forward(const std::function<void(const char*)>& mark) {
     qa.q = &q, qa.k = &k, qa.q_norm_weight = &L.q_norm, qa.k_norm_weight = &L.k_norm, qa.positions = &positions;
     qa.rope = {s_.head_dim, s_.rotary_dim, s_.theta};
     qa.eps = s_.eps;
+    Tensor q_ss, k_ss;
+    if (par_.world > 1) {
+      // Full-width QK-norm across ranks (a replicated KV head counts kv_rep_ times).
+      // q and k statistics in one [2, T] buffer: one all-reduce.
+      Tensor qk = qk_ss_.reshaped({2 * max_tokens_}).slice_rows(0, 2 * T).reshaped({2, T});
+      q_ss = qk.slice_rows(0, 1).reshaped({T}), k_ss = qk.slice_rows(1, 2).reshaped({T});
+      b_.row_sum_squares(q, q_ss);
+      b_.row_sum_squares(k, k_ss);
+      all_reduce(qk);
+      qa.q_sum_squares = &q_ss, qa.k_sum_squares = &k_ss;
+      qa.q_full_width = int64_t(s_.q_heads) * s_.head_dim;
+      qa.k_full_width = int64_t(s_.kv_heads) * s_.head_dim * kv_rep_;
+    }
     b_.qk_norm_rope(qa);
     m("qk_norm_rope");
     b_.write_kv(k, v, L.kv, meta_);
     m("write_kv");
-    AttentionArgs aa{&q, &L.kv, &meta_, s_.q_heads, s_.kv_heads, s_.head_dim, 1.f / std::sqrt(float(s_.head_dim)), &attn};
+    AttentionArgs aa{&q, &L.kv, &meta_, qh_, kvh_, s_.head_dim, 1.f / std::sqrt(float(s_.head_dim)), &attn};
     b_.attention(aa);
     m("attention");
     b_.linear(attn, L.o, o);
     m("o_proj");
+    all_reduce(o);
+    if (par_.world > 1) m("all_reduce");
     b_.add_rms_norm(h, o, L.post_norm, s_.eps, xn);
     m("norm");
     b_.moe_route(xn, L.moe, r);
     m("moe_route");
     b_.moe_experts(xn, L.moe, r, mo);
     m("moe_experts");
+    all_reduce(mo);
+    if (par_.world > 1) m("all_reduce");
   }
   b_.add_rms_norm(h, mo, final_norm_, s_.eps, xn);
   m("norm");
   // Last token of each sequence -> [S, H] (an embedding gather over the normed rows), then lm_head.
+  if (!lm_head_.weight.defined()) return;  // ranks other than 0
   Tensor last_x = last_x_.slice_rows(0, S_), logits = logits_.slice_rows(0, S_);
   b_.embedding(xn, last_rows_.slice_rows(0, S_), last_x);
   b_.linear(last_x, lm_head_, logits);

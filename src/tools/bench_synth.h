@@ -19,6 +19,17 @@ struct SynthShapes {  // MiniMax-M2.5 (shared/reference/minimax-m2.md §3-4)
   int total_layers = 62;  // of the real model, for extrapolation
 };
 
+// Tensor / expert parallelism of the synthetic stack (bench-model -tp N
+// [--enable-expert-parallel]): this rank holds q_heads/W query heads, max(1, kv_heads/W) KV
+// heads, and either experts/W whole experts (EP) or every expert's intermediate/W slice;
+// o_proj and the MoE output are all-reduced and the QK-norm statistic is a row sum of
+// squares + all-reduce, as in MiniMaxM2Model. Only rank 0 computes the lm_head.
+struct SynthParallel {
+  int rank = 0, world = 1;
+  bool expert_parallel = false;
+  std::function<void(Tensor&)> all_reduce;  // in-place sum over ranks, on the backend's stream
+};
+
 struct SynthLayer {
   LinearWeight q, k, v, o;
   Tensor in_norm, post_norm, q_norm, k_norm;
@@ -28,7 +39,8 @@ struct SynthLayer {
 
 class SynthModel {
  public:
-  SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max_tokens, int max_seqs, int max_blocks_per_seq);
+  SynthModel(CudaBackend& b, const SynthShapes& s, int layers, int max_tokens, int max_seqs, int max_blocks_per_seq,
+             SynthParallel par = {});
   // Allocates `blocks_per_layer` KV blocks for every layer and fills them with random values.
   void alloc_kv(int blocks_per_layer, int block_size);
   // Plans one step: sequence s has query_lens[s] new tokens and context_lens[s] tokens after
@@ -40,6 +52,11 @@ class SynthModel {
   void forward(const std::function<void(const char*)>& mark = {});
   int64_t weight_bytes() const { return weight_bytes_; }
   const SynthShapes& shapes() const { return s_; }
+  // This rank's sizes (the global ones at world 1).
+  int local_q_heads() const { return qh_; }
+  int local_kv_heads() const { return kvh_; }
+  int local_experts() const { return ne_; }
+  int local_intermediate() const { return inter_; }
   std::vector<float> routing_ids();  // of the last layer, last step (host copy)
 
  private:
@@ -53,8 +70,14 @@ class SynthModel {
   LinearWeight fp8_linear(int out, int in, uint64_t seed, Slab* w_slab = nullptr, Slab* s_slab = nullptr);
   Tensor rand(DType t, const Shape& shape, uint64_t seed, float scale);
 
+  void all_reduce(Tensor& t) {
+    if (par_.world > 1) par_.all_reduce(t);
+  }
   CudaBackend& b_;
   SynthShapes s_;
+  SynthParallel par_;
+  int qh_ = 0, kvh_ = 0, kv_rep_ = 1, ne_ = 0, first_e_ = 0, inter_ = 0;
+  Tensor qk_ss_;  // [2, max_tokens] F32 QK-norm sums of squares of q and k (world > 1)
   int max_tokens_, max_seqs_, max_blocks_;
   int64_t weight_bytes_ = 0;
   std::vector<SynthLayer> layers_;

@@ -32,8 +32,8 @@ TEST(Nccl, CollectivesOnEveryGpuCount) {
   for (int world : {2, 4, 8}) {
     if (world > n) break;
     const NcclUniqueId id = nccl_unique_id();
-    std::vector<CollectiveCheckResult> res(size_t(world));
-    std::vector<std::exception_ptr> err(size_t(world));
+    std::vector<CollectiveCheckResult> res(static_cast<size_t>(world));
+    std::vector<std::exception_ptr> err(static_cast<size_t>(world));
     std::vector<std::thread> th;
     for (int r = 0; r < world; ++r)
       th.emplace_back([&, r] {
