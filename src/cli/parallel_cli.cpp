@@ -59,6 +59,7 @@ std::unique_ptr<ModelExecutor> make_parallel_executor(const ParallelFlags& f, co
                std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "0 (default here)");
   return std::make_unique<ParallelExecutor>(std::move(o));
 #else
+  (void)kv_blocks;
   fail("--device {}: this build has no CUDA backend; tensor parallelism runs on cpu only", device);
 #endif
 }

@@ -46,7 +46,7 @@ CollectiveCheckResult check_collectives(Communicator& c, cudaStream_t s, size_t 
   DevBuf a(size_t(W * n) * 4), b(size_t(W * n) * 4);
   // all_reduce F32
   {
-    std::vector<float> h(size_t(n));
+    std::vector<float> h(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) h[size_t(i)] = val(R, i);
     h2d(a.p, h.data(), h.size() * 4, s);
     Tensor t = a.t(DType::F32, {n});
@@ -62,7 +62,7 @@ CollectiveCheckResult check_collectives(Communicator& c, cudaStream_t s, size_t 
   }
   // all_reduce BF16
   {
-    std::vector<uint16_t> h(size_t(n));
+    std::vector<uint16_t> h(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) h[size_t(i)] = f32_to_bf16(val(R, i));
     h2d(a.p, h.data(), h.size() * 2, s);
     Tensor t = a.t(DType::BF16, {n});
@@ -78,7 +78,7 @@ CollectiveCheckResult check_collectives(Communicator& c, cudaStream_t s, size_t 
   }
   // all_gather I32
   {
-    std::vector<int32_t> h(size_t(n));
+    std::vector<int32_t> h(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) h[size_t(i)] = int32_t(R * 100000 + i);
     h2d(a.p, h.data(), h.size() * 4, s);
     Tensor out = b.t(DType::I32, {W, n});
@@ -91,7 +91,7 @@ CollectiveCheckResult check_collectives(Communicator& c, cudaStream_t s, size_t 
   }
   // reduce_scatter F32
   {
-    std::vector<float> h(size_t(W * n));
+    std::vector<float> h(static_cast<size_t>(W * n));
     for (int64_t i = 0; i < W * n; ++i) h[size_t(i)] = val(R, i);
     h2d(a.p, h.data(), h.size() * 4, s);
     Tensor out = b.t(DType::F32, {n});
@@ -107,7 +107,7 @@ CollectiveCheckResult check_collectives(Communicator& c, cudaStream_t s, size_t 
   }
   // all_to_all I32: block j of rank i = 1e6 i + 1e3 j + k
   {
-    std::vector<int32_t> h(size_t(W * n));
+    std::vector<int32_t> h(static_cast<size_t>(W * n));
     for (int j = 0; j < W; ++j)
       for (int64_t k = 0; k < n; ++k) h[size_t(j * n + k)] = int32_t(1000000 * R + 1000 * j + k % 1000);
     h2d(a.p, h.data(), h.size() * 4, s);
@@ -122,7 +122,7 @@ CollectiveCheckResult check_collectives(Communicator& c, cudaStream_t s, size_t 
   // all_to_allv: rank i sends (i + 2j) % 3 * 100 elements to rank j (some blocks empty)
   {
     auto cnt = [](int i, int j) { return int64_t((i + 2 * j) % 3) * 100; };
-    std::vector<int64_t> send(size_t(W)), recv(size_t(W));
+    std::vector<int64_t> send(static_cast<size_t>(W)), recv(static_cast<size_t>(W));
     std::vector<int32_t> h;
     for (int j = 0; j < W; ++j) {
       send[size_t(j)] = cnt(R, j);
@@ -141,7 +141,7 @@ CollectiveCheckResult check_collectives(Communicator& c, cudaStream_t s, size_t 
   }
   // broadcast from the last rank
   {
-    std::vector<int32_t> h(size_t(n));
+    std::vector<int32_t> h(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) h[size_t(i)] = int32_t(R * 7 + i);
     h2d(a.p, h.data(), h.size() * 4, s);
     Tensor t = a.t(DType::I32, {n});

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
 #include "dist/collective_check.h"
 #include "dist/in_process.h"
 #include "dist/nccl_communicator.h"
