@@ -81,7 +81,7 @@ for step in $STEPS; do
     bench)
       for ep in "" "--enable-expert-parallel"; do
         tag=tp2${ep:+_ep}
-        timeout 200 ./moeserve bench-model --synthetic minimax-m2.5 -tp 2 $ep --layers "$LAYERS" \
+        timeout 150 ./moeserve bench-model --synthetic minimax-m2.5 -tp 2 $ep --layers "$LAYERS" \
           --batch-sizes 1 64 128 256 --contexts 1024 --iters 10 --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
         echo "bench $tag rc=$?"; grep -E "^TP=|^batch|^[0-9]+ |rror" "$OUT/bench_$tag.log" | head -8
         stamp bench $tag done
