@@ -10,11 +10,11 @@
 namespace moeserve::cli {
 
 void add_parallel_flags(CLI::App* sub, ParallelFlags& f) {
-  sub->add_option("-tp,--tensor-parallel-size", f.tensor_parallel,
-                  "ranks (GPUs) that split attention heads and experts")->capture_default_str();
+  sub->add_option("--tensor-parallel-size", f.tensor_parallel,
+                  "(-tp) ranks (GPUs) that split attention heads and experts")->capture_default_str();
   sub->add_flag("--enable-expert-parallel", f.expert_parallel,
                 "experts owned whole by one rank each (EP) instead of sliced along the intermediate size");
-  sub->add_option("-dp,--data-parallel-size", f.data_parallel, "attention data parallelism (only 1 is implemented)")
+  sub->add_option("--data-parallel-size", f.data_parallel, "(-dp) attention data parallelism (only 1 is implemented)")
       ->capture_default_str();
   sub->add_option("--nnodes", f.nnodes, "machines in the rank group (multi-node: see dist-check)")
       ->capture_default_str();
