@@ -66,7 +66,7 @@ for step in $STEPS; do
       stamp dist done ;;
     serve)
       ./moeserve make-tiny /tmp/tiny > /dev/null 2>&1
-      ./moeserve make-tiny --fp8 /tmp/tiny8 > /dev/null 2>&1
+      ./moeserve make-tiny --fp8 --num-kv-heads 4 /tmp/tiny8 > /dev/null 2>&1  # 2 KV heads of 64 per rank = one 128 block
       for tp in "--tensor-parallel-size 1" "-tp 2" "-tp 2 --enable-expert-parallel"; do
         echo "generate bf16 $tp: $(timeout 60 ./moeserve generate --model /tmp/tiny --device cuda $tp \
           --prompt-ids 1,2,3,4,5 --max-tokens 12 2>&1 | tail -1)"

@@ -38,6 +38,7 @@ void check_parallel_layout(const MiniMaxM2Config& cfg, const ParallelLayout& l) 
 struct ParallelExecutor::Rank {
   int index = 0;
   std::thread thread;
+  std::unique_ptr<Backend> backend;  // until the executor takes it
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<MiniMaxM2Executor> exec;
   StepResult result;
@@ -58,20 +59,24 @@ ParallelExecutor::ParallelExecutor(ParallelExecutorOptions opts) : opts_(std::mo
   }
   for (int r = 0; r < world_; ++r) ranks_[size_t(r)]->thread = std::thread([this, r] { rank_main(r); });
 
-  auto init = [this](Rank& k) {
+  // Three phases, each on every rank: backends, then communicators (NCCL init is collective
+  // and blocks until every rank joins, so it only starts once every backend exists), then
+  // the weights and KV cache (no collectives while loading; the KV-pool agreement below
+  // gives up when another rank failed).
+  auto make_backends = [this](Rank& k) { k.backend = opts_.make_backend(k.index); };
+  auto make_comms = [this](Rank& k) {
+    if (world_ == 1) return;
+    auto comm = opts_.make_comm(k.index, *k.backend);
+    std::lock_guard<std::mutex> lk(mu_);
+    k.comm = std::move(comm);
+  };
+  auto load = [this](Rank& k) {
     const int r = k.index;
-    std::unique_ptr<Backend> backend = opts_.make_backend(r);
-    Backend* be = backend.get();
+    Backend* be = k.backend.get();
     ExecutorOptions eo = opts_.exec;
     eo.expert_parallel = opts_.layout.expert_parallel;
-    eo.comm = nullptr;
+    eo.comm = k.comm.get();
     eo.logits = r == 0;  // only rank 0's logits are returned
-    if (world_ > 1) {
-      auto comm = opts_.make_comm(r, *backend);
-      std::lock_guard<std::mutex> lk(mu_);
-      k.comm = std::move(comm);
-      eo.comm = k.comm.get();
-    }
     if (opts_.kv_blocks_for_memory && eo.num_kv_blocks <= 0) {
       eo.kv_blocks_for_memory = [this, r, be](int64_t per_block) {
         const int local = opts_.kv_blocks_for_memory(*be, per_block);
@@ -84,12 +89,14 @@ ParallelExecutor::ParallelExecutor(ParallelExecutorOptions opts) : opts_(std::mo
         return *std::min_element(kv_local_.begin(), kv_local_.end());
       };
     }
-    k.exec = std::make_unique<MiniMaxM2Executor>(std::move(backend), eo);
+    k.exec = std::make_unique<MiniMaxM2Executor>(std::move(k.backend), eo);
   };
-  if (std::exception_ptr e = run_on_ranks(init)) {
-    shutdown();  // the destructor does not run for a throwing constructor
-    std::rethrow_exception(e);
-  }
+  for (const auto& phase : {std::function<void(Rank&)>(make_backends), std::function<void(Rank&)>(make_comms),
+                            std::function<void(Rank&)>(load)})
+    if (std::exception_ptr e = run_on_ranks(phase)) {
+      shutdown();  // the destructor does not run for a throwing constructor
+      std::rethrow_exception(e);
+    }
   info_ = ranks_[0]->exec->info();
 }
 
@@ -102,6 +109,7 @@ void ParallelExecutor::shutdown() {
   run_on_ranks([](Rank& k) {
     k.exec.reset();
     k.comm.reset();
+    k.backend.reset();
   });
   {
     std::lock_guard<std::mutex> lk(mu_);
