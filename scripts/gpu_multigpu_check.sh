@@ -4,7 +4,8 @@
 #   dist    dist-check: all GPUs in one process, then 2 processes over the TCP rendezvous (--nnodes 2)
 #   serve   serve -tp 2 on make-tiny (bf16) and -tp 2 --enable-expert-parallel on make-tiny --fp8,
 #           one completion each; generate at tp 1 / 2 / 2+EP; the FP8 block-split refusal message
-#   bench   bench-model -tp 2 (with and without EP) on synthetic MiniMax-M2.5, LAYERS layers
+#   bench   bench-model -tp 2 (with and without EP; small all-reduces on NCCL or, when its test
+#           passed, the one-shot p2p kernel: MOESERVE_P2P_ALLREDUCE=1) on synthetic M2.5, LAYERS layers
 # Usage: cd .gpubin && OUT=/dir STEPS="nccl dist serve bench" LAYERS=62 ./gpu_multigpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -49,9 +50,12 @@ PY
 for step in $STEPS; do
   case $step in
     nccl)
-      MOESERVE_SOURCE_DIR=$PWD timeout 150 ./test_nccl --gtest_color=no > "$OUT/test_nccl.log" 2>&1
-      echo "test_nccl rc=$?"
+      MOESERVE_SOURCE_DIR=$PWD timeout 120 ./test_nccl --gtest_color=no --gtest_filter='-*P2p*' > "$OUT/test_nccl.log" 2>&1
+      echo "test_nccl (NCCL) rc=$?"
       grep -E "^\[nccl|^\[  (PASSED|FAILED) |Failure|Expected|Which is|FAILED  \]" "$OUT/test_nccl.log" | head -40
+      timeout 60 ./test_nccl --gtest_color=no --gtest_filter='*P2p*' > "$OUT/test_p2p.log" 2>&1
+      echo "test_nccl (p2p all-reduce) rc=$?"
+      grep -E "^\[p2p|^\[  (PASSED|FAILED) |Failure|Expected|Which is" "$OUT/test_p2p.log" | head -20
       stamp nccl done ;;
     dist)
       timeout 60 ./moeserve dist-check > "$OUT/dist_check.log" 2>&1; echo "dist-check (1 process) rc=$?"
@@ -79,10 +83,14 @@ for step in $STEPS; do
       grep -E "COMPLETION|client rc|tensor-parallel|rror" "$OUT/serve.log" | cut -c1-400 | head -12
       stamp serve done ;;
     bench)
-      for ep in "" "--enable-expert-parallel"; do
-        tag=tp2${ep:+_ep}
-        timeout 150 ./moeserve bench-model --synthetic minimax-m2.5 -tp 2 $ep --layers "$LAYERS" \
-          --batch-sizes 1 64 128 256 --contexts 1024 --iters 10 --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
+      p2p_ok=0; grep -q "^\[  PASSED  \] 1 test" "$OUT/test_p2p.log" 2>/dev/null && p2p_ok=1
+      for cfg in "nccl:" "p2p:" "p2p:--enable-expert-parallel" "nccl:--enable-expert-parallel"; do
+        ar=${cfg%%:*}; ep=${cfg#*:}
+        if [ "$ar" = p2p ] && [ $p2p_ok = 0 ]; then echo "bench $cfg skipped (p2p test did not pass)"; continue; fi
+        tag=tp2${ep:+_ep}_$ar
+        MOESERVE_P2P_ALLREDUCE=$([ "$ar" = p2p ] && echo 1 || echo 0) timeout 150 ./moeserve bench-model \
+          --synthetic minimax-m2.5 -tp 2 $ep --layers "$LAYERS" --batch-sizes 1 64 128 256 --contexts 1024 --iters 10 \
+          --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
         echo "bench $tag rc=$?"; grep -E "^TP=|^batch|^[0-9]+ |rror" "$OUT/bench_$tag.log" | head -8
         stamp bench $tag done
       done ;;

@@ -49,9 +49,10 @@ std::unique_ptr<ModelExecutor> make_parallel_executor(const ParallelFlags& f, co
   const int world = f.tensor_parallel;
   const NcclUniqueId id = world > 1 ? nccl_unique_id() : NcclUniqueId{};
   o.make_backend = [](int r) -> std::unique_ptr<Backend> { return make_cuda_backend(r); };
-  o.make_comm = [id, world](int r, Backend& b) -> std::unique_ptr<Communicator> {
+  auto p2p = p2p_all_reduce_from_env(world);  // opt-in: MOESERVE_P2P_ALLREDUCE=1
+  o.make_comm = [id, world, p2p](int r, Backend& b) -> std::unique_ptr<Communicator> {
     auto& cb = static_cast<CudaBackend&>(b);
-    return std::make_unique<NcclCommunicator>(id, world, r, cb.device_index(), cb.stream());
+    return std::make_unique<NcclCommunicator>(id, world, r, cb.device_index(), cb.stream(), p2p);
   };
   o.kv_blocks_for_memory = std::move(kv_blocks);
   spdlog::info("cuda: {} tensor-parallel ranks on GPUs 0..{}{} over NCCL (NCCL_NVLS_ENABLE={})", world, world - 1,

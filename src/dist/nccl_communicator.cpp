@@ -202,8 +202,21 @@ struct NcclCommunicator::Impl {
   std::atomic<bool> aborted{false};
 };
 
-NcclCommunicator::NcclCommunicator(const NcclUniqueId& id, int world, int rank, int device, cudaStream_t stream)
-    : impl_(std::make_unique<Impl>()), world_(world), rank_(rank), device_(device), stream_(stream) {
+std::shared_ptr<P2pAllReduce> p2p_all_reduce_from_env(int world) {
+  const char* v = std::getenv("MOESERVE_P2P_ALLREDUCE");
+  if (!v || std::string(v) != "1" || world < 2) return nullptr;
+  std::vector<int> devs;
+  for (int i = 0; i < world; ++i) devs.push_back(i);
+  auto g = P2pAllReduce::create(devs);
+  if (g) spdlog::info("p2p all-reduce: one-shot kernel for all-reduces up to {} KiB on {} GPUs", g->max_bytes() >> 10, world);
+  return g;
+}
+
+NcclCommunicator::NcclCommunicator(const NcclUniqueId& id, int world, int rank, int device, cudaStream_t stream,
+                                   std::shared_ptr<P2pAllReduce> p2p)
+    : impl_(std::make_unique<Impl>()), p2p_(std::move(p2p)), world_(world), rank_(rank), device_(device), stream_(stream) {
+  MS_CHECK(!p2p_ || p2p_->world() == world, "nccl: p2p all-reduce of {} GPUs for a group of {}", p2p_ ? p2p_->world() : 0,
+           world);
   MS_CHECK(world >= 1 && rank >= 0 && rank < world, "nccl: rank {} of {} is invalid", rank, world);
   default_nccl_env();
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
@@ -226,6 +239,10 @@ void NcclCommunicator::all_reduce_sum(Tensor& t) {
   MS_CHECK(reduce_dtype(t.dtype, &dt), "all_reduce_sum: rank {} got {}, expected F32/BF16/F16", rank_,
            dtype_name(t.dtype));
   if (t.numel() == 0) return;
+  if (p2p_ && p2p_->accepts(t)) {
+    p2p_->all_reduce(rank_, t, stream_);
+    return;
+  }
   NCCL_CHECK(ncclAllReduce(t.data, t.data, size_t(t.numel()), dt, ncclSum, impl_->comm, stream_), "rank {} {}", rank_,
              shape_str(t.shape));
 }

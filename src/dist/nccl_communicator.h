@@ -25,6 +25,7 @@
 #include <string>
 
 #include "dist/communicator.h"
+#include "dist/p2p_allreduce.h"
 
 namespace moeserve {
 
@@ -53,11 +54,17 @@ NcclUniqueId nccl_rendezvous(const NcclBootstrap& b, const NcclUniqueId& id_if_r
 // Does not link MPI.
 std::optional<NcclBootstrap> nccl_bootstrap_from_mpi_env();
 
+// The one-shot small-message all-reduce for GPUs 0..world-1 of this process when
+// MOESERVE_P2P_ALLREDUCE=1 (opt-in while it is new) and every pair has peer access; else null.
+std::shared_ptr<P2pAllReduce> p2p_all_reduce_from_env(int world);
+
 class NcclCommunicator final : public Communicator {
  public:
   // Sets `device` current on the calling thread and joins the group (blocks until every
-  // rank has joined).
-  NcclCommunicator(const NcclUniqueId& id, int world, int rank, int device, cudaStream_t stream);
+  // rank has joined). With `p2p` (the same object on every rank of a one-process group),
+  // all-reduces it accepts (small F32/BF16) run as its one-shot kernel instead of NCCL.
+  NcclCommunicator(const NcclUniqueId& id, int world, int rank, int device, cudaStream_t stream,
+                   std::shared_ptr<P2pAllReduce> p2p = nullptr);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -78,6 +85,7 @@ class NcclCommunicator final : public Communicator {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  std::shared_ptr<P2pAllReduce> p2p_;
   int world_ = 1, rank_ = 0, device_ = 0;
   cudaStream_t stream_ = nullptr;
 };

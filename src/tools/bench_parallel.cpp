@@ -79,6 +79,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
     for (int B : opt.batches) configs.push_back({B, C});
 
   const NcclUniqueId id = nccl_unique_id();
+  const auto p2p = p2p_all_reduce_from_env(W);  // MOESERVE_P2P_ALLREDUCE=1
   HostBarrier barrier(W);
   std::vector<double> copy_bw(static_cast<size_t>(W)), weight_gb(static_cast<size_t>(W));
   std::vector<int64_t> kv_blocks(static_cast<size_t>(W));
@@ -92,7 +93,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
   auto rank_main = [&](int r) {
     auto backend = make_cuda_backend(r);
     CudaBackend& b = *backend;
-    NcclCommunicator comm(id, W, r, r, b.stream());
+    NcclCommunicator comm(id, W, r, r, b.stream(), p2p);
     {
       std::lock_guard<std::mutex> lk(comms_mu);
       comms[size_t(r)] = &comm;
@@ -183,6 +184,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
   out["gpus"] = W;
   out["tensor_parallel"] = W;
   out["expert_parallel"] = opt.expert_parallel;
+  out["p2p_all_reduce_bytes"] = p2p ? int64_t(p2p->max_bytes()) : 0;
   out["layers"] = opt.layers;
   out["model"] = "minimax-m2.5 (synthetic weights)";
   out["per_rank"] = {{"q_heads", q_local}, {"kv_heads", kv_local}, {"experts", e_local}, {"intermediate", i_local},
@@ -190,8 +192,8 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
   out["roofline"] = {{"copy_GBps_per_gpu", copy_bw}, {"aggregate_copy_GBps", agg_bw / 1e9}};
   const double H = s.hidden, D = s.head_dim;
   nlohmann::json dec = nlohmann::json::array();
-  std::printf("TP=%d%s, %d layers, aggregate copy bandwidth %.0f GB/s\n", W, opt.expert_parallel ? " +EP" : "",
-              opt.layers, agg_bw / 1e9);
+  std::printf("TP=%d%s, %d layers, aggregate copy bandwidth %.0f GB/s, small all-reduces on %s\n", W,
+              opt.expert_parallel ? " +EP" : "", opt.layers, agg_bw / 1e9, p2p ? "the p2p kernel" : "NCCL");
   std::printf("%-6s %-7s %10s %12s %12s %9s\n", "batch", "context", "step_ms", "tok/s", "floor_ms", "roofline");
   for (size_t c = 0; c < configs.size(); ++c) {
     double ms = 0;
