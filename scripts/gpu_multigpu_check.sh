@@ -4,6 +4,7 @@
 #   dist    dist-check: all GPUs in one process, then 2 processes over the TCP rendezvous (--nnodes 2)
 #   serve   serve -tp 2 on make-tiny (bf16) and -tp 2 --enable-expert-parallel on make-tiny --fp8,
 #           one completion each; generate at tp 1 / 2 / 2+EP; the FP8 block-split refusal message
+#   tput    bench-model -tp 2 at batch 64/128/256 on TPUT_LAYERS layers (KV room)
 #   bench   bench-model -tp 2 (with and without EP; small all-reduces on NCCL or, when its test
 #           passed, the one-shot p2p kernel: MOESERVE_P2P_ALLREDUCE=1) on synthetic M2.5, LAYERS layers
 # Usage: cd .gpubin && OUT=/dir STEPS="nccl dist serve bench" LAYERS=62 ./gpu_multigpu_check.sh
@@ -89,8 +90,16 @@ for step in $STEPS; do
         if [ "$ar" = p2p ] && [ $p2p_ok = 0 ]; then echo "bench $cfg skipped (p2p test did not pass)"; continue; fi
         tag=tp2${ep:+_ep}_$ar
         MOESERVE_P2P_ALLREDUCE=$([ "$ar" = p2p ] && echo 1 || echo 0) timeout 150 ./moeserve bench-model \
-          --synthetic minimax-m2.5 -tp 2 $ep --layers "$LAYERS" --batch-sizes 1 64 128 256 --contexts 1024 --iters 10 \
+          --synthetic minimax-m2.5 -tp 2 $ep --layers "$LAYERS" --batch-sizes 1 8 64 --contexts 1024 --iters 10 \
           --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
+        echo "bench $tag rc=$?"; grep -E "^TP=|^batch|^[0-9]+ |rror" "$OUT/bench_$tag.log" | head -8
+        stamp bench $tag done
+      done ;;
+    tput)  # batches 64-256: the KV of 256 x 1k does not fit next to 62 layers, so TPUT_LAYERS
+      for ep in "" "--enable-expert-parallel"; do
+        tag=tp2${ep:+_ep}_tput
+        timeout 150 ./moeserve bench-model --synthetic minimax-m2.5 -tp 2 $ep --layers "${TPUT_LAYERS:-24}" \
+          --batch-sizes 64 128 256 --contexts 1024 --iters 5 --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
         echo "bench $tag rc=$?"; grep -E "^TP=|^batch|^[0-9]+ |rror" "$OUT/bench_$tag.log" | head -8
         stamp bench $tag done
       done ;;

@@ -262,6 +262,13 @@ TEST_P(NcclGolden, ParallelMatchesTp1OnCuda) {
   for (Layout lay : {Layout{2, false}, Layout{2, true}, Layout{4, false}, Layout{4, true}}) {
     if (lay.tp > n) continue;
     if (lay.ep && cfg.num_local_experts % lay.tp) continue;
+    // Expert TP that cuts FP8 blocks (128 rows over 2 = 64): users get a refusal (see
+    // check_parallel_layout); the CUDA MoE kernel wants one block shape for all expert
+    // matrices, so only EP runs these fixtures' experts.
+    if (!lay.ep && cfg.quantization.enabled() && (cfg.intermediate_size / lay.tp) % cfg.quantization.block_out != 0) {
+      std::printf("[nccl-golden] %s TP=%d expert-TP skipped (cuts FP8 blocks)\n", GetParam().c_str(), lay.tp);
+      continue;
+    }
     ParallelExecutorOptions o;
     o.exec = eo;
     o.layout.tensor_parallel = lay.tp;
@@ -288,8 +295,7 @@ TEST_P(NcclGolden, ParallelMatchesTp1OnCuda) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, NcclGolden,
-                         ::testing::Values("tiny_bf16", "tiny_fp8_b128", "tiny_fp8_partial", "tiny_fp8_nonsquare",
-                                           "tiny_mixed_tied"));
+// The fixtures the CUDA backend runs (test_cuda_golden's; the others hold F16 tensors).
+INSTANTIATE_TEST_SUITE_P(Fixtures, NcclGolden, ::testing::Values("tiny_bf16", "tiny_fp8_b128", "tiny_fp8_partial"));
 
 }  // namespace
