@@ -10,7 +10,8 @@ B=${BUILD_DIR:-build-cuda}
 rm -rf .gpubin && mkdir -p .gpubin/tests/fixtures .gpubin/scripts
 cp "$B/moeserve" "$B/tests/cuda/test_cuda_ops" "$B/tests/cuda/test_cuda_golden" "$B/tests/cuda/test_cuda_device_sampling" .gpubin/
 [ -f "$B/tests/cuda/test_cuda_graphs" ] && cp "$B/tests/cuda/test_cuda_graphs" .gpubin/
-cp scripts/gpu_prebuilt_check.sh .gpubin/
+if [ -f "$B/tests/dist/test_nccl" ]; then cp "$B/tests/dist/test_nccl" .gpubin/; fi
+cp scripts/gpu_prebuilt_check.sh scripts/gpu_multigpu_check.sh .gpubin/
 cp scripts/golden_cuda_check.sh .gpubin/scripts/
 cp scripts/make_golden.py .gpubin/scripts/
 cp -r tests/fixtures/golden .gpubin/tests/fixtures/

@@ -7,11 +7,13 @@
 #   hf      scripts/make_golden.py --check (regenerates the HF references with the machine's transformers)
 #   serve   `serve --device cuda` on make-tiny, one completion and one chat request
 #   bench   bench-model --synthetic minimax-m2.5 (LAYERS, BATCHES, CONTEXTS, PROFILE)
+#   multigpu  test_nccl (ctest -L multigpu: skips below 2 GPUs); with >= 2 GPUs also
+#           gpu_multigpu_check.sh's nccl + dist + serve steps (TP=2 / TP=2+EP serving)
 # Usage on the GPU machine: cd .gpubin && OUT=/dir STEPS="tests golden bench" LAYERS=30 ./gpu_prebuilt_check.sh
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-tests golden serve bench}
+STEPS=${STEPS:-tests golden serve multigpu bench}
 LAYERS=${LAYERS:-30}
 start=$(date +%s)
 stamp() { echo "[gpu +$(( $(date +%s) - start ))s] $*"; }
@@ -77,6 +79,17 @@ PY
       kill $spid; wait $spid 2>/dev/null
       grep -iE "kv|cuda|graph|error|completion|chat|concurrent|bucket|workspace" "$OUT/serve.log" | cut -c1-400 | head -40
       stamp serve done ;;
+    multigpu)
+      if [ -x ./test_nccl ]; then
+        ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+        if [ "$ngpu" -ge 2 ] && [ -x ./gpu_multigpu_check.sh ]; then
+          OUT="$OUT/multigpu" STEPS="nccl dist serve" ./gpu_multigpu_check.sh 2>&1 | tail -40
+        else
+          MOESERVE_SOURCE_DIR=$PWD timeout 60 ./test_nccl --gtest_color=no > "$OUT/test_nccl.log" 2>&1
+          echo "test_nccl ($ngpu GPU) rc=$?"; grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ test" "$OUT/test_nccl.log"
+        fi
+      fi
+      stamp multigpu done ;;
     bench)
       timeout "${BENCH_TIMEOUT:-240}" ./moeserve bench-model --synthetic minimax-m2.5 --layers "$LAYERS" \
         --batch-sizes ${BATCHES:-1 8 64} --contexts ${CONTEXTS:-1024} --profile ${PROFILE:-1 64} \

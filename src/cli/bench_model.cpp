@@ -29,6 +29,11 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--profile", opt->profile_batches, "Per-op time breakdown at these batch sizes (eager)");
       sub->add_option("--linear-gemv-max-tokens", opt->linear_gemv_max_tokens,
                       "Rows up to which linears use the GEMV path (0: backend default)");
+      sub->add_option("--tensor-parallel-size", opt->tensor_parallel, "(-tp) GPUs the stack is split over")
+          ->capture_default_str();
+      sub->add_flag("--enable-expert-parallel", opt->expert_parallel, "experts whole per GPU (EP) instead of sliced");
+      sub->add_option("--data-parallel-size", opt->data_parallel, "(-dp) attention data parallelism (only 1)")
+          ->capture_default_str();
       sub->add_option("--json", opt->json_out, "Write the JSON report here (default: stdout)");
       return [opt, sub]() {
         std::string cmd = "moeserve bench-model";

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/parallel_cli.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "model/config.h"
@@ -31,6 +32,7 @@ struct Args {
   uint64_t seed = 0;
   bool json = false;
   bool enforce_eager = false;
+  moeserve::cli::ParallelFlags par;
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -77,9 +79,12 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
   sub->add_option("--block-size", a->block_size, "KV cache block size")->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "chunked prefill size (0 = whole prompt)");
   sub->add_flag("--enforce-eager", a->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
+  moeserve::cli::add_parallel_flags(sub, a->par);
   return [a] {
     std::unique_ptr<moeserve::Backend> backend;
-    if (a->device == "cpu") {
+    if (a->par.parallel()) {
+      // Ranks make their own backends (one per GPU, on their threads).
+    } else if (a->device == "cpu") {
       backend = moeserve::make_cpu_backend();
 #ifdef MOESERVE_WITH_CUDA
     } else if (a->device == "cuda") {
@@ -131,7 +136,11 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     eo.max_num_seqs = 1;  // one sequence: a single decode graph (CUDA)
     eo.max_num_batched_tokens = a->prefill_chunk > 0 ? a->prefill_chunk : int(g.prompt_ids.size());
     eo.enforce_eager = a->enforce_eager;
-    auto exec = std::make_unique<moeserve::MiniMaxM2Executor>(std::move(backend), eo);
+    std::unique_ptr<moeserve::ModelExecutor> exec;
+    if (a->par.parallel())
+      exec = moeserve::cli::make_parallel_executor(a->par, eo, a->device);
+    else
+      exec = std::make_unique<moeserve::MiniMaxM2Executor>(std::move(backend), eo);
     const auto res = moeserve::generate(*exec, g);
     if (!a->dump_logits.empty())
       moeserve::write_npy_f32(a->dump_logits, res.logits.data(), int64_t(res.generated_ids.size()), res.vocab_size);

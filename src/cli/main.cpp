@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   // commands use `--enable_expert_parallel`). Only the flag name before '=' is rewritten.
   std::vector<std::string> args(argv + 1, argv + argc);
   for (auto& a : args) {
+    // vLLM's multi-letter short flags (CLI11 only knows one-letter short names).
+    for (const auto& [short_name, long_name] : {std::pair<std::string, std::string>{"-tp", "--tensor-parallel-size"},
+                                                {"-dp", "--data-parallel-size"}})
+      if (a == short_name || a.rfind(short_name + "=", 0) == 0) a = long_name + a.substr(short_name.size());
     if (a.rfind("--", 0) != 0) continue;
     const size_t end = std::min(a.find('='), a.size());
     std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/parallel_cli.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -67,6 +68,7 @@ struct ServeArgs {
   uint64_t seed = 0;
   bool host_sampling = false;
   std::string replay_script;
+  cli::ParallelFlags par;
 };
 
 // vLLM's human_readable_int: 32k = 32000, 32K = 32768, plain integers as is.
@@ -117,30 +119,37 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   eo.max_num_batched_tokens = a.max_num_batched_tokens;
   eo.enforce_eager = a.enforce_eager;
   eo.capture_graphs_at_startup = a.capture_graphs_at_startup;
-  if (a.device == "cpu") return make_cpu_executor(eo);
 #ifdef MOESERVE_WITH_CUDA
-  MS_CHECK(a.gpu_memory_utilization > 0 && a.gpu_memory_utilization <= 1,
+  MS_CHECK(a.device == "cpu" || (a.gpu_memory_utilization > 0 && a.gpu_memory_utilization <= 1),
            "--gpu-memory-utilization {}: expected a fraction in (0, 1]", a.gpu_memory_utilization);
-  auto backend = make_cuda_backend(0);
-  CudaBackend* cb = backend.get();
   const double util = a.gpu_memory_utilization;
   // KV pool = what --gpu-memory-utilization leaves after the weights and the step workspaces
   // (already resident when this runs), less 512 MiB headroom (expert tables, decode graphs,
-  // workspaces an unusually long prompt grows).
-  eo.kv_blocks_for_memory = [cb, util, bs = a.block_size](int64_t per_block) {
+  // workspaces an unusually long prompt grows). Per GPU; a rank group takes the minimum.
+  auto kv_blocks = [util, bs = a.block_size](Backend& be, int64_t per_block) {
+    auto* cb = static_cast<CudaBackend*>(&be);
     size_t free_b = 0, total_b = 0;
     cb->mem_info(&free_b, &total_b);
     const double budget = double(total_b) * util - double(total_b - free_b) - double(512 << 20);
     const int64_t blocks = std::min<int64_t>(budget > 0 ? int64_t(budget / double(per_block)) : 0, INT32_MAX / 2);
-    spdlog::info("cuda: {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
+    spdlog::info("cuda:{} {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
                  "{} KV blocks of {} tokens = {} KV tokens ({:.1f} KiB per block)",
-                 cb->device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0, util, blocks, bs,
-                 blocks * bs, per_block / 1024.0);
+                 cb->device_index(), cb->device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0,
+                 util, blocks, bs, blocks * bs, per_block / 1024.0);
     return int(blocks);
   };
+  if (a.par.parallel())
+    return cli::make_parallel_executor(a.par, eo, a.device,
+                                       a.device == "cuda" ? std::function<int(Backend&, int64_t)>(kv_blocks) : nullptr);
+  if (a.device == "cpu") return make_cpu_executor(eo);
+  auto backend = make_cuda_backend(0);
+  CudaBackend* cb = backend.get();
+  eo.kv_blocks_for_memory = [cb, kv_blocks](int64_t per_block) { return kv_blocks(*cb, per_block); };
   eo.device_sampler = cuda_device_sampler(cb);  // used unless --host-sampling (EngineConfig)
   return std::make_unique<MiniMaxM2Executor>(std::move(backend), eo);
 #else
+  if (a.par.parallel()) return cli::make_parallel_executor(a.par, eo, a.device);
+  if (a.device == "cpu") return make_cpu_executor(eo);
   fail("--device cuda: this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
 #endif
 }
@@ -318,6 +327,7 @@ moeserve::cli::RegisterSubcommand reg("serve", "Serve a model over the OpenAI-co
   sub->add_flag("--host-sampling", a->host_sampling,
                 "moeserve: sample every row on the host from downloaded logits (default: on the GPU when "
                 "the request needs no penalties, min_p, min_tokens or logprobs)");
+  cli::add_parallel_flags(sub, a->par);
 #ifdef MOESERVE_HAS_TEST_BACKENDS
   sub->add_option("--test-replay-backend", a->replay_script, "TEST ONLY: scripted replay executor (JSON)");
 #endif

@@ -4,6 +4,9 @@
 //   InProcessGroup group(2);
 //   run_ranks(group, [&](Communicator& comm) { ... comm.all_reduce_sum(x); ... });
 //
+// Every collective of communicator.h: all_reduce_sum / reduce_scatter_sum (F32, BF16: f32
+// sums in rank order, rounded once), all_gather, all_to_all, all_to_allv, broadcast, barrier.
+//
 // Collectives are built from a generation barrier: each rank publishes a pointer to its
 // buffer, waits, reads the others, waits again (so no buffer is reused while another rank
 // still reads it). Sums are taken in rank order, so every rank gets bit-identical values.
@@ -11,6 +14,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -32,10 +36,15 @@ class InProcessGroup {
 
  private:
   friend class InProcessCommunicator;
+  // What one rank published for the collective in flight (checked against rank 0's).
   struct Slot {
+    const char* op = "";
     const void* data = nullptr;
     DType dtype = DType::F32;
     int64_t numel = 0;
+    const std::vector<int64_t>* send = nullptr;  // all_to_allv counts
+    const std::vector<int64_t>* recv = nullptr;
+    int root = -1;  // broadcast
   };
   void wait_all();  // the barrier
   const int world_size_;
@@ -52,5 +61,9 @@ class InProcessGroup {
 // throws, the group is aborted (so the others do not wait forever) and the first
 // exception is rethrown here.
 void run_ranks(InProcessGroup& group, const std::function<void(Communicator&)>& fn);
+
+// The first error of a failed multi-rank run that is not just "communicator aborted" (the
+// echo of another rank's failure); null when there is none at all.
+std::exception_ptr first_root_cause(const std::vector<std::exception_ptr>& errors);
 
 }  // namespace moeserve

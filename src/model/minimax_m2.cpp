@@ -74,6 +74,29 @@ MiniMaxM2Shard plan_shard(const MiniMaxM2Config& cfg, const ParallelConfig& par)
   return s;
 }
 
+std::string fp8_split_problem(const MiniMaxM2Config& cfg, const ParallelConfig& par) {
+  if (!cfg.quantization.enabled() || par.world == 1) return "";
+  const MiniMaxM2Shard s = plan_shard(cfg, par);
+  const int bo = cfg.quantization.block_out, bi = cfg.quantization.block_in;
+  const int64_t D = cfg.head_dim;
+  auto bad = [&](const char* what, int64_t full, int64_t local, int block, const char* hint) {
+    return fmt::format(
+        "{} ({} split over {} ranks = {} per rank) is not a multiple of the FP8 weight block {}: {}", what, full,
+        par.world, local, block, hint);
+  };
+  const char* tp_hint = "choose a tensor-parallel size that keeps whole blocks";
+  if ((int64_t(s.q_heads) * D) % bo) return bad("q_proj rows", cfg.num_attention_heads * D, s.q_heads * D, bo, tp_hint);
+  if ((int64_t(s.q_heads) * D) % bi) return bad("o_proj columns", cfg.num_attention_heads * D, s.q_heads * D, bi, tp_hint);
+  if ((int64_t(s.kv_heads) * D) % bo)
+    return bad("k_proj/v_proj rows", cfg.num_key_value_heads * D, s.kv_heads * D, bo, tp_hint);
+  if (!par.expert_parallel) {
+    const char* ep_hint = "use --enable-expert-parallel (whole experts per rank) or a smaller tensor-parallel size";
+    if (s.expert_inter % bo) return bad("expert intermediate_size (w1/w3 rows)", cfg.intermediate_size, s.expert_inter, bo, ep_hint);
+    if (s.expert_inter % bi) return bad("expert intermediate_size (w2 columns)", cfg.intermediate_size, s.expert_inter, bi, ep_hint);
+  }
+  return "";
+}
+
 std::vector<WeightDecl> declare_minimax_m2_weights(const MiniMaxM2Config& cfg, const ParallelConfig& par) {
   const MiniMaxM2Shard s = plan_shard(cfg, par);
   const int64_t H = cfg.hidden_size, D = cfg.head_dim, I = cfg.intermediate_size, E = cfg.num_local_experts;
@@ -258,8 +281,7 @@ void MiniMaxM2Model::reserve_workspace(int64_t max_tokens, int64_t max_rows) {
   w.expert_ids = be_.alloc(DType::I32, {T, K});
   w.expert_w = be_.alloc(DType::F32, {T, K});
   if (par_.world > 1) {
-    w.q_ss = be_.alloc(DType::F32, {T});
-    w.k_ss = be_.alloc(DType::F32, {T});
+    w.qk_ss = be_.alloc(DType::F32, {2 * T});
   }
   w.sel = be_.alloc(act, {max_rows, H});
   w.logits = be_.alloc(act, {max_rows, cfg_.vocab_size});
@@ -272,7 +294,7 @@ void MiniMaxM2Model::reserve_workspace(int64_t max_tokens, int64_t max_rows) {
 int64_t MiniMaxM2Model::workspace_bytes() const {
   int64_t n = 0;
   for (const Tensor* t : {&ws_.residual, &ws_.x, &ws_.o, &ws_.moe_out, &ws_.q, &ws_.attn, &ws_.k, &ws_.v,
-                          &ws_.expert_ids, &ws_.expert_w, &ws_.q_ss, &ws_.k_ss, &ws_.sel, &ws_.logits})
+                          &ws_.expert_ids, &ws_.expert_w, &ws_.qk_ss, &ws_.sel, &ws_.logits})
     n += int64_t(t->nbytes());
   return n;
 }
@@ -291,10 +313,13 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   Tensor residual = first(ws_.residual), x = first(ws_.x), q = first(ws_.q), k = first(ws_.k), v = first(ws_.v);
   Tensor attn = first(ws_.attn), o = first(ws_.o), moe_out = first(ws_.moe_out);
   MoeRouting routing{first(ws_.expert_ids), first(ws_.expert_w)};
-  Tensor q_ss, k_ss;
+  // QK-norm statistics of q and k in one contiguous [2T] buffer: one all-reduce per layer, not
+  // two (decode all-reduces are latency-bound). q's sums are [0, T), k's [T, 2T).
+  Tensor qk_ss, q_ss, k_ss;
   if (par_.world > 1) {
-    q_ss = first(ws_.q_ss);
-    k_ss = first(ws_.k_ss);
+    qk_ss = ws_.qk_ss.slice_rows(0, 2 * T);
+    q_ss = qk_ss.slice_rows(0, T);
+    k_ss = qk_ss.slice_rows(T, 2 * T);
   }
 
   be_.embedding(w_.embed, ids, residual);
@@ -322,8 +347,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       // by `kv_replicate` ranks is counted that many times, so the width is scaled to match.
       be_.row_sum_squares(q, q_ss);
       be_.row_sum_squares(k, k_ss);
-      all_reduce(q_ss);
-      all_reduce(k_ss);
+      all_reduce(qk_ss);
       qa.q_sum_squares = &q_ss;
       qa.k_sum_squares = &k_ss;
       qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;

@@ -12,6 +12,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -41,6 +42,13 @@ struct MiniMaxM2Shard {
 };
 MiniMaxM2Shard plan_shard(const MiniMaxM2Config& cfg, const ParallelConfig& par);
 
+// FP8 checkpoints: a split whose per-rank slice is not a whole number of weight blocks
+// (e.g. expert intermediate 1536 over 8 ranks = 192 rows with 128-row blocks). The loader
+// handles it exactly (smaller local blocks), but the fast kernels need whole 128 blocks, so
+// user-facing layouts refuse it. Returns "" when every split is block-aligned, else a
+// message naming the tensor and what to use instead.
+std::string fp8_split_problem(const MiniMaxM2Config& cfg, const ParallelConfig& par);
+
 // Every tensor of the main model with its global shape, accepted dtypes and shard spec.
 std::vector<WeightDecl> declare_minimax_m2_weights(const MiniMaxM2Config& cfg, const ParallelConfig& par);
 
@@ -60,7 +68,7 @@ struct MiniMaxM2Workspace {
   Tensor q, attn;                  // [max_tokens, Hq_local * D]
   Tensor k, v;                     // [max_tokens, Hkv_local * D]
   Tensor expert_ids, expert_w;     // [max_tokens, top_k] I32 / F32
-  Tensor q_ss, k_ss;               // [max_tokens] F32 (TP only)
+  Tensor qk_ss;                    // [2 * max_tokens] F32: q then k sums of squares (TP only)
   Tensor sel;                      // [max_rows, H]
   Tensor logits;                   // [max_rows, V]
 };

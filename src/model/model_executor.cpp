@@ -13,7 +13,7 @@
 namespace moeserve {
 
 MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const ExecutorOptions& opts)
-    : backend_(std::move(backend)) {
+    : backend_(std::move(backend)), logits_(opts.logits) {
   MS_CHECK(backend_, "MiniMaxM2Executor needs a backend");
   const std::string cfg_path = (std::filesystem::path(opts.model_dir) / "config.json").string();
   MiniMaxM2Config cfg = MiniMaxM2Config::from_file(cfg_path);
@@ -93,6 +93,26 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                    m0 >= 0 ? fmt::format(" ({:+.1f} MiB device memory)", (m1 - m0) / 1048576.0) : "");
     }
+  }
+}
+
+void check_step_batch(const ExecutorInfo& info, const StepBatch& batch) {
+  const int bs = info.block_size;
+  for (const auto& s : batch.seqs) {
+    MS_CHECK(!s.tokens.empty(), "sequence {}: no query tokens this step", s.seq_id);
+    MS_CHECK(s.start_pos >= 0, "sequence {}: negative start_pos", s.seq_id);
+    const int ctx = s.start_pos + int(s.tokens.size());
+    MS_CHECK(ctx <= info.max_model_len, "sequence {}: {} tokens exceed max_model_len {}", s.seq_id, ctx,
+             info.max_model_len);
+    const int need = (ctx + bs - 1) / bs;
+    MS_CHECK(int(s.block_table.size()) >= need, "sequence {}: block table has {} blocks, {} tokens need {}", s.seq_id,
+             s.block_table.size(), ctx, need);
+    for (int b = 0; b < need; ++b)
+      MS_CHECK(s.block_table[b] >= 0 && s.block_table[b] < info.num_kv_blocks,
+               "sequence {}: block {} out of range [0, {})", s.seq_id, s.block_table[b], info.num_kv_blocks);
+    for (int32_t tok : s.tokens)
+      MS_CHECK(tok >= 0 && tok < info.vocab_size, "sequence {}: token id {} out of range [0, {})", s.seq_id, tok,
+               info.vocab_size);
   }
 }
 
@@ -176,19 +196,10 @@ Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
   // Host planning: token ids, positions, per-sequence offsets, block tables, slots.
   std::vector<int32_t> ids, positions, query_start{0}, context_lens, slots, rows;
   int max_blocks = 1, max_q = 0, max_ctx = 0;
+  check_step_batch(info_, batch);
   for (const auto& s : batch.seqs) {
-    MS_CHECK(!s.tokens.empty(), "sequence {}: no query tokens this step", s.seq_id);
-    MS_CHECK(s.start_pos >= 0, "sequence {}: negative start_pos", s.seq_id);
     const int ctx = s.start_pos + int(s.tokens.size());
-    MS_CHECK(ctx <= info_.max_model_len, "sequence {}: {} tokens exceed max_model_len {}", s.seq_id, ctx,
-             info_.max_model_len);
-    const int need = (ctx + bs - 1) / bs;
-    MS_CHECK(int(s.block_table.size()) >= need, "sequence {}: block table has {} blocks, {} tokens need {}", s.seq_id,
-             s.block_table.size(), ctx, need);
-    for (int b = 0; b < need; ++b)
-      MS_CHECK(s.block_table[b] >= 0 && s.block_table[b] < info_.num_kv_blocks,
-               "sequence {}: block {} out of range [0, {})", s.seq_id, s.block_table[b], info_.num_kv_blocks);
-    max_blocks = std::max(max_blocks, need);
+    max_blocks = std::max(max_blocks, (ctx + bs - 1) / bs);
     max_q = std::max(max_q, int(s.tokens.size()));
     max_ctx = std::max(max_ctx, ctx);
   }
@@ -199,8 +210,6 @@ Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
     for (int b = 0; b < (ctx + bs - 1) / bs; ++b) tables[size_t(i) * max_blocks + b] = s.block_table[b];
     for (size_t t = 0; t < s.tokens.size(); ++t) {
       const int32_t tok = s.tokens[t];
-      MS_CHECK(tok >= 0 && tok < info_.vocab_size, "sequence {}: token id {} out of range [0, {})", s.seq_id, tok,
-               info_.vocab_size);
       const int pos = s.start_pos + int(t);
       ids.push_back(tok);
       positions.push_back(pos);
@@ -208,7 +217,7 @@ Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
     }
     query_start.push_back(int32_t(ids.size()));
     context_lens.push_back(ctx);
-    if (s.need_logits) rows.push_back(int32_t(ids.size()) - 1);
+    if (s.need_logits && logits_) rows.push_back(int32_t(ids.size()) - 1);
   }
   const int T = int(ids.size());
   // Pack every I32 array into one host vector -> one copy into the persistent device buffer;

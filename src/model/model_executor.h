@@ -23,6 +23,9 @@ struct ExecutorOptions {
   int num_kv_blocks = 0;   // 0: enough for one sequence of max_model_len
   int max_model_len = 0;   // 0: config max_position_embeddings
   bool expert_parallel = false;  // with comm: experts owned by ranks (EP) instead of sliced
+  // false: execute() returns no logits (the forward stops after the last layer). Ranks of a
+  // parallel group other than 0 run this way: every rank would compute the same logits.
+  bool logits = true;
   // The rank's tensor/expert-parallel group (rank and world come from it); null = one rank.
   Communicator* comm = nullptr;
   // When set and num_kv_blocks == 0: called after the weights are loaded with the bytes one KV
@@ -94,7 +97,14 @@ class MiniMaxM2Executor : public ModelExecutor {
   int64_t graph_ws_epoch_ = -1;
   uint64_t graph_backend_gen_ = 0;
   int replays_ = 0;
+  bool logits_ = true;
 };
+
+// Throws (naming the sequence) unless every sequence of `batch` fits `info`: query tokens
+// present, token ids in the vocabulary, context within max_model_len, block table long
+// enough and inside the pool. execute() calls it before touching the device; the parallel
+// executor calls it once before dispatching a step to its ranks.
+void check_step_batch(const ExecutorInfo& info, const StepBatch& batch);
 
 // Convenience: the executor for a checkpoint directory on the CPU backend.
 std::unique_ptr<MiniMaxM2Executor> make_cpu_executor(const ExecutorOptions& opts);

@@ -137,6 +137,16 @@ int run_bench_model(const BenchModelOptions& opt) {
   MS_CHECK(opt.synthetic.empty() || opt.synthetic == "minimax-m2.5",
            "bench-model: unknown --synthetic '{}' (expected minimax-m2.5)", opt.synthetic);
   MS_CHECK(opt.layers >= 0 && opt.iters >= 1, "bench-model: --layers must be >= 0 and --iters >= 1");
+  MS_CHECK(opt.tensor_parallel >= 1, "bench-model: --tensor-parallel-size must be >= 1");
+  MS_CHECK(opt.data_parallel == 1, "bench-model: --data-parallel-size {}: only 1 is implemented", opt.data_parallel);
+  if (opt.tensor_parallel > 1) {
+    // Multi-GPU decode (bench_parallel.cpp): synthetic weights only, on its own shard-aware
+    // stack (bench_synth_tp.h) until it runs MiniMaxM2Model ranks.
+    MS_CHECK(opt.checkpoint.empty(), "bench-model: --tensor-parallel-size > 1 supports only --synthetic");
+    BenchModelOptions o = opt;
+    if (o.layers == 0) o.layers = 4;
+    return run_bench_model_parallel(o);
+  }
   auto backend = make_cuda_backend(0);
   CudaBackend& b = *backend;
   // The model: MiniMaxM2Model with synthetic weights, or a checkpoint's first --layers layers.

@@ -24,11 +24,17 @@ struct BenchModelOptions {
   // Linear layers use the GEMV path up to this many rows (CudaBackend::linear_gemv_max_tokens);
   // 0: the backend default.
   int linear_gemv_max_tokens = 0;
+  // -tp N [--enable-expert-parallel]: the stack split over N GPUs (bench_parallel.cpp);
+  // decode only, every step a CUDA graph.
+  int tensor_parallel = 1;
+  bool expert_parallel = false;
+  int data_parallel = 1;
   std::string json_out;  // also printed to stdout when empty
   std::string command_line;
 };
 
 int run_bench_model(const BenchModelOptions& opt);
+int run_bench_model_parallel(const BenchModelOptions& opt);  // tensor_parallel > 1
 
 // Measured ceilings of the current device.
 struct Roofline {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -187,4 +188,184 @@ TEST(InProcessComm, TensorParallelLinearWithCpuBackend) {
     EXPECT_LT(max_diff / max_ref, 1e-6);
   }
   EXPECT_EQ(row_par[0], row_par[1]);  // identical on both ranks
+}
+
+// ---- The collectives added for issue 7: each against a sequential reference. ----
+
+TEST(InProcessComm, AllReduceBf16SumsInF32AndRoundsOnce) {
+  const int world = 3;
+  const int64_t n = 257;
+  InProcessGroup group(world);
+  std::vector<float> expect(size_t(n), 0.f);
+  for (int r = 0; r < world; ++r) {
+    auto d = rank_data(r, n, 5);
+    for (int64_t i = 0; i < n; ++i) expect[size_t(i)] += bf16_to_f32(f32_to_bf16(d[size_t(i)]));
+  }
+  std::vector<std::vector<uint16_t>> got(world);
+  run_ranks(group, [&](Communicator& c) {
+    auto d = rank_data(c.rank(), n, 5);
+    Tensor t = Tensor::host(DType::BF16, {n});
+    for (int64_t i = 0; i < n; ++i) t.ptr<uint16_t>()[i] = f32_to_bf16(d[size_t(i)]);
+    c.all_reduce_sum(t);
+    got[size_t(c.rank())].assign(t.ptr<uint16_t>(), t.ptr<uint16_t>() + n);
+  });
+  for (int r = 0; r < world; ++r)
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[size_t(r)][size_t(i)], f32_to_bf16(expect[size_t(i)])) << r << " " << i;
+}
+
+TEST(InProcessComm, ReduceScatterEqualsAllReduceBlock) {
+  for (int world : {1, 2, 4}) {
+    const int64_t n = 33;  // per-rank block
+    InProcessGroup group(world);
+    std::vector<float> full(size_t(world * n), 0.f);
+    for (int r = 0; r < world; ++r) {
+      auto d = rank_data(r, world * n, 6);
+      for (size_t i = 0; i < full.size(); ++i) full[i] += d[i];
+    }
+    std::vector<std::vector<float>> got(world);
+    run_ranks(group, [&](Communicator& c) {
+      Tensor in = host_f32(rank_data(c.rank(), world * n, 6), {world, n});
+      Tensor out = Tensor::host(DType::F32, {n});
+      c.reduce_scatter_sum(in, out);
+      got[size_t(c.rank())] = to_f32_vector(out);
+      // In place: out aliases block `rank` of in.
+      Tensor in2 = host_f32(rank_data(c.rank(), world * n, 6), {world, n});
+      Tensor alias = in2.slice_rows(c.rank(), c.rank() + 1).reshaped({n});
+      c.reduce_scatter_sum(in2, alias);
+      EXPECT_EQ(to_f32_vector(alias), got[size_t(c.rank())]);
+    });
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(got[size_t(r)], std::vector<float>(full.begin() + r * n, full.begin() + (r + 1) * n)) << world;
+  }
+}
+
+TEST(InProcessComm, AllToAllTransposesBlocks) {
+  const int world = 4;
+  const int64_t n = 5;
+  InProcessGroup group(world);
+  std::atomic<int> bad{0};
+  run_ranks(group, [&](Communicator& c) {
+    // Element k of block j on rank i = 1000 i + 100 j + k.
+    Tensor in = Tensor::host(DType::I32, {world, n}), out = Tensor::host(DType::I32, {world, n});
+    for (int j = 0; j < world; ++j)
+      for (int k = 0; k < n; ++k) in.ptr<int32_t>()[j * n + k] = 1000 * c.rank() + 100 * j + k;
+    c.all_to_all(in, out);
+    for (int j = 0; j < world; ++j)
+      for (int k = 0; k < n; ++k)
+        if (out.ptr<int32_t>()[j * n + k] != 1000 * j + 100 * c.rank() + k) ++bad;
+  });
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(InProcessComm, AllToAllvRoutesVariableBlocks) {
+  // Rank i sends (i + j) % 3 elements to rank j, each = 1000 i + 100 j + k (zero-sized
+  // blocks included): an expert-parallel dispatch of tokens to their experts' ranks.
+  const int world = 4;
+  auto count = [](int i, int j) { return int64_t((i + j) % 3); };
+  InProcessGroup group(world);
+  std::atomic<int> bad{0};
+  run_ranks(group, [&](Communicator& c) {
+    const int i = c.rank();
+    std::vector<int64_t> send(world), recv(world);
+    std::vector<int32_t> data;
+    for (int j = 0; j < world; ++j) {
+      send[size_t(j)] = count(i, j);
+      recv[size_t(j)] = count(j, i);
+      for (int k = 0; k < count(i, j); ++k) data.push_back(1000 * i + 100 * j + k);
+    }
+    Tensor in = Tensor::host(DType::I32, {int64_t(data.size()) + 3});  // larger than needed
+    std::copy(data.begin(), data.end(), in.ptr<int32_t>());
+    Tensor out = Tensor::host(DType::I32, {16});
+    c.all_to_allv(in, send, out, recv);
+    int64_t p = 0;
+    for (int j = 0; j < world; ++j)
+      for (int k = 0; k < count(j, i); ++k)
+        if (out.ptr<int32_t>()[p++] != 1000 * j + 100 * i + k) ++bad;
+  });
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(InProcessComm, BroadcastCopiesRoot) {
+  const int world = 3;
+  InProcessGroup group(world);
+  std::atomic<int> bad{0};
+  run_ranks(group, [&](Communicator& c) {
+    for (int root = 0; root < world; ++root) {
+      Tensor t = Tensor::host(DType::I32, {7});
+      for (int k = 0; k < 7; ++k) t.ptr<int32_t>()[k] = 10 * c.rank() + k;
+      c.broadcast(t, root);
+      for (int k = 0; k < 7; ++k)
+        if (t.ptr<int32_t>()[k] != 10 * root + k) ++bad;
+    }
+  });
+  EXPECT_EQ(bad.load(), 0);
+}
+
+// Every kind of cross-rank mismatch throws on every rank (none hangs).
+TEST(InProcessComm, EveryMismatchThrowsOnEveryRank) {
+  using Fn = std::function<void(Communicator&)>;
+  const std::vector<std::pair<const char*, Fn>> cases = {
+      {"all_gather numel",
+       [](Communicator& c) {
+         Tensor in = Tensor::host(DType::F32, {c.rank() + 1}), out = Tensor::host(DType::F32, {2 * (c.rank() + 1)});
+         c.all_gather(in, out);
+       }},
+      {"reduce_scatter dtype",
+       [](Communicator& c) {
+         DType dt = c.rank() ? DType::BF16 : DType::F32;
+         Tensor in = Tensor::host(dt, {4}), out = Tensor::host(dt, {2});
+         c.reduce_scatter_sum(in, out);
+       }},
+      {"all_to_all numel",
+       [](Communicator& c) {
+         Tensor t = Tensor::host(DType::F32, {2 * (c.rank() + 1)}), u = Tensor::host(DType::F32, t.shape);
+         c.all_to_all(t, u);
+       }},
+      {"all_to_allv counts",
+       [](Communicator& c) {
+         std::vector<int64_t> send{1, 1}, recv{1, c.rank() == 0 ? 2 : 1};
+         Tensor in = Tensor::host(DType::F32, {2}), out = Tensor::host(DType::F32, {3});
+         c.all_to_allv(in, send, out, recv);
+       }},
+      {"broadcast root",
+       [](Communicator& c) {
+         Tensor t = Tensor::host(DType::F32, {3});
+         c.broadcast(t, c.rank());
+       }},
+      {"different collectives",
+       [](Communicator& c) {
+         Tensor t = Tensor::host(DType::F32, {4}), out = Tensor::host(DType::F32, {8});
+         if (c.rank() == 0) c.all_reduce_sum(t);
+         else c.all_gather(t, out);
+       }},
+  };
+  for (const auto& [name, fn] : cases) {
+    InProcessGroup group(2);
+    std::atomic<int> threw{0};
+    EXPECT_THROW(run_ranks(group,
+                           [&](Communicator& c) {
+                             try {
+                               fn(c);
+                             } catch (const Error&) {
+                               ++threw;
+                               throw;
+                             }
+                           }),
+                 Error)
+        << name;
+    EXPECT_EQ(threw.load(), 2) << name;
+  }
+}
+
+TEST(InProcessComm, LocalArgumentErrorsThrowBeforeExchanging) {
+  InProcessGroup group(2);
+  auto c = group.communicator(0);
+  Tensor f4 = Tensor::host(DType::F32, {4}), f3 = Tensor::host(DType::F32, {3}), i4 = Tensor::host(DType::I32, {4});
+  EXPECT_THROW(c->reduce_scatter_sum(f4, f3), Error);  // 4 != 2 * 3
+  EXPECT_THROW(c->reduce_scatter_sum(i4, i4), Error);  // integer sum unsupported
+  EXPECT_THROW(c->all_to_all(f3, f3), Error);          // 3 does not split into 2 blocks
+  EXPECT_THROW(c->all_to_allv(f4, {1}, f4, {1, 1}), Error);
+  EXPECT_THROW(c->all_to_allv(f4, {3, 3}, f4, {1, 1}), Error);  // sends more than `in` holds
+  EXPECT_THROW(c->all_to_allv(f4, {-1, 1}, f4, {1, 1}), Error);
+  EXPECT_THROW(c->broadcast(f4, 2), Error);
 }

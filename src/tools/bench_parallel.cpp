@@ -1,0 +1,245 @@
+// bench-model -tp N [--enable-expert-parallel]: the synthetic MiniMax-M2.5 stack split over N
+// GPUs of this machine, one thread + CudaBackend + NCCL communicator per GPU. Each decode
+// step is one CUDA graph per rank (the NCCL all-reduces are captured with the kernels); all
+// ranks replay together and the step time is the slowest rank's median.
+// Roofline: aggregate bandwidth = the sum of every GPU's measured copy bandwidth; bytes =
+// what all ranks together must read per step (each rank's attention slice, the replicated
+// router, its experts or expert slices, its KV heads; the lm_head once, on rank 0).
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/in_process.h"
+#include "dist/nccl_communicator.h"
+#include "tools/bench_model.h"
+#include "tools/bench_synth_tp.h"
+
+namespace moeserve::tools {
+using tp::SynthModel;
+using tp::SynthShapes;
+namespace {
+
+// A host barrier the failing rank can abort (so no rank waits forever for it).
+class HostBarrier {
+ public:
+  explicit HostBarrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lk(mu_);
+    MS_CHECK(!aborted_, "communicator aborted: another rank failed");
+    const uint64_t g = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0, ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lk, [&] { return gen_ != g || aborted_; });
+    MS_CHECK(gen_ != g, "communicator aborted: another rank failed");
+  }
+  void abort() {
+    std::lock_guard<std::mutex> lk(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0;
+  uint64_t gen_ = 0;
+  bool aborted_ = false;
+};
+
+double fp8_bytes(double o, double i) { return o * i + std::ceil(o / 128) * std::ceil(i / 128) * 4; }
+
+struct Config {
+  int batch, context;
+};
+
+}  // namespace
+
+int run_bench_model_parallel(const BenchModelOptions& opt) {
+  const int W = opt.tensor_parallel;
+  const int visible = cuda_device_count();
+  MS_CHECK(W <= visible, "bench-model: --tensor-parallel-size {} needs {} GPUs but only {} are visible", W, W,
+           visible);
+  MS_CHECK(opt.data_parallel == 1, "bench-model: --data-parallel-size {}: only 1 is implemented", opt.data_parallel);
+  const SynthShapes s;
+  const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
+  const int max_ctx = *std::max_element(opt.contexts.begin(), opt.contexts.end());
+  const int bs = opt.block_size;
+  const int max_blocks = (max_ctx + bs - 1) / bs + 1;
+  std::vector<Config> configs;
+  for (int C : opt.contexts)
+    for (int B : opt.batches) configs.push_back({B, C});
+
+  const NcclUniqueId id = nccl_unique_id();
+  const auto p2p = p2p_all_reduce_from_env(W);  // MOESERVE_P2P_ALLREDUCE=1
+  HostBarrier barrier(W);
+  std::vector<double> copy_bw(static_cast<size_t>(W)), weight_gb(static_cast<size_t>(W));
+  std::vector<int64_t> kv_blocks(static_cast<size_t>(W));
+  std::vector<std::vector<double>> step_ms(size_t(W), std::vector<double>(configs.size(), -1));
+  std::vector<std::exception_ptr> err(static_cast<size_t>(W));
+  std::vector<NcclCommunicator*> comms(size_t(W), nullptr);
+  std::mutex comms_mu;
+  int q_local = 0, kv_local = 0, e_local = 0, i_local = 0;
+  std::string gpu;
+
+  auto rank_main = [&](int r) {
+    auto backend = make_cuda_backend(r);
+    CudaBackend& b = *backend;
+    NcclCommunicator comm(id, W, r, r, b.stream(), p2p);
+    {
+      std::lock_guard<std::mutex> lk(comms_mu);
+      comms[size_t(r)] = &comm;
+    }
+    struct Unregister {
+      std::mutex& mu;
+      NcclCommunicator*& slot;
+      ~Unregister() {
+        std::lock_guard<std::mutex> lk(mu);
+        slot = nullptr;
+      }
+    } unregister{comms_mu, comms[size_t(r)]};
+    copy_bw[size_t(r)] = measure_roofline(b.stream()).copy_bytes_per_s;
+    SynthParallel par{r, W, opt.expert_parallel, [&comm](Tensor& t) { comm.all_reduce_sum(t); }};
+    SynthModel model(b, s, opt.layers, max_batch, max_batch, max_blocks, par);
+    b.synchronize();
+    weight_gb[size_t(r)] = model.weight_bytes() / 1e9;
+    if (r == 0) {
+      q_local = model.local_q_heads(), kv_local = model.local_kv_heads();
+      e_local = model.local_experts(), i_local = model.local_intermediate();
+      gpu = b.device_name();
+    }
+    size_t free_b = 0, total_b = 0;
+    b.mem_info(&free_b, &total_b);
+    const double budget = double(total_b) * opt.gpu_memory_utilization - double(total_b - free_b) - 1e9;
+    const double kv_token_layer = double(model.local_kv_heads()) * s.head_dim * 2 * 2;
+    kv_blocks[size_t(r)] = std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * opt.layers)));
+    barrier.wait();
+    int64_t need = max_blocks;
+    for (int C : opt.contexts) need = std::max(need, int64_t(max_batch) * ((C + bs - 1) / bs));
+    const int64_t pool = std::min(*std::min_element(kv_blocks.begin(), kv_blocks.end()), need);
+    MS_CHECK(pool >= max_blocks, "bench-model: not enough memory on GPU {} for the KV cache of one sequence", r);
+    model.alloc_kv(int(pool), bs);
+    b.synchronize();
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (size_t c = 0; c < configs.size(); ++c) {
+      const auto [B, C] = configs[c];
+      if (int64_t(B) * ((C + bs - 1) / bs) > pool) continue;  // same decision on every rank
+      model.plan(std::vector<int>(size_t(B), 1), std::vector<int>(size_t(B), C));
+      model.forward();  // eager: sizes workspaces, builds expert tables
+      b.synchronize();
+      b.begin_capture();
+      model.forward();
+      CudaGraph g = b.end_capture();
+      g.replay(b.stream());
+      b.synchronize();
+      std::vector<float> t;
+      for (int i = 0; i < opt.iters; ++i) {
+        barrier.wait();  // start together: the collectives couple the ranks anyway
+        cudaEventRecord(e0, b.stream());
+        g.replay(b.stream());
+        cudaEventRecord(e1, b.stream());
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t.push_back(ms);
+      }
+      std::sort(t.begin(), t.end());
+      step_ms[size_t(r)][c] = t[t.size() / 2];
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    barrier.wait();
+  };
+  std::vector<std::thread> th;
+  for (int r = 0; r < W; ++r)
+    th.emplace_back([&, r] {
+      try {
+        rank_main(r);
+      } catch (const std::exception& e) {
+        err[size_t(r)] = std::current_exception();
+        barrier.abort();
+        std::lock_guard<std::mutex> lk(comms_mu);
+        for (auto* c : comms)
+          if (c) c->abort(e.what());
+      }
+    });
+  for (auto& t : th) t.join();
+  if (auto e = first_root_cause(err)) std::rethrow_exception(e);
+
+  double agg_bw = 0;
+  for (double x : copy_bw) agg_bw += x;
+  nlohmann::json out;
+  out["command"] = opt.command_line;
+  out["gpu"] = gpu;
+  out["gpus"] = W;
+  out["tensor_parallel"] = W;
+  out["expert_parallel"] = opt.expert_parallel;
+  out["p2p_all_reduce_bytes"] = p2p ? int64_t(p2p->max_bytes()) : 0;
+  out["layers"] = opt.layers;
+  out["model"] = "minimax-m2.5 (synthetic weights)";
+  out["per_rank"] = {{"q_heads", q_local}, {"kv_heads", kv_local}, {"experts", e_local}, {"intermediate", i_local},
+                     {"weights_GB", weight_gb}};
+  out["roofline"] = {{"copy_GBps_per_gpu", copy_bw}, {"aggregate_copy_GBps", agg_bw / 1e9}};
+  const double H = s.hidden, D = s.head_dim;
+  nlohmann::json dec = nlohmann::json::array();
+  std::printf("TP=%d%s, %d layers, aggregate copy bandwidth %.0f GB/s, small all-reduces on %s\n", W,
+              opt.expert_parallel ? " +EP" : "", opt.layers, agg_bw / 1e9, p2p ? "the p2p kernel" : "NCCL");
+  std::printf("%-6s %-7s %10s %12s %12s %9s\n", "batch", "context", "step_ms", "tok/s", "floor_ms", "roofline");
+  for (size_t c = 0; c < configs.size(); ++c) {
+    double ms = 0;
+    for (int r = 0; r < W; ++r) ms = std::max(ms, step_ms[size_t(r)][c]);
+    const auto [B, C] = configs[c];
+    if (ms <= 0) {
+      spdlog::warn("decode B={} C={}: skipped (KV pool too small)", B, C);
+      continue;
+    }
+    // Bytes all ranks read per layer (expected distinct experts of B tokens, uniform routing).
+    const double distinct = s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, B));
+    const double attn = W * (fp8_bytes(q_local * D, H) + 2 * fp8_bytes(kv_local * D, H) + fp8_bytes(H, q_local * D));
+    const double router = W * double(s.experts) * H * 4;
+    const double experts = opt.expert_parallel
+                               ? distinct * (2 * fp8_bytes(s.intermediate, H) + fp8_bytes(H, s.intermediate))
+                               : W * distinct * (2 * fp8_bytes(i_local, H) + fp8_bytes(H, i_local));
+    const double kv = W * double(B) * C * kv_local * D * 2 * 2;
+    const double lm = double(s.vocab) * H * 2;
+    const double bytes = opt.layers * (attn + router + experts + kv) + lm;
+    const double floor_ms = bytes / agg_bw * 1e3;
+    const double per_layer_ms = (ms - lm / agg_bw * 1e3) / opt.layers;
+    const double ms62 = per_layer_ms * s.total_layers + lm / agg_bw * 1e3;
+    std::printf("%-6d %-7d %10.3f %12.1f %12.3f %8.1f%%\n", B, C, ms, B / (ms * 1e-3), floor_ms, 100.0 * floor_ms / ms);
+    dec.push_back({{"batch", B},
+                   {"context", C},
+                   {"step_ms", ms},
+                   {"tok_per_s", B / (ms * 1e-3)},
+                   {"bytes_per_step_all_gpus", bytes},
+                   {"floor_ms", floor_ms},
+                   {"roofline_fraction", floor_ms / ms},
+                   {"est_tok_per_s_62_layers", B / (ms62 * 1e-3)},
+                   {"graph", true}});
+  }
+  out["decode"] = dec;
+  out["prefill"] = "not measured with --tensor-parallel-size > 1";
+  const std::string js = out.dump(2);
+  if (!opt.json_out.empty()) {
+    std::ofstream f(opt.json_out);
+    MS_CHECK(f.good(), "bench-model: cannot write {}", opt.json_out);
+    f << js << "\n";
+  } else {
+    std::printf("%s\n", js.c_str());
+  }
+  return 0;
+}
+
+}  // namespace moeserve::tools

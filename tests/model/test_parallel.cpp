@@ -1,0 +1,277 @@
+// Tensor / expert parallelism on the CPU (in-process communicator) against TP=1, for every
+// golden fixture: EP=4 with the rank threads of run_ranks, and the ParallelExecutor (what
+// `serve -tp N [--enable-expert-parallel]` runs) at TP=2, TP=4, TP=2+EP and TP=4+EP.
+// Plus the user-facing layout errors. (TP=2, EP=2 and TP=4 over run_ranks are in
+// test_golden.cpp.)
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "dist/in_process.h"
+#include "model/generate.h"
+#include "model/model_executor.h"
+#include "model/parallel_executor.h"
+#include "backend/cpu/cpu_backend.h"
+
+using namespace moeserve;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fixture_dir(const std::string& name) {
+  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
+  return fs::path(src ? src : ".") / "tests" / "fixtures" / "golden" / name;
+}
+
+MiniMaxM2Config fixture_config(const std::string& name) {
+  return MiniMaxM2Config::from_file((fixture_dir(name) / "config.json").string());
+}
+
+GenerateOptions greedy_from_golden(const std::string& name) {
+  std::ifstream f(fixture_dir(name) / "golden.json");
+  EXPECT_TRUE(f.good()) << name;
+  auto j = nlohmann::json::parse(f);
+  GenerateOptions o;
+  o.prompt_ids = j["prompt_ids"].get<std::vector<int32_t>>();
+  o.max_tokens = int(j["generated_ids"].size());
+  o.keep_logits = true;
+  return o;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+ExecutorOptions exec_opts(const std::string& name) {
+  ExecutorOptions eo;
+  eo.model_dir = fixture_dir(name).string();
+  eo.num_kv_blocks = 64;
+  return eo;
+}
+
+GenerateResult run_tp1(const std::string& name) {
+  auto exec = make_cpu_executor(exec_opts(name));
+  return generate(*exec, greedy_from_golden(name));
+}
+
+// Whether `layout` is valid for the fixture (e.g. 6 experts cannot go over 4 EP ranks).
+bool layout_fits(const std::string& name, const ParallelLayout& l) {
+  try {
+    check_parallel_layout(fixture_config(name), l);
+    return true;
+  } catch (const Error& e) {
+    std::printf("  [layout] %s tp=%d ep=%d rejected: %s\n", name.c_str(), l.tensor_parallel, int(l.expert_parallel),
+                e.what());
+    return false;
+  }
+}
+
+class ParallelGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ParallelGolden, ExpertParallel4MatchesTp1) {
+  const std::string name = GetParam();
+  const auto cfg = fixture_config(name);
+  if (cfg.num_local_experts % 4 != 0) {
+    // 6 experts over 4 ranks: refused with a clear message, on every rank.
+    InProcessGroup group(4);
+    try {
+      run_ranks(group, [&](Communicator& comm) {
+        ExecutorOptions eo = exec_opts(name);
+        eo.expert_parallel = true;
+        eo.comm = &comm;
+        make_cpu_executor(eo);
+      });
+      FAIL() << "EP=4 with " << cfg.num_local_experts << " experts must be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("num_local_experts"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  const auto tp1 = run_tp1(name);
+  InProcessGroup group(4);
+  std::vector<GenerateResult> out(4);
+  run_ranks(group, [&](Communicator& comm) {
+    ExecutorOptions eo = exec_opts(name);
+    eo.expert_parallel = true;
+    eo.comm = &comm;
+    auto exec = make_cpu_executor(eo);
+    out[size_t(comm.rank())] = generate(*exec, greedy_from_golden(name));
+  });
+  for (const auto& r : out) {
+    EXPECT_EQ(r.generated_ids, tp1.generated_ids);
+    const double e = rel_err(r.logits, tp1.logits);
+    std::printf("[parallel] %s EP=4 (attention TP=4): vs TP=1 %.3g\n", name.c_str(), e);
+    EXPECT_LE(e, 1e-5);
+  }
+}
+
+TEST_P(ParallelGolden, ParallelExecutorLayoutsMatchTp1) {
+  const std::string name = GetParam();
+  const auto tp1 = run_tp1(name);
+  int ran = 0;
+  for (int tp : {2, 4})
+    for (bool ep : {false, true}) {
+      ParallelLayout l;
+      l.tensor_parallel = tp;
+      l.expert_parallel = ep;
+      l.allow_fp8_block_split = true;  // tiny FP8 fixtures: 128-blocks over 16-wide heads
+      if (!layout_fits(name, l)) {
+        EXPECT_TRUE(ep && fixture_config(name).num_local_experts % tp != 0) << "only EP=4 over 6 experts may not fit";
+        continue;
+      }
+      auto exec = make_cpu_parallel_executor(exec_opts(name), l);
+      EXPECT_EQ(exec->world(), tp);
+      const auto res = generate(*exec, greedy_from_golden(name));
+      EXPECT_EQ(res.generated_ids, tp1.generated_ids) << "tp " << tp << " ep " << ep;
+      const double e = rel_err(res.logits, tp1.logits);
+      std::printf("[parallel] %s ParallelExecutor TP=%d%s: vs TP=1 %.3g\n", name.c_str(), tp, ep ? "+EP" : "", e);
+      EXPECT_LE(e, 1e-5) << "tp " << tp << " ep " << ep;
+      ++ran;
+    }
+  EXPECT_GE(ran, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGolden,
+                         ::testing::Values("tiny_bf16", "tiny_fp8_b128", "tiny_fp8_partial", "tiny_fp8_nonsquare",
+                                           "tiny_mixed_tied"));
+
+// A MiniMax-M2.5-shaped config (48 q heads, 8 KV heads of 128, 256 experts of 1536, FP8
+// 128x128 blocks) for the layout checks; no weights needed.
+MiniMaxM2Config m25_like() {
+  MiniMaxM2Config c = fixture_config("tiny_fp8_b128");
+  c.num_attention_heads = 48;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.intermediate_size = 1536;
+  c.num_local_experts = 256;
+  return c;
+}
+
+TEST(ParallelLayoutCheck, Fp8BlockSplitSuggestsExpertParallel) {
+  const auto c = m25_like();
+  ParallelLayout l;
+  l.tensor_parallel = 8;
+  try {
+    check_parallel_layout(c, l);
+    FAIL() << "1536 / 8 = 192 cuts 128-row FP8 blocks";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("1536"), std::string::npos) << m;
+    EXPECT_NE(m.find("192"), std::string::npos) << m;
+    EXPECT_NE(m.find("--enable-expert-parallel"), std::string::npos) << m;
+  }
+  l.expert_parallel = true;
+  EXPECT_NO_THROW(check_parallel_layout(c, l));  // whole experts: 32 per rank
+  l.expert_parallel = false;
+  l.tensor_parallel = 4;  // 384 = 3 blocks
+  EXPECT_NO_THROW(check_parallel_layout(c, l));
+  l.tensor_parallel = 2;
+  EXPECT_NO_THROW(check_parallel_layout(c, l));
+}
+
+TEST(ParallelLayoutCheck, OtherInvalidLayouts) {
+  const auto c = m25_like();
+  auto msg = [&](ParallelLayout l) {
+    try {
+      check_parallel_layout(c, l);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  ParallelLayout dp;
+  dp.data_parallel = 2;
+  EXPECT_NE(msg(dp).find("--data-parallel-size"), std::string::npos);
+  ParallelLayout gpus;
+  gpus.tensor_parallel = 4;
+  gpus.available_devices = 2;
+  EXPECT_NE(msg(gpus).find("only 2 are visible"), std::string::npos) << msg(gpus);
+  ParallelLayout heads;
+  heads.tensor_parallel = 5;  // 48 heads
+  EXPECT_NE(msg(heads).find("num_attention_heads"), std::string::npos) << msg(heads);
+  ParallelLayout experts;
+  experts.tensor_parallel = 3;
+  experts.expert_parallel = true;
+  auto c3 = c;
+  c3.num_local_experts = 8;  // 48 heads split over 3, 8 experts do not
+  try {
+    check_parallel_layout(c3, experts);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("experts % ranks"), std::string::npos) << e.what();
+  }
+  ParallelLayout zero;
+  zero.tensor_parallel = 0;
+  EXPECT_FALSE(msg(zero).empty());
+}
+
+// A bad batch is rejected once, before the ranks start, and the group stays usable.
+TEST(ParallelExecutor, BadBatchLeavesRanksUsable) {
+  ParallelLayout l;
+  l.tensor_parallel = 2;
+  ExecutorOptions eo = exec_opts("tiny_bf16");
+  eo.block_size = 4;
+  eo.num_kv_blocks = 4;
+  auto exec = make_cpu_parallel_executor(eo, l);
+  auto single = make_cpu_executor(eo);
+  EXPECT_THROW(exec->execute(StepBatch{{SequenceStep{1, {5000}, 0, {0}, true}}}), Error);
+  EXPECT_THROW(exec->execute(StepBatch{{SequenceStep{1, {1}, 0, {9}, true}}}), Error);
+  const StepBatch ok{{SequenceStep{1, {5, 6, 7}, 0, {2}, true}}};
+  const StepResult a = exec->execute(ok), b = single->execute(ok);
+  ASSERT_EQ(a.logits.size(), size_t(a.vocab_size));
+  EXPECT_LE(rel_err(a.logits, b.logits), 1e-5);
+  EXPECT_EQ(exec->info().num_kv_blocks, 4);
+}
+
+// KV pool from memory: every rank proposes a size, the pool is the minimum.
+TEST(ParallelExecutor, KvPoolIsMinimumOverRanks) {
+  ParallelExecutorOptions o;
+  o.exec = exec_opts("tiny_bf16");
+  o.exec.num_kv_blocks = 0;
+  o.layout.tensor_parallel = 2;
+  auto group = std::make_shared<InProcessGroup>(2);
+  std::atomic<int> calls{0};
+  o.make_backend = [](int) { return make_cpu_backend(); };
+  o.make_comm = [group](int r, Backend&) { return group->communicator(r); };
+  o.kv_blocks_for_memory = [&](Backend&, int64_t per_block) {
+    EXPECT_GT(per_block, 0);
+    return 10 + 7 * calls++;  // 10 and 17
+  };
+  ParallelExecutor exec(std::move(o));
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(exec.info().num_kv_blocks, 10);
+}
+
+// A backend factory that fails on one rank fails the constructor (no hang, threads joined).
+TEST(ParallelExecutor, RankFailureDuringLoadThrows) {
+  ParallelExecutorOptions o;
+  o.exec = exec_opts("tiny_bf16");
+  o.layout.tensor_parallel = 2;
+  auto group = std::make_shared<InProcessGroup>(2);
+  o.make_backend = [](int r) -> std::unique_ptr<Backend> {
+    if (r == 1) throw Error("no device for rank 1");
+    return make_cpu_backend();
+  };
+  o.make_comm = [group](int r, Backend&) { return group->communicator(r); };
+  try {
+    ParallelExecutor exec(std::move(o));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no device for rank 1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
