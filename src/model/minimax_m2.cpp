@@ -214,9 +214,9 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     MiniMaxM2Layer& L = w_.layers[l];
     // Attention block.
-    be_.linear(x, L.q, q);  // [T, Hq_local*D]
-    be_.linear(x, L.k, k);  // [T, Hkv_local*D]
-    be_.linear(x, L.v, v);
+    const LinearWeight* qkv_w[3] = {&L.q, &L.k, &L.v};  // -> q [T, Hq_local*D], k/v [T, Hkv_local*D]
+    Tensor* qkv_out[3] = {&q, &k, &v};
+    be_.linear_multi(x, qkv_w, qkv_out, 3);
     QkNormRopeArgs qa;
     qa.q = &q;
     qa.k = &k;
@@ -237,8 +237,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;
       qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
     }
-    be_.qk_norm_rope(qa);
-    be_.write_kv(k, v, kv[l], meta);
+    be_.qk_norm_rope_write_kv(qa, v, kv[l], meta);
     AttentionArgs aa;
     aa.q = &q;
     aa.kv = &kv[l];
@@ -251,9 +250,8 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     be_.attention(aa);
     be_.linear(attn, L.o, o);  // row-parallel: partial sums per rank
     all_reduce(o);
-    be_.add_rms_norm(residual, o, L.post_attention_norm, eps, x);
-    // MoE block.
-    be_.moe_route(x, L.moe, routing);
+    // MoE block (the post-attention norm and the router: one kernel on CUDA at decode).
+    be_.add_rms_norm_route(residual, o, L.post_attention_norm, eps, x, L.moe, routing);
     be_.moe_experts(x, L.moe, routing, moe_out);  // this rank's experts / expert slices
     all_reduce(moe_out);
     const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;

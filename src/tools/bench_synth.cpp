@@ -175,28 +175,23 @@ void SynthModel::forward(const std::function<void(const char*)>& mark) {
     else
       b_.add_rms_norm(h, mo, L.in_norm, s_.eps, xn);
     m("norm");
-    b_.linear(xn, L.q, q);
-    m("q_proj");
-    b_.linear(xn, L.k, k);
-    b_.linear(xn, L.v, v);
-    m("kv_proj");
+    const LinearWeight* qkv_w[3] = {&L.q, &L.k, &L.v};
+    Tensor* qkv_out[3] = {&q, &k, &v};
+    b_.linear_multi(xn, qkv_w, qkv_out, 3);
+    m("qkv_proj");
     QkNormRopeArgs qa;
     qa.q = &q, qa.k = &k, qa.q_norm_weight = &L.q_norm, qa.k_norm_weight = &L.k_norm, qa.positions = &positions;
     qa.rope = {s_.head_dim, s_.rotary_dim, s_.theta};
     qa.eps = s_.eps;
-    b_.qk_norm_rope(qa);
-    m("qk_norm_rope");
-    b_.write_kv(k, v, L.kv, meta_);
-    m("write_kv");
+    b_.qk_norm_rope_write_kv(qa, v, L.kv, meta_);
+    m("qk_norm_rope_write_kv");
     AttentionArgs aa{&q, &L.kv, &meta_, s_.q_heads, s_.kv_heads, s_.head_dim, 1.f / std::sqrt(float(s_.head_dim)), &attn};
     b_.attention(aa);
     m("attention");
     b_.linear(attn, L.o, o);
     m("o_proj");
-    b_.add_rms_norm(h, o, L.post_norm, s_.eps, xn);
-    m("norm");
-    b_.moe_route(xn, L.moe, r);
-    m("moe_route");
+    b_.add_rms_norm_route(h, o, L.post_norm, s_.eps, xn, L.moe, r);
+    m("norm_route");
     b_.moe_experts(xn, L.moe, r, mo);
     m("moe_experts");
   }

@@ -84,6 +84,11 @@ class CudaBackend final : public Backend {
   void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) override;
   void moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) override;
+  void qk_norm_rope_write_kv(const QkNormRopeArgs& args, const Tensor& v, KVCacheLayer& kv,
+                             const AttentionMeta& meta) override;
+  void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                          const MoeWeights& moe, MoeRouting& routing) override;
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
@@ -108,6 +113,17 @@ class CudaBackend final : public Backend {
   // ... and up to this many rows for FP8 linears the tensor-core GEMV supports; 0: off.
   int linear_gemv_tc_max_tokens = 64;
   int moe_gemv_max_tokens = 128;
+  // Up to this many tokens moe_experts skips the align step (direct pair tiles, tensor-core
+  // GEMV only) and folds the combine into the down GEMV; 0: off.
+  int moe_direct_max_tokens = 1;
+  // Router logits + top-k in one kernel (T <= 8).
+  bool fuse_router = true;
+  // linear_multi as one tensor-core GEMV launch where every weight allows it (else a loop).
+  bool fuse_linear_multi = true;
+  // qk_norm_rope_write_kv as one kernel.
+  bool fuse_qk_write_kv = true;
+  // Split-KV attention merges its splits in the last block of each group (no combine kernel).
+  bool fuse_attn_combine = true;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
@@ -119,6 +135,15 @@ class CudaBackend final : public Backend {
   size_t workspace_capacity(Slot s) const { return ws_[s].bytes; }
   struct ExpertTable;
   const ExpertTable& expert_table(const MoeWeights& moe);
+  struct NormFuse {
+    Tensor* residual;
+    const Tensor* addend;
+    const Tensor* weight;
+    float eps;
+  };
+  bool moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf);
+  void qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv, const AttentionMeta* meta);
+  bool run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
 
   int device_ = 0;
   int num_sms_ = 0;
@@ -129,6 +154,11 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
   std::array<Buf, kNumSlots> ws_{};
+  // Zeroed ints for the kernels' last-block counters (each kernel resets what it used):
+  // [0] router, [kMoeCounterBase, +kMoeCounterSlots) the fused MoE combine, then attention.
+  static constexpr int kMoeCounterBase = 64, kMoeCounterSlots = 1 << 15;
+  static constexpr int kAttnCounterBase = kMoeCounterBase + kMoeCounterSlots, kAttnCounterSlots = 1 << 15;
+  int* counters_ = nullptr;
   void* pinned_ = nullptr;  // host staging for sampling parameters
   size_t pinned_bytes_ = 0;
   std::unordered_map<const void*, std::shared_ptr<ExpertTable>> expert_tables_;

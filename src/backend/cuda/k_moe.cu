@@ -3,76 +3,20 @@
 // for the expert GEMV/GEMM kernels, and the ordered combine of per-pair outputs.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 namespace {
 
 constexpr int kMaxExperts = 1024;
 
-// Router logits [T, E] = x [T, H] . gate [E, H]^T in f32. A warp owns one expert row and a
-// chunk of kRouteTok tokens, so the gate (3 MB f32 for M2.5) is read once per token chunk
-// rather than once per token, and a decode step spreads it over E / 2 blocks instead of one.
-constexpr int kRouteTok = 8, kRouteWarps = 2;
-__global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RouteParams p) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int e = blockIdx.x * kRouteWarps + warp, t0 = blockIdx.y * kRouteTok;
-  if (e >= p.E) return;
-  const int nt = min(kRouteTok, p.T - t0);
-  float acc[kRouteTok];
-#pragma unroll
-  for (int j = 0; j < kRouteTok; ++j) acc[j] = 0.f;
-  const bool vec = p.H % 4 == 0 && !p.gate_bf16;
-  if (vec) {
-    const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
-#pragma unroll 4  // several gate loads in flight per lane (a decode step is latency-bound here)
-    for (int h4 = lane; h4 < p.H / 4; h4 += 32) {
-      const float4 w = __ldg(g + h4);
-#pragma unroll
-      for (int j = 0; j < kRouteTok; ++j) {
-        if (j < nt) {
-          const int64_t xi = int64_t(t0 + j) * p.H + 4 * h4;
-          float x0, x1, x2, x3;
-          if (p.x_bf16) {
-            const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.x) + xi));
-            const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
-            x0 = a.x, x1 = a.y, x2 = b.x, x3 = b.y;
-          } else {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + xi));
-            x0 = v.x, x1 = v.y, x2 = v.z, x3 = v.w;
-          }
-          acc[j] = fmaf(x0, w.x, fmaf(x1, w.y, fmaf(x2, w.z, fmaf(x3, w.w, acc[j]))));
-        }
-      }
-    }
-  } else {
-    for (int h = lane; h < p.H; h += 32) {
-      const int64_t wi = int64_t(e) * p.H + h;
-      const float wv = p.gate_bf16 ? bf2f(static_cast<const bf16*>(p.gate)[wi]) : static_cast<const float*>(p.gate)[wi];
-#pragma unroll
-      for (int j = 0; j < kRouteTok; ++j) {
-        if (j < nt) {
-          const int64_t xi = int64_t(t0 + j) * p.H + h;
-          const float xv = p.x_bf16 ? bf2f(static_cast<const bf16*>(p.x)[xi]) : static_cast<const float*>(p.x)[xi];
-          acc[j] = fmaf(xv, wv, acc[j]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kRouteTok; ++j) {
-    const float v = warp_sum(acc[j]);
-    if (lane == 0 && j < nt) p.logits[int64_t(t0 + j) * p.E + e] = v;
-  }
-}
-
-// One warp per token: sigmoid scores from the logits, then top_k by (biased score desc,
-// expert id asc), weights renormalised over the chosen k.
-__global__ void route_kernel(RouteParams p) {
-  __shared__ float score[kMaxExperts];   // sigmoid(logit)
-  __shared__ float choice[kMaxExperts];  // score + bias
-  const int t = blockIdx.x, lane = threadIdx.x & 31;
+// Top-k of one token by one warp: sigmoid scores from the logits, then top_k by (biased
+// score desc, expert id asc), weights renormalised over the chosen k. `score` / `choice`
+// are this warp's shared arrays of kMaxExperts.
+__device__ void route_token(const RouteParams& p, int t, float* score, float* choice) {
+  const int lane = threadIdx.x & 31;
   for (int e = lane; e < p.E; e += 32) {
-    const float s = 1.f / (1.f + expf(-p.logits[int64_t(t) * p.E + e]));
+    const float s = 1.f / (1.f + expf(-__ldcg(p.logits + int64_t(t) * p.E + e)));
     score[e] = s;
     choice[e] = s + (p.bias ? p.bias[e] : 0.f);
   }
@@ -104,6 +48,138 @@ __global__ void route_kernel(RouteParams p) {
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int j = 0; j < p.top_k; ++j) p.weights[t * p.top_k + j] *= inv;
   }
+  __syncwarp();
+}
+
+// Router logits [T, E] = x [T, H] . gate [E, H]^T in f32. A warp owns one expert row and a
+// chunk of kRouteTok tokens, so the gate (3 MB f32 for M2.5) is read once per token chunk
+// rather than once per token, and a decode step spreads it over E / 2 blocks instead of one.
+// Gate rows of H <= 32 * 4 * kRoutePre f32 (M2.5: 3072 = 24 float4 per lane) are loaded
+// into registers before the PDL wait: the whole 3 MB is in flight while the preceding
+// RMSNorm finishes. With p.counter (T <= kRouteTok), the last block to finish (threadfence
+// reduction) also runs the top-k for every token: router = one kernel at decode.
+constexpr int kRouteTok = 8, kRouteWarps = 2, kRoutePre = 24;
+// Fused add + RMSNorm (p.norm): up to 4 tokens of H <= 3072, normalised by every block into
+// shared memory (a 12 KB read of the residual and the addend per token, from L2); the last
+// block, after every other block has read the old residual, stores residual and normed rows.
+constexpr int kRouteNormTok = 4, kRouteNormH = 3072;
+__device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
+__global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RouteParams p) {
+  __shared__ float score[kRouteWarps][kMaxExperts], choice[kRouteWarps][kMaxExperts];
+  __shared__ int is_last;
+  __shared__ float scratch[32];
+  __shared__ __align__(16) bf16 xs[kRouteNormTok][kRouteNormH];  // p.norm: this block's normed rows
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int e = blockIdx.x * kRouteWarps + warp, t0 = blockIdx.y * kRouteTok;
+  const bool pre = p.H % 128 == 0 && p.H / 128 <= kRoutePre && !p.gate_bf16;
+  float4 wpre[kRoutePre];
+  if (pre && e < p.E) {
+    const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
+#pragma unroll
+    for (int i = 0; i < kRoutePre; ++i)
+      if (i < p.H / 128) wpre[i] = __ldg(g + i * 32 + lane);
+  }
+  pdl_enter();
+  const int nt = min(kRouteTok, p.T - t0);
+  if (p.norm) {
+    const bf16* res = static_cast<const bf16*>(p.residual);
+    const bf16* dx = static_cast<const bf16*>(p.x);
+    const bf16* nw = static_cast<const bf16*>(p.norm_w);
+    for (int j = 0; j < nt; ++j) {
+      float ss = 0.f;
+      for (int h = threadIdx.x; h < p.H; h += blockDim.x) {
+        const float v = round_bf(bf2f(res[int64_t(j) * p.H + h]) + bf2f(dx[int64_t(j) * p.H + h]));
+        ss += v * v;
+      }
+      ss = block_sum(ss, scratch);
+      const float r = rsqrtf(ss / p.H + p.eps);
+      for (int h = threadIdx.x; h < p.H; h += blockDim.x) {
+        const float v = round_bf(bf2f(res[int64_t(j) * p.H + h]) + bf2f(dx[int64_t(j) * p.H + h]));
+        xs[j][h] = f2bf(v * r * bf2f(nw[h]));
+      }
+    }
+    __syncthreads();
+  }
+  float acc[kRouteTok];
+#pragma unroll
+  for (int j = 0; j < kRouteTok; ++j) acc[j] = 0.f;
+  auto fma4 = [&](const float4& w, int h) {  // h: first of 4 columns
+#pragma unroll
+    for (int j = 0; j < kRouteTok; ++j) {
+      if (j < nt) {
+        const int64_t xi = int64_t(t0 + j) * p.H + h;
+        float x0, x1, x2, x3;
+        if (p.norm) {
+          const uint2 raw = *reinterpret_cast<const uint2*>(&xs[j][h]);
+          const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
+          x0 = a.x, x1 = a.y, x2 = b.x, x3 = b.y;
+        } else if (p.x_bf16) {
+          const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.x) + xi));
+          const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
+          x0 = a.x, x1 = a.y, x2 = b.x, x3 = b.y;
+        } else {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + xi));
+          x0 = v.x, x1 = v.y, x2 = v.z, x3 = v.w;
+        }
+        acc[j] = fmaf(x0, w.x, fmaf(x1, w.y, fmaf(x2, w.z, fmaf(x3, w.w, acc[j]))));
+      }
+    }
+  };
+  if (e < p.E) {
+    if (pre) {
+#pragma unroll
+      for (int i = 0; i < kRoutePre; ++i)
+        if (i < p.H / 128) fma4(wpre[i], 4 * (i * 32 + lane));
+    } else if (p.H % 4 == 0 && !p.gate_bf16) {
+      const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
+#pragma unroll 4
+      for (int h4 = lane; h4 < p.H / 4; h4 += 32) fma4(__ldg(g + h4), 4 * h4);
+    } else {
+      for (int h = lane; h < p.H; h += 32) {
+        const int64_t wi = int64_t(e) * p.H + h;
+        const float wv = p.gate_bf16 ? bf2f(static_cast<const bf16*>(p.gate)[wi]) : static_cast<const float*>(p.gate)[wi];
+#pragma unroll
+        for (int j = 0; j < kRouteTok; ++j) {
+          if (j < nt) {
+            const int64_t xi = int64_t(t0 + j) * p.H + h;
+            const float xv = p.x_bf16 ? bf2f(static_cast<const bf16*>(p.x)[xi]) : static_cast<const float*>(p.x)[xi];
+            acc[j] = fmaf(xv, wv, acc[j]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRouteTok; ++j) {
+      const float v = warp_sum(acc[j]);
+      if (lane == 0 && j < nt) p.logits[int64_t(t0 + j) * p.E + e] = v;
+    }
+  }
+  if (!p.counter) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(p.counter, 1) == int(gridDim.x * gridDim.y) - 1;
+  __syncthreads();
+  if (!is_last) return;
+  if (threadIdx.x == 0) *p.counter = 0;  // ready for the next layer / graph replay
+  __threadfence();
+  if (p.norm) {  // every other block is done with the old residual
+    for (int j = 0; j < nt; ++j)
+      for (int h = threadIdx.x; h < p.H; h += blockDim.x) {
+        const int64_t i = int64_t(j) * p.H + h;
+        const float v = bf2f(static_cast<const bf16*>(p.residual)[i]) + bf2f(static_cast<const bf16*>(p.x)[i]);
+        static_cast<bf16*>(p.residual)[i] = f2bf(v);
+        static_cast<bf16*>(p.norm_out)[i] = xs[j][h];
+      }
+  }
+  for (int t = warp; t < p.T; t += kRouteWarps) route_token(p, t, score[warp], choice[warp]);
+}
+
+// One warp per token (the unfused path, larger T).
+__global__ void route_kernel(RouteParams p) {
+  __shared__ float score[kMaxExperts];   // sigmoid(logit)
+  __shared__ float choice[kMaxExperts];  // score + bias
+  pdl_enter();
+  route_token(p, blockIdx.x, score, choice);
 }
 
 // Single block of 1024 threads. Pass 1 counts pairs per local expert (the atomic's return
@@ -116,6 +192,7 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
   __shared__ int count[kMaxExperts];
   __shared__ int offset[kMaxExperts];
   __shared__ int scan_a[kMaxExperts], scan_b[kMaxExperts];  // (pairs, tiles) inclusive scans
+  pdl_enter();
   const int P = p.T * p.top_k;
   for (int e = threadIdx.x; e < p.num_local; e += blockDim.x) count[e] = 0;
   __syncthreads();
@@ -162,6 +239,7 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
 
 __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int top_k, int H, void* out,
                                bool out_bf16) {
+  pdl_enter();
   const int t = blockIdx.x;
   for (int h = threadIdx.x; h < H; h += blockDim.x) {
     float acc = 0.f;
@@ -178,26 +256,38 @@ __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int 
 
 }  // namespace
 
+bool route_norm_supported(const RouteParams& p) {
+  return p.counter && p.x_bf16 && !p.gate_bf16 && p.T <= kRouteNormTok && p.H <= kRouteNormH && p.H % 128 == 0 &&
+         p.H / 128 <= kRoutePre;
+}
+
 void launch_moe_route(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E, "moe_route: " + std::to_string(p.E) + " experts, top_k " + std::to_string(p.top_k) + " unsupported");
   if (p.T == 0) return;
   CU_REQUIRE(p.logits != nullptr, "moe_route: no logits workspace");
-  route_logits_kernel<<<dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), kRouteWarps * 32, 0, s>>>(p);
+  // Decode (one token chunk): top-k in the last logits block (needs the counter).
+  RouteParams q = p;
+  if (p.T > kRouteTok) q.counter = nullptr;
+  CU_REQUIRE(!p.norm || route_norm_supported(p), "moe_route: fused norm unsupported for these shapes");
+  launch_pdl(route_logits_kernel, dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), dim3(kRouteWarps * 32), 0,
+             s, q);
   CUDA_CHECK_LAUNCH();
-  route_kernel<<<p.T, 32, 0, s>>>(p);
-  CUDA_CHECK_LAUNCH();
+  if (!q.counter) {
+    launch_pdl(route_kernel, dim3(p.T), dim3(32), 0, s, p);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 void launch_moe_align(const MoeAlignParams& p, cudaStream_t s) {
   CU_REQUIRE(p.num_local <= kMaxExperts, "moe_align: " + std::to_string(p.num_local) + " local experts unsupported");
-  align_kernel<<<1, 1024, 0, s>>>(p);
+  launch_pdl(align_kernel, dim3(1), dim3(1024), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int top_k, int H, void* out,
                         bool out_bf16, cudaStream_t s) {
   if (T == 0) return;
-  combine_kernel<<<T, 256, 0, s>>>(ypair, pair_pos, top_k, H, out, out_bf16);
+  launch_pdl(combine_kernel, dim3(T), dim3(256), 0, s, ypair, pair_pos, top_k, H, out, out_bf16);
   CUDA_CHECK_LAUNCH();
 }
 
