@@ -167,6 +167,12 @@ class Backend {
   virtual void linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) {
     for (int i = 0; i < n; ++i) linear(x, *ws[i], *outs[i]);
   }
+  // add_rms_norm(residual, x, weight, eps, out), then linear_multi(out, ws, outs, n).
+  virtual void add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                                         Tensor& out, const LinearWeight* const* ws, Tensor* const* outs, int n) {
+    add_rms_norm(residual, x, weight, eps, out);
+    linear_multi(out, ws, outs, n);
+  }
   // add_rms_norm(residual, x, weight, eps, out), then moe_route(out, moe, routing).
   virtual void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
                                   const MoeWeights& moe, MoeRouting& routing) {

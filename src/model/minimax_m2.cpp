@@ -216,7 +216,10 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     // Attention block.
     const LinearWeight* qkv_w[3] = {&L.q, &L.k, &L.v};  // -> q [T, Hq_local*D], k/v [T, Hkv_local*D]
     Tensor* qkv_out[3] = {&q, &k, &v};
-    be_.linear_multi(x, qkv_w, qkv_out, 3);
+    if (l == 0)
+      be_.linear_multi(x, qkv_w, qkv_out, 3);
+    else  // the previous layer's residual add + this layer's input norm, fused into q/k/v
+      be_.add_rms_norm_linear_multi(residual, moe_out, L.input_norm, eps, x, qkv_w, qkv_out, 3);
     QkNormRopeArgs qa;
     qa.q = &q;
     qa.k = &k;
@@ -254,9 +257,8 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     be_.add_rms_norm_route(residual, o, L.post_attention_norm, eps, x, L.moe, routing);
     be_.moe_experts(x, L.moe, routing, moe_out);  // this rank's experts / expert slices
     all_reduce(moe_out);
-    const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
-    be_.add_rms_norm(residual, moe_out, next_norm, eps, x);
   }
+  be_.add_rms_norm(residual, moe_out, w_.final_norm, eps, x);
   const int64_t R = rows.defined() ? rows.numel() : 0;
   if (R == 0) return {};
   Tensor sel = be_.alloc(act, {R, H});

@@ -170,15 +170,15 @@ void SynthModel::forward(const std::function<void(const char*)>& mark) {
   m("embedding");
   for (size_t l = 0; l < layers_.size(); ++l) {
     SynthLayer& L = layers_[l];
-    if (l == 0)
-      b_.rms_norm(h, L.in_norm, s_.eps, xn);
-    else
-      b_.add_rms_norm(h, mo, L.in_norm, s_.eps, xn);
-    m("norm");
     const LinearWeight* qkv_w[3] = {&L.q, &L.k, &L.v};
     Tensor* qkv_out[3] = {&q, &k, &v};
-    b_.linear_multi(xn, qkv_w, qkv_out, 3);
-    m("qkv_proj");
+    if (l == 0) {
+      b_.rms_norm(h, L.in_norm, s_.eps, xn);
+      b_.linear_multi(xn, qkv_w, qkv_out, 3);
+    } else {
+      b_.add_rms_norm_linear_multi(h, mo, L.in_norm, s_.eps, xn, qkv_w, qkv_out, 3);
+    }
+    m("norm_qkv_proj");
     QkNormRopeArgs qa;
     qa.q = &q, qa.k = &k, qa.q_norm_weight = &L.q_norm, qa.k_norm_weight = &L.k_norm, qa.positions = &positions;
     qa.rope = {s_.head_dim, s_.rotary_dim, s_.theta};

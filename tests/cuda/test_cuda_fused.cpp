@@ -1,7 +1,8 @@
-// Fused decode ops of the CUDA backend against the CPU backend's reference (the Backend
-// defaults: the unfused ops composed): linear_multi (q/k/v in one launch) and
-// qk_norm_rope_write_kv (one kernel; at decode a cluster of 8 blocks per token), each at
-// decode and larger token counts, plus the fused path switched off. Outputs are poisoned
+// Fused decode ops of the CUDA backend against host references or the CPU backend (the
+// Backend defaults: the unfused ops composed): linear_multi (q/k/v in one launch),
+// qk_norm_rope_write_kv (one kernel; at decode a cluster of 8 blocks per token),
+// add_rms_norm_route and add_rms_norm_linear_multi, each at decode and at token counts that
+// take the unfused path, plus the fused path switched off. Outputs are poisoned
 // (NaN) first, so an unwritten element fails. Bounds as in the per-op tests (1e-2).
 #include "backend/cpu/cpu_backend.h"
 #include "test_util.h"
@@ -147,6 +148,52 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormRoute, ::testing::Values(1, 3, 6));
+
+class CudaAddNormLinearMulti : public ::testing::TestWithParam<int> {};
+
+// add_rms_norm_linear_multi (T <= 4 on CUDA: the norm inside the GEMV blocks, the last block
+// storing residual and normed rows; larger T: the separate ops) against host references.
+TEST_P(CudaAddNormLinearMulti, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const int T = GetParam(), K = 3072;
+  const std::vector<int> widths = {768, 128, 144};
+  std::mt19937 rng(T * 13 + 3);
+  auto res = randn(size_t(T) * K, rng), dx = randn(size_t(T) * K, rng), nw = randn(K, rng, 0.5f);
+  std::vector<HostWeight> w;
+  for (int n : widths) w.push_back(make_weight(n, K, true, rng));
+  // Host reference: residual rounded to bf16 (as stored), normed row rounded to bf16.
+  std::vector<float> r_ref(size_t(T) * K), xn_ref(size_t(T) * K);
+  for (int t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int h = 0; h < K; ++h) {
+      const float v = bf16_to_f32(f32_to_bf16(res[size_t(t) * K + h] + dx[size_t(t) * K + h]));
+      r_ref[size_t(t) * K + h] = v;
+      ss += double(v) * v;
+    }
+    const double r = 1.0 / std::sqrt(ss / K + 1e-6);
+    for (int h = 0; h < K; ++h)
+      xn_ref[size_t(t) * K + h] = bf16_to_f32(f32_to_bf16(float(r_ref[size_t(t) * K + h] * r * nw[h])));
+  }
+  for (int fused = 1; fused >= 0; --fused) {
+    gpu().fuse_norm_linear = fused == 1;
+    Tensor tres = to_device(res, DType::BF16, {T, K}), tdx = to_device(dx, DType::BF16, {T, K});
+    Tensor tnw = to_device(nw, DType::BF16, {K}), xn = poisoned(T, K);
+    std::vector<Tensor> outs;
+    for (int n : widths) outs.push_back(poisoned(T, n));
+    const LinearWeight* ws[3] = {&w[0].dev, &w[1].dev, &w[2].dev};
+    Tensor* os[3] = {&outs[0], &outs[1], &outs[2]};
+    gpu().add_rms_norm_linear_multi(tres, tdx, tnw, 1e-6f, xn, ws, os, 3);
+    EXPECT_LT(rel_err(gpu().download_f32(tres), r_ref), 1e-2) << "residual, fused " << fused;
+    EXPECT_LT(rel_err(gpu().download_f32(xn), xn_ref), 1e-2) << "normed, fused " << fused;
+    for (int i = 0; i < 3; ++i) {
+      auto ref = ref_linear(xn_ref, w[i].deq, T, widths[i], K);
+      EXPECT_LT(rel_err(gpu().download_f32(outs[i]), ref), 1e-2) << "output " << i << ", fused " << fused;
+    }
+  }
+  gpu().fuse_norm_linear = true;
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormLinearMulti, ::testing::Values(1, 3, 6));
 
 }  // namespace
 }  // namespace moeserve::test

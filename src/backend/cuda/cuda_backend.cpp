@@ -100,6 +100,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     fuse_linear_multi = false;
     fuse_qk_write_kv = false;
     fuse_attn_combine = false;
+    fuse_norm_linear = false;
   }
 }
 
@@ -324,26 +325,53 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
     launch_gemm(p, stream_);
 }
 
-void CudaBackend::linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) {
-  // One tensor-core GEMV launch over all weights (q/k/v at decode: 256 blocks instead of
-  // 192 + 32 + 32 in three dependent launches) when every weight takes that path.
-  bool fused = fuse_linear_multi && n > 1 && n <= LinParams::kMaxSegs && use_gemv_tc;
-  LinParams m;
-  if (fused) {
-    for (int i = 0; i < n && fused; ++i) {
-      const LinParams p = linear_params(x, *ws[i], *outs[i], true);
-      if (i == 0) m = p;
-      fused = p.M <= linear_gemv_tc_max_tokens && gemv_tc_supported(p) && p.K == m.K && p.out_f32 == m.out_f32;
-      m.seg[i] = {p.w, p.s, p.out, p.N, p.s_cols, p.ldo};
-      m.seg_block[i + 1] = m.seg_block[i] + ceil_div(p.N, 32) * ceil_div(p.M, kGemvTile);
-    }
+namespace {
+// One tensor-core GEMV launch over all weights (q/k/v at decode: 256 blocks instead of
+// 192 + 32 + 32 in three dependent launches) when every weight takes that path.
+bool multi_params(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n, int max_tokens,
+                  LinParams* m) {
+  if (n < 1 || n > LinParams::kMaxSegs) return false;
+  for (int i = 0; i < n; ++i) {
+    const LinParams p = linear_params(x, *ws[i], *outs[i], true);
+    if (i == 0) *m = p;
+    if (!(p.M <= max_tokens && gemv_tc_supported(p) && p.K == m->K && p.out_f32 == m->out_f32)) return false;
+    m->seg[i] = {p.w, p.s, p.out, p.N, p.s_cols, p.ldo};
+    m->seg_block[i + 1] = m->seg_block[i] + ceil_div(p.N, 32) * ceil_div(p.M, kGemvTile);
   }
-  if (!fused) {
-    for (int i = 0; i < n; ++i) linear(x, *ws[i], *outs[i]);
+  m->nseg = n;
+  return true;
+}
+}  // namespace
+
+void CudaBackend::linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) {
+  LinParams m;
+  if (fuse_linear_multi && n > 1 && use_gemv_tc && multi_params(x, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
+    launch_gemv_tc(m, stream_);
     return;
   }
-  m.nseg = n;
-  launch_gemv_tc(m, stream_);
+  for (int i = 0; i < n; ++i) linear(x, *ws[i], *outs[i]);
+}
+
+void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                                            Tensor& out, const LinearWeight* const* ws, Tensor* const* outs, int n) {
+  const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
+                  out.dtype == DType::BF16;
+  LinParams m;
+  if (fuse_norm_linear && use_gemv_tc && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
+      weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
+      out.numel() == x.numel() && out.shape == x.shape && weight.numel() == x.dim(-1) &&
+      multi_params(out, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
+    m.norm = true;
+    m.x = x.data;
+    m.norm_res = residual.data, m.norm_w = weight.data, m.norm_out = out.data, m.eps = eps;
+    m.norm_counter = counters_ + 1;
+    if (gemv_tc_norm_supported(m)) {
+      launch_gemv_tc(m, stream_);
+      return;
+    }
+  }
+  add_rms_norm(residual, x, weight, eps, out);
+  linear_multi(out, ws, outs, n);
 }
 
 void CudaBackend::row_sum_squares(const Tensor& x, Tensor& out) {

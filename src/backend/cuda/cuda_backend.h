@@ -85,6 +85,8 @@ class CudaBackend final : public Backend {
   void moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) override;
+  void add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                                 const LinearWeight* const* ws, Tensor* const* outs, int n) override;
   void qk_norm_rope_write_kv(const QkNormRopeArgs& args, const Tensor& v, KVCacheLayer& kv,
                              const AttentionMeta& meta) override;
   void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
@@ -120,6 +122,8 @@ class CudaBackend final : public Backend {
   bool fuse_router = true;
   // linear_multi as one tensor-core GEMV launch where every weight allows it (else a loop).
   bool fuse_linear_multi = true;
+  // add_rms_norm_linear_multi as one GEMV launch (T <= 4, K <= 3072).
+  bool fuse_norm_linear = true;
   // qk_norm_rope_write_kv as one kernel.
   bool fuse_qk_write_kv = true;
   // Split-KV attention merges its splits in the last block of each group (no combine kernel).
@@ -155,7 +159,7 @@ class CudaBackend final : public Backend {
   };
   std::array<Buf, kNumSlots> ws_{};
   // Zeroed ints for the kernels' last-block counters (each kernel resets what it used):
-  // [0] router, [kMoeCounterBase, +kMoeCounterSlots) the fused MoE combine, then attention.
+  // [0] router, [1] norm + linear_multi, [kMoeCounterBase, +kMoeCounterSlots) the fused MoE combine, then attention.
   static constexpr int kMoeCounterBase = 64, kMoeCounterSlots = 1 << 15;
   static constexpr int kAttnCounterBase = kMoeCounterBase + kMoeCounterSlots, kAttnCounterSlots = 1 << 15;
   int* counters_ = nullptr;

@@ -24,6 +24,7 @@ namespace moeserve::cuda {
 namespace {
 
 constexpr int kChunk = 128;  // columns per block scale (bi)
+constexpr int kNormTok = 4, kNormK = 3072;  // fused add + RMSNorm (p.norm): rows, width
 
 __device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -56,6 +57,9 @@ struct Chunk {
 template <int MODE, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   __shared__ float red[kWarps - 1][2][4][32];
+  // p.norm: the block's activation rows, residual + addend normalised here (bf16).
+  __shared__ __align__(16) bf16 xs[kNormTok][kNormK];
+  __shared__ float scratch[32];
   // MoE tiles come from the predecessor (align / router): wait before reading them. Plain
   // linears know their weight rows up front and issue the first weight loads before the
   // wait (PDL: the weight stream overlaps the previous kernel's tail).
@@ -107,8 +111,29 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   constexpr bool kSw = MODE == int(LinMode::kSwiglu);
   const int n_base = nblk * (kSw ? 16 : 32);
+  // p.norm: the last block of the grid stores residual + addend and the normed rows, after
+  // every block has read the old residual (threadfence + counter).
+  auto norm_arrive = [&]() {
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if ((threadIdx.x & 31) == 0) last = atomicAdd(p.norm_counter, 1) == int(gridDim.x * gridDim.y) - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    if ((threadIdx.x & 31) == 0) *p.norm_counter = 0;
+    __threadfence();
+    const bf16* res = static_cast<const bf16*>(p.norm_res);
+    for (int64_t i = threadIdx.x & 31; i < int64_t(p.M) * p.K; i += 32) {
+      const float v = bf2f(res[i]) + bf2f(static_cast<const bf16*>(p.x)[i]);
+      static_cast<bf16*>(p.norm_res)[i] = f2bf(v);
+      static_cast<bf16*>(p.norm_out)[i] = xs[i / p.K][i % p.K];
+    }
+  };
   if (n_base >= N) {
     if (early) pdl_enter();
+    if (p.norm && warp == 0) {  // xs is not needed: only the last block stores it, and not this one
+      if (lane == 0) atomicAdd(p.norm_counter, 1);
+    }
     return;
   }
 
@@ -158,16 +183,41 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   if (warp + kWarps < nchunks) load_w(warp + kWarps, c1);
   if (early) pdl_enter();
 
+  if (p.norm) {  // rows begin..end-1 = 0..M-1 (one tile): x_j = rmsnorm(residual_j + addend_j) * w
+    const bf16* res = static_cast<const bf16*>(p.norm_res);
+    const bf16* ad = static_cast<const bf16*>(p.x);
+    const bf16* nw = static_cast<const bf16*>(p.norm_w);
+    for (int j = 0; j < nrows; ++j) {
+      float ss = 0.f;
+      for (int h = threadIdx.x; h < K; h += blockDim.x) {
+        const float v = bf2f(f2bf(bf2f(res[int64_t(j) * K + h]) + bf2f(ad[int64_t(j) * K + h])));
+        ss += v * v;
+      }
+      ss = block_sum(ss, scratch);
+      const float r = rsqrtf(ss / K + p.eps);
+      for (int h = threadIdx.x; h < K; h += blockDim.x) {
+        const float v = bf2f(f2bf(bf2f(res[int64_t(j) * K + h]) + bf2f(ad[int64_t(j) * K + h])));
+        xs[j][h] = f2bf(v * r * bf2f(nw[h]));
+      }
+    }
+    __syncthreads();
+  }
   const int xr_local = begin + min(g, nrows - 1);
-  const bf16* xrow = static_cast<const bf16*>(p.x) +
-                     int64_t(p.x_rows ? p.x_rows[xr_local] : xr_local / p.x_row_div) * p.ldx;
+  const bf16* xrow = p.norm ? &xs[xr_local][0]
+                            : static_cast<const bf16*>(p.x) +
+                                  int64_t(p.x_rows ? p.x_rows[xr_local] : xr_local / p.x_row_div) * p.ldx;
   auto load_x = [&](int c, Chunk& ch) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int col = c * kChunk + s * 64 + q * 16;
       const uint4* xp = reinterpret_cast<const uint4*>(xrow + col);
-      ch.x[s][0] = __ldg(xp);
-      ch.x[s][1] = __ldg(xp + 1);
+      if (p.norm) {  // shared memory
+        ch.x[s][0] = xp[0];
+        ch.x[s][1] = xp[1];
+      } else {
+        ch.x[s][0] = __ldg(xp);
+        ch.x[s][1] = __ldg(xp + 1);
+      }
     }
   };
   auto compute = [&](int c, const Chunk& ch) {
@@ -255,6 +305,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
       }
     }
   }
+  if (p.norm) {
+    norm_arrive();
+    return;
+  }
   if (MODE == int(LinMode::kDown) && direct && p.combine_out) {
     // Fused combine (threadfence-reduction pattern): publish this pair's rows, count the
     // arrival; the token's last pair block sums its top_k rows in k order.
@@ -301,6 +355,11 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
 }
 
 }  // namespace
+
+bool gemv_tc_norm_supported(const LinParams& p) {
+  return p.mode == LinMode::kStore && !p.tile_expert && !p.pair_ids && p.M <= kNormTok && p.K <= kNormK &&
+         p.norm_counter;
+}
 
 bool gemv_tc_supported(const LinParams& p) {
   return p.tc && p.fp8 && p.bo == 128 && p.bi == kChunk && p.K % kChunk == 0 && p.N % 16 == 0 && p.ldx % 8 == 0 &&

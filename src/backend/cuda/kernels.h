@@ -139,6 +139,15 @@ struct LinParams {
   int nseg = 0;
   Seg seg[kMaxSegs] = {};
   int seg_block[kMaxSegs + 1] = {};
+  // Fused add + RMSNorm of the input (kStore, M <= 4, K <= 3072; gemv_tc_norm_supported):
+  // x is the addend; each block computes rmsnorm(norm_res + x) * norm_w for its rows in shared
+  // memory, and the grid's last block stores norm_res += x and norm_out (bf16, [M, K]).
+  bool norm = false;
+  void* norm_res = nullptr;
+  const void* norm_w = nullptr;
+  void* norm_out = nullptr;
+  float eps = 1e-6f;
+  int* norm_counter = nullptr;  // zeroed; reset by the last block
 };
 // Rows per tile of each path (the MoE align kernel builds tiles of this height).
 constexpr int kGemvTile = 8;
@@ -147,6 +156,7 @@ void launch_gemv(const LinParams& p, cudaStream_t s);  // memory-bound path, sma
 // Tensor-core decode path (FP8 weights, 128x128 scales, K % 128 == 0, N % 16 == 0);
 // launch_gemv dispatches to it when supported and p.tc is set.
 bool gemv_tc_supported(const LinParams& p);
+bool gemv_tc_norm_supported(const LinParams& p);
 void launch_gemv_tc(const LinParams& p, cudaStream_t s);
 void launch_gemm(const LinParams& p, cudaStream_t s);  // tensor-core path (mma.sync bf16)
 
