@@ -25,7 +25,7 @@ bench() {  # name env... -- args
   env "$@" timeout 100 ./moeserve bench-model --synthetic minimax-m2.5 --layers "$LAYERS" --contexts 1024 \
     --prefill-tokens 0 --iters 20 ${BENCH_ARGS:-} --json "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
   echo "bench $name rc=$?"
-  grep -iE "batch|ms|roofline|error" "$OUT/bench_$name.log" | grep -v "^profile\|^  " | head -8
+  grep -E "^[0-9]+ +[0-9]+ |rror" "$OUT/bench_$name.log" | head -6
 }
 BENCH_ARGS="--batch-sizes 1 8 64 --profile 1" bench on MOESERVE_X=1
 stamp on
@@ -33,6 +33,12 @@ BENCH_ARGS="--batch-sizes 1 64" bench off MOESERVE_PDL=0 MOESERVE_DECODE_FUSION=
 stamp off
 BENCH_ARGS="--batch-sizes 1" bench nopdl MOESERVE_PDL=0
 BENCH_ARGS="--batch-sizes 1" bench nofusion MOESERVE_DECODE_FUSION=0
+stamp pairs
+# Single fusions off (10 layers: a per-layer difference shows 10x; "on10" is the reference).
+LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench on10 MOESERVE_X=1
+for f in router moe qkv norm_qkv qk_kv attn; do
+  LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench "no_$f" MOESERVE_DECODE_OFF=$f
+done
 stamp done
 echo "=== profile (on, batch 1) ==="
 sed -n '/^profile/,/^$/p' "$OUT/bench_on.log" | head -30

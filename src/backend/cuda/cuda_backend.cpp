@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -94,6 +95,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const size_t cbytes = size_t(kAttnCounterBase + kAttnCounterSlots) * sizeof(int);
   CUDA_CHECK(cudaMalloc(&counters_, cbytes));
   CUDA_CHECK(cudaMemset(counters_, 0, cbytes));
+  // A/B switches: MOESERVE_DECODE_OFF=router,moe,qkv,norm_qkv,qk_kv,attn (comma list) turns
+  // single fusions off; MOESERVE_DECODE_FUSION=0 all of them.
+  if (const char* e = std::getenv("MOESERVE_DECODE_OFF")) {
+    const std::string off = std::string(",") + e + ",";
+    auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
+    if (has("router")) fuse_router = false;
+    if (has("moe")) moe_direct_max_tokens = 0;
+    if (has("qkv")) fuse_linear_multi = false;
+    if (has("norm_qkv")) fuse_norm_linear = false;
+    if (has("qk_kv")) fuse_qk_write_kv = false;
+    if (has("attn")) fuse_attn_combine = false;
+  }
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;
     fuse_router = false;
