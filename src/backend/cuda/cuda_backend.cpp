@@ -106,6 +106,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("norm_qkv")) fuse_norm_linear = false;
     if (has("qk_kv")) fuse_qk_write_kv = false;
     if (has("attn")) fuse_attn_combine = false;
+    if (has("l2pf")) moe_l2_prefetch_pairs = 0;
   }
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;
@@ -114,6 +115,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     fuse_qk_write_kv = false;
     fuse_attn_combine = false;
     fuse_norm_linear = false;
+    moe_l2_prefetch_pairs = 0;
   }
 }
 

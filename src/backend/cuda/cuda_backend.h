@@ -120,6 +120,9 @@ class CudaBackend final : public Backend {
   int moe_direct_max_tokens = 1;
   // Router logits + top-k in one kernel (T <= 8).
   bool fuse_router = true;
+  // Decode router: L2 prefetch of the gate/up weights of the experts of the first this many
+  // (token, k) pairs (sm_90 only; 0: off).
+  int moe_l2_prefetch_pairs = 2;
   // linear_multi as one tensor-core GEMV launch where every weight allows it (else a loop).
   bool fuse_linear_multi = true;
   // add_rms_norm_linear_multi as one GEMV launch (T <= 4, K <= 3072).

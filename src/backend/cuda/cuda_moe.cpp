@@ -138,6 +138,18 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
   p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
   p.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
   p.counter = fuse_router ? counters_ : nullptr;
+  // Decode: L2 prefetch of the first experts' gate/up weights (~2 of them: about what the
+  // up GEMV's first wave reads first, well inside the L2). Needs the expert table (built
+  // outside capture by the first moe_experts call).
+  if (moe_l2_prefetch_pairs > 0 && T * k <= 8 && !moe.experts.empty()) {
+    auto it = expert_tables_.find(&moe);
+    if (it != expert_tables_.end() && it->second->fp8 && it->second->signature == expert_signature(moe)) {
+      p.pf_experts = it->second->dev;
+      p.pf_first_local = moe.first_local_expert, p.pf_num_local = int(moe.experts.size());
+      p.pf_pairs = moe_l2_prefetch_pairs;
+      p.pf_bytes = uint64_t(it->second->I) * it->second->H / 16 * 16;
+    }
+  }
   if (nf) {
     p.norm = true;
     p.x = nf->addend->data, p.x_bf16 = true;

@@ -10,6 +10,23 @@ namespace {
 
 constexpr int kMaxExperts = 1024;
 
+// Asks L2 to start fetching a chosen expert's gate/up weights (sm_90 bulk prefetch; a hint)
+// while the top-k goes on: the up GEMV's first blocks can only start after this kernel.
+__device__ __forceinline__ void prefetch_up(const RouteParams& p, int e) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int le = e - p.pf_first_local;
+  if (le < 0 || le >= p.pf_num_local) return;
+  const ExpertPtrs& x = p.pf_experts[le];
+  for (uint64_t off = 0; off < p.pf_bytes; off += (1u << 20)) {
+    const uint32_t n = uint32_t(min(uint64_t(1u << 20), p.pf_bytes - off));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(x.w1) + off), "r"(n)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(x.w3) + off), "r"(n)
+                 : "memory");
+  }
+#endif
+}
+
 // Top-k of one token by one warp: sigmoid scores from the logits, then top_k by (biased
 // score desc, expert id asc), weights renormalised over the chosen k. `score` / `choice`
 // are this warp's shared arrays of kMaxExperts.
@@ -36,6 +53,7 @@ __device__ void route_token(const RouteParams& p, int t, float* score, float* ch
       if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
     }
     if (best_e >= p.E) best_e = 0;  // only if every score is NaN
+    if (lane == 0 && p.pf_experts && t * p.top_k + j < p.pf_pairs) prefetch_up(p, best_e);
     if (lane == 0) {
       p.ids[t * p.top_k + j] = best_e;
       p.weights[t * p.top_k + j] = score[best_e];

@@ -182,6 +182,11 @@ struct RouteParams {
   const void* norm_w = nullptr;
   void* norm_out = nullptr;
   float eps = 1e-6f;
+  // Optional L2 prefetch of the gate/up weights (pf_bytes each, a multiple of 16) of the
+  // experts chosen for the first pf_pairs (token, k) pairs, issued as they are chosen.
+  const ExpertPtrs* pf_experts = nullptr;
+  int pf_first_local = 0, pf_num_local = 0, pf_pairs = 0;
+  uint64_t pf_bytes = 0;
 };
 bool route_norm_supported(const RouteParams& p);
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
