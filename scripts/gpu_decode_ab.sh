@@ -2,8 +2,9 @@
 # One device run for the decode-path work (branch decode1): CUDA op tests, the CUDA golden
 # test, then bench-model A/B over the two switches (env):
 #   MOESERVE_PDL=0              programmatic dependent launch off
-#   MOESERVE_DECODE_FUSION=0    fused decode ops off (router top-k, MoE direct pairs + combine,
-#                               q/k/v in one launch, qk_norm_rope + write_kv, attention combine)
+#   MOESERVE_DECODE_FUSION=0    fused decode ops off (router top-k + norm, MoE direct pairs + combine,
+#                               norm + q/k/v in one launch, qk_norm_rope + write_kv, attention
+#                               combine, L2 expert prefetch); MOESERVE_DECODE_OFF=a,b single ones
 # Run inside the pack dir (scripts/gpu_pack.sh output plus this script): OUT=/dir ./gpu_decode_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -36,7 +37,7 @@ BENCH_ARGS="--batch-sizes 1" bench nofusion MOESERVE_DECODE_FUSION=0
 stamp pairs
 # Single fusions off (10 layers: a per-layer difference shows 10x; "on10" is the reference).
 LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench on10 MOESERVE_X=1
-for f in router moe qkv norm_qkv qk_kv attn; do
+for f in router moe qkv norm_qkv qk_kv attn l2pf; do
   LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench "no_$f" MOESERVE_DECODE_OFF=$f
 done
 stamp done
