@@ -30,14 +30,17 @@ bench() {  # name env... -- args
 }
 BENCH_ARGS="--batch-sizes 1 8 64 --profile 1" bench on MOESERVE_X=1
 stamp on
+BENCH_ARGS="--batch-sizes 1 8" bench allon MOESERVE_DECODE_ON=attn,norm_qkv,norm_route
 BENCH_ARGS="--batch-sizes 1 64" bench off MOESERVE_PDL=0 MOESERVE_DECODE_FUSION=0
 stamp off
-BENCH_ARGS="--batch-sizes 1" bench nopdl MOESERVE_PDL=0
-BENCH_ARGS="--batch-sizes 1" bench nofusion MOESERVE_DECODE_FUSION=0
-stamp pairs
-# Single fusions off (10 layers: a per-layer difference shows 10x; "on10" is the reference).
+# Single switches (10 layers: a per-layer difference shows 10x; "on10" is the reference).
 LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench on10 MOESERVE_X=1
-for f in router moe qkv norm_qkv qk_kv attn l2pf; do
+LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench nopdl10 MOESERVE_PDL=0
+LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench nofusion10 MOESERVE_DECODE_FUSION=0
+for f in attn norm_qkv norm_route; do
+  LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench "with_$f" MOESERVE_DECODE_ON=$f
+done
+for f in router moe qkv qk_kv l2pf; do
   LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench "no_$f" MOESERVE_DECODE_OFF=$f
 done
 stamp done

@@ -119,7 +119,7 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
   auto res = randn(size_t(T) * H, rng), dx = randn(size_t(T) * H, rng), nw = randn(H, rng, 0.5f);
   auto gate = randn(size_t(E) * H, rng, 0.02f, false), bias = randn(E, rng, 0.01f, false);
   for (int fused = 1; fused >= 0; --fused) {
-    gpu().fuse_router = fused == 1;
+    gpu().fuse_norm_route = fused == 1;
     auto run = [&](Backend& b, bool on_gpu) {
       auto T_ = [&](const std::vector<float>& x, const Shape& s) {
         return on_gpu ? to_device(x, DType::BF16, s) : host_f32(x, s);
@@ -139,12 +139,25 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
     auto c = run(*cpu, false);
     EXPECT_LT(rel_err(g[0], c[0]), 1e-2) << "residual, fused " << fused;
     EXPECT_LT(rel_err(g[1], c[1]), 1e-2) << "normed, fused " << fused;
-    int same = 0;
-    for (size_t i = 0; i < g[2].size(); ++i) same += g[2][i] == c[2][i];
-    EXPECT_GE(same, int(g[2].size()) - 2) << "router choices differ beyond near-ties, fused " << fused;
-    if (same == int(g[2].size())) EXPECT_LT(rel_err(g[3], c[3]), 1e-3) << "router weights, fused " << fused;
+    // Router against the CPU router on the GPU's (bf16) normed rows: the chosen sets agree
+    // except near-ties (at most one swap per token), and the weights where they agree.
+    MoeWeights cm;
+    cm.gate = host_f32(gate, {E, H}), cm.score_bias = host_f32(bias, {E}), cm.num_experts = E, cm.top_k = K;
+    MoeRouting cr{cpu->alloc(DType::I32, {T, K}), cpu->alloc(DType::F32, {T, K})};
+    cpu->moe_route(host_f32(g[1], {T, H}), cm, cr);
+    auto cids = cpu->download_f32(cr.expert_ids), cw = cpu->download_f32(cr.weights);
+    for (int t = 0; t < T; ++t) {
+      int common = 0;
+      for (int a = 0; a < K; ++a)
+        for (int b = 0; b < K; ++b) common += g[2][size_t(t) * K + a] == cids[size_t(t) * K + b];
+      EXPECT_GE(common, K - 1) << "token " << t << ", fused " << fused;
+      if (common == K)
+        for (int a = 0; a < K; ++a)
+          if (g[2][size_t(t) * K + a] == cids[size_t(t) * K + a])
+            EXPECT_NEAR(g[3][size_t(t) * K + a], cw[size_t(t) * K + a], 1e-4) << "token " << t;
+    }
   }
-  gpu().fuse_router = true;
+  gpu().fuse_norm_route = false;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormRoute, ::testing::Values(1, 3, 6));
@@ -190,7 +203,7 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
       EXPECT_LT(rel_err(gpu().download_f32(outs[i]), ref), 1e-2) << "output " << i << ", fused " << fused;
     }
   }
-  gpu().fuse_norm_linear = true;
+  gpu().fuse_norm_linear = false;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormLinearMulti, ::testing::Values(1, 3, 6));

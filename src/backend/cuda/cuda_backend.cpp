@@ -94,13 +94,23 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const size_t cbytes = size_t(kAttnCounterBase + kAttnCounterSlots) * sizeof(int);
   CUDA_CHECK(cudaMalloc(&counters_, cbytes));
-  CUDA_CHECK(cudaMemset(counters_, 0, cbytes));
+  CUDA_CHECK(cudaMemsetAsync(counters_, 0, cbytes, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
   // A/B switches: MOESERVE_DECODE_OFF=router,moe,qkv,norm_qkv,qk_kv,attn (comma list) turns
   // single fusions off; MOESERVE_DECODE_FUSION=0 all of them.
+  // MOESERVE_DECODE_ON=attn,norm_qkv,norm_route turns on the fusions that are off by default.
+  if (const char* e = std::getenv("MOESERVE_DECODE_ON")) {
+    const std::string on = std::string(",") + e + ",";
+    auto has = [&](const char* n) { return on.find(std::string(",") + n + ",") != std::string::npos; };
+    if (has("attn")) fuse_attn_combine = true;
+    if (has("norm_qkv")) fuse_norm_linear = true;
+    if (has("norm_route")) fuse_norm_route = true;
+  }
   if (const char* e = std::getenv("MOESERVE_DECODE_OFF")) {
     const std::string off = std::string(",") + e + ",";
     auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
     if (has("router")) fuse_router = false;
+    if (has("norm_route")) fuse_norm_route = false;
     if (has("moe")) moe_direct_max_tokens = 0;
     if (has("qkv")) fuse_linear_multi = false;
     if (has("norm_qkv")) fuse_norm_linear = false;
@@ -115,6 +125,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     fuse_qk_write_kv = false;
     fuse_attn_combine = false;
     fuse_norm_linear = false;
+    fuse_norm_route = false;
     moe_l2_prefetch_pairs = 0;
   }
 }
@@ -150,7 +161,9 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
   cudaError_t err = cudaMalloc(&p, bytes);
   MS_CHECK(err == cudaSuccess, "cuda alloc of {} bytes ({} {}) failed: {}", bytes, dtype_name(t), shape_str(shape),
            cudaGetErrorString(err));
-  CUDA_CHECK(cudaMemset(p, 0, bytes));
+  // On the backend's (non-blocking) stream: a legacy-stream memset is not ordered with the
+  // kernels that use this memory next.
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
   out.data = p;
   out.owner = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
   return out;
@@ -159,7 +172,13 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
 Tensor CudaBackend::upload(const Tensor& host) {
   MS_CHECK(host.device == Device::CPU, "upload: source must be a host tensor");
   Tensor d = alloc(host.dtype, host.shape);
-  if (host.nbytes()) CUDA_CHECK(cudaMemcpy(d.data, host.data, host.nbytes(), cudaMemcpyHostToDevice));
+  // A pageable H2D cudaMemcpy may return before the DMA lands, and the legacy stream does not
+  // order our non-blocking stream: copy on the stream and wait (a test saw kernels read
+  // half-uploaded rows once launches got faster).
+  if (host.nbytes()) {
+    CUDA_CHECK(cudaMemcpyAsync(d.data, host.data, host.nbytes(), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   return d;
 }
 
@@ -375,6 +394,7 @@ void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, c
   if (fuse_norm_linear && use_gemv_tc && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
       weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
       out.numel() == x.numel() && out.shape == x.shape && weight.numel() == x.dim(-1) &&
+      aligned16({residual.data, x.data, weight.data, out.data}) &&
       multi_params(out, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
     m.norm = true;
     m.x = x.data;
@@ -519,7 +539,7 @@ void CudaBackend::attention(const AttentionArgs& a) {
   }
   p.splits = splits;
   const int64_t groups = int64_t(p.num_seqs) * qtiles * p.Hkv;
-  if (splits > 1 && fuse_attn_combine && groups <= kAttnCounterSlots) p.counters = counters_ + kAttnCounterBase;
+  if (splits > 1 && splits <= 32 && fuse_attn_combine && groups <= kAttnCounterSlots) p.counters = counters_ + kAttnCounterBase;
   if (use_attention_tc && splits == 1 && attention_tc_supported(p))
     launch_attention_tc(p, stream_);
   else

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -120,17 +122,24 @@ class CudaBackend final : public Backend {
   int moe_direct_max_tokens = 1;
   // Router logits + top-k in one kernel (T <= 8).
   bool fuse_router = true;
+  // add_rms_norm_route as that one kernel (T <= 4, H <= 3072). Off by default: the first
+  // version (per-element L2 loads in each of the 128 blocks) measured 3x slower than the
+  // separate norm kernel on the H200; the vectorised one is not measured yet.
+  bool fuse_norm_route = false;
   // Decode router: L2 prefetch of the gate/up weights of the experts of the first this many
   // (token, k) pairs (sm_90 only; 0: off).
   int moe_l2_prefetch_pairs = 2;
   // linear_multi as one tensor-core GEMV launch where every weight allows it (else a loop).
   bool fuse_linear_multi = true;
-  // add_rms_norm_linear_multi as one GEMV launch (T <= 4, K <= 3072).
-  bool fuse_norm_linear = true;
+  // add_rms_norm_linear_multi as one GEMV launch (T <= 4, K <= 3072). Off by default (as
+  // fuse_norm_route).
+  bool fuse_norm_linear = false;
   // qk_norm_rope_write_kv as one kernel.
   bool fuse_qk_write_kv = true;
   // Split-KV attention merges its splits in the last block of each group (no combine kernel).
-  bool fuse_attn_combine = true;
+  // Off by default: with serial partial loads it cost ~19 us per layer more than the combine
+  // kernel at batch 1 (H200); the warp-parallel merge is not measured yet.
+  bool fuse_attn_combine = false;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
@@ -172,6 +181,12 @@ class CudaBackend final : public Backend {
 };
 
 std::unique_ptr<CudaBackend> make_cuda_backend(int device = 0);
+// Every pointer 16-byte aligned (the fused norms load rows as 16-byte vectors).
+inline bool aligned16(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (reinterpret_cast<uintptr_t>(p) % 16) return false;
+  return true;
+}
 // Number of CUDA devices (0 when the driver or a device is missing; never throws).
 int cuda_device_count();
 

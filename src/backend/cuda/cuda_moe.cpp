@@ -100,9 +100,10 @@ void CudaBackend::add_rms_norm_route(Tensor& residual, const Tensor& x, const Te
                                      const MoeWeights& moe, MoeRouting& routing) {
   const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
                   out.dtype == DType::BF16;
-  if (fuse_router && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
+  if (fuse_router && fuse_norm_route && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
       weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
-      out.numel() == x.numel() && weight.numel() == x.dim(-1)) {
+      out.numel() == x.numel() && weight.numel() == x.dim(-1) &&
+      aligned16({residual.data, x.data, weight.data, out.data})) {
     NormFuse nf{&residual, &x, &weight, eps};
     if (moe_route_impl(out, moe, routing, &nf)) return;
   }

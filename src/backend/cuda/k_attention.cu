@@ -193,21 +193,27 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
     if (row_pos[rr] < 0) continue;
     const int r = warp * kRowsPerWarp + rr;
     const int t = q0 + qt * QT + r / G, h = kvh * G + r % G;
-    float M = -INFINITY;
-    for (int sp = 0; sp < p.splits; ++sp) M = fmaxf(M, __ldcg(p.part_ml + ((int64_t(sp) * p.T + t) * p.Hq + h) * 2));
-    float L = 0.f, o[kDPer];
+    // Lane s holds split s's (m, l) (splits <= 32): one parallel load, warp max / sum.
+    float ms = -INFINITY, ls = 0.f;
+    if (lane < p.splits) {
+      const int64_t base = (int64_t(lane) * p.T + t) * p.Hq + h;
+      ms = __ldcg(p.part_ml + base * 2);
+      ls = __ldcg(p.part_ml + base * 2 + 1);
+    }
+    const float M = warp_max(ms);
+    const float ws = ms == -INFINITY ? 0.f : exp2f(ms - M);
+    const float L = warp_sum(ls * ws);
+    float o[kDPer];
 #pragma unroll
     for (int i = 0; i < kDPer; ++i) o[i] = 0.f;
+#pragma unroll 8
     for (int sp = 0; sp < p.splits; ++sp) {
-      const int64_t base = (int64_t(sp) * p.T + t) * p.Hq + h;
-      const float ms = __ldcg(p.part_ml + base * 2), ls = __ldcg(p.part_ml + base * 2 + 1);
-      if (ms == -INFINITY) continue;
-      const float w = exp2f(ms - M);
-      L += ls * w;
+      const float w = __shfl_sync(0xffffffffu, ws, sp);
+      const float* po = p.part_o + ((int64_t(sp) * p.T + t) * p.Hq + h) * D;
 #pragma unroll
       for (int i = 0; i < kDPer; ++i) {
         const int d = lane + 32 * i;
-        if (d < D) o[i] += __ldcg(p.part_o + base * D + d) * w;
+        if (d < D) o[i] = fmaf(__ldcg(po + d), w, o[i]);
       }
     }
 #pragma unroll

@@ -184,22 +184,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   if (early) pdl_enter();
 
   if (p.norm) {  // rows begin..end-1 = 0..M-1 (one tile): x_j = rmsnorm(residual_j + addend_j) * w
-    const bf16* res = static_cast<const bf16*>(p.norm_res);
-    const bf16* ad = static_cast<const bf16*>(p.x);
-    const bf16* nw = static_cast<const bf16*>(p.norm_w);
-    for (int j = 0; j < nrows; ++j) {
-      float ss = 0.f;
-      for (int h = threadIdx.x; h < K; h += blockDim.x) {
-        const float v = bf2f(f2bf(bf2f(res[int64_t(j) * K + h]) + bf2f(ad[int64_t(j) * K + h])));
-        ss += v * v;
-      }
-      ss = block_sum(ss, scratch);
-      const float r = rsqrtf(ss / K + p.eps);
-      for (int h = threadIdx.x; h < K; h += blockDim.x) {
-        const float v = bf2f(f2bf(bf2f(res[int64_t(j) * K + h]) + bf2f(ad[int64_t(j) * K + h])));
-        xs[j][h] = f2bf(v * r * bf2f(nw[h]));
-      }
-    }
+    for (int j = 0; j < nrows; ++j)
+      add_norm_row_to_smem<(kNormK + 8 * kWarps * 32 - 1) / (8 * kWarps * 32)>(
+          static_cast<const bf16*>(p.norm_res) + int64_t(j) * K, static_cast<const bf16*>(p.x) + int64_t(j) * K,
+          static_cast<const bf16*>(p.norm_w), K, p.eps, &xs[j][0], scratch);
     __syncthreads();
   }
   const int xr_local = begin + min(g, nrows - 1);
@@ -358,7 +346,7 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
 
 bool gemv_tc_norm_supported(const LinParams& p) {
   return p.mode == LinMode::kStore && !p.tile_expert && !p.pair_ids && p.M <= kNormTok && p.K <= kNormK &&
-         p.norm_counter;
+         p.K % 8 == 0 && p.norm_counter;
 }
 
 bool gemv_tc_supported(const LinParams& p) {

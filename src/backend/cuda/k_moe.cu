@@ -81,7 +81,6 @@ constexpr int kRouteTok = 8, kRouteWarps = 2, kRoutePre = 24;
 // shared memory (a 12 KB read of the residual and the addend per token, from L2); the last
 // block, after every other block has read the old residual, stores residual and normed rows.
 constexpr int kRouteNormTok = 4, kRouteNormH = 3072;
-__device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
 __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RouteParams p) {
   __shared__ float score[kRouteWarps][kMaxExperts], choice[kRouteWarps][kMaxExperts];
   __shared__ int is_last;
@@ -100,22 +99,10 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RoutePar
   pdl_enter();
   const int nt = min(kRouteTok, p.T - t0);
   if (p.norm) {
-    const bf16* res = static_cast<const bf16*>(p.residual);
-    const bf16* dx = static_cast<const bf16*>(p.x);
-    const bf16* nw = static_cast<const bf16*>(p.norm_w);
-    for (int j = 0; j < nt; ++j) {
-      float ss = 0.f;
-      for (int h = threadIdx.x; h < p.H; h += blockDim.x) {
-        const float v = round_bf(bf2f(res[int64_t(j) * p.H + h]) + bf2f(dx[int64_t(j) * p.H + h]));
-        ss += v * v;
-      }
-      ss = block_sum(ss, scratch);
-      const float r = rsqrtf(ss / p.H + p.eps);
-      for (int h = threadIdx.x; h < p.H; h += blockDim.x) {
-        const float v = round_bf(bf2f(res[int64_t(j) * p.H + h]) + bf2f(dx[int64_t(j) * p.H + h]));
-        xs[j][h] = f2bf(v * r * bf2f(nw[h]));
-      }
-    }
+    for (int j = 0; j < nt; ++j)
+      add_norm_row_to_smem<kRouteNormH / (8 * kRouteWarps * 32)>(
+          static_cast<const bf16*>(p.residual) + int64_t(j) * p.H, static_cast<const bf16*>(p.x) + int64_t(j) * p.H,
+          static_cast<const bf16*>(p.norm_w), p.H, p.eps, &xs[j][0], scratch);
     __syncthreads();
   }
   float acc[kRouteTok];
@@ -276,7 +263,7 @@ __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int 
 
 bool route_norm_supported(const RouteParams& p) {
   return p.counter && p.x_bf16 && !p.gate_bf16 && p.T <= kRouteNormTok && p.H <= kRouteNormH && p.H % 128 == 0 &&
-         p.H / 128 <= kRoutePre;
+         p.H / 128 <= kRoutePre;  // (H % 8 == 0 for the 16-byte norm loads follows)
 }
 
 void launch_moe_route(const RouteParams& p, cudaStream_t s) {
