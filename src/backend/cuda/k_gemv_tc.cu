@@ -54,11 +54,15 @@ struct Chunk {
 };
 
 // kWarps: split-K ways (4, or 8 for grids too small to fill the GPU, e.g. k/v projections).
-template <int MODE, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
+// NORM: the fused add + RMSNorm variant (kStore only; the shared row buffer is only in it).
+// kSwiglu keeps <= 128 registers (4 blocks of 4 warps per SM, as before the PDL / direct-pair
+// additions pushed it to 138 and 3 blocks).
+template <int MODE, int kWarps, bool NORM>
+__global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 16 / kWarps : 1)
+    gemv_tc_kernel(LinParams p) {
   __shared__ float red[kWarps - 1][2][4][32];
   // p.norm: the block's activation rows, residual + addend normalised here (bf16).
-  __shared__ __align__(16) bf16 xs[kNormTok][kNormK];
+  __shared__ __align__(16) bf16 xs[NORM ? kNormTok : 1][NORM ? kNormK : 8];
   __shared__ float scratch[32];
   // MoE tiles come from the predecessor (align / router): wait before reading them. Plain
   // linears know their weight rows up front and issue the first weight loads before the
@@ -131,7 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   };
   if (n_base >= N) {
     if (early) pdl_enter();
-    if (p.norm && warp == 0) {  // xs is not needed: only the last block stores it, and not this one
+    if (NORM && warp == 0) {  // xs is not needed: only the last block stores it, and not this one
       if (lane == 0) atomicAdd(p.norm_counter, 1);
     }
     return;
@@ -183,7 +187,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   if (warp + kWarps < nchunks) load_w(warp + kWarps, c1);
   if (early) pdl_enter();
 
-  if (p.norm) {  // rows begin..end-1 = 0..M-1 (one tile): x_j = rmsnorm(residual_j + addend_j) * w
+  if (NORM) {  // rows begin..end-1 = 0..M-1 (one tile): x_j = rmsnorm(residual_j + addend_j) * w
     for (int j = 0; j < nrows; ++j)
       add_norm_row_to_smem<(kNormK + 8 * kWarps * 32 - 1) / (8 * kWarps * 32)>(
           static_cast<const bf16*>(p.norm_res) + int64_t(j) * K, static_cast<const bf16*>(p.x) + int64_t(j) * K,
@@ -191,7 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
     __syncthreads();
   }
   const int xr_local = begin + min(g, nrows - 1);
-  const bf16* xrow = p.norm ? &xs[xr_local][0]
+  const bf16* xrow = NORM ? &xs[xr_local][0]
                             : static_cast<const bf16*>(p.x) +
                                   int64_t(p.x_rows ? p.x_rows[xr_local] : xr_local / p.x_row_div) * p.ldx;
   auto load_x = [&](int c, Chunk& ch) {
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
     for (int s = 0; s < 2; ++s) {
       const int col = c * kChunk + s * 64 + q * 16;
       const uint4* xp = reinterpret_cast<const uint4*>(xrow + col);
-      if (p.norm) {  // shared memory
+      if (NORM) {  // shared memory
         ch.x[s][0] = xp[0];
         ch.x[s][1] = xp[1];
       } else {
@@ -293,7 +297,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
       }
     }
   }
-  if (p.norm) {
+  if (NORM) {
     norm_arrive();
     return;
   }
@@ -335,10 +339,20 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
   // Fewer than ~2 blocks per SM (k/v/o projections at batch 1: 32-96 blocks): 8 warps per
   // block so each row group's K is streamed by twice as many warps.
   // linear_multi (q/k/v: 256 blocks of equal work) stays at 4 warps: one wave.
-  if (int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264))
-    launch_pdl(gemv_tc_kernel<MODE, 8>, grid, dim3(8 * 32), 0, s, p);
+  const bool wide = int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
+  if constexpr (MODE == int(LinMode::kStore)) {
+    if (p.norm) {
+      if (wide)
+        launch_pdl(gemv_tc_kernel<MODE, 8, true>, grid, dim3(8 * 32), 0, s, p);
+      else
+        launch_pdl(gemv_tc_kernel<MODE, 4, true>, grid, dim3(4 * 32), 0, s, p);
+      return;
+    }
+  }
+  if (wide)
+    launch_pdl(gemv_tc_kernel<MODE, 8, false>, grid, dim3(8 * 32), 0, s, p);
   else
-    launch_pdl(gemv_tc_kernel<MODE, 4>, grid, dim3(4 * 32), 0, s, p);
+    launch_pdl(gemv_tc_kernel<MODE, 4, false>, grid, dim3(4 * 32), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 
