@@ -37,10 +37,10 @@ stamp off
 LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench on10 MOESERVE_X=1
 LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench nopdl10 MOESERVE_PDL=0
 LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench nofusion10 MOESERVE_DECODE_FUSION=0
-for f in attn norm_qkv norm_route; do
+for f in attn norm_qkv norm_route l2pf; do
   LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench "with_$f" MOESERVE_DECODE_ON=$f
 done
-for f in router moe qkv qk_kv l2pf; do
+for f in router moe qkv qk_kv; do
   LAYERS=10 BENCH_ARGS="--batch-sizes 1" bench "no_$f" MOESERVE_DECODE_OFF=$f
 done
 stamp done

@@ -105,6 +105,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("attn")) fuse_attn_combine = true;
     if (has("norm_qkv")) fuse_norm_linear = true;
     if (has("norm_route")) fuse_norm_route = true;
+    if (has("l2pf")) moe_l2_prefetch_pairs = 2;
   }
   if (const char* e = std::getenv("MOESERVE_DECODE_OFF")) {
     const std::string off = std::string(",") + e + ",";
@@ -116,7 +117,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("norm_qkv")) fuse_norm_linear = false;
     if (has("qk_kv")) fuse_qk_write_kv = false;
     if (has("attn")) fuse_attn_combine = false;
-    if (has("l2pf")) moe_l2_prefetch_pairs = 0;
   }
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;

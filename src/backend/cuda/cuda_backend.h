@@ -127,8 +127,9 @@ class CudaBackend final : public Backend {
   // separate norm kernel on the H200; the vectorised one is not measured yet.
   bool fuse_norm_route = false;
   // Decode router: L2 prefetch of the gate/up weights of the experts of the first this many
-  // (token, k) pairs (sm_90 only; 0: off).
-  int moe_l2_prefetch_pairs = 2;
+  // (token, k) pairs (sm_90 only; 0: off). Off by default: 2 pairs measured ~3.5 us per layer
+  // slower at batch 1 on the H200 (the prefetch competes with the up GEMV's own stream).
+  int moe_l2_prefetch_pairs = 0;
   // linear_multi as one tensor-core GEMV launch where every weight allows it (else a loop).
   bool fuse_linear_multi = true;
   // add_rms_norm_linear_multi as one GEMV launch (T <= 4, K <= 3072). Off by default (as

@@ -81,24 +81,31 @@ constexpr int kRouteTok = 8, kRouteWarps = 2, kRoutePre = 24;
 // shared memory (a 12 KB read of the residual and the addend per token, from L2); the last
 // block, after every other block has read the old residual, stores residual and normed rows.
 constexpr int kRouteNormTok = 4, kRouteNormH = 3072;
+// kFused = false (T > 8, many blocks): no register prefetch, no shared memory, no norm or
+// top-k, so the kernel keeps its occupancy (the fused variant's 253 registers and 41 KB of
+// shared memory allow 4 blocks per SM, the plain one ~14).
+template <bool kFused>
 __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RouteParams p) {
-  __shared__ float score[kRouteWarps][kMaxExperts], choice[kRouteWarps][kMaxExperts];
+  __shared__ float score[kFused ? kRouteWarps : 1][kFused ? kMaxExperts : 1];
+  __shared__ float choice[kFused ? kRouteWarps : 1][kFused ? kMaxExperts : 1];
   __shared__ int is_last;
   __shared__ float scratch[32];
-  __shared__ __align__(16) bf16 xs[kRouteNormTok][kRouteNormH];  // p.norm: this block's normed rows
+  // p.norm: this block's normed rows
+  __shared__ __align__(16) bf16 xs[kFused ? kRouteNormTok : 1][kFused ? kRouteNormH : 8];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int e = blockIdx.x * kRouteWarps + warp, t0 = blockIdx.y * kRouteTok;
-  const bool pre = p.H % 128 == 0 && p.H / 128 <= kRoutePre && !p.gate_bf16;
-  float4 wpre[kRoutePre];
+  const bool pre = kFused && p.H % 128 == 0 && p.H / 128 <= kRoutePre && !p.gate_bf16;
+  const bool norm = kFused && p.norm;
+  float4 wpre[kFused ? kRoutePre : 1];
   if (pre && e < p.E) {
     const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
 #pragma unroll
-    for (int i = 0; i < kRoutePre; ++i)
+    for (int i = 0; i < (kFused ? kRoutePre : 1); ++i)
       if (i < p.H / 128) wpre[i] = __ldg(g + i * 32 + lane);
   }
   pdl_enter();
   const int nt = min(kRouteTok, p.T - t0);
-  if (p.norm) {
+  if (norm) {
     for (int j = 0; j < nt; ++j)
       add_norm_row_to_smem<kRouteNormH / (8 * kRouteWarps * 32)>(
           static_cast<const bf16*>(p.residual) + int64_t(j) * p.H, static_cast<const bf16*>(p.x) + int64_t(j) * p.H,
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RoutePar
       if (j < nt) {
         const int64_t xi = int64_t(t0 + j) * p.H + h;
         float x0, x1, x2, x3;
-        if (p.norm) {
+        if (norm) {
           const uint2 raw = *reinterpret_cast<const uint2*>(&xs[j][h]);
           const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
           x0 = a.x, x1 = a.y, x2 = b.x, x3 = b.y;
@@ -133,7 +140,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RoutePar
   if (e < p.E) {
     if (pre) {
 #pragma unroll
-      for (int i = 0; i < kRoutePre; ++i)
+      for (int i = 0; i < (kFused ? kRoutePre : 1); ++i)
         if (i < p.H / 128) fma4(wpre[i], 4 * (i * 32 + lane));
     } else if (p.H % 4 == 0 && !p.gate_bf16) {
       const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
@@ -159,7 +166,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RoutePar
       if (lane == 0 && j < nt) p.logits[int64_t(t0 + j) * p.E + e] = v;
     }
   }
-  if (!p.counter) return;
+  if (!kFused || !p.counter) return;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) is_last = atomicAdd(p.counter, 1) == int(gridDim.x * gridDim.y) - 1;
@@ -167,7 +174,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RoutePar
   if (!is_last) return;
   if (threadIdx.x == 0) *p.counter = 0;  // ready for the next layer / graph replay
   __threadfence();
-  if (p.norm) {  // every other block is done with the old residual
+  if (norm) {  // every other block is done with the old residual
     for (int j = 0; j < nt; ++j)
       for (int h = threadIdx.x; h < p.H; h += blockDim.x) {
         const int64_t i = int64_t(j) * p.H + h;
@@ -274,7 +281,7 @@ void launch_moe_route(const RouteParams& p, cudaStream_t s) {
   RouteParams q = p;
   if (p.T > kRouteTok) q.counter = nullptr;
   CU_REQUIRE(!p.norm || route_norm_supported(p), "moe_route: fused norm unsupported for these shapes");
-  launch_pdl(route_logits_kernel, dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), dim3(kRouteWarps * 32), 0,
+  launch_pdl(q.counter ? route_logits_kernel<true> : route_logits_kernel<false>, dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), dim3(kRouteWarps * 32), 0,
              s, q);
   CUDA_CHECK_LAUNCH();
   if (!q.counter) {
