@@ -22,7 +22,8 @@ for step in $STEPS; do
   case $step in
     tests)
       for suite in 'CudaOps.*' '*CudaNorm*' '*CudaQkNormRope*' '*CudaLinear*' '*CudaAttention*' 'CudaMoe.*' \
-                   '*CudaMoeExperts*' 'CudaSample.*' 'CudaGraph.*' 'CudaVsCpu.*'; do
+                   '*CudaMoeExperts*' 'CudaSample.*' 'CudaGraph.*' 'CudaVsCpu.*' \
+                   '*CudaRouter*' '*CudaAddNorm*'; do
         timeout 90 ./test_cuda_ops --gtest_color=no --gtest_filter="$suite" >> "$OUT/tests.log" 2>&1
         echo "suite $suite rc=$?" | tee -a "$OUT/tests.log"
       done

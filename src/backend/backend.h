@@ -160,6 +160,31 @@ class Backend {
                            Tensor& out) = 0;
   // out = a + b (elementwise, same shape).
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+
+  // ---- Fused ops. The default bodies compose the ops above and are the reference (the CPU
+  // backend uses them); the CUDA backend runs each as fewer kernels at decode. ----
+  // outs[i] = x @ ws[i]^T for i < n (weights sharing one input: the q/k/v projections).
+  virtual void linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) {
+    for (int i = 0; i < n; ++i) linear(x, *ws[i], *outs[i]);
+  }
+  // add_rms_norm(residual, x, weight, eps, out), then linear_multi(out, ws, outs, n).
+  virtual void add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                                         Tensor& out, const LinearWeight* const* ws, Tensor* const* outs, int n) {
+    add_rms_norm(residual, x, weight, eps, out);
+    linear_multi(out, ws, outs, n);
+  }
+  // add_rms_norm(residual, x, weight, eps, out), then moe_route(out, moe, routing).
+  virtual void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                                  const MoeWeights& moe, MoeRouting& routing) {
+    add_rms_norm(residual, x, weight, eps, out);
+    moe_route(out, moe, routing);
+  }
+  // qk_norm_rope(args), then write_kv(*args.k, v, kv, meta).
+  virtual void qk_norm_rope_write_kv(const QkNormRopeArgs& args, const Tensor& v, KVCacheLayer& kv,
+                                     const AttentionMeta& meta) {
+    qk_norm_rope(args);
+    write_kv(*args.k, v, kv, meta);
+  }
 };
 
 }  // namespace moeserve

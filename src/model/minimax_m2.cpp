@@ -329,11 +329,13 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     MiniMaxM2Layer& L = w_.layers[l];
     // Attention block.
-    be_.linear(x, L.q, q);  // [T, Hq_local*D]
-    mark("q_proj");
-    be_.linear(x, L.k, k);  // [T, Hkv_local*D]
-    be_.linear(x, L.v, v);
-    mark("kv_proj");
+    const LinearWeight* qkv_w[3] = {&L.q, &L.k, &L.v};  // -> q [T, Hq_local*D], k/v [T, Hkv_local*D]
+    Tensor* qkv_out[3] = {&q, &k, &v};
+    if (l == 0)
+      be_.linear_multi(x, qkv_w, qkv_out, 3);
+    else  // the previous layer's residual add + this layer's input norm, fused into q/k/v
+      be_.add_rms_norm_linear_multi(residual, moe_out, L.input_norm, eps, x, qkv_w, qkv_out, 3);
+    mark(l == 0 ? "qkv_proj" : "norm_qkv_proj");
     QkNormRopeArgs qa;
     qa.q = &q;
     qa.k = &k;
@@ -353,10 +355,8 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;
       qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
     }
-    be_.qk_norm_rope(qa);
-    mark("qk_norm_rope");
-    be_.write_kv(k, v, kv[l], meta);
-    mark("write_kv");
+    be_.qk_norm_rope_write_kv(qa, v, kv[l], meta);
+    mark("qk_norm_rope_write_kv");
     AttentionArgs aa;
     aa.q = &q;
     aa.kv = &kv[l];
@@ -371,18 +371,15 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     be_.linear(attn, L.o, o);  // row-parallel: partial sums per rank
     mark("o_proj");
     all_reduce(o);
-    be_.add_rms_norm(residual, o, L.post_attention_norm, eps, x);
-    mark("norm");
-    // MoE block.
-    be_.moe_route(x, L.moe, routing);
-    mark("moe_route");
+    // MoE block (the post-attention norm and the router: one kernel on CUDA at decode).
+    be_.add_rms_norm_route(residual, o, L.post_attention_norm, eps, x, L.moe, routing);
+    mark("norm_route");
     be_.moe_experts(x, L.moe, routing, moe_out);  // this rank's experts / expert slices
     mark("moe_experts");
     all_reduce(moe_out);
-    const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
-    be_.add_rms_norm(residual, moe_out, next_norm, eps, x);
-    mark("norm");
   }
+  be_.add_rms_norm(residual, moe_out, w_.final_norm, eps, x);
+  mark("norm");
   if (R == 0) return {};
   Tensor sel = ws_.sel.slice_rows(0, R);
   be_.embedding(x, rows, sel);  // gather the rows that need logits

@@ -93,6 +93,13 @@ TEST_P(CudaAttention, MatchesReference) {
   AttentionArgs a{&dq, &kv, &meta, c.Hq, c.Hkv, c.D, scale, &out};
   gpu().attention(a);
   EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2);
+  // Split-KV merged in the last split block instead of the combine kernel.
+  gpu().fuse_attn_combine = true;
+  Tensor out2 = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});
+  a.out = &out2;
+  gpu().attention(a);
+  gpu().fuse_attn_combine = false;
+  EXPECT_LT(rel_err(gpu().download_f32(out2), ref), 1e-2) << "fused combine";
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "test_util.h"
 
@@ -15,10 +16,15 @@ namespace {
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-TEST(CudaMoe, RouterMatchesReference) {
+// T = 6 runs the fused router (top-k in the last logits block) and, switched off, the two
+// kernels; T = 20 (> 8 tokens) always the two kernels.
+class CudaRouter : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+TEST_P(CudaRouter, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  std::mt19937 rng(11);
-  const int T = 6, H = 3072, E = 256, K = 8;
+  const int T = std::get<0>(GetParam());
+  gpu().fuse_router = std::get<1>(GetParam());
+  std::mt19937 rng(11 + T);
+  const int H = 3072, E = 256, K = 8;
   auto x = randn(size_t(T) * H, rng);
   auto gate = randn(size_t(E) * H, rng, 0.02f, false);
   auto bias = randn(E, rng, 0.1f, false);
@@ -51,7 +57,10 @@ TEST(CudaMoe, RouterMatchesReference) {
       EXPECT_NEAR(w[size_t(t) * K + j], s[order[j]] / sum, 1e-4);
     }
   }
+  gpu().fuse_router = true;
 }
+INSTANTIATE_TEST_SUITE_P(Tokens, CudaRouter,
+                         ::testing::Combine(::testing::Values(1, 6, 20), ::testing::Values(true, false)));
 
 struct MoeCase {
   int T, H, I, E_local, E, K, first_local;
@@ -102,13 +111,16 @@ TEST_P(CudaMoeExperts, MatchesReference) {
   }
   // Default dispatch (GEMV kernels with the tensor-core FP8 GEMV where supported), the
   // f32 CUDA-core GEMV, then the grouped GEMM forced.
-  for (int mode = 0; mode < 3; ++mode) {
-    const int saved = gpu().moe_gemv_max_tokens;
-    gpu().moe_gemv_max_tokens = mode < 2 ? saved : 0;
+  // Mode 3: direct pair tiles + fused combine forced at any T (default: T == 1 only).
+  for (int mode = 0; mode < 4; ++mode) {
+    const int saved = gpu().moe_gemv_max_tokens, saved_direct = gpu().moe_direct_max_tokens;
+    gpu().moe_gemv_max_tokens = mode == 2 ? 0 : saved;
+    gpu().moe_direct_max_tokens = mode == 3 ? 1 << 20 : mode == 0 ? saved_direct : 0;
     gpu().use_gemv_tc = mode != 1;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
     gpu().moe_gemv_max_tokens = saved;
+    gpu().moe_direct_max_tokens = saved_direct;
     gpu().use_gemv_tc = true;
     auto got = gpu().download_f32(out);
     EXPECT_LT(rel_err(got, ref), 2e-2) << "mode " << mode;
@@ -122,6 +134,7 @@ INSTANTIATE_TEST_SUITE_P(
                       MoeCase{40, 256, 128, 16, 16, 4, 0, true},      // many pairs per expert
                       MoeCase{150, 256, 192, 8, 8, 2, 0, true},       // > gemv threshold: grouped GEMM
                       MoeCase{9, 256, 128, 6, 16, 4, 5, true},        // EP: local experts 5..10 of 16
+                      MoeCase{1, 256, 128, 6, 16, 4, 5, true},        // EP at decode (direct pairs)
                       MoeCase{7, 320, 96, 5, 5, 2, 0, false},         // bf16 experts
                       MoeCase{5, 200, 72, 4, 4, 2, 0, true}));        // odd sizes (scalar paths)
 

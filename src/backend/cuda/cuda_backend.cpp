@@ -2,10 +2,14 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -16,6 +20,27 @@ void throw_cuda_error(cudaError_t err, const char* file, int line, const char* e
   fail("CUDA error {} at {}:{}: {}", cudaGetErrorString(err), file, line, expr);
 }
 void throw_error(const std::string& msg) { throw Error(msg); }
+
+int device_cc_major() {
+  // Per device ordinal, 0 = not yet known (benign race: every writer stores the same value).
+  static std::atomic<int> cc[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  int v = cc[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev);
+    cc[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+bool pdl_enabled() {
+  static const bool env_off = [] {
+    const char* e = std::getenv("MOESERVE_PDL");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !env_off && device_cc_major() >= 9;
+}
 }  // namespace cuda
 using namespace cuda;
 
@@ -67,6 +92,42 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const size_t cbytes = size_t(kAttnCounterBase + kAttnCounterSlots) * sizeof(int);
+  CUDA_CHECK(cudaMalloc(&counters_, cbytes));
+  CUDA_CHECK(cudaMemsetAsync(counters_, 0, cbytes, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // A/B switches: MOESERVE_DECODE_OFF=router,moe,qkv,norm_qkv,qk_kv,attn (comma list) turns
+  // single fusions off; MOESERVE_DECODE_FUSION=0 all of them.
+  // MOESERVE_DECODE_ON=attn,norm_qkv,norm_route turns on the fusions that are off by default.
+  if (const char* e = std::getenv("MOESERVE_DECODE_ON")) {
+    const std::string on = std::string(",") + e + ",";
+    auto has = [&](const char* n) { return on.find(std::string(",") + n + ",") != std::string::npos; };
+    if (has("attn")) fuse_attn_combine = true;
+    if (has("norm_qkv")) fuse_norm_linear = true;
+    if (has("norm_route")) fuse_norm_route = true;
+    if (has("l2pf")) moe_l2_prefetch_pairs = 2;
+  }
+  if (const char* e = std::getenv("MOESERVE_DECODE_OFF")) {
+    const std::string off = std::string(",") + e + ",";
+    auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
+    if (has("router")) fuse_router = false;
+    if (has("norm_route")) fuse_norm_route = false;
+    if (has("moe")) moe_direct_max_tokens = 0;
+    if (has("qkv")) fuse_linear_multi = false;
+    if (has("norm_qkv")) fuse_norm_linear = false;
+    if (has("qk_kv")) fuse_qk_write_kv = false;
+    if (has("attn")) fuse_attn_combine = false;
+  }
+  if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
+    moe_direct_max_tokens = 0;
+    fuse_router = false;
+    fuse_linear_multi = false;
+    fuse_qk_write_kv = false;
+    fuse_attn_combine = false;
+    fuse_norm_linear = false;
+    fuse_norm_route = false;
+    moe_l2_prefetch_pairs = 0;
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -74,6 +135,7 @@ CudaBackend::~CudaBackend() {
   for (auto& b : ws_)
     if (b.ptr) cudaFree(b.ptr);
   if (pinned_) cudaFreeHost(pinned_);
+  if (counters_) cudaFree(counters_);
   expert_tables_.clear();
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -99,7 +161,9 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
   cudaError_t err = cudaMalloc(&p, bytes);
   MS_CHECK(err == cudaSuccess, "cuda alloc of {} bytes ({} {}) failed: {}", bytes, dtype_name(t), shape_str(shape),
            cudaGetErrorString(err));
-  CUDA_CHECK(cudaMemset(p, 0, bytes));
+  // On the backend's (non-blocking) stream: a legacy-stream memset is not ordered with the
+  // kernels that use this memory next.
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
   out.data = p;
   out.owner = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
   return out;
@@ -108,7 +172,13 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
 Tensor CudaBackend::upload(const Tensor& host) {
   MS_CHECK(host.device == Device::CPU, "upload: source must be a host tensor");
   Tensor d = alloc(host.dtype, host.shape);
-  if (host.nbytes()) CUDA_CHECK(cudaMemcpy(d.data, host.data, host.nbytes(), cudaMemcpyHostToDevice));
+  // A pageable H2D cudaMemcpy may return before the DMA lands, and the legacy stream does not
+  // order our non-blocking stream: copy on the stream and wait (a test saw kernels read
+  // half-uploaded rows once launches got faster).
+  if (host.nbytes()) {
+    CUDA_CHECK(cudaMemcpyAsync(d.data, host.data, host.nbytes(), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   return d;
 }
 
@@ -240,7 +310,9 @@ void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& 
   launch_rms_norm(p, stream_);
 }
 
-void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+namespace {
+// Checks one linear and fills its GEMV/GEMM parameters (single-matrix fields).
+LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc) {
   check_dev(x, "linear", "x");
   check_dev(w.weight, "linear", "weight");
   check_dev(out, "linear", "out");
@@ -250,7 +322,7 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   MS_CHECK(x.dim(-1) == K && out.numel() == int64_t(T) * N, "linear: x {} weight {} out {}", shape_str(x.shape),
            shape_str(w.weight.shape), shape_str(out.shape));
   LinParams p;
-  p.tc = use_gemv_tc;
+  p.tc = tc;
   p.mode = LinMode::kStore;
   p.x = x.data, p.ldx = K, p.M = T;
   p.w = w.weight.data, p.N = N, p.K = K;
@@ -269,6 +341,13 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
     p.fp8 = false, p.bo = p.bi = 128;
   }
   p.out = out.data, p.ldo = N, p.out_f32 = !is_bf16(out, "linear", "out");
+  return p;
+}
+}  // namespace
+
+void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  const LinParams p = linear_params(x, w, out, use_gemv_tc);
+  const int T = p.M, N = p.N;
   // Narrow outputs (k/v projections: N = 1024) give the 64 x 128 GEMM tiles too few blocks at
   // decode batch sizes; the GEMV path (8-row tiles sharing weight rows through L2) measured
   // ~3x faster there at 64 rows on the H200, and slower for wide N, so only narrow N uses it.
@@ -281,6 +360,56 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
     launch_gemm(p, stream_);
 }
 
+namespace {
+// One tensor-core GEMV launch over all weights (q/k/v at decode: 256 blocks instead of
+// 192 + 32 + 32 in three dependent launches) when every weight takes that path.
+bool multi_params(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n, int max_tokens,
+                  LinParams* m) {
+  if (n < 1 || n > LinParams::kMaxSegs) return false;
+  for (int i = 0; i < n; ++i) {
+    const LinParams p = linear_params(x, *ws[i], *outs[i], true);
+    if (i == 0) *m = p;
+    if (!(p.M <= max_tokens && gemv_tc_supported(p) && p.K == m->K && p.out_f32 == m->out_f32)) return false;
+    m->seg[i] = {p.w, p.s, p.out, p.N, p.s_cols, p.ldo};
+    m->seg_block[i + 1] = m->seg_block[i] + ceil_div(p.N, 32) * ceil_div(p.M, kGemvTile);
+  }
+  m->nseg = n;
+  return true;
+}
+}  // namespace
+
+void CudaBackend::linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) {
+  LinParams m;
+  if (fuse_linear_multi && n > 1 && use_gemv_tc && multi_params(x, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
+    launch_gemv_tc(m, stream_);
+    return;
+  }
+  for (int i = 0; i < n; ++i) linear(x, *ws[i], *outs[i]);
+}
+
+void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                                            Tensor& out, const LinearWeight* const* ws, Tensor* const* outs, int n) {
+  const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
+                  out.dtype == DType::BF16;
+  LinParams m;
+  if (fuse_norm_linear && use_gemv_tc && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
+      weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
+      out.numel() == x.numel() && out.shape == x.shape && weight.numel() == x.dim(-1) &&
+      aligned16({residual.data, x.data, weight.data, out.data}) &&
+      multi_params(out, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
+    m.norm = true;
+    m.x = x.data;
+    m.norm_res = residual.data, m.norm_w = weight.data, m.norm_out = out.data, m.eps = eps;
+    m.norm_counter = counters_ + 1;
+    if (gemv_tc_norm_supported(m)) {
+      launch_gemv_tc(m, stream_);
+      return;
+    }
+  }
+  add_rms_norm(residual, x, weight, eps, out);
+  linear_multi(out, ws, outs, n);
+}
+
 void CudaBackend::row_sum_squares(const Tensor& x, Tensor& out) {
   check_dev(x, "row_sum_squares", "x");
   check_dev(out, "row_sum_squares", "out");
@@ -289,7 +418,20 @@ void CudaBackend::row_sum_squares(const Tensor& x, Tensor& out) {
                          stream_);
 }
 
-void CudaBackend::qk_norm_rope(const QkNormRopeArgs& a) {
+void CudaBackend::qk_norm_rope(const QkNormRopeArgs& a) { qk_norm_rope_impl(a, nullptr, nullptr, nullptr); }
+
+void CudaBackend::qk_norm_rope_write_kv(const QkNormRopeArgs& a, const Tensor& v, KVCacheLayer& kv,
+                                        const AttentionMeta& meta) {
+  if (!fuse_qk_write_kv) {
+    qk_norm_rope_impl(a, nullptr, nullptr, nullptr);
+    write_kv(*a.k, v, kv, meta);
+    return;
+  }
+  qk_norm_rope_impl(a, &v, &kv, &meta);
+}
+
+void CudaBackend::qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
+                                    const AttentionMeta* meta) {
   MS_CHECK(a.q && a.k && a.q_norm_weight && a.k_norm_weight && a.positions, "qk_norm_rope: missing argument");
   check_dev(*a.q, "qk_norm_rope", "q");
   check_dev(*a.k, "qk_norm_rope", "k");
@@ -318,6 +460,23 @@ void CudaBackend::qk_norm_rope(const QkNormRopeArgs& a) {
   p.k_sumsq = a.k_sum_squares ? a.k_sum_squares->ptr<float>() : nullptr;
   p.q_full = a.q_full_width > 0 ? a.q_full_width : p.q_width;
   p.k_full = a.k_full_width > 0 ? a.k_full_width : p.k_width;
+  if (kv) {
+    // Same checks as write_kv; the cache rows are the k rows after norm + RoPE.
+    check_dev(*v, "qk_norm_rope_write_kv", "v");
+    check_dev(kv->k, "qk_norm_rope_write_kv", "k cache");
+    check_dev(kv->v, "qk_norm_rope_write_kv", "v cache");
+    check_dev(meta->slot_mapping, "qk_norm_rope_write_kv", "slot_mapping");
+    MS_CHECK(kv->k.rank() == 4 && kv->k.shape == kv->v.shape && kv->k.dtype == kv->v.dtype,
+             "qk_norm_rope_write_kv: cache must be [blocks, bs, Hkv, D]");
+    MS_CHECK(kv->k.dim(2) * kv->k.dim(3) == p.k_width && v->numel() == a.k->numel() && v->dtype == a.k->dtype &&
+                 meta->slot_mapping.numel() >= p.T,
+             "qk_norm_rope_write_kv: k {} v {} cache {}", shape_str(a.k->shape), shape_str(v->shape),
+             shape_str(kv->k.shape));
+    p.v = v->data, p.kc = kv->k.data, p.vc = kv->v.data;
+    p.cache_bf16 = is_bf16(kv->k, "qk_norm_rope_write_kv", "cache");
+    p.slots = meta->slot_mapping.ptr<int32_t>();
+    p.num_slots = kv->k.dim(0) * kv->k.dim(1);
+  }
   launch_qk_norm_rope(p, stream_);
 }
 
@@ -380,6 +539,8 @@ void CudaBackend::attention(const AttentionArgs& a) {
     }
   }
   p.splits = splits;
+  const int64_t groups = int64_t(p.num_seqs) * qtiles * p.Hkv;
+  if (splits > 1 && splits <= 32 && fuse_attn_combine && groups <= kAttnCounterSlots) p.counters = counters_ + kAttnCounterBase;
   if (use_attention_tc && splits == 1 && attention_tc_supported(p))
     launch_attention_tc(p, stream_);
   else

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -84,6 +86,13 @@ class CudaBackend final : public Backend {
   void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) override;
   void moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) override;
+  void add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                                 const LinearWeight* const* ws, Tensor* const* outs, int n) override;
+  void qk_norm_rope_write_kv(const QkNormRopeArgs& args, const Tensor& v, KVCacheLayer& kv,
+                             const AttentionMeta& meta) override;
+  void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                          const MoeWeights& moe, MoeRouting& routing) override;
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
@@ -111,6 +120,30 @@ class CudaBackend final : public Backend {
   // ... and up to this many rows for FP8 linears the tensor-core GEMV supports; 0: off.
   int linear_gemv_tc_max_tokens = 64;
   int moe_gemv_max_tokens = 128;
+  // Up to this many tokens moe_experts skips the align step (direct pair tiles, tensor-core
+  // GEMV only) and folds the combine into the down GEMV; 0: off.
+  int moe_direct_max_tokens = 1;
+  // Router logits + top-k in one kernel (T <= 8).
+  bool fuse_router = true;
+  // add_rms_norm_route as that one kernel (T <= 4, H <= 3072). Off by default: the first
+  // version (per-element L2 loads in each of the 128 blocks) measured 3x slower than the
+  // separate norm kernel on the H200; the vectorised one is not measured yet.
+  bool fuse_norm_route = false;
+  // Decode router: L2 prefetch of the gate/up weights of the experts of the first this many
+  // (token, k) pairs (sm_90 only; 0: off). Off by default: 2 pairs measured ~3.5 us per layer
+  // slower at batch 1 on the H200 (the prefetch competes with the up GEMV's own stream).
+  int moe_l2_prefetch_pairs = 0;
+  // linear_multi as one tensor-core GEMV launch where every weight allows it (else a loop).
+  bool fuse_linear_multi = true;
+  // add_rms_norm_linear_multi as one GEMV launch (T <= 4, K <= 3072). Off by default (as
+  // fuse_norm_route).
+  bool fuse_norm_linear = false;
+  // qk_norm_rope_write_kv as one kernel.
+  bool fuse_qk_write_kv = true;
+  // Split-KV attention merges its splits in the last block of each group (no combine kernel).
+  // Off by default: with serial partial loads it cost ~19 us per layer more than the combine
+  // kernel at batch 1 (H200); the warp-parallel merge is not measured yet.
+  bool fuse_attn_combine = false;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
@@ -122,6 +155,15 @@ class CudaBackend final : public Backend {
   size_t workspace_capacity(Slot s) const { return ws_[s].bytes; }
   struct ExpertTable;
   const ExpertTable& expert_table(const MoeWeights& moe);
+  struct NormFuse {
+    Tensor* residual;
+    const Tensor* addend;
+    const Tensor* weight;
+    float eps;
+  };
+  bool moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf);
+  void qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv, const AttentionMeta* meta);
+  bool run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
 
   int device_ = 0;
   int num_sms_ = 0;
@@ -133,12 +175,23 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
   std::array<Buf, kNumSlots> ws_{};
+  // Zeroed ints for the kernels' last-block counters (each kernel resets what it used):
+  // [0] router, [1] norm + linear_multi, [kMoeCounterBase, +kMoeCounterSlots) the fused MoE combine, then attention.
+  static constexpr int kMoeCounterBase = 64, kMoeCounterSlots = 1 << 15;
+  static constexpr int kAttnCounterBase = kMoeCounterBase + kMoeCounterSlots, kAttnCounterSlots = 1 << 15;
+  int* counters_ = nullptr;
   void* pinned_ = nullptr;  // host staging for sampling parameters
   size_t pinned_bytes_ = 0;
   std::unordered_map<const void*, std::shared_ptr<ExpertTable>> expert_tables_;
 };
 
 std::unique_ptr<CudaBackend> make_cuda_backend(int device = 0);
+// Every pointer 16-byte aligned (the fused norms load rows as 16-byte vectors).
+inline bool aligned16(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (reinterpret_cast<uintptr_t>(p) % 16) return false;
+  return true;
+}
 // Number of CUDA devices (0 when the driver or a device is missing; never throws).
 int cuda_device_count();
 

@@ -93,6 +93,27 @@ const CudaBackend::ExpertTable& CudaBackend::expert_table(const MoeWeights& moe)
 }
 
 void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) {
+  moe_route_impl(x, moe, out, nullptr);
+}
+
+void CudaBackend::add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                                     const MoeWeights& moe, MoeRouting& routing) {
+  const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
+                  out.dtype == DType::BF16;
+  if (fuse_router && fuse_norm_route && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
+      weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
+      out.numel() == x.numel() && weight.numel() == x.dim(-1) &&
+      aligned16({residual.data, x.data, weight.data, out.data})) {
+    NormFuse nf{&residual, &x, &weight, eps};
+    if (moe_route_impl(out, moe, routing, &nf)) return;
+  }
+  add_rms_norm(residual, x, weight, eps, out);
+  moe_route(out, moe, routing);
+}
+
+// nf: fused add + RMSNorm whose output is x (the kernel reads nf's tensors and writes x).
+// Returns false, having launched nothing, when the fused form does not apply.
+bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf) {
   MS_CHECK(x.defined() && x.device == Device::CUDA && moe.gate.device == Device::CUDA, "moe_route: tensors must be on the GPU");
   const int T = x.rank() == 1 ? 1 : int(x.numel() / x.dim(-1));
   const int H = int(x.dim(-1)), E = moe.num_experts, k = moe.top_k;
@@ -117,7 +138,27 @@ void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& 
   p.T = T, p.H = H, p.E = E, p.top_k = k;
   p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
   p.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
+  p.counter = fuse_router ? counters_ : nullptr;
+  // Decode: L2 prefetch of the first experts' gate/up weights (~2 of them: about what the
+  // up GEMV's first wave reads first, well inside the L2). Needs the expert table (built
+  // outside capture by the first moe_experts call).
+  if (moe_l2_prefetch_pairs > 0 && T * k <= 8 && !moe.experts.empty()) {
+    auto it = expert_tables_.find(&moe);
+    if (it != expert_tables_.end() && it->second->fp8 && it->second->signature == expert_signature(moe)) {
+      p.pf_experts = it->second->dev;
+      p.pf_first_local = moe.first_local_expert, p.pf_num_local = int(moe.experts.size());
+      p.pf_pairs = moe_l2_prefetch_pairs;
+      p.pf_bytes = uint64_t(it->second->I) * it->second->H / 16 * 16;
+    }
+  }
+  if (nf) {
+    p.norm = true;
+    p.x = nf->addend->data, p.x_bf16 = true;
+    p.residual = nf->residual->data, p.norm_w = nf->weight->data, p.norm_out = x.data, p.eps = nf->eps;
+    if (!route_norm_supported(p)) return false;
+  }
   launch_moe_route(p, stream_);
+  return true;
 }
 
 void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) {
@@ -132,6 +173,8 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
            "moe_experts: routing for fewer than {} tokens", T);
   if (T == 0) return;
   const int P = T * k;
+  MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
+  if (T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out)) return;
   const bool gemv = T <= moe_gemv_max_tokens;
   const int tile_rows = gemv ? kGemvTile : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
@@ -173,8 +216,43 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);
   }
-  MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
   launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
+}
+
+// Decode at very few tokens: no align step and no combine kernel. Tile t of both GEMVs is
+// routing pair t (T * top_k tiles of one row; a top-k never repeats an expert within a
+// token, so each active expert's weights are still read once per token), and the down GEMV
+// sums each token's pairs in k order in its last-arriving block. Returns false (nothing
+// launched) where the tensor-core GEMV does not apply.
+bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) {
+  const ExpertTable& et = expert_table(moe);
+  const int T = x.rank() == 1 ? 1 : int(x.numel() / x.dim(-1));
+  const int H = int(x.dim(-1)), k = moe.top_k, P = T * k;
+  const int down_blocks = ceil_div(H, 32);
+  if (int64_t(T) * down_blocks > kMoeCounterSlots) return false;
+  LinParams up;
+  up.tc = use_gemv_tc;
+  up.mode = LinMode::kSwiglu;
+  up.x = x.data, up.ldx = H, up.M = P, up.x_row_div = k;
+  up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
+  up.pair_ids = routing.expert_ids.ptr<int32_t>();
+  up.first_local = moe.first_local_expert, up.num_local = int(moe.experts.size());
+  LinParams down = up;
+  down.mode = LinMode::kDown;
+  down.ldx = et.I, down.x_row_div = 1;
+  down.N = H, down.K = et.I, down.s_cols = et.s_cols_down;
+  if (!gemv_tc_supported(up) || !gemv_tc_supported(down)) return false;
+  void* act = workspace(kMoeAct, size_t(P) * et.I * 2);
+  float* ypair = static_cast<float*>(workspace(kMoeY, size_t(P) * H * 4));
+  up.out = act, up.ldo = et.I;
+  down.x = act;
+  down.out = ypair, down.ldo = H, down.out_f32 = true, down.row_scale = routing.weights.ptr<float>();
+  down.combine_out = out.data, down.combine_bf16 = out.dtype == DType::BF16;
+  down.top_k = k, down.counters = counters_ + kMoeCounterBase;
+  down.ids_ready = true;  // router -> up -> down: the ids are two launches back
+  launch_gemv_tc(up, stream_);
+  launch_gemv_tc(down, stream_);
+  return true;
 }
 
 void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingParams>& params, Tensor& out_ids) {

@@ -10,6 +10,7 @@
 // the next step (see docs/architecture.md).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -22,6 +23,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
   __shared__ __align__(16) bf16 ks[kKeys][kDMax + 2];  // +2: conflict-free row-per-lane reads
   __shared__ __align__(16) bf16 vs[kKeys][kDMax];
 
+  pdl_enter();
   // grid.x: (sequence, query tile) (large), grid.y: kv head, grid.z: KV split.
   const int kvh = blockIdx.y, seq = blockIdx.x / qtiles, qt = blockIdx.x % qtiles, split = blockIdx.z;
   const int q0 = p.query_start[seq], qlen = p.query_start[seq + 1] - q0;
@@ -174,10 +176,57 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
       }
     }
   }
+  if (p.splits == 1 || !p.counters) return;
+  // Fused combine (threadfence reduction): the last split block of this (sequence, query
+  // tile, kv head) merges every split's partials for its rows, in split order.
+  __shared__ int is_last;
+  int* ctr = p.counters + (int64_t(seq) * qtiles + qt) * p.Hkv + kvh;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(ctr, 1) == p.splits - 1;
+  __syncthreads();
+  if (!is_last) return;
+  if (threadIdx.x == 0) *ctr = 0;  // ready for the next layer / graph replay
+  __threadfence();
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    if (row_pos[rr] < 0) continue;
+    const int r = warp * kRowsPerWarp + rr;
+    const int t = q0 + qt * QT + r / G, h = kvh * G + r % G;
+    // Lane s holds split s's (m, l) (splits <= 32): one parallel load, warp max / sum.
+    float ms = -INFINITY, ls = 0.f;
+    if (lane < p.splits) {
+      const int64_t base = (int64_t(lane) * p.T + t) * p.Hq + h;
+      ms = __ldcg(p.part_ml + base * 2);
+      ls = __ldcg(p.part_ml + base * 2 + 1);
+    }
+    const float M = warp_max(ms);
+    const float ws = ms == -INFINITY ? 0.f : exp2f(ms - M);
+    const float L = warp_sum(ls * ws);
+    float o[kDPer];
+#pragma unroll
+    for (int i = 0; i < kDPer; ++i) o[i] = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < p.splits; ++sp) {
+      const float w = __shfl_sync(0xffffffffu, ws, sp);
+      const float* po = p.part_o + ((int64_t(sp) * p.T + t) * p.Hq + h) * D;
+#pragma unroll
+      for (int i = 0; i < kDPer; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) o[i] = fmaf(__ldcg(po + d), w, o[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kDPer; ++i) {
+      const int d = lane + 32 * i;
+      if (d < D) static_cast<bf16*>(p.out)[(int64_t(t) * p.Hq + h) * D + d] = f2bf(L > 0.f ? o[i] / L : 0.f);
+    }
+  }
 }
 
 // One block per (token, head): merges the splits' partials.
 __global__ void attn_combine_kernel(AttnParams p) {
+  pdl_enter();
   const int t = blockIdx.x, h = blockIdx.y;
   float M = -INFINITY;
   for (int sp = 0; sp < p.splits; ++sp) M = fmaxf(M, p.part_ml[((int64_t(sp) * p.T + t) * p.Hq + h) * 2]);
@@ -207,10 +256,10 @@ void launch_attention(const AttnParams& p, cudaStream_t s) {
   const int QT = attn_query_tile(p.Hq / p.Hkv);
   const int qtiles = ceil_div(p.max_query_len, QT);
   dim3 grid(p.num_seqs * qtiles, p.Hkv, p.splits);
-  attention_kernel<<<grid, kWarps * 32, 0, s>>>(p, QT, qtiles);
+  launch_pdl(attention_kernel, grid, dim3(kWarps * 32), 0, s, p, QT, qtiles);
   CUDA_CHECK_LAUNCH();
-  if (p.splits > 1) {
-    attn_combine_kernel<<<dim3(p.T, p.Hq), 128, 0, s>>>(p);
+  if (p.splits > 1 && !p.counters) {
+    launch_pdl(attn_combine_kernel, dim3(p.T, p.Hq), dim3(128), 0, s, p);
     CUDA_CHECK_LAUNCH();
   }
 }

@@ -3,8 +3,11 @@
 // Activations are bf16 or f32 (runtime flag, uniform per launch); statistics are f32.
 #include <algorithm>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -23,6 +26,7 @@ __device__ __forceinline__ float round_as(bool bf, float v) { return bf ? bf2f(f
 
 __global__ void embedding_kernel(const void* table, bool tbf, const int32_t* ids, int H, int vocab,
                                  void* out, bool obf) {
+  pdl_enter();
   const int t = blockIdx.x;
   const int id = ids[t];
   const bool ok = id >= 0 && id < vocab;  // invalid ids give a zero row (checked on the host too)
@@ -31,6 +35,7 @@ __global__ void embedding_kernel(const void* table, bool tbf, const int32_t* ids
 }
 
 __global__ void rms_norm_kernel(RmsNormParams p) {
+  pdl_enter();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int C = p.cols;
@@ -55,12 +60,14 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 
 __global__ void add_kernel(const void* a, bool abf, const void* b, bool bbf, void* out, bool obf,
                            int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     st(out, obf, i, ld(a, abf, i) + ld(b, bbf, i));
 }
 
 __global__ void row_sumsq_kernel(const void* x, bool bf, int cols, float* out) {
+  pdl_enter();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   float ss = 0.f;
@@ -102,43 +109,84 @@ __device__ void norm_rope_row(void* x, bool bf, int64_t base, int W, float r, co
 
 constexpr int kMaxHalfRot = 512;  // rotary_dim <= 1024
 
+// Grid (T, slices). slices == 1: one block per token. slices > 1 (decode, sm_90+): a thread
+// block cluster of `slices` blocks per token, each owning 1/slices of the heads. The row
+// statistic needs every head, and the row is updated in place, so a block must not read
+// heads another block may already have rewritten: each block sums squares over its own
+// slice only, and the cluster exchanges the partial sums through distributed shared memory
+// (two cluster barriers) before anyone writes. With p.kc the block also writes its slice
+// of k (normalised, rotated) and v into the paged cache (the fused write_kv).
 __global__ void qk_norm_rope_kernel(QkNormRopeParams p) {
   __shared__ float scratch[32];
   __shared__ float inv_freq[kMaxHalfRot];
+  pdl_enter();
   const int t = blockIdx.x;
   // inv_freq as fp32 like the reference implementations; the angle is an fp32 product.
   for (int d = threadIdx.x; d < p.rotary_dim / 2; d += blockDim.x)
     inv_freq[d] = float(1.0 / pow(double(p.theta), double(2 * d) / double(p.rotary_dim)));
   __syncthreads();
   const int64_t qb = int64_t(t) * p.q_width, kb = int64_t(t) * p.k_width;
+  const int D = p.head_dim;
+  auto slice = [&](int W, int* lo, int* hi) {
+    const int heads = W / D;
+    *lo = int(int64_t(heads) * blockIdx.y / gridDim.y) * D;
+    *hi = blockIdx.y + 1 == gridDim.y ? W : int(int64_t(heads) * (blockIdx.y + 1) / gridDim.y) * D;
+  };
+  int qlo, qhi, klo, khi;
+  slice(p.q_width, &qlo, &qhi);
+  slice(p.k_width, &klo, &khi);
   float qs = 0.f, ks = 0.f;
   if (!p.q_sumsq) {
-    for (int c = threadIdx.x; c < p.q_width; c += blockDim.x) {
+    for (int c = qlo + threadIdx.x; c < qhi; c += blockDim.x) {
       float v = ld(p.q, p.act_bf16, qb + c);
       qs += v * v;
     }
     qs = block_sum(qs, scratch);
-  } else {
-    qs = p.q_sumsq[t];
   }
   if (!p.k_sumsq) {
-    for (int c = threadIdx.x; c < p.k_width; c += blockDim.x) {
+    for (int c = klo + threadIdx.x; c < khi; c += blockDim.x) {
       float v = ld(p.k, p.act_bf16, kb + c);
       ks += v * v;
     }
     ks = block_sum(ks, scratch);
-  } else {
-    ks = p.k_sumsq[t];
   }
+  if (gridDim.y > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    __shared__ float part[2];  // this block's (q, k) sums of squares over its slice
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) part[0] = qs, part[1] = ks;
+    cluster.sync();
+    float tq = 0.f, tk = 0.f;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
+      const float* o = cluster.map_shared_rank(part, r);
+      tq += o[0];
+      tk += o[1];
+    }
+    qs = tq, ks = tk;
+    cluster.sync();  // no block leaves (freeing `part`) while another still reads it
+#endif
+  }
+  if (p.q_sumsq) qs = p.q_sumsq[t];
+  if (p.k_sumsq) ks = p.k_sumsq[t];
   const float rq = rsqrtf(qs / float(p.q_full) + p.eps);
   const float rk = rsqrtf(ks / float(p.k_full) + p.eps);
   const float pos = float(p.positions[t]);
   norm_rope_row(p.q, p.act_bf16, qb, p.q_width, rq, p.q_w, p.w_bf16, p.head_dim, p.rotary_dim, pos, inv_freq);
   norm_rope_row(p.k, p.act_bf16, kb, p.k_width, rk, p.k_w, p.w_bf16, p.head_dim, p.rotary_dim, pos, inv_freq);
+  if (!p.kc) return;
+  const int64_t slot = p.slots[t];
+  if (slot < 0 || slot >= p.num_slots) return;
+  __syncthreads();  // this block's k slice is rewritten (by other threads of the block)
+  for (int c = klo + threadIdx.x; c < khi; c += blockDim.x) {
+    st(p.kc, p.cache_bf16, slot * p.k_width + c, ld(p.k, p.act_bf16, kb + c));
+    st(p.vc, p.cache_bf16, slot * p.k_width + c, ld(p.v, p.act_bf16, kb + c));
+  }
 }
 
 __global__ void write_kv_kernel(const void* k, const void* v, bool sbf, void* kc, void* vc, bool cbf,
                                 const int32_t* slots, int width, int64_t num_slots) {
+  pdl_enter();
   const int t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0 || slot >= num_slots) return;  // padding token (or out of range: never written)
@@ -153,13 +201,13 @@ __global__ void write_kv_kernel(const void* k, const void* v, bool sbf, void* kc
 void launch_embedding(const void* table, bool table_bf16, const int32_t* ids, int T, int H, int vocab,
                       void* out, bool out_bf16, cudaStream_t s) {
   if (T == 0) return;
-  embedding_kernel<<<T, 256, 0, s>>>(table, table_bf16, ids, H, vocab, out, out_bf16);
+  launch_pdl(embedding_kernel, dim3(T), dim3(256), 0, s, table, table_bf16, ids, H, vocab, out, out_bf16);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_rms_norm(const RmsNormParams& p, cudaStream_t s) {
   if (p.rows == 0) return;
-  rms_norm_kernel<<<p.rows, 512, 0, s>>>(p);
+  launch_pdl(rms_norm_kernel, dim3(p.rows), dim3(512), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -167,31 +215,47 @@ void launch_add(const void* a, bool a_bf16, const void* b, bool b_bf16, void* ou
                 int64_t n, cudaStream_t s) {
   if (n == 0) return;
   int blocks = int(std::min<int64_t>((n + 255) / 256, 4096));
-  add_kernel<<<blocks, 256, 0, s>>>(a, a_bf16, b, b_bf16, out, out_bf16, n);
+  launch_pdl(add_kernel, dim3(blocks), dim3(256), 0, s, a, a_bf16, b, b_bf16, out, out_bf16, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_row_sum_squares(const void* x, bool x_bf16, int rows, int cols, float* out, cudaStream_t s) {
   if (rows == 0) return;
-  row_sumsq_kernel<<<rows, 256, 0, s>>>(x, x_bf16, cols, out);
+  launch_pdl(row_sumsq_kernel, dim3(rows), dim3(256), 0, s, x, x_bf16, cols, out);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
   if (p.T == 0) return;
   CU_REQUIRE(p.rotary_dim / 2 <= kMaxHalfRot, "qk_norm_rope: rotary_dim " + std::to_string(p.rotary_dim) + " > 1024");
-  // Few tokens (decode): 8 blocks per token, each normalising (and rotating) 1/8 of the heads
-  // after recomputing the row statistics (a 12 KB row from L2), instead of one block
-  // walking all 56 heads of a token.
-  const int slices = p.T < 64 ? 8 : 1;
-  qk_norm_rope_kernel<<<dim3(p.T, slices), 256, 0, s>>>(p);
-  CUDA_CHECK_LAUNCH();
+  // Few tokens (decode, sm_90+): a cluster of 8 blocks per token, each normalising (and
+  // rotating) 1/8 of the heads, instead of one block walking all 56 heads of a token.
+  const int slices = p.T < 64 && device_cc_major() >= 9 ? 8 : 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(p.T, slices);
+  cfg.blockDim = dim3(256);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (slices > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1, attr[n].val.clusterDim.y = slices, attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, qk_norm_rope_kernel, p));
 }
 
 void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, bool cache_bf16,
                      const int32_t* slot_mapping, int T, int width, int64_t num_slots, cudaStream_t s) {
   if (T == 0) return;
-  write_kv_kernel<<<T, 256, 0, s>>>(k, v, src_bf16, kc, vc, cache_bf16, slot_mapping, width, num_slots);
+  launch_pdl(write_kv_kernel, dim3(T), dim3(256), 0, s, k, v, src_bf16, kc, vc, cache_bf16, slot_mapping, width, num_slots);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 // whenever it serves <= kGemvTile (token, k) pairs).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(LinParams p) {
   // MoE: grid (row blocks, tiles). Plain linear: a 1-D grid with the row tiles varying
   // fastest, so the <= 8 tiles that read the same weight rows run together and all but the
   // first find those rows in L2 (one DRAM pass over the weights for up to 64 rows).
+  pdl_enter();
   int tile = blockIdx.y, nblk = blockIdx.x;
   if (!p.tile_expert) {
     const int ntiles = ceil_div(p.M, kGemvTile);
@@ -237,9 +239,9 @@ void launch_mode(const LinParams& p, cudaStream_t s) {
   dim3 grid = p.tile_expert ? dim3(nblocks, p.max_tiles) : dim3(nblocks * ceil_div(p.M, kGemvTile), 1);
   if (grid.x == 0 || grid.y == 0) return;
   if (p.fp8)
-    gemv_kernel<true, MODE><<<grid, kWarps * 32, 0, s>>>(p);
+    launch_pdl(gemv_kernel<true, MODE>, grid, dim3(kWarps * 32), 0, s, p);
   else
-    gemv_kernel<false, MODE><<<grid, kWarps * 32, 0, s>>>(p);
+    launch_pdl(gemv_kernel<false, MODE>, grid, dim3(kWarps * 32), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -18,11 +18,13 @@
 // Each 128-column chunk is accumulated separately and added with its block scale.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 namespace {
 
 constexpr int kChunk = 128;  // columns per block scale (bi)
+constexpr int kNormTok = 4, kNormK = 3072;  // fused add + RMSNorm (p.norm): rows, width
 
 __device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -52,17 +54,57 @@ struct Chunk {
 };
 
 // kWarps: split-K ways (4, or 8 for grids too small to fill the GPU, e.g. k/v projections).
-template <int MODE, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
+// NORM: the fused add + RMSNorm variant (kStore only; the shared row buffer is only in it).
+// kSwiglu keeps <= 128 registers (4 blocks of 4 warps per SM, as before the PDL / direct-pair
+// additions pushed it to 138 and 3 blocks).
+template <int MODE, int kWarps, bool NORM>
+__global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 16 / kWarps : 1)
+    gemv_tc_kernel(LinParams p) {
   __shared__ float red[kWarps - 1][2][4][32];
+  // p.norm: the block's activation rows, residual + addend normalised here (bf16).
+  __shared__ __align__(16) bf16 xs[NORM ? kNormTok : 1][NORM ? kNormK : 8];
+  __shared__ float scratch[32];
+  // MoE tiles come from the predecessor (align / router): wait before reading them. Plain
+  // linears know their weight rows up front and issue the first weight loads before the
+  // wait (PDL: the weight stream overlaps the previous kernel's tail).
+  const bool direct = p.pair_ids != nullptr;
+  const bool moe = direct || p.tile_expert != nullptr;
+  const bool early = !moe || (direct && p.ids_ready);  // weights known before the wait
+  if (!early) pdl_enter();
   int tile = blockIdx.y, nblk = blockIdx.x;
-  if (!p.tile_expert) {
+  // The matrix of this block (linear_multi: the segment that owns blockIdx.x).
+  const void* W = p.w;
+  const float* S = p.s;
+  void* OUT = p.out;
+  int N = p.N, s_cols = p.s_cols, ldo = p.ldo;
+  if (!moe) {
+    int bx = blockIdx.x;
+    if (p.nseg > 0) {
+      int i = 0;
+#pragma unroll
+      for (int j = 1; j < LinParams::kMaxSegs; ++j)
+        if (j < p.nseg && bx >= p.seg_block[j]) i = j;
+      const LinParams::Seg& sg = p.seg[i];
+      W = sg.w, S = sg.s, OUT = sg.out, N = sg.N, s_cols = sg.s_cols, ldo = sg.ldo;
+      bx -= p.seg_block[i];
+    }
     const int ntiles = ceil_div(p.M, kGemvTile);
-    tile = blockIdx.x % ntiles;
-    nblk = blockIdx.x / ntiles;
+    tile = bx % ntiles;
+    nblk = bx / ntiles;
   }
   int expert = -1, begin, end;
-  if (p.tile_expert) {
+  bool skip = false;  // direct pairs: non-local expert (kDown writes zeros)
+  if (direct) {
+    expert = p.pair_ids[tile] - p.first_local;
+    begin = tile, end = tile + 1;
+    if (expert < 0 || expert >= p.num_local) {
+      if (MODE != int(LinMode::kDown)) {
+        if (early) pdl_enter();
+        return;
+      }
+      skip = true, expert = 0;
+    }
+  } else if (p.tile_expert) {
     if (tile >= *p.num_tiles) return;
     expert = p.tile_expert[tile], begin = p.tile_begin[tile], end = p.tile_end[tile];
   } else {
@@ -73,7 +115,31 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   constexpr bool kSw = MODE == int(LinMode::kSwiglu);
   const int n_base = nblk * (kSw ? 16 : 32);
-  if (n_base >= p.N) return;
+  // p.norm: the last block of the grid stores residual + addend and the normed rows, after
+  // every block has read the old residual (threadfence + counter).
+  auto norm_arrive = [&]() {
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if ((threadIdx.x & 31) == 0) last = atomicAdd(p.norm_counter, 1) == int(gridDim.x * gridDim.y) - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    if ((threadIdx.x & 31) == 0) *p.norm_counter = 0;
+    __threadfence();
+    const bf16* res = static_cast<const bf16*>(p.norm_res);
+    for (int64_t i = threadIdx.x & 31; i < int64_t(p.M) * p.K; i += 32) {
+      const float v = bf2f(res[i]) + bf2f(static_cast<const bf16*>(p.x)[i]);
+      static_cast<bf16*>(p.norm_res)[i] = f2bf(v);
+      static_cast<bf16*>(p.norm_out)[i] = xs[i / p.K][i % p.K];
+    }
+  };
+  if (n_base >= N) {
+    if (early) pdl_enter();
+    if (NORM && warp == 0) {  // xs is not needed: only the last block stores it, and not this one
+      if (lane == 0) atomicAdd(p.norm_counter, 1);
+    }
+    return;
+  }
 
   const ExpertPtrs* ep = expert >= 0 ? p.experts + expert : nullptr;
   const uint8_t* wm[2];
@@ -87,19 +153,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
       sm[m] = m == 0 ? ep->s1 : ep->s3;
       rb[m] = n_base;
     } else {
-      wm[m] = static_cast<const uint8_t*>(ep ? ep->w2 : p.w);
-      sm[m] = ep ? ep->s2 : p.s;
+      wm[m] = static_cast<const uint8_t*>(ep ? ep->w2 : W);
+      sm[m] = ep ? ep->s2 : S;
       rb[m] = n_base + 16 * m;
     }
-    gvalid[m] = rb[m] < p.N;
+    gvalid[m] = rb[m] < N;
     if (!gvalid[m]) rb[m] = rb[0];  // re-read group 0, discard
   }
-  const int K = p.K, nchunks = K / kChunk;
-  const int xr_local = begin + min(g, nrows - 1);
-  const bf16* xrow = static_cast<const bf16*>(p.x) + int64_t(p.x_rows ? p.x_rows[xr_local] : xr_local) * p.ldx;
+  const int K = p.K, nchunks = skip ? 0 : K / kChunk;
   const int64_t row_off[2][2] = {{int64_t(rb[0] + g) * K, int64_t(rb[0] + g + 8) * K},
                                  {int64_t(rb[1] + g) * K, int64_t(rb[1] + g + 8) * K}};
-  const int srow[2] = {(rb[0] / p.bo) * p.s_cols, (rb[1] / p.bo) * p.s_cols};
+  const int srow[2] = {(rb[0] / p.bo) * s_cols, (rb[1] / p.bo) * s_cols};
 
   float acc[2][4];
 #pragma unroll
@@ -107,7 +171,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[m][e] = 0.f;
 
-  auto load = [&](int c, Chunk& ch) {
+  auto load_w = [&](int c, Chunk& ch) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int col = c * kChunk + s * 64 + q * 16;
@@ -115,9 +179,37 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) ch.a[m][s][h] = __ldg(reinterpret_cast<const uint4*>(wm[m] + row_off[m][h] + col));
+    }
+  };
+  // First iteration's weights (two chunks per warp) before the dependency wait.
+  Chunk c0, c1;
+  if (warp < nchunks) load_w(warp, c0);
+  if (warp + kWarps < nchunks) load_w(warp + kWarps, c1);
+  if (early) pdl_enter();
+
+  if (NORM) {  // rows begin..end-1 = 0..M-1 (one tile): x_j = rmsnorm(residual_j + addend_j) * w
+    for (int j = 0; j < nrows; ++j)
+      add_norm_row_to_smem<(kNormK + 8 * kWarps * 32 - 1) / (8 * kWarps * 32)>(
+          static_cast<const bf16*>(p.norm_res) + int64_t(j) * K, static_cast<const bf16*>(p.x) + int64_t(j) * K,
+          static_cast<const bf16*>(p.norm_w), K, p.eps, &xs[j][0], scratch);
+    __syncthreads();
+  }
+  const int xr_local = begin + min(g, nrows - 1);
+  const bf16* xrow = NORM ? &xs[xr_local][0]
+                            : static_cast<const bf16*>(p.x) +
+                                  int64_t(p.x_rows ? p.x_rows[xr_local] : xr_local / p.x_row_div) * p.ldx;
+  auto load_x = [&](int c, Chunk& ch) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int col = c * kChunk + s * 64 + q * 16;
       const uint4* xp = reinterpret_cast<const uint4*>(xrow + col);
-      ch.x[s][0] = __ldg(xp);
-      ch.x[s][1] = __ldg(xp + 1);
+      if (NORM) {  // shared memory
+        ch.x[s][0] = xp[0];
+        ch.x[s][1] = xp[1];
+      } else {
+        ch.x[s][0] = __ldg(xp);
+        ch.x[s][1] = __ldg(xp + 1);
+      }
     }
   };
   auto compute = [&](int c, const Chunk& ch) {
@@ -152,10 +244,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
   };
   // Two chunks in flight per warp (16 x 16-byte weight loads per lane) before any math.
   for (int c = warp; c < nchunks; c += 2 * kWarps) {
-    Chunk c0, c1;
     const int c2 = c + kWarps;
-    load(c, c0);
-    if (c2 < nchunks) load(c2, c1);
+    if (c != warp) {
+      load_w(c, c0);
+      if (c2 < nchunks) load_w(c2, c1);
+    }
+    load_x(c, c0);
+    if (c2 < nchunks) load_x(c2, c1);
     compute(c, c0);
     if (c2 < nchunks) compute(c2, c1);
   }
@@ -186,20 +281,49 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
     for (int h = 0; h < 2; ++h) {
       if (kSw) {
         const float gt = acc[0][2 * h + j], up = acc[1][2 * h + j];
-        static_cast<bf16*>(p.out)[int64_t(r) * p.ldo + n_base + g + 8 * h] = f2bf(silu(gt) * up);
+        static_cast<bf16*>(OUT)[int64_t(r) * ldo + n_base + g + 8 * h] = f2bf(silu(gt) * up);
       } else {
         const float scale = MODE == int(LinMode::kDown) ? p.row_scale[r] : 1.f;
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
           if (!gvalid[m]) continue;
-          const int64_t o = int64_t(r) * p.ldo + rb[m] + g + 8 * h;
+          const int64_t o = int64_t(r) * ldo + rb[m] + g + 8 * h;
           const float v = acc[m][2 * h + j] * scale;
           if (p.out_f32)
-            static_cast<float*>(p.out)[o] = v;
+            static_cast<float*>(OUT)[o] = v;
           else
-            static_cast<bf16*>(p.out)[o] = f2bf(v);
+            static_cast<bf16*>(OUT)[o] = f2bf(v);
         }
       }
+    }
+  }
+  if (NORM) {
+    norm_arrive();
+    return;
+  }
+  if (MODE == int(LinMode::kDown) && direct && p.combine_out) {
+    // Fused combine (threadfence-reduction pattern): publish this pair's rows, count the
+    // arrival; the token's last pair block sums its top_k rows in k order.
+    const int token = begin / p.top_k;
+    int* ctr = p.counters + int64_t(token) * gridDim.x + nblk;
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(ctr, 1) == p.top_k - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    if (lane == 0) *ctr = 0;  // ready for the next layer / replay
+    __threadfence();
+    const int row = n_base + lane;
+    if (row < N) {
+      const float* yp = static_cast<const float*>(OUT) + int64_t(token) * p.top_k * ldo + row;
+      float sum = 0.f;
+      for (int j = 0; j < p.top_k; ++j) sum += __ldcg(yp + int64_t(j) * ldo);
+      const int64_t o = int64_t(token) * N + row;
+      if (p.combine_bf16)
+        static_cast<bf16*>(p.combine_out)[o] = f2bf(sum);
+      else
+        static_cast<float*>(p.combine_out)[o] = sum;
     }
   }
 }
@@ -207,19 +331,37 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_tc_kernel(LinParams p) {
 template <int MODE>
 void launch_tc_mode(const LinParams& p, cudaStream_t s) {
   const int rows_per_block = MODE == int(LinMode::kSwiglu) ? 16 : 32;
-  const int nblocks = ceil_div(p.N, rows_per_block);
-  dim3 grid = p.tile_expert ? dim3(nblocks, p.max_tiles) : dim3(nblocks * ceil_div(p.M, kGemvTile), 1);
+  const int nblocks = p.nseg > 0 ? p.seg_block[p.nseg] / ceil_div(p.M, kGemvTile) : ceil_div(p.N, rows_per_block);
+  dim3 grid = p.pair_ids      ? dim3(nblocks, p.M)
+              : p.tile_expert ? dim3(nblocks, p.max_tiles)
+                              : dim3(nblocks * ceil_div(p.M, kGemvTile), 1);
   if (grid.x == 0 || grid.y == 0) return;
   // Fewer than ~2 blocks per SM (k/v/o projections at batch 1: 32-96 blocks): 8 warps per
   // block so each row group's K is streamed by twice as many warps.
-  if (int64_t(grid.x) * grid.y < 264)
-    gemv_tc_kernel<MODE, 8><<<grid, 8 * 32, 0, s>>>(p);
+  // linear_multi (q/k/v: 256 blocks of equal work) stays at 4 warps: one wave.
+  const bool wide = int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
+  if constexpr (MODE == int(LinMode::kStore)) {
+    if (p.norm) {
+      if (wide)
+        launch_pdl(gemv_tc_kernel<MODE, 8, true>, grid, dim3(8 * 32), 0, s, p);
+      else
+        launch_pdl(gemv_tc_kernel<MODE, 4, true>, grid, dim3(4 * 32), 0, s, p);
+      return;
+    }
+  }
+  if (wide)
+    launch_pdl(gemv_tc_kernel<MODE, 8, false>, grid, dim3(8 * 32), 0, s, p);
   else
-    gemv_tc_kernel<MODE, 4><<<grid, 4 * 32, 0, s>>>(p);
+    launch_pdl(gemv_tc_kernel<MODE, 4, false>, grid, dim3(4 * 32), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
+
+bool gemv_tc_norm_supported(const LinParams& p) {
+  return p.mode == LinMode::kStore && !p.tile_expert && !p.pair_ids && p.M <= kNormTok && p.K <= kNormK &&
+         p.K % 8 == 0 && p.norm_counter;
+}
 
 bool gemv_tc_supported(const LinParams& p) {
   return p.tc && p.fp8 && p.bo == 128 && p.bi == kChunk && p.K % kChunk == 0 && p.N % 16 == 0 && p.ldx % 8 == 0 &&

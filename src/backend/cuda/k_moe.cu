@@ -3,76 +3,37 @@
 // for the expert GEMV/GEMM kernels, and the ordered combine of per-pair outputs.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 namespace {
 
 constexpr int kMaxExperts = 1024;
 
-// Router logits [T, E] = x [T, H] . gate [E, H]^T in f32. A warp owns one expert row and a
-// chunk of kRouteTok tokens, so the gate (3 MB f32 for M2.5) is read once per token chunk
-// rather than once per token, and a decode step spreads it over E / 2 blocks instead of one.
-constexpr int kRouteTok = 8, kRouteWarps = 2;
-__global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RouteParams p) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int e = blockIdx.x * kRouteWarps + warp, t0 = blockIdx.y * kRouteTok;
-  if (e >= p.E) return;
-  const int nt = min(kRouteTok, p.T - t0);
-  float acc[kRouteTok];
-#pragma unroll
-  for (int j = 0; j < kRouteTok; ++j) acc[j] = 0.f;
-  const bool vec = p.H % 4 == 0 && !p.gate_bf16;
-  if (vec) {
-    const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
-#pragma unroll 4  // several gate loads in flight per lane (a decode step is latency-bound here)
-    for (int h4 = lane; h4 < p.H / 4; h4 += 32) {
-      const float4 w = __ldg(g + h4);
-#pragma unroll
-      for (int j = 0; j < kRouteTok; ++j) {
-        if (j < nt) {
-          const int64_t xi = int64_t(t0 + j) * p.H + 4 * h4;
-          float x0, x1, x2, x3;
-          if (p.x_bf16) {
-            const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.x) + xi));
-            const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
-            x0 = a.x, x1 = a.y, x2 = b.x, x3 = b.y;
-          } else {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + xi));
-            x0 = v.x, x1 = v.y, x2 = v.z, x3 = v.w;
-          }
-          acc[j] = fmaf(x0, w.x, fmaf(x1, w.y, fmaf(x2, w.z, fmaf(x3, w.w, acc[j]))));
-        }
-      }
-    }
-  } else {
-    for (int h = lane; h < p.H; h += 32) {
-      const int64_t wi = int64_t(e) * p.H + h;
-      const float wv = p.gate_bf16 ? bf2f(static_cast<const bf16*>(p.gate)[wi]) : static_cast<const float*>(p.gate)[wi];
-#pragma unroll
-      for (int j = 0; j < kRouteTok; ++j) {
-        if (j < nt) {
-          const int64_t xi = int64_t(t0 + j) * p.H + h;
-          const float xv = p.x_bf16 ? bf2f(static_cast<const bf16*>(p.x)[xi]) : static_cast<const float*>(p.x)[xi];
-          acc[j] = fmaf(xv, wv, acc[j]);
-        }
-      }
-    }
+// Asks L2 to start fetching a chosen expert's gate/up weights (sm_90 bulk prefetch; a hint)
+// while the top-k goes on: the up GEMV's first blocks can only start after this kernel.
+__device__ __forceinline__ void prefetch_up(const RouteParams& p, int e) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int le = e - p.pf_first_local;
+  if (le < 0 || le >= p.pf_num_local) return;
+  const ExpertPtrs& x = p.pf_experts[le];
+  for (uint64_t off = 0; off < p.pf_bytes; off += (1u << 20)) {
+    const uint32_t n = uint32_t(min(uint64_t(1u << 20), p.pf_bytes - off));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(x.w1) + off), "r"(n)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(x.w3) + off), "r"(n)
+                 : "memory");
   }
-#pragma unroll
-  for (int j = 0; j < kRouteTok; ++j) {
-    const float v = warp_sum(acc[j]);
-    if (lane == 0 && j < nt) p.logits[int64_t(t0 + j) * p.E + e] = v;
-  }
+#endif
 }
 
-// One warp per token: sigmoid scores from the logits, then top_k by (biased score desc,
-// expert id asc), weights renormalised over the chosen k.
-__global__ void route_kernel(RouteParams p) {
-  __shared__ float score[kMaxExperts];   // sigmoid(logit)
-  __shared__ float choice[kMaxExperts];  // score + bias
-  const int t = blockIdx.x, lane = threadIdx.x & 31;
+// Top-k of one token by one warp: sigmoid scores from the logits, then top_k by (biased
+// score desc, expert id asc), weights renormalised over the chosen k. `score` / `choice`
+// are this warp's shared arrays of kMaxExperts.
+__device__ void route_token(const RouteParams& p, int t, float* score, float* choice) {
+  const int lane = threadIdx.x & 31;
   for (int e = lane; e < p.E; e += 32) {
-    const float s = 1.f / (1.f + expf(-p.logits[int64_t(t) * p.E + e]));
+    const float s = 1.f / (1.f + expf(-__ldcg(p.logits + int64_t(t) * p.E + e)));
     score[e] = s;
     choice[e] = s + (p.bias ? p.bias[e] : 0.f);
   }
@@ -92,6 +53,7 @@ __global__ void route_kernel(RouteParams p) {
       if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
     }
     if (best_e >= p.E) best_e = 0;  // only if every score is NaN
+    if (lane == 0 && p.pf_experts && t * p.top_k + j < p.pf_pairs) prefetch_up(p, best_e);
     if (lane == 0) {
       p.ids[t * p.top_k + j] = best_e;
       p.weights[t * p.top_k + j] = score[best_e];
@@ -104,6 +66,132 @@ __global__ void route_kernel(RouteParams p) {
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int j = 0; j < p.top_k; ++j) p.weights[t * p.top_k + j] *= inv;
   }
+  __syncwarp();
+}
+
+// Router logits [T, E] = x [T, H] . gate [E, H]^T in f32. A warp owns one expert row and a
+// chunk of kRouteTok tokens, so the gate (3 MB f32 for M2.5) is read once per token chunk
+// rather than once per token, and a decode step spreads it over E / 2 blocks instead of one.
+// Gate rows of H <= 32 * 4 * kRoutePre f32 (M2.5: 3072 = 24 float4 per lane) are loaded
+// into registers before the PDL wait: the whole 3 MB is in flight while the preceding
+// RMSNorm finishes. With p.counter (T <= kRouteTok), the last block to finish (threadfence
+// reduction) also runs the top-k for every token: router = one kernel at decode.
+constexpr int kRouteTok = 8, kRouteWarps = 2, kRoutePre = 24;
+// Fused add + RMSNorm (p.norm): up to 4 tokens of H <= 3072, normalised by every block into
+// shared memory (a 12 KB read of the residual and the addend per token, from L2); the last
+// block, after every other block has read the old residual, stores residual and normed rows.
+constexpr int kRouteNormTok = 4, kRouteNormH = 3072;
+// kFused = false (T > 8, many blocks): no register prefetch, no shared memory, no norm or
+// top-k, so the kernel keeps its occupancy (the fused variant's 253 registers and 41 KB of
+// shared memory allow 4 blocks per SM, the plain one ~14).
+template <bool kFused>
+__global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RouteParams p) {
+  __shared__ float score[kFused ? kRouteWarps : 1][kFused ? kMaxExperts : 1];
+  __shared__ float choice[kFused ? kRouteWarps : 1][kFused ? kMaxExperts : 1];
+  __shared__ int is_last;
+  __shared__ float scratch[32];
+  // p.norm: this block's normed rows
+  __shared__ __align__(16) bf16 xs[kFused ? kRouteNormTok : 1][kFused ? kRouteNormH : 8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int e = blockIdx.x * kRouteWarps + warp, t0 = blockIdx.y * kRouteTok;
+  const bool pre = kFused && p.H % 128 == 0 && p.H / 128 <= kRoutePre && !p.gate_bf16;
+  const bool norm = kFused && p.norm;
+  float4 wpre[kFused ? kRoutePre : 1];
+  if (pre && e < p.E) {
+    const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
+#pragma unroll
+    for (int i = 0; i < (kFused ? kRoutePre : 1); ++i)
+      if (i < p.H / 128) wpre[i] = __ldg(g + i * 32 + lane);
+  }
+  pdl_enter();
+  const int nt = min(kRouteTok, p.T - t0);
+  if (norm) {
+    for (int j = 0; j < nt; ++j)
+      add_norm_row_to_smem<kRouteNormH / (8 * kRouteWarps * 32)>(
+          static_cast<const bf16*>(p.residual) + int64_t(j) * p.H, static_cast<const bf16*>(p.x) + int64_t(j) * p.H,
+          static_cast<const bf16*>(p.norm_w), p.H, p.eps, &xs[j][0], scratch);
+    __syncthreads();
+  }
+  float acc[kRouteTok];
+#pragma unroll
+  for (int j = 0; j < kRouteTok; ++j) acc[j] = 0.f;
+  auto fma4 = [&](const float4& w, int h) {  // h: first of 4 columns
+#pragma unroll
+    for (int j = 0; j < kRouteTok; ++j) {
+      if (j < nt) {
+        const int64_t xi = int64_t(t0 + j) * p.H + h;
+        float x0, x1, x2, x3;
+        if (norm) {
+          const uint2 raw = *reinterpret_cast<const uint2*>(&xs[j][h]);
+          const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
+          x0 = a.x, x1 = a.y, x2 = b.x, x3 = b.y;
+        } else if (p.x_bf16) {
+          const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.x) + xi));
+          const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
+          x0 = a.x, x1 = a.y, x2 = b.x, x3 = b.y;
+        } else {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + xi));
+          x0 = v.x, x1 = v.y, x2 = v.z, x3 = v.w;
+        }
+        acc[j] = fmaf(x0, w.x, fmaf(x1, w.y, fmaf(x2, w.z, fmaf(x3, w.w, acc[j]))));
+      }
+    }
+  };
+  if (e < p.E) {
+    if (pre) {
+#pragma unroll
+      for (int i = 0; i < (kFused ? kRoutePre : 1); ++i)
+        if (i < p.H / 128) fma4(wpre[i], 4 * (i * 32 + lane));
+    } else if (p.H % 4 == 0 && !p.gate_bf16) {
+      const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(e) * p.H);
+#pragma unroll 4
+      for (int h4 = lane; h4 < p.H / 4; h4 += 32) fma4(__ldg(g + h4), 4 * h4);
+    } else {
+      for (int h = lane; h < p.H; h += 32) {
+        const int64_t wi = int64_t(e) * p.H + h;
+        const float wv = p.gate_bf16 ? bf2f(static_cast<const bf16*>(p.gate)[wi]) : static_cast<const float*>(p.gate)[wi];
+#pragma unroll
+        for (int j = 0; j < kRouteTok; ++j) {
+          if (j < nt) {
+            const int64_t xi = int64_t(t0 + j) * p.H + h;
+            const float xv = p.x_bf16 ? bf2f(static_cast<const bf16*>(p.x)[xi]) : static_cast<const float*>(p.x)[xi];
+            acc[j] = fmaf(xv, wv, acc[j]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRouteTok; ++j) {
+      const float v = warp_sum(acc[j]);
+      if (lane == 0 && j < nt) p.logits[int64_t(t0 + j) * p.E + e] = v;
+    }
+  }
+  if (!kFused || !p.counter) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(p.counter, 1) == int(gridDim.x * gridDim.y) - 1;
+  __syncthreads();
+  if (!is_last) return;
+  if (threadIdx.x == 0) *p.counter = 0;  // ready for the next layer / graph replay
+  __threadfence();
+  if (norm) {  // every other block is done with the old residual
+    for (int j = 0; j < nt; ++j)
+      for (int h = threadIdx.x; h < p.H; h += blockDim.x) {
+        const int64_t i = int64_t(j) * p.H + h;
+        const float v = bf2f(static_cast<const bf16*>(p.residual)[i]) + bf2f(static_cast<const bf16*>(p.x)[i]);
+        static_cast<bf16*>(p.residual)[i] = f2bf(v);
+        static_cast<bf16*>(p.norm_out)[i] = xs[j][h];
+      }
+  }
+  for (int t = warp; t < p.T; t += kRouteWarps) route_token(p, t, score[warp], choice[warp]);
+}
+
+// One warp per token (the unfused path, larger T).
+__global__ void route_kernel(RouteParams p) {
+  __shared__ float score[kMaxExperts];   // sigmoid(logit)
+  __shared__ float choice[kMaxExperts];  // score + bias
+  pdl_enter();
+  route_token(p, blockIdx.x, score, choice);
 }
 
 // Single block of 1024 threads. Pass 1 counts pairs per local expert (the atomic's return
@@ -116,6 +204,7 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
   __shared__ int count[kMaxExperts];
   __shared__ int offset[kMaxExperts];
   __shared__ int scan_a[kMaxExperts], scan_b[kMaxExperts];  // (pairs, tiles) inclusive scans
+  pdl_enter();
   const int P = p.T * p.top_k;
   for (int e = threadIdx.x; e < p.num_local; e += blockDim.x) count[e] = 0;
   __syncthreads();
@@ -162,6 +251,7 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
 
 __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int top_k, int H, void* out,
                                bool out_bf16) {
+  pdl_enter();
   const int t = blockIdx.x;
   for (int h = threadIdx.x; h < H; h += blockDim.x) {
     float acc = 0.f;
@@ -178,26 +268,38 @@ __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int 
 
 }  // namespace
 
+bool route_norm_supported(const RouteParams& p) {
+  return p.counter && p.x_bf16 && !p.gate_bf16 && p.T <= kRouteNormTok && p.H <= kRouteNormH && p.H % 128 == 0 &&
+         p.H / 128 <= kRoutePre;  // (H % 8 == 0 for the 16-byte norm loads follows)
+}
+
 void launch_moe_route(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E, "moe_route: " + std::to_string(p.E) + " experts, top_k " + std::to_string(p.top_k) + " unsupported");
   if (p.T == 0) return;
   CU_REQUIRE(p.logits != nullptr, "moe_route: no logits workspace");
-  route_logits_kernel<<<dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), kRouteWarps * 32, 0, s>>>(p);
+  // Decode (one token chunk): top-k in the last logits block (needs the counter).
+  RouteParams q = p;
+  if (p.T > kRouteTok) q.counter = nullptr;
+  CU_REQUIRE(!p.norm || route_norm_supported(p), "moe_route: fused norm unsupported for these shapes");
+  launch_pdl(q.counter ? route_logits_kernel<true> : route_logits_kernel<false>, dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), dim3(kRouteWarps * 32), 0,
+             s, q);
   CUDA_CHECK_LAUNCH();
-  route_kernel<<<p.T, 32, 0, s>>>(p);
-  CUDA_CHECK_LAUNCH();
+  if (!q.counter) {
+    launch_pdl(route_kernel, dim3(p.T), dim3(32), 0, s, p);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 void launch_moe_align(const MoeAlignParams& p, cudaStream_t s) {
   CU_REQUIRE(p.num_local <= kMaxExperts, "moe_align: " + std::to_string(p.num_local) + " local experts unsupported");
-  align_kernel<<<1, 1024, 0, s>>>(p);
+  launch_pdl(align_kernel, dim3(1), dim3(1024), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int top_k, int H, void* out,
                         bool out_bf16, cudaStream_t s) {
   if (T == 0) return;
-  combine_kernel<<<T, 256, 0, s>>>(ypair, pair_pos, top_k, H, out, out_bf16);
+  launch_pdl(combine_kernel, dim3(T), dim3(256), 0, s, ypair, pair_pos, top_k, H, out, out_bf16);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -47,8 +47,18 @@ struct QkNormRopeParams {
   int64_t q_full = 0, k_full = 0;  // widths the mean is taken over
   int head_dim = 0, rotary_dim = 0;
   float theta = 10000.f, eps = 1e-6f;
+  // Optional fused KV write (kc != null): k (after norm + RoPE) and v [T, k_width] into the
+  // caches [num_slots, k_width] at slots[t] (negative / out of range: skipped).
+  const void* v = nullptr;
+  void* kc = nullptr;
+  void* vc = nullptr;
+  bool cache_bf16 = true;
+  const int32_t* slots = nullptr;
+  int64_t num_slots = 0;
 };
 void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s);
+// Compute capability major of the current device (cached).
+int device_cc_major();
 // Copies k/v rows [T, width] into caches [slots, width] at slot_mapping (negative = skip).
 void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, bool cache_bf16,
                      const int32_t* slot_mapping, int T, int width, int64_t num_slots, cudaStream_t s);
@@ -98,6 +108,46 @@ struct LinParams {
   bool out_f32 = false;
   const float* row_scale = nullptr;  // kDown
   bool tc = true;  // GEMV: tensor-core FP8 path (k_gemv_tc.cu) where gemv_tc_supported
+  // Direct pair tiles (MoE decode at very few tokens; tensor-core GEMV only; no align step):
+  // tile t (grid.y = T * top_k) is routing pair t, one row, expert pair_ids[t] - first_local.
+  // A non-local expert: kSwiglu skips the tile, kDown writes a zero row. Activation row of
+  // row r: r / x_row_div (kSwiglu: the token; kDown: the pair's intermediate row).
+  const int32_t* pair_ids = nullptr;
+  int first_local = 0, num_local = 0, x_row_div = 1;
+  // pair_ids were written at least two PDL launches back (the down GEMV after the up GEMV
+  // after the router): every block of the predecessor waited for the router before it
+  // triggered us, so the ids may be read, and the expert's first weight chunks loaded,
+  // before this kernel's own dependency wait.
+  bool ids_ready = false;
+  // kDown + direct pairs: fused ordered combine. After writing its 32 rows of pair t, a block
+  // bumps counters[token * gridDim.x + blockIdx.x]; the top_k-th arrival sums the token's
+  // top_k pair rows in k order (deterministic) into combine_out [T, N] and resets the counter.
+  void* combine_out = nullptr;
+  bool combine_bf16 = true;
+  int top_k = 0;
+  int* counters = nullptr;
+  // Several weights sharing x in one launch (linear_multi; kStore, no tile table, tensor-core
+  // GEMV only): when nseg > 0, segment i (weight, scales, N, s_cols, out, ldo) owns blocks
+  // [seg_block[i], seg_block[i + 1]) of the 1-D grid; the single-matrix fields are unused.
+  struct Seg {
+    const void* w;
+    const float* s;
+    void* out;
+    int N, s_cols, ldo;
+  };
+  static constexpr int kMaxSegs = 4;
+  int nseg = 0;
+  Seg seg[kMaxSegs] = {};
+  int seg_block[kMaxSegs + 1] = {};
+  // Fused add + RMSNorm of the input (kStore, M <= 4, K <= 3072; gemv_tc_norm_supported):
+  // x is the addend; each block computes rmsnorm(norm_res + x) * norm_w for its rows in shared
+  // memory, and the grid's last block stores norm_res += x and norm_out (bf16, [M, K]).
+  bool norm = false;
+  void* norm_res = nullptr;
+  const void* norm_w = nullptr;
+  void* norm_out = nullptr;
+  float eps = 1e-6f;
+  int* norm_counter = nullptr;  // zeroed; reset by the last block
 };
 // Rows per tile of each path (the MoE align kernel builds tiles of this height).
 constexpr int kGemvTile = 8;
@@ -106,6 +156,7 @@ void launch_gemv(const LinParams& p, cudaStream_t s);  // memory-bound path, sma
 // Tensor-core decode path (FP8 weights, 128x128 scales, K % 128 == 0, N % 16 == 0);
 // launch_gemv dispatches to it when supported and p.tc is set.
 bool gemv_tc_supported(const LinParams& p);
+bool gemv_tc_norm_supported(const LinParams& p);
 void launch_gemv_tc(const LinParams& p, cudaStream_t s);
 void launch_gemm(const LinParams& p, cudaStream_t s);  // tensor-core path (mma.sync bf16)
 
@@ -120,7 +171,24 @@ struct RouteParams {
   int32_t* ids = nullptr;  // [T, top_k]
   float* weights = nullptr;
   float* logits = nullptr;  // workspace [T, E] f32: router logits between the two kernels
+  // Zeroed device int: with it, T <= 8 runs as one kernel (the last logits block does the
+  // top-k and resets it to 0). Null: logits kernel + top-k kernel.
+  int* counter = nullptr;
+  // Fused add + RMSNorm before the router (norm = true; needs route_norm_supported): x is the
+  // addend (bf16), residual += x (bf16, stored), norm_out = rmsnorm(residual) * norm_w (bf16),
+  // and the logits use norm_out.
+  bool norm = false;
+  void* residual = nullptr;
+  const void* norm_w = nullptr;
+  void* norm_out = nullptr;
+  float eps = 1e-6f;
+  // Optional L2 prefetch of the gate/up weights (pf_bytes each, a multiple of 16) of the
+  // experts chosen for the first pf_pairs (token, k) pairs, issued as they are chosen.
+  const ExpertPtrs* pf_experts = nullptr;
+  int pf_first_local = 0, pf_num_local = 0, pf_pairs = 0;
+  uint64_t pf_bytes = 0;
 };
+bool route_norm_supported(const RouteParams& p);
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
 
 // Groups (token, k) pairs by local expert. Outputs (device, caller-sized):
@@ -164,6 +232,9 @@ struct AttnParams {
   int splits = 1;  // > 1: split-KV partials in `part_o` [splits, T, Hq, D] and `part_ml` [splits, T, Hq, 2]
   float* part_o = nullptr;
   float* part_ml = nullptr;
+  // splits > 1: zeroed ints, one per (sequence, query tile, kv head). With them the last
+  // split block of each group merges the partials itself (no combine kernel).
+  int* counters = nullptr;
 };
 // Query tokens per block for a GQA group size.
 int attn_query_tile(int group);
