@@ -117,6 +117,7 @@ void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& 
   p.T = T, p.H = H, p.E = E, p.top_k = k;
   p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
   p.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
+  p.logits_ready = route_logits_gemm(x.data, p.x_bf16, moe.gate, T, H, E, p.logits);
   launch_moe_route(p, stream_);
 }
 
@@ -169,7 +170,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   if (gemv) {
     launch_gemv(up, stream_);
     launch_gemv(down, stream_);
-  } else {
+  } else if (!moe_experts_fp8_act(up, down, T)) {
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);
   }
