@@ -39,7 +39,7 @@ LtGemm::~LtGemm() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-LtGemm::Plan* LtGemm::plan(int kind, int T, int N, int K, bool capturing) {
+LtGemm::Plan* LtGemm::plan(int kind, int T, int N, int K, bool capturing, const void* sa, const void* sb) {
   const auto key = std::make_tuple(kind, T, N, K);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
@@ -54,6 +54,9 @@ LtGemm::Plan* LtGemm::plan(int kind, int T, int N, int K, bool capturing) {
     const int32_t amode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     lt_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &amode, sizeof(amode)), "A scale mode");
     lt_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bmode, sizeof(bmode)), "B scale mode");
+    // The heuristic sees a complete descriptor (the pointers are reset at every launch).
+    lt_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "A scale");
+    lt_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "B scale");
     lt_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, K, N, K), "layout A");
     lt_check(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, K, T, K), "layout B");
     lt_check(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, N, T, N), "layout C");
@@ -69,6 +72,11 @@ LtGemm::Plan* LtGemm::plan(int kind, int T, int N, int K, bool capturing) {
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   size_t wsb = kWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
+  // Operands may be row slices of larger buffers: promise 16-byte alignment only.
+  const uint32_t align = 16;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
   // The scale pointers are per call: set on the descriptor right before each launch.
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
@@ -83,7 +91,7 @@ LtGemm::Plan* LtGemm::plan(int kind, int T, int N, int K, bool capturing) {
 }
 
 bool LtGemm::fp8_block(const LtFp8Args& a, void* workspace, size_t ws_bytes, cudaStream_t s, bool capturing) {
-  Plan* p = plan(kFp8Block, a.T, a.N, a.K, capturing);
+  Plan* p = plan(kFp8Block, a.T, a.N, a.K, capturing, a.ws, a.xs);
   if (!p->ok) return false;
   lt_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a.ws, sizeof(a.ws)), "A scale");
   lt_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a.xs, sizeof(a.xs)), "B scale");
@@ -96,7 +104,7 @@ bool LtGemm::fp8_block(const LtFp8Args& a, void* workspace, size_t ws_bytes, cud
 
 bool LtGemm::f32_nt(int T, int N, int K, const float* x, const float* w, float* out, void* workspace, size_t ws_bytes,
                     cudaStream_t s, bool capturing) {
-  Plan* p = plan(kF32, T, N, K, capturing);
+  Plan* p = plan(kF32, T, N, K, capturing, nullptr, nullptr);
   if (!p->ok) return false;
   const float alpha = 1.f, beta = 0.f;
   lt_check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,

@@ -43,7 +43,7 @@ class LtGemm {
 
  private:
   struct Plan;
-  Plan* plan(int kind, int T, int N, int K, bool capturing);
+  Plan* plan(int kind, int T, int N, int K, bool capturing, const void* sa, const void* sb);
   void* handle_ = nullptr;
   std::map<std::tuple<int, int, int, int>, std::unique_ptr<Plan>> plans_;
 };

@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_fp8.h"
 #include "core/error.h"
 
 
@@ -117,8 +118,10 @@ void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& 
   p.T = T, p.H = H, p.E = E, p.top_k = k;
   p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
   p.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
-  p.logits_ready = route_logits_gemm(x.data, p.x_bf16, moe.gate, T, H, E, p.logits);
-  launch_moe_route(p, stream_);
+  if (route_logits_gemm(x.data, p.x_bf16, moe.gate, T, H, E, p.logits))
+    launch_moe_route_topk(p, stream_);
+  else
+    launch_moe_route(p, stream_);
 }
 
 void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) {

@@ -3,6 +3,7 @@
 // for the expert GEMV/GEMM kernels, and the ordered combine of per-pair outputs.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_fp8.h"
 
 namespace moeserve::cuda {
 namespace {
@@ -182,10 +183,15 @@ void launch_moe_route(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E, "moe_route: " + std::to_string(p.E) + " experts, top_k " + std::to_string(p.top_k) + " unsupported");
   if (p.T == 0) return;
   CU_REQUIRE(p.logits != nullptr, "moe_route: no logits workspace");
-  if (!p.logits_ready) {
-    route_logits_kernel<<<dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), kRouteWarps * 32, 0, s>>>(p);
-    CUDA_CHECK_LAUNCH();
-  }
+  route_logits_kernel<<<dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), kRouteWarps * 32, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+  route_kernel<<<p.T, 32, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_route_topk(const RouteParams& p, cudaStream_t s) {
+  CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E && p.logits != nullptr, "moe_route_topk: bad arguments");
+  if (p.T == 0) return;
   route_kernel<<<p.T, 32, 0, s>>>(p);
   CUDA_CHECK_LAUNCH();
 }

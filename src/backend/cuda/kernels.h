@@ -120,7 +120,6 @@ struct RouteParams {
   int32_t* ids = nullptr;  // [T, top_k]
   float* weights = nullptr;
   float* logits = nullptr;  // workspace [T, E] f32: router logits between the two kernels
-  bool logits_ready = false;  // logits already computed (cuBLASLt f32 GEMM): top-k only
 };
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
 

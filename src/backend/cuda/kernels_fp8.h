@@ -42,6 +42,9 @@ struct Fp8Act {
 bool gemm_fp8_supported(const LinParams& p);
 void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s);
 
+// Router top-k only (k_moe.cu), for logits [T, E] already in p.logits (the f32 GEMM path).
+void launch_moe_route_topk(const RouteParams& p, cudaStream_t s);
+
 // Pipelined tensor-core prefill attention (k_attn_prefill.cu): head_dim 128, >= 64 query
 // tokens, no splits; same contract as launch_attention_tc.
 bool attention_prefill_supported(const AttnParams& p);
