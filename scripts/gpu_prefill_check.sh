@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-LAYERS=${LAYERS:-30}
+LAYERS=30  # issue 5 figure (fixed: an inherited LAYERS gave 16 once)
 start=$(date +%s)
 stamp() { echo "[gpu +$(( $(date +%s) - start ))s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"

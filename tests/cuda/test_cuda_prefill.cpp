@@ -91,29 +91,27 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
   const auto ref = ref_linear(x, w.deq, c.T, c.N, c.K);
   const auto ref_q = ref_linear(host_quant(x, c.T, c.K), w.deq, c.T, c.N, c.K);
   CudaBackend& b = gpu();
-  // path 0: default (cuBLASLt where it applies), 1: k_gemm_fp8.cu, 2: cuBLASLt with the other
-  // activation-scale layout (diagnostic only: prints which layout cuBLASLt reads).
+  // path 0: default (cuBLASLt where it applies, rows past the last multiple of 8 on the wide
+  // kernel), 1: wide-tile kernel only, 2: 64 x 128 kernel only.
   for (int path = 0; path < 3; ++path) {
-    b.use_lt_fp8 = path != 1;
-    b.lt_act_scale_kmajor = path == 2;
+    b.use_lt_fp8 = path == 0;
+    cuda::g_fp8_gemm_wide = path != 2;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.N, NAN), DType::BF16, {c.T, c.N});
     b.linear(dx, w.dev, out);
     const auto got = b.download_f32(out);
     const double eq = rel_err(got, ref_q), e = rel_err(got, ref);
     std::printf("[prefill linear] T=%d N=%d K=%d path %d: vs quantised ref %.2e, vs exact ref %.2e\n", c.T, c.N, c.K,
                 path, eq, e);
-    if (path < 2) {
-      EXPECT_LT(eq, 1e-2) << "path " << path;
-      EXPECT_LT(e, kLinQuantBound) << "path " << path;
-    }
+    EXPECT_LT(eq, 1e-2) << "path " << path;
+    EXPECT_LT(e, kLinQuantBound) << "path " << path;
   }
   b.use_lt_fp8 = true;
-  b.lt_act_scale_kmajor = false;
+  cuda::g_fp8_gemm_wide = true;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillLinear,
                          ::testing::Values(PCase{128, 512, 512},    // smallest T on the path, K/128 = 4
                                            PCase{200, 384, 384},    // K/128 = 3: no cuBLASLt, mma.sync kernel
-                                           PCase{333, 1024, 3072},  // k/v proj shape, partial row tile
+                                           PCase{333, 1024, 3072},  // k/v proj shape: cuBLASLt on 328 rows, kernel on 5
                                            PCase{136, 1536, 6144},  // o_proj's K
                                            PCase{150, 200, 256}));  // N not a multiple of 128 (kernel, edge cols)
 
@@ -213,16 +211,19 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
 
   MoeRouting r{ints_to_device(ids, {c.T, c.K}), to_device(wts, DType::F32, {c.T, c.K})};
   Tensor dx = to_device(x, DType::BF16, {c.T, c.H});
-  for (int fp8 = 1; fp8 >= 0; --fp8) {
-    gpu().use_fp8_act_gemm = fp8 == 1;
+  // mode 2: FP8 wide-tile kernel, 1: FP8 64 x 128 kernel, 0: bf16 activations.
+  for (int mode = 2; mode >= 0; --mode) {
+    gpu().use_fp8_act_gemm = mode > 0;
+    cuda::g_fp8_gemm_wide = mode == 2;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
     const double e = rel_err(gpu().download_f32(out), ref);
-    std::printf("[prefill experts] T=%d H=%d I=%d E=%d k=%d skew=%d fp8_act=%d: vs CPU op %.2e\n", c.T, c.H, c.I, c.E,
-                c.K, c.skew, fp8, e);
-    EXPECT_LT(e, fp8 ? 2 * kLinQuantBound : 2e-2) << "fp8_act " << fp8;
+    std::printf("[prefill experts] T=%d H=%d I=%d E=%d k=%d skew=%d mode=%d: vs CPU op %.2e\n", c.T, c.H, c.I, c.E,
+                c.K, c.skew, mode, e);
+    EXPECT_LT(e, mode > 0 ? 2 * kLinQuantBound : 2e-2) << "mode " << mode;
   }
   gpu().use_fp8_act_gemm = true;
+  cuda::g_fp8_gemm_wide = true;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillExperts,
                          ::testing::Values(ECase{130, 256, 128, 8, 2, 0},     // just above the threshold

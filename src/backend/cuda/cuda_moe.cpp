@@ -137,7 +137,11 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   if (T == 0) return;
   const int P = T * k;
   const bool gemv = T <= moe_gemv_max_tokens;
-  const int tile_rows = gemv ? kGemvTile : kGemmTileM;
+  // FP8 prefill path on the wide kernel: tiles of kFp8WideTileM pairs (same predicate as
+  // moe_experts_fp8_act, which must then run).
+  const bool fp8_wide = !gemv && use_fp8_act_gemm && g_fp8_gemm_wide && T >= fp8_act_min_tokens && et.fp8 &&
+                        et.bo == 128 && et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && cc_ >= 89;
+  const int tile_rows = gemv ? kGemvTile : fp8_wide ? kFp8WideTileM : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
 
   // Workspaces (the ints first, then sorted weights).
@@ -173,6 +177,8 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   if (gemv) {
     launch_gemv(up, stream_);
     launch_gemv(down, stream_);
+  } else if (fp8_wide) {
+    MS_CHECK(moe_experts_fp8_act(up, down, T), "moe_experts: FP8 wide-tile path refused its own shapes");
   } else if (!moe_experts_fp8_act(up, down, T)) {
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);

@@ -41,25 +41,43 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
   float* xs = reinterpret_cast<float*>(xq + qbytes);
   QuantParams q;
   q.x = p.x, q.ldx = K, q.R = T, q.K = K, q.q = xq, q.s = xs;
-  // cuBLASLt block scaling is a Hopper feature; K / 128 % 4 keeps the scale rows 16-byte aligned.
+  // cuBLASLt block scaling is a Hopper feature; K / 128 % 4 keeps the scale rows 16-byte
+  // aligned. cuBLASLt found no algorithm for row counts that are not a multiple of 4 or 8
+  // (T = 333 fell back in the H200 tests; 128 and 136 ran), so it takes the first T & ~7
+  // rows and the kernel the (< 8) rows left.
   const bool lt_shape = cc_ == 90 && !p.out_f32 && G % 4 == 0 && p.N % 128 == 0 && p.ldo == p.N;
-  if (use_lt_fp8 && lt_shape && !p.experts) {
+  const int T0 = T & ~7;
+  int done = 0;
+  if (use_lt_fp8 && lt_shape && !p.experts && T0 > 0) {
     LtGemm* g = lt();
     if (g) {
+      q.R = T0;
       q.s_row = lt_act_scale_kmajor ? G : 1;
-      q.s_grp = lt_act_scale_kmajor ? 1 : T;
+      q.s_grp = lt_act_scale_kmajor ? 1 : T0;
       launch_quant_fp8(q, stream_);
       LtFp8Args a;
-      a.T = T, a.N = p.N, a.K = K, a.xq = xq, a.xs = xs;
+      a.T = T0, a.N = p.N, a.K = K, a.xq = xq, a.xs = xs;
       a.w = static_cast<const uint8_t*>(p.w), a.ws = p.s, a.out = p.out;
       void* ws = workspace(kLt, LtGemm::kWorkspaceBytes);
-      if (g->fp8_block(a, ws, LtGemm::kWorkspaceBytes, stream_, capturing_)) return true;
+      if (g->fp8_block(a, ws, LtGemm::kWorkspaceBytes, stream_, capturing_)) done = T0;
     }
   }
-  if (!gemm_fp8_supported(p)) return false;
-  q.s_row = G, q.s_grp = 1;
+  if (done == T) return true;
+  if (!gemm_fp8_supported(p)) {
+    MS_CHECK(done == 0, "linear: FP8 tail rows without a kernel");
+    return false;
+  }
+  // Rows [done, T): row-major scales, the mma.sync kernel.
+  LinParams tail = p;
+  tail.M = T - done;
+  tail.out = static_cast<char*>(p.out) + size_t(done) * p.ldo * (p.out_f32 ? 4 : 2);
+  q.x = static_cast<const char*>(p.x) + size_t(done) * K * 2;
+  q.R = T - done, q.s_row = G, q.s_grp = 1;
   launch_quant_fp8(q, stream_);
-  launch_gemm_fp8(p, Fp8Act{xq, xs}, stream_);
+  if (g_fp8_gemm_wide)
+    launch_gemm_fp8_wide(tail, Fp8Act{xq, xs}, stream_);
+  else
+    launch_gemm_fp8(tail, Fp8Act{xq, xs}, stream_);
   return true;
 }
 
@@ -75,7 +93,10 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   QuantParams q;
   q.x = up.x, q.ldx = H, q.R = T, q.K = H, q.q = xq, q.s = xs, q.s_row = H / kQuantGroup, q.s_grp = 1;
   launch_quant_fp8(q, stream_);
-  launch_gemm_fp8(up, Fp8Act{xq, xs}, stream_);
+  // The tile table was built with kFp8WideTileM rows per tile when g_fp8_gemm_wide is set
+  // (moe_experts decides with the same predicate), else kGemmTileM.
+  auto gemm = g_fp8_gemm_wide ? launch_gemm_fp8_wide : launch_gemm_fp8;
+  gemm(up, Fp8Act{xq, xs}, stream_);
   // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
   const size_t abytes = round_up(size_t(P) * I, 256);
   uint8_t* aq = static_cast<uint8_t*>(workspace(kQuantAct, abytes + size_t(P) * (I / kQuantGroup) * 4));
@@ -83,7 +104,7 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   QuantParams qa;
   qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
   launch_quant_fp8(qa, stream_);
-  launch_gemm_fp8(down, Fp8Act{aq, as}, stream_);
+  gemm(down, Fp8Act{aq, as}, stream_);
   return true;
 }
 

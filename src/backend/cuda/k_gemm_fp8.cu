@@ -16,6 +16,7 @@
 // routing weight).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/mma_fp8.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -24,29 +25,6 @@ constexpr int BM = kGemmTileM, BN = 128, BK = 128, LDS = BK + 16;  // LDS in byt
 constexpr int kStages = 3, kThreads = 256;
 constexpr int kABytes = BM * LDS, kBBytes = BN * LDS, kStageBytes = kABytes + kBBytes;
 constexpr int kSmemBytes = kStages * kStageBytes;  // 82,944
-
-__device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, bool valid) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void mma_e4m3(float* c, const uint32_t* a, const uint32_t* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  __trap();  // launch_gemm_fp8 refuses devices below sm_89
-#endif
-}
 
 template <int MODE>
 __global__ void __launch_bounds__(kThreads, 2) gemm_fp8_kernel(LinParams p, Fp8Act act) {
