@@ -69,7 +69,7 @@ TEST(CudaPrefillBench, M25Shapes8k) {
       cuda::g_fp8_gemm_wide = path == 3;
       ms[path] = median_ms([&] { b.linear(in, w, out); });
     }
-    cuda::g_fp8_gemm_wide = true;
+    cuda::g_fp8_gemm_wide = false;
     std::printf("[bench] %-7s T=%d N=%d K=%d: bf16 mma %.3f ms (%.0f TF/s) | lt fp8 %.3f (%.0f) | mma fp8 %.3f (%.0f) | wide %.3f (%.0f)\n",
                 l.name, T, l.N, l.K, ms[0], flop / ms[0] / 1e9, ms[1], flop / ms[1] / 1e9, ms[2], flop / ms[2] / 1e9,
                 ms[3], flop / ms[3] / 1e9);
@@ -146,6 +146,7 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     const double new_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     cuda::g_fp8_gemm_wide = true;
     const double wide_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
+    cuda::g_fp8_gemm_wide = false;
     std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma %.3f ms (%.0f) | wide %.3f ms (%.0f)\n",
                 T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wide_ms, flop / wide_ms / 1e9);
   }

@@ -91,11 +91,11 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
   const auto ref = ref_linear(x, w.deq, c.T, c.N, c.K);
   const auto ref_q = ref_linear(host_quant(x, c.T, c.K), w.deq, c.T, c.N, c.K);
   CudaBackend& b = gpu();
-  // path 0: default (cuBLASLt where it applies, rows past the last multiple of 8 on the wide
-  // kernel), 1: wide-tile kernel only, 2: 64 x 128 kernel only.
+  // path 0: default (cuBLASLt where it applies, rows past the last multiple of 8 on the
+  // 64 x 128 kernel), 1: wide-tile kernel only, 2: 64 x 128 kernel only.
   for (int path = 0; path < 3; ++path) {
     b.use_lt_fp8 = path == 0;
-    cuda::g_fp8_gemm_wide = path != 2;
+    cuda::g_fp8_gemm_wide = path == 1;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.N, NAN), DType::BF16, {c.T, c.N});
     b.linear(dx, w.dev, out);
     const auto got = b.download_f32(out);
@@ -106,7 +106,7 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
     EXPECT_LT(e, kLinQuantBound) << "path " << path;
   }
   b.use_lt_fp8 = true;
-  cuda::g_fp8_gemm_wide = true;
+  cuda::g_fp8_gemm_wide = false;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillLinear,
                          ::testing::Values(PCase{128, 512, 512},    // smallest T on the path, K/128 = 4
@@ -223,7 +223,7 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
     EXPECT_LT(e, mode > 0 ? 2 * kLinQuantBound : 2e-2) << "mode " << mode;
   }
   gpu().use_fp8_act_gemm = true;
-  cuda::g_fp8_gemm_wide = true;
+  cuda::g_fp8_gemm_wide = false;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillExperts,
                          ::testing::Values(ECase{130, 256, 128, 8, 2, 0},     // just above the threshold

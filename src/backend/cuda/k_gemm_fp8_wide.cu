@@ -14,7 +14,9 @@
 
 namespace moeserve::cuda {
 
-bool g_fp8_gemm_wide = true;
+// Off by default: measured slower than k_gemm_fp8.cu on the H200 (experts at 8k: 12.07 vs 9.09 ms;
+// q_proj 1.68 vs 1.40 ms), most likely its 255 registers with spills at 4 warps per SM.
+bool g_fp8_gemm_wide = false;
 
 namespace {
 

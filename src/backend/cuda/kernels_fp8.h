@@ -42,7 +42,8 @@ struct Fp8Act {
 bool gemm_fp8_supported(const LinParams& p);
 void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s);
 // Wide-tile variant (k_gemm_fp8_wide.cu): 128 x 128 tiles, MoE tiles of up to
-// kFp8WideTileM rows; same support predicate. g_fp8_gemm_wide picks it process-wide (the
+// kFp8WideTileM rows; same support predicate. g_fp8_gemm_wide (default off: slower on the
+// H200, see docs/benchmarks.md) picks it process-wide (the
 // MoE align must then build tiles of kFp8WideTileM rows); tests and benchmarks flip it.
 constexpr int kFp8WideTileM = 128;
 extern bool g_fp8_gemm_wide;
