@@ -7,8 +7,9 @@
 //   or, where cuBLASLt is unavailable or has no algorithm, k_gemm_fp8.cu (mma.sync e4m3);
 // - experts: gate/up grouped GEMM with fused SiLU * up (bf16 out), that output quantised
 //   the same way, down grouped GEMM scaled by the routing weight (k_gemm_fp8.cu).
-// All launches stay on the backend stream and allocate nothing once workspaces have grown,
-// so captured graphs work for shapes that ran once before.
+// Eager only: during graph capture (decode batches) these paths step aside and the ops take
+// their previous kernels, so captured steps need no new workspaces (reserve() does not size
+// these) and no cuBLASLt plan creation inside a capture.
 #include <algorithm>
 
 #include "backend/cuda/cublaslt.h"
@@ -34,7 +35,7 @@ LtGemm* CudaBackend::lt() {
 }
 
 bool CudaBackend::linear_fp8_act(const LinParams& p) {
-  if (!use_fp8_act_gemm || !p.fp8 || p.bo != 128 || p.bi != 128 || p.K % kQuantGroup != 0 || p.ldx != p.K) return false;
+  if (capturing_ || !use_fp8_act_gemm || !p.fp8 || p.bo != 128 || p.bi != 128 || p.K % kQuantGroup != 0 || p.ldx != p.K) return false;
   const int T = p.M, K = p.K, G = K / kQuantGroup;
   const size_t qbytes = round_up(size_t(T) * K, 256);
   uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, qbytes + size_t(T) * G * 4));
@@ -82,7 +83,7 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
 }
 
 bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down, int T) {
-  if (!use_fp8_act_gemm || T < fp8_act_min_tokens || !gemm_fp8_supported(up) || !gemm_fp8_supported(down) ||
+  if (capturing_ || !use_fp8_act_gemm || T < fp8_act_min_tokens || !gemm_fp8_supported(up) || !gemm_fp8_supported(down) ||
       up.ldx != up.K || down.ldx != down.K)
     return false;
   const int H = up.K, I = down.K, P = up.M;
@@ -109,7 +110,7 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
 }
 
 bool CudaBackend::route_logits_gemm(const void* x, bool x_bf16, const Tensor& gate, int T, int H, int E, float* logits) {
-  if (router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 || H % 4 != 0) return false;
+  if (capturing_ || router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 || H % 4 != 0) return false;
   LtGemm* g = lt();
   if (!g) return false;
   const float* xf = static_cast<const float*>(x);
