@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | 
 for step in $STEPS; do
   case $step in
     tests)
-      for suite in 'CudaOps.*' '*CudaNorm*' '*CudaQkNormRope*' '*CudaLinear*' '*CudaAttention*' 'CudaMoe.*' \
+      for suite in 'CudaOps.*' '*CudaNorm*' '*CudaQkNormRope*' '*CudaLinear*' '*CudaPrefill*' '*CudaAttention*' 'CudaMoe.*' \
                    '*CudaMoeExperts*' 'CudaSample.*' 'CudaGraph.*' 'CudaVsCpu.*' \
                    '*CudaRouter*' '*CudaAddNorm*'; do
         timeout 90 ./test_cuda_ops --gtest_color=no --gtest_filter="$suite" >> "$OUT/tests.log" 2>&1

@@ -89,17 +89,27 @@ TEST_P(CudaAttention, MatchesReference) {
   meta.context_lens = ints_to_device(ctx, {S});
   meta.block_tables = ints_to_device(table, {S, max_blocks});
   Tensor dq = to_device(q, DType::BF16, {T, c.Hq * c.D});
-  Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});  // poisoned
-  AttentionArgs a{&dq, &kv, &meta, c.Hq, c.Hkv, c.D, scale, &out};
-  gpu().attention(a);
-  EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2);
+  // Mode 0: default (pipelined prefill kernel where it applies), 1: the unpipelined
+  // tensor-core kernel, 2: the scalar kernel only.
+  for (int mode = 0; mode < 3; ++mode) {
+    gpu().use_attention_prefill = mode == 0;
+    gpu().use_attention_tc = mode < 2;
+    Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});  // poisoned
+    AttentionArgs a{&dq, &kv, &meta, c.Hq, c.Hkv, c.D, scale, &out};
+    gpu().attention(a);
+    EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2) << "mode " << mode;
+  }
+  gpu().use_attention_prefill = true;
+  gpu().use_attention_tc = true;
   // Split-KV merged in the last split block instead of the combine kernel.
-  gpu().fuse_attn_combine = true;
-  Tensor out2 = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});
-  a.out = &out2;
-  gpu().attention(a);
-  gpu().fuse_attn_combine = false;
-  EXPECT_LT(rel_err(gpu().download_f32(out2), ref), 1e-2) << "fused combine";
+  {
+    gpu().fuse_attn_combine = true;
+    Tensor out2 = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});
+    AttentionArgs a{&dq, &kv, &meta, c.Hq, c.Hkv, c.D, scale, &out2};
+    gpu().attention(a);
+    gpu().fuse_attn_combine = false;
+    EXPECT_LT(rel_err(gpu().download_f32(out2), ref), 1e-2) << "fused combine";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

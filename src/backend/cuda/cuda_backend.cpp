@@ -7,9 +7,11 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/cublaslt.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/kernels_fp8.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -91,6 +93,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
            cuda_device_count());
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  cc_ = major * 10 + minor;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const size_t cbytes = size_t(kAttnCounterBase + kAttnCounterSlots) * sizeof(int);
   CUDA_CHECK(cudaMalloc(&counters_, cbytes));
@@ -137,6 +143,7 @@ CudaBackend::~CudaBackend() {
   if (pinned_) cudaFreeHost(pinned_);
   if (counters_) cudaFree(counters_);
   expert_tables_.clear();
+  lt_.reset();
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -353,6 +360,7 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   // ~3x faster there at 64 rows on the H200, and slower for wide N, so only narrow N uses it.
   // FP8 linears the tensor-core GEMV supports take it up to linear_gemv_tc_max_tokens rows:
   // at 64 rows the 64 x 128 GEMM gives q/o projections only 24-48 blocks (~140 GB/s).
+  if (T >= fp8_act_min_tokens && linear_fp8_act(p)) return;
   if (T <= linear_gemv_max_tokens || (T <= 64 && N <= linear_gemv_narrow_n) ||
       (T <= linear_gemv_tc_max_tokens && gemv_tc_supported(p)))
     launch_gemv(p, stream_);
@@ -541,7 +549,9 @@ void CudaBackend::attention(const AttentionArgs& a) {
   p.splits = splits;
   const int64_t groups = int64_t(p.num_seqs) * qtiles * p.Hkv;
   if (splits > 1 && splits <= 32 && fuse_attn_combine && groups <= kAttnCounterSlots) p.counters = counters_ + kAttnCounterBase;
-  if (use_attention_tc && splits == 1 && attention_tc_supported(p))
+  if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
+    launch_attention_prefill(p, stream_);
+  else if (use_attention_tc && splits == 1 && attention_tc_supported(p))
     launch_attention_tc(p, stream_);
   else
     launch_attention(p, stream_);

@@ -22,6 +22,10 @@
 #include "backend/backend.h"
 
 namespace moeserve {
+namespace cuda {
+class LtGemm;
+struct LinParams;
+}  // namespace cuda
 
 struct GpuSamplingParams {
   float temperature = 1.f;  // <= 0: greedy
@@ -146,11 +150,25 @@ class CudaBackend final : public Backend {
   bool fuse_attn_combine = false;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
+  // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.
+  bool use_attention_prefill = true;
   // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
   bool use_gemv_tc = true;
+  // Prefill path (cuda_prefill.cpp): from this many rows, FP8 128x128-block linears and
+  // experts quantise their bf16 activations per (token, 128 columns) to FP8 and run FP8 x FP8
+  // tensor-core GEMMs (cuBLASLt block-scaled on sm_90 for linears, k_gemm_fp8.cu otherwise
+  // and for the grouped expert GEMM). Adds the activation rounding (<= 2^-4 relative per
+  // element) that the bf16 GEMM does not have; see docs/architecture.md.
+  bool use_fp8_act_gemm = true;
+  int fp8_act_min_tokens = 128;
+  bool use_lt_fp8 = true;  // cuBLASLt for the dense linears (else k_gemm_fp8.cu)
+  // Router logits as one f32 cuBLASLt GEMM (no TF32) from this many tokens; 0: off.
+  int router_gemm_min_tokens = 64;
+  // Layout of the activation scales handed to cuBLASLt (false: token-fastest [K/128, T]).
+  bool lt_act_scale_kmajor = false;
 
  private:
-  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kNumSlots };
+  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kQuantX, kQuantAct, kLt, kRouterX, kNumSlots };
   void* workspace(Slot s, size_t bytes);
   size_t workspace_capacity(Slot s) const { return ws_[s].bytes; }
   struct ExpertTable;
@@ -164,6 +182,11 @@ class CudaBackend final : public Backend {
   bool moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf);
   void qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv, const AttentionMeta* meta);
   bool run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
+  // Prefill paths (cuda_prefill.cpp); each returns false when it does not apply.
+  bool linear_fp8_act(const cuda::LinParams& p);
+  bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T);
+  bool route_logits_gemm(const void* x, bool x_bf16, const Tensor& gate, int T, int H, int E, float* logits);
+  cuda::LtGemm* lt();
 
   int device_ = 0;
   int num_sms_ = 0;
@@ -183,6 +206,8 @@ class CudaBackend final : public Backend {
   void* pinned_ = nullptr;  // host staging for sampling parameters
   size_t pinned_bytes_ = 0;
   std::unordered_map<const void*, std::shared_ptr<ExpertTable>> expert_tables_;
+  int cc_ = 0;  // compute capability, major * 10 + minor
+  std::unique_ptr<cuda::LtGemm> lt_;
 };
 
 std::unique_ptr<CudaBackend> make_cuda_backend(int device = 0);

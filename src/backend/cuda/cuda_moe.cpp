@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_fp8.h"
 #include "core/error.h"
 
 
@@ -157,7 +158,11 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
     p.residual = nf->residual->data, p.norm_w = nf->weight->data, p.norm_out = x.data, p.eps = nf->eps;
     if (!route_norm_supported(p)) return false;
   }
-  launch_moe_route(p, stream_);
+  // Prefill (eager, >= 64 tokens, no fused norm): logits as an f32 GEMM, then top-k alone.
+  if (!nf && route_logits_gemm(x.data, p.x_bf16, moe.gate, T, H, E, p.logits))
+    launch_moe_route_topk(p, stream_);
+  else
+    launch_moe_route(p, stream_);
   return true;
 }
 
@@ -176,7 +181,11 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
   if (T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out)) return;
   const bool gemv = T <= moe_gemv_max_tokens;
-  const int tile_rows = gemv ? kGemvTile : kGemmTileM;
+  // FP8 prefill path on the wide kernel: tiles of kFp8WideTileM pairs (same predicate as
+  // moe_experts_fp8_act, which must then run).
+  const bool fp8_wide = !gemv && !capturing_ && use_fp8_act_gemm && g_fp8_gemm_wide && T >= fp8_act_min_tokens && et.fp8 &&
+                        et.bo == 128 && et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && cc_ >= 89;
+  const int tile_rows = gemv ? kGemvTile : fp8_wide ? kFp8WideTileM : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
 
   // Workspaces (the ints first, then sorted weights).
@@ -212,7 +221,9 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   if (gemv) {
     launch_gemv(up, stream_);
     launch_gemv(down, stream_);
-  } else {
+  } else if (fp8_wide) {
+    MS_CHECK(moe_experts_fp8_act(up, down, T), "moe_experts: FP8 wide-tile path refused its own shapes");
+  } else if (!moe_experts_fp8_act(up, down, T)) {
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);
   }

@@ -4,6 +4,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/kernels_fp8.h"
 
 namespace moeserve::cuda {
 namespace {
@@ -288,6 +289,13 @@ void launch_moe_route(const RouteParams& p, cudaStream_t s) {
     launch_pdl(route_kernel, dim3(p.T), dim3(32), 0, s, p);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+void launch_moe_route_topk(const RouteParams& p, cudaStream_t s) {
+  CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E && p.logits != nullptr, "moe_route_topk: bad arguments");
+  if (p.T == 0) return;
+  route_kernel<<<p.T, 32, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
 }
 
 void launch_moe_align(const MoeAlignParams& p, cudaStream_t s) {

@@ -1,0 +1,126 @@
+// CudaBackend prefill paths: FP8-activation GEMMs for FP8 128x128-block linears and MoE
+// experts, and the router logits as one f32 GEMM.
+//
+// Activations are quantised per (token, 128 columns) to e4m3 with an f32 scale (k_quant.cu),
+// then
+// - linears: cuBLASLt block-scaled FP8 (sm_90: wgmma kernels; weights' scale_inv used as is)
+//   or, where cuBLASLt is unavailable or has no algorithm, k_gemm_fp8.cu (mma.sync e4m3);
+// - experts: gate/up grouped GEMM with fused SiLU * up (bf16 out), that output quantised
+//   the same way, down grouped GEMM scaled by the routing weight (k_gemm_fp8.cu).
+// Eager only: during graph capture (decode batches) these paths step aside and the ops take
+// their previous kernels, so captured steps need no new workspaces (reserve() does not size
+// these) and no cuBLASLt plan creation inside a capture.
+#include <algorithm>
+
+#include "backend/cuda/cublaslt.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_fp8.h"
+#include "core/error.h"
+
+namespace moeserve {
+using namespace cuda;
+
+namespace {
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+LtGemm* CudaBackend::lt() {
+  if (!lt_) {
+    if (capturing_) return nullptr;
+    lt_ = std::make_unique<LtGemm>();
+  }
+  return lt_.get();
+}
+
+bool CudaBackend::linear_fp8_act(const LinParams& p) {
+  if (capturing_ || !use_fp8_act_gemm || !p.fp8 || p.bo != 128 || p.bi != 128 || p.K % kQuantGroup != 0 || p.ldx != p.K) return false;
+  const int T = p.M, K = p.K, G = K / kQuantGroup;
+  const size_t qbytes = round_up(size_t(T) * K, 256);
+  uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, qbytes + size_t(T) * G * 4));
+  float* xs = reinterpret_cast<float*>(xq + qbytes);
+  QuantParams q;
+  q.x = p.x, q.ldx = K, q.R = T, q.K = K, q.q = xq, q.s = xs;
+  // cuBLASLt block scaling is a Hopper feature; K / 128 % 4 keeps the scale rows 16-byte
+  // aligned. cuBLASLt found no algorithm for row counts that are not a multiple of 4 or 8
+  // (T = 333 fell back in the H200 tests; 128 and 136 ran), so it takes the first T & ~7
+  // rows and the kernel the (< 8) rows left.
+  const bool lt_shape = cc_ == 90 && !p.out_f32 && G % 4 == 0 && p.N % 128 == 0 && p.ldo == p.N;
+  const int T0 = T & ~7;
+  int done = 0;
+  if (use_lt_fp8 && lt_shape && !p.experts && T0 > 0) {
+    LtGemm* g = lt();
+    if (g) {
+      q.R = T0;
+      q.s_row = lt_act_scale_kmajor ? G : 1;
+      q.s_grp = lt_act_scale_kmajor ? 1 : T0;
+      launch_quant_fp8(q, stream_);
+      LtFp8Args a;
+      a.T = T0, a.N = p.N, a.K = K, a.xq = xq, a.xs = xs;
+      a.w = static_cast<const uint8_t*>(p.w), a.ws = p.s, a.out = p.out;
+      void* ws = workspace(kLt, LtGemm::kWorkspaceBytes);
+      if (g->fp8_block(a, ws, LtGemm::kWorkspaceBytes, stream_, capturing_)) done = T0;
+    }
+  }
+  if (done == T) return true;
+  if (!gemm_fp8_supported(p)) {
+    MS_CHECK(done == 0, "linear: FP8 tail rows without a kernel");
+    return false;
+  }
+  // Rows [done, T): row-major scales, the mma.sync kernel.
+  LinParams tail = p;
+  tail.M = T - done;
+  tail.out = static_cast<char*>(p.out) + size_t(done) * p.ldo * (p.out_f32 ? 4 : 2);
+  q.x = static_cast<const char*>(p.x) + size_t(done) * K * 2;
+  q.R = T - done, q.s_row = G, q.s_grp = 1;
+  launch_quant_fp8(q, stream_);
+  if (g_fp8_gemm_wide)
+    launch_gemm_fp8_wide(tail, Fp8Act{xq, xs}, stream_);
+  else
+    launch_gemm_fp8(tail, Fp8Act{xq, xs}, stream_);
+  return true;
+}
+
+bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down, int T) {
+  if (capturing_ || !use_fp8_act_gemm || T < fp8_act_min_tokens || !gemm_fp8_supported(up) || !gemm_fp8_supported(down) ||
+      up.ldx != up.K || down.ldx != down.K)
+    return false;
+  const int H = up.K, I = down.K, P = up.M;
+  // Tokens' rows [T, H] quantised once; the gate/up GEMM gathers them through sorted_token.
+  const size_t xbytes = round_up(size_t(T) * H, 256);
+  uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, xbytes + size_t(T) * (H / kQuantGroup) * 4));
+  float* xs = reinterpret_cast<float*>(xq + xbytes);
+  QuantParams q;
+  q.x = up.x, q.ldx = H, q.R = T, q.K = H, q.q = xq, q.s = xs, q.s_row = H / kQuantGroup, q.s_grp = 1;
+  launch_quant_fp8(q, stream_);
+  // The tile table was built with kFp8WideTileM rows per tile when g_fp8_gemm_wide is set
+  // (moe_experts decides with the same predicate), else kGemmTileM.
+  auto gemm = g_fp8_gemm_wide ? launch_gemm_fp8_wide : launch_gemm_fp8;
+  gemm(up, Fp8Act{xq, xs}, stream_);
+  // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
+  const size_t abytes = round_up(size_t(P) * I, 256);
+  uint8_t* aq = static_cast<uint8_t*>(workspace(kQuantAct, abytes + size_t(P) * (I / kQuantGroup) * 4));
+  float* as = reinterpret_cast<float*>(aq + abytes);
+  QuantParams qa;
+  qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
+  launch_quant_fp8(qa, stream_);
+  gemm(down, Fp8Act{aq, as}, stream_);
+  return true;
+}
+
+bool CudaBackend::route_logits_gemm(const void* x, bool x_bf16, const Tensor& gate, int T, int H, int E, float* logits) {
+  if (capturing_ || router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 || H % 4 != 0) return false;
+  LtGemm* g = lt();
+  if (!g) return false;
+  const float* xf = static_cast<const float*>(x);
+  if (x_bf16) {
+    float* buf = static_cast<float*>(workspace(kRouterX, size_t(T) * H * 4));
+    launch_bf16_to_f32(x, buf, int64_t(T) * H, stream_);
+    xf = buf;
+  }
+  void* ws = workspace(kLt, LtGemm::kWorkspaceBytes);
+  return g->f32_nt(T, E, H, xf, gate.ptr<float>(), logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
+}
+
+}  // namespace moeserve

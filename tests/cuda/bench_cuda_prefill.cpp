@@ -1,0 +1,156 @@
+// Microbenchmark of the prefill ops at M2.5 shapes and 8,192 tokens, old path vs new
+// (run with MOESERVE_BENCH=1; otherwise skipped). Weights are device-random (fill_random),
+// routing uniform random; times are medians of 5 event-timed runs after a warm-up.
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+
+#include "backend/cuda/kernels_fp8.h"
+#include "test_util.h"
+
+namespace moeserve::test {
+namespace {
+
+double median_ms(const std::function<void()>& f) {
+  cudaStream_t s = gpu().stream();
+  f();
+  gpu().synchronize();
+  std::vector<double> t;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 5; ++i) {
+    cudaEventRecord(a, s);
+    f();
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+LinearWeight rand_fp8(int N, int K, uint64_t seed) {
+  LinearWeight w;
+  w.weight = gpu().alloc(DType::F8_E4M3, {N, K});
+  w.scale_inv = gpu().alloc(DType::F32, {(N + 127) / 128, (K + 127) / 128});
+  gpu().fill_random(w.weight, seed, 1.f);
+  gpu().fill_random(w.scale_inv, seed + 1, 1.f / 64);
+  w.block_out = w.block_in = 128;
+  return w;
+}
+
+TEST(CudaPrefillBench, M25Shapes8k) {
+  SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
+  CudaBackend& b = gpu();
+  const int T = 8192, H = 3072;
+  Tensor x = b.alloc(DType::BF16, {T, H});
+  b.fill_random(x, 3, 1.f);
+  struct Lin {
+    const char* name;
+    int N, K;
+  };
+  for (const Lin& l : {Lin{"q_proj", 6144, 3072}, Lin{"k_proj", 1024, 3072}, Lin{"o_proj", 3072, 6144}}) {
+    LinearWeight w = rand_fp8(l.N, l.K, 11);
+    Tensor in = l.K == H ? x : b.alloc(DType::BF16, {T, l.K});
+    if (l.K != H) b.fill_random(in, 4, 1.f);
+    Tensor out = b.alloc(DType::BF16, {T, l.N});
+    const double flop = 2.0 * T * l.N * l.K;
+    double ms[4];
+    for (int path = 0; path < 4; ++path) {  // bf16 mma, cuBLASLt FP8, FP8 mma 64x128, FP8 mma wide
+      b.use_fp8_act_gemm = path > 0;
+      b.use_lt_fp8 = path == 1;
+      cuda::g_fp8_gemm_wide = path == 3;
+      ms[path] = median_ms([&] { b.linear(in, w, out); });
+    }
+    cuda::g_fp8_gemm_wide = false;
+    std::printf("[bench] %-7s T=%d N=%d K=%d: bf16 mma %.3f ms (%.0f TF/s) | lt fp8 %.3f (%.0f) | mma fp8 %.3f (%.0f) | wide %.3f (%.0f)\n",
+                l.name, T, l.N, l.K, ms[0], flop / ms[0] / 1e9, ms[1], flop / ms[1] / 1e9, ms[2], flop / ms[2] / 1e9,
+                ms[3], flop / ms[3] / 1e9);
+  }
+  b.use_fp8_act_gemm = true;
+  b.use_lt_fp8 = true;
+
+  // Causal attention of one 8k sequence, 48 q / 8 kv heads x 128, paged cache of 16-token blocks.
+  {
+    const int Hq = 48, Hkv = 8, D = 128, bs = 16, nb = T / bs;
+    Tensor q = b.alloc(DType::BF16, {T, Hq * D}), out = b.alloc(DType::BF16, {T, Hq * D});
+    b.fill_random(q, 31, 1.f);
+    KVCacheLayer kv{b.alloc(DType::BF16, {nb, bs, Hkv, D}), b.alloc(DType::BF16, {nb, bs, Hkv, D})};
+    b.fill_random(kv.k, 32, 1.f);
+    b.fill_random(kv.v, 33, 1.f);
+    std::vector<int32_t> table(nb);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(1));
+    AttentionMeta m;
+    m.num_seqs = 1, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = nb;
+    m.max_query_len = T, m.max_context_len = T;
+    m.query_start = ints_to_device({0, T}, {2});
+    m.context_lens = ints_to_device({T}, {1});
+    m.block_tables = ints_to_device(table, {1, nb});
+    AttentionArgs a{&q, &kv, &m, Hq, Hkv, D, 0.088f, &out};
+    const double flop = 4.0 * double(T) * (T + 1) / 2 * D * Hq;
+    b.use_attention_prefill = false;
+    const double old_ms = median_ms([&] { b.attention(a); });
+    b.use_attention_prefill = true;
+    const double new_ms = median_ms([&] { b.attention(a); });
+    std::printf("[bench] attention T=%d causal: tc %.3f ms (%.0f TF/s) | pipelined %.3f ms (%.0f TF/s)\n", T, old_ms,
+                flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9);
+  }
+
+  // Router.
+  {
+    const int E = 256, K = 8;
+    MoeWeights moe;
+    moe.gate = b.alloc(DType::F32, {E, H});
+    b.fill_random(moe.gate, 21, 0.02f);
+    moe.num_experts = E, moe.top_k = K;
+    MoeRouting r{b.alloc(DType::I32, {T, K}), b.alloc(DType::F32, {T, K})};
+    const int saved = b.router_gemm_min_tokens;
+    b.router_gemm_min_tokens = 0;
+    const double old_ms = median_ms([&] { b.moe_route(x, moe, r); });
+    b.router_gemm_min_tokens = saved;
+    const double new_ms = median_ms([&] { b.moe_route(x, moe, r); });
+    std::printf("[bench] router  T=%d E=%d: CUDA-core %.3f ms | f32 GEMM + top-k %.3f ms\n", T, E, old_ms, new_ms);
+  }
+
+  // Experts: 256 experts, top-8, I = 1536, uniform random routing.
+  {
+    const int E = 256, K = 8, I = 1536;
+    MoeWeights moe;
+    moe.num_experts = E, moe.top_k = K;
+    for (int e = 0; e < E; ++e)
+      moe.experts.push_back({rand_fp8(I, H, 100 + 3 * e), rand_fp8(I, H, 101 + 3 * e), rand_fp8(H, I, 102 + 3 * e)});
+    std::mt19937 rng(9);
+    std::vector<int32_t> ids(size_t(T) * K);
+    std::vector<float> wts(ids.size(), 0.125f);
+    for (int t = 0; t < T; ++t) {
+      std::vector<int> all(E);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int j = 0; j < K; ++j) ids[size_t(t) * K + j] = all[j];
+    }
+    MoeRouting r{ints_to_device(ids, {T, K}), to_device(wts, DType::F32, {T, K})};
+    Tensor out = b.alloc(DType::BF16, {T, H});
+    const double flop = 2.0 * 3 * T * K * double(H) * I;
+    b.use_fp8_act_gemm = false;
+    const double old_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
+    b.use_fp8_act_gemm = true;
+    cuda::g_fp8_gemm_wide = false;
+    const double new_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
+    cuda::g_fp8_gemm_wide = true;
+    const double wide_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
+    cuda::g_fp8_gemm_wide = false;
+    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma %.3f ms (%.0f) | wide %.3f ms (%.0f)\n",
+                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wide_ms, flop / wide_ms / 1e9);
+  }
+}
+
+}  // namespace
+}  // namespace moeserve::test
