@@ -25,6 +25,7 @@
 namespace moeserve::tools {
 using tp::SynthModel;
 using tp::SynthShapes;
+using tp::SynthParallel;
 namespace {
 
 // A host barrier the failing rank can abort (so no rank waits forever for it).
