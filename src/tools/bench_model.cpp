@@ -140,8 +140,8 @@ int run_bench_model(const BenchModelOptions& opt) {
   MS_CHECK(opt.tensor_parallel >= 1, "bench-model: --tensor-parallel-size must be >= 1");
   MS_CHECK(opt.data_parallel == 1, "bench-model: --data-parallel-size {}: only 1 is implemented", opt.data_parallel);
   if (opt.tensor_parallel > 1) {
-    // Multi-GPU decode (bench_parallel.cpp): synthetic weights only, on its own shard-aware
-    // stack (bench_synth_tp.h) until it runs MiniMaxM2Model ranks.
+    // Multi-GPU decode (bench_parallel.cpp): one MiniMaxM2Model rank per GPU, synthetic
+    // weights only (each rank generates its own slices).
     MS_CHECK(opt.checkpoint.empty(), "bench-model: --tensor-parallel-size > 1 supports only --synthetic");
     BenchModelOptions o = opt;
     if (o.layers == 0) o.layers = 4;

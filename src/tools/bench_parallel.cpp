@@ -1,7 +1,10 @@
-// bench-model -tp N [--enable-expert-parallel]: the synthetic MiniMax-M2.5 stack split over N
-// GPUs of this machine, one thread + CudaBackend + NCCL communicator per GPU. Each decode
-// step is one CUDA graph per rank (the NCCL all-reduces are captured with the kernels); all
-// ranks replay together and the step time is the slowest rank's median.
+// bench-model -tp N [--enable-expert-parallel]: MiniMaxM2Model with synthetic MiniMax-M2.5
+// weights split over N GPUs of this machine, one thread + CudaBackend + NCCL communicator +
+// MiniMaxM2Model rank (ParallelConfig{rank, N, ep}, all-reduce on that rank's communicator)
+// per GPU; each rank generates its own weight slices on its GPU (make_synthetic_weights per
+// plan_shard). Each decode step is planned by BenchStep into fixed buffers and captured as one
+// CUDA graph per rank on that rank's stream (the NCCL all-reduces are captured with the
+// kernels); all ranks replay together and the step time is the slowest rank's median.
 // Roofline: aggregate bandwidth = the sum of every GPU's measured copy bandwidth; bytes =
 // what all ranks together must read per step (each rank's attention slice, the replicated
 // router, its experts or expert slices, its KV heads; the lm_head once, on rank 0).
@@ -20,12 +23,9 @@
 #include "dist/in_process.h"
 #include "dist/nccl_communicator.h"
 #include "tools/bench_model.h"
-#include "tools/bench_synth_tp.h"
+#include "tools/bench_synth.h"
 
 namespace moeserve::tools {
-using tp::SynthModel;
-using tp::SynthShapes;
-using tp::SynthParallel;
 namespace {
 
 // A host barrier the failing rank can abort (so no rank waits forever for it).
@@ -73,6 +73,18 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
            visible);
   MS_CHECK(opt.data_parallel == 1, "bench-model: --data-parallel-size {}: only 1 is implemented", opt.data_parallel);
   const SynthShapes s;
+  const MiniMaxM2Config cfg = synth_config(s, opt.layers);
+  // The layout, checked once up front with the messages serve gives (heads / experts /
+  // expert intermediate must split, FP8 slices must be whole 128 blocks for the kernels).
+  const ParallelConfig par0{0, W, opt.expert_parallel};
+  try {
+    plan_shard(cfg, par0);
+  } catch (const Error& e) {
+    fail("bench-model: --tensor-parallel-size {}{}: {}", W, opt.expert_parallel ? " --enable-expert-parallel" : "",
+         e.what());
+  }
+  const std::string split = fp8_split_problem(cfg, par0);
+  MS_CHECK(split.empty(), "bench-model: --tensor-parallel-size {}: {}", W, split);
   const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
   const int max_ctx = *std::max_element(opt.contexts.begin(), opt.contexts.end());
   const int bs = opt.block_size;
@@ -110,26 +122,29 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
       }
     } unregister{comms_mu, comms[size_t(r)]};
     copy_bw[size_t(r)] = measure_roofline(b.stream()).copy_bytes_per_s;
-    SynthParallel par{r, W, opt.expert_parallel, [&comm](Tensor& t) { comm.all_reduce_sum(t); }};
-    SynthModel model(b, s, opt.layers, max_batch, max_batch, max_blocks, par);
-    b.synchronize();
-    weight_gb[size_t(r)] = model.weight_bytes() / 1e9;
+    const ParallelConfig par{r, W, opt.expert_parallel};
+    MiniMaxM2Model model(cfg, b, par, [&comm](Tensor& t) { comm.all_reduce_sum(t); });
+    // Only rank 0 computes logits (lm_head read once per step, as the executor does).
+    weight_gb[size_t(r)] = make_synthetic_weights(b, model, 1000, /*lm_head=*/r == 0) / 1e9;
+    const MiniMaxM2Shard& sh = model.shard();
     if (r == 0) {
-      q_local = model.local_q_heads(), kv_local = model.local_kv_heads();
-      e_local = model.local_experts(), i_local = model.local_intermediate();
+      q_local = sh.q_heads, kv_local = sh.kv_heads, e_local = sh.num_experts, i_local = sh.expert_inter;
       gpu = b.device_name();
     }
+    BenchStep step(b, model, max_batch, max_batch, max_blocks);
+    step.set_logits(r == 0);
+    b.synchronize();
     size_t free_b = 0, total_b = 0;
     b.mem_info(&free_b, &total_b);
     const double budget = double(total_b) * opt.gpu_memory_utilization - double(total_b - free_b) - 1e9;
-    const double kv_token_layer = double(model.local_kv_heads()) * s.head_dim * 2 * 2;
+    const double kv_token_layer = double(sh.kv_heads) * s.head_dim * 2 * 2;
     kv_blocks[size_t(r)] = std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * opt.layers)));
     barrier.wait();
     int64_t need = max_blocks;
     for (int C : opt.contexts) need = std::max(need, int64_t(max_batch) * ((C + bs - 1) / bs));
     const int64_t pool = std::min(*std::min_element(kv_blocks.begin(), kv_blocks.end()), need);
     MS_CHECK(pool >= max_blocks, "bench-model: not enough memory on GPU {} for the KV cache of one sequence", r);
-    model.alloc_kv(int(pool), bs);
+    step.alloc_kv(int(pool), bs);
     b.synchronize();
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
@@ -137,11 +152,11 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
     for (size_t c = 0; c < configs.size(); ++c) {
       const auto [B, C] = configs[c];
       if (int64_t(B) * ((C + bs - 1) / bs) > pool) continue;  // same decision on every rank
-      model.plan(std::vector<int>(size_t(B), 1), std::vector<int>(size_t(B), C));
-      model.forward();  // eager: sizes workspaces, builds expert tables
+      step.plan(std::vector<int>(size_t(B), 1), std::vector<int>(size_t(B), C));
+      step.forward();  // eager: sizes workspaces, builds expert tables
       b.synchronize();
       b.begin_capture();
-      model.forward();
+      step.forward();
       CudaGraph g = b.end_capture();
       g.replay(b.stream());
       b.synchronize();

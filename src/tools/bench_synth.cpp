@@ -62,14 +62,15 @@ struct Gen {
     b.fill_random(x, seed += 10, scale);
     return x;
   }
-  // fp8 values uniform in [-1, 1] with a constant block scale 1.7/sqrt(in) (uniform(-1,1) has
-  // variance 1/3): activations keep unit scale through the layer.
-  LinearWeight fp8(Slab& s, int out, int in) {
+  // fp8 values uniform in [-1, 1] with a constant block scale 1.7/sqrt(fan_in) (uniform(-1,1)
+  // has variance 1/3): activations keep unit scale through the layer. fan_in: the global input
+  // width (of a row-parallel slice: all ranks' columns); 0: `in`.
+  LinearWeight fp8(Slab& s, int out, int in, int fan_in = 0) {
     LinearWeight w;
     w.weight = rand(s, DType::F8_E4M3, {out, in}, 1.f);
     w.block_out = w.block_in = 128;
     w.scale_inv = s.carve(DType::F32, {(out + 127) / 128, (in + 127) / 128});
-    std::vector<float> sc(size_t(w.scale_inv.numel()), 1.7f / std::sqrt(float(in)));
+    std::vector<float> sc(size_t(w.scale_inv.numel()), 1.7f / std::sqrt(float(fan_in > 0 ? fan_in : in)));
     b.copy_from_host(w.scale_inv, sc.data(), sc.size() * 4);
     return w;
   }
@@ -77,39 +78,45 @@ struct Gen {
 
 }  // namespace
 
-int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t seed) {
+int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t seed, bool lm_head) {
   const MiniMaxM2Config& c = model.config();
-  const int H = c.hidden_size, QW = c.num_attention_heads * c.head_dim, KW = c.num_key_value_heads * c.head_dim;
-  const int E = c.num_local_experts, I = c.intermediate_size;
+  const MiniMaxM2Shard& sh = model.shard();
+  const int H = c.hidden_size, D = c.head_dim;
+  // This rank's widths (the global ones at world 1): q/k/v are column slices, o_proj a row
+  // slice [H, QW]; experts are whole (EP, E local of them) or intermediate slices I.
+  const int QW = sh.q_heads * D, KW = sh.kv_heads * D, E = sh.num_experts, I = sh.expert_inter;
+  const int E_all = c.num_local_experts;
   Gen g{b, seed};
   MiniMaxM2Weights w;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    // One slab per layer: projections, norms, router, and every expert.
+    // One slab per layer: projections, norms, router, and every local expert.
     const size_t bytes = fp8_bytes(QW, H) + 2 * fp8_bytes(KW, H) + fp8_bytes(H, QW) + size_t(E) * 3 * fp8_bytes(I, H) +
-                         4 * size_t(H + 255) * 2 + size_t(QW + KW + 512) * 2 + size_t(E) * (H + 1) * 4 + 4096;
+                         4 * size_t(H + 255) * 2 + size_t(QW + KW + 512) * 2 + size_t(E_all) * (H + 1) * 4 + 4096;
     Slab s{b.alloc(DType::U8, {int64_t(bytes)})};
     MiniMaxM2Layer L;
     L.q = g.fp8(s, QW, H);
     L.k = g.fp8(s, KW, H);
     L.v = g.fp8(s, KW, H);
-    L.o = g.fp8(s, H, QW);
+    // Row-parallel layers scale by the global fan-in: the all-reduced sum keeps unit scale.
+    L.o = g.fp8(s, H, QW, c.num_attention_heads * D);
     L.input_norm = g.rand(s, DType::BF16, {H}, 1.f);
     L.post_attention_norm = g.rand(s, DType::BF16, {H}, 1.f);
     L.q_norm = g.rand(s, DType::BF16, {QW}, 1.f);
     L.k_norm = g.rand(s, DType::BF16, {KW}, 1.f);
-    L.moe.gate = g.rand(s, DType::F32, {E, H}, 0.02f);  // near-uniform routing
-    L.moe.score_bias = g.rand(s, DType::F32, {E}, 0.001f);
-    L.moe.num_experts = E, L.moe.top_k = c.num_experts_per_tok, L.moe.first_local_expert = 0;
+    L.moe.gate = g.rand(s, DType::F32, {E_all, H}, 0.02f);  // near-uniform routing
+    L.moe.score_bias = g.rand(s, DType::F32, {E_all}, 0.001f);
+    L.moe.num_experts = E_all, L.moe.top_k = c.num_experts_per_tok, L.moe.first_local_expert = sh.first_expert;
     for (int e = 0; e < E; ++e) {
-      LinearWeight w1 = g.fp8(s, I, H), w3 = g.fp8(s, I, H), w2 = g.fp8(s, H, I);
+      LinearWeight w1 = g.fp8(s, I, H), w3 = g.fp8(s, I, H), w2 = g.fp8(s, H, I, c.intermediate_size);
       L.moe.experts.push_back({w1, w3, w2});
     }
     w.layers.push_back(std::move(L));
   }
-  Slab top{b.alloc(DType::U8, {int64_t(2 * (size_t(c.vocab_size) * H * 2 + 256) + size_t(H) * 2 + 256)})};
+  const int heads = lm_head ? 2 : 1;  // embedding (+ lm_head)
+  Slab top{b.alloc(DType::U8, {int64_t(heads * (size_t(c.vocab_size) * H * 2 + 256) + size_t(H) * 2 + 256)})};
   w.embed = g.rand(top, DType::BF16, {c.vocab_size, H}, 1.f);
   w.final_norm = g.rand(top, DType::BF16, {H}, 1.f);
-  w.lm_head.weight = g.rand(top, DType::BF16, {c.vocab_size, H}, 0.03f);
+  if (lm_head) w.lm_head.weight = g.rand(top, DType::BF16, {c.vocab_size, H}, 0.03f);
   const int64_t n = weight_bytes(w);
   model.set_weights(std::move(w));
   b.synchronize();
@@ -221,7 +228,7 @@ void BenchStep::forward() {
   m.query_start = meta_.query_start.slice_rows(0, S_ + 1);
   m.context_lens = meta_.context_lens.slice_rows(0, S_);
   m.block_tables = meta_.block_tables.slice_rows(0, S_);
-  model_.forward(ids_.slice_rows(0, T_), m, kv_, last_rows_.slice_rows(0, S_));
+  model_.forward(ids_.slice_rows(0, T_), m, kv_, logits_ ? last_rows_.slice_rows(0, S_) : Tensor{});
 }
 
 std::vector<float> BenchStep::routing_ids() {

@@ -25,8 +25,12 @@ struct SynthShapes {  // MiniMax-M2.5 (shared/reference/minimax-m2.md §3-4)
 SynthShapes shapes_of(const MiniMaxM2Config& cfg);
 // A MiniMax-M2.5 config with `layers` layers and FP8 128x128 block quantisation.
 MiniMaxM2Config synth_config(const SynthShapes& s, int layers);
-// Random weights for `model` (built from synth_config), generated on the GPU. Returns bytes.
-int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t seed = 1000);
+// Random weights for `model` (built from synth_config), generated on the GPU: this rank's
+// slices per model.shard() (local q/KV heads, local experts or expert-intermediate slices;
+// router, norms and embedding replicated). Seeds do not depend on the rank, so replicated
+// tensors are identical on every rank. Without `lm_head` (ranks other than 0 of bench-model
+// -tp) it stays empty and forward must be asked for no logits rows. Returns bytes.
+int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t seed = 1000, bool lm_head = true);
 // Bytes of a model's weights (each tensor counted once).
 int64_t weight_bytes(const MiniMaxM2Weights& w);
 
@@ -42,6 +46,8 @@ class BenchStep {
   // The planned step through MiniMaxM2Model::forward (logits of each sequence's last token).
   // Capture-safe after one eager run of the same plan.
   void forward();
+  // Off: forward asks the model for no logits rows (no lm_head; bench-model -tp ranks != 0).
+  void set_logits(bool on) { logits_ = on; }
   std::vector<float> routing_ids();  // expert ids of the last layer, last step (host copy)
 
  private:
@@ -52,6 +58,7 @@ class BenchStep {
   Tensor ids_, last_rows_;
   AttentionMeta meta_;
   int T_ = 0, S_ = 0;
+  bool logits_ = true;
 };
 
 }  // namespace moeserve::tools
