@@ -174,23 +174,23 @@ void MiniMaxM2Model::load(const Checkpoint& ckpt) {
   if (mtp) spdlog::info("checkpoint {}: skipped {} MTP tensors", ckpt.dir(), mtp);
   if (unexpected > 8) spdlog::warn("checkpoint {}: {} unexpected tensors ignored in all", ckpt.dir(), unexpected);
 
-  // What the backend computes in: F16 never reaches a bf16-activation backend, nor do F32
-  // matrices (linears, the embedding table that a tied lm_head reuses); the F32 router gate and
-  // F32 norm vectors stay F32 (the router must select experts in f32).
+  // What the backend computes in: on a bf16-activation backend every F16/F32 tensor except
+  // the router (gate and bias, uploaded as exact F32 below) becomes BF16, so matrices run on
+  // the bf16/FP8 GEMMs and norm weights match the bf16 activations they scale.
   const bool bf16_backend = be_.activation_dtype() == DType::BF16;
-  auto host_for_backend = [&](const Tensor& t, bool matrix) {
-    if (bf16_backend && (t.dtype == DType::F16 || (matrix && t.dtype == DType::F32))) return to_bf16_host(t);
+  auto host_for_backend = [&](const Tensor& t) {
+    if (bf16_backend && (t.dtype == DType::F16 || t.dtype == DType::F32)) return to_bf16_host(t);
     return t;
   };
-  auto up = [&](const std::string& name) { return be_.upload(host_for_backend(got.at(name).tensor, false)); };
+  auto up = [&](const std::string& name) { return be_.upload(host_for_backend(got.at(name).tensor)); };
   auto up_lin = [&](const std::string& name) {
     LinearWeight w = got.at(name).linear();
-    w.weight = be_.upload(host_for_backend(w.weight, true));
+    w.weight = be_.upload(host_for_backend(w.weight));
     if (w.fp8()) w.scale_inv = be_.upload(w.scale_inv);
     return w;
   };
   w_ = MiniMaxM2Weights{};
-  w_.embed = be_.upload(host_for_backend(got.at("model.embed_tokens.weight").tensor, true));
+  w_.embed = be_.upload(host_for_backend(got.at("model.embed_tokens.weight").tensor));
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
     MiniMaxM2Layer L;
@@ -216,7 +216,7 @@ void MiniMaxM2Model::load(const Checkpoint& ckpt) {
         for (const char* m : {"w1.weight", "w3.weight", "w2.weight"})
           lin.push_back(got.at(expert_prefix(l, e) + m).linear());
       for (auto& w : lin)
-        if (!w.fp8()) w.weight = host_for_backend(w.weight, true);
+        if (!w.fp8()) w.weight = host_for_backend(w.weight);
       auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
       size_t bytes = 0;
       for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() ? pad(w.scale_inv.nbytes()) : 0);
