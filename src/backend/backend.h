@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace moeserve {
@@ -116,6 +117,15 @@ struct AttentionArgs {
   Tensor* out;  // [T, Hq * head_dim]
 };
 
+// The shape checks of Backend::copy_from_host_2d, shared by the backends.
+inline void check_copy_2d(const Tensor& dst, size_t dst_pitch, size_t src_pitch, size_t row_bytes, size_t rows) {
+  MS_CHECK(row_bytes <= dst_pitch && row_bytes <= src_pitch, "copy_from_host_2d: rows of {} bytes, pitches {} / {}",
+           row_bytes, dst_pitch, src_pitch);
+  MS_CHECK(rows == 0 || (rows - 1) * dst_pitch + row_bytes <= dst.nbytes(),
+           "copy_from_host_2d: {} rows of {} bytes (pitch {}) overrun a tensor of {} bytes", rows, row_bytes, dst_pitch,
+           dst.nbytes());
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -131,6 +141,12 @@ class Backend {
   virtual std::vector<float> download_f32(const Tensor& t) = 0;
   // Copies a host buffer into an existing device tensor of the same byte size.
   virtual void copy_from_host(Tensor& dst, const void* src, size_t bytes) = 0;
+  // Strided copy into an existing device tensor: `rows` rows of `row_bytes` bytes, row r read
+  // at src + r * src_pitch and written at dst.data + r * dst_pitch (pitches >= row_bytes;
+  // the last row must end inside dst). Bytes between rows are left as they are. Used to upload
+  // only the used columns of a wide block table.
+  virtual void copy_from_host_2d(Tensor& dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                                 size_t rows) = 0;
   virtual void synchronize() {}
 
   // out[t] = table[ids[t]]; table [V, H], ids [T] I32, out [T, H].

@@ -57,7 +57,7 @@ DecodeLayout DecodeLayout::make(int bucket, int stride) {
   return l;
 }
 
-void plan_padded_decode(const StepBatch& batch, const DecodeLayout& l, const DecodePadding& pad, int32_t* host) {
+int plan_padded_decode(const StepBatch& batch, const DecodeLayout& l, const DecodePadding& pad, int32_t* host) {
   const int S = int(batch.seqs.size()), B = l.bucket, bs = pad.block_size;
   MS_CHECK(S <= B, "padded decode: {} sequences in a bucket of {}", S, B);
   MS_CHECK(bs > 0 && pad.dummy_block >= pad.num_kv_blocks, "padded decode: bad padding (block_size {}, dummy {})", bs,
@@ -69,6 +69,7 @@ void plan_padded_decode(const StepBatch& batch, const DecodeLayout& l, const Dec
   int32_t* qs = host + l.query_start;
   int32_t* ctx = host + l.context_lens;
   int32_t* tab = host + l.tables;
+  int used = 1;  // padded rows use one column (the dummy block)
   qs[0] = 0;
   for (int r = 0; r < B; ++r) {
     rows[r] = r;
@@ -85,6 +86,7 @@ void plan_padded_decode(const StepBatch& batch, const DecodeLayout& l, const Dec
     const int c = s.start_pos + 1;
     MS_CHECK(c <= pad.max_model_len, "sequence {}: {} tokens exceed max_model_len {}", s.seq_id, c, pad.max_model_len);
     const int need = (c + bs - 1) / bs;
+    used = std::max(used, need);
     MS_CHECK(need <= l.stride, "sequence {}: {} blocks exceed the table stride {}", s.seq_id, need, l.stride);
     MS_CHECK(int(s.block_table.size()) >= need, "sequence {}: block table has {} blocks, {} tokens need {}", s.seq_id,
              s.block_table.size(), c, need);
@@ -101,6 +103,7 @@ void plan_padded_decode(const StepBatch& batch, const DecodeLayout& l, const Dec
     slots[r] = s.block_table[s.start_pos / bs] * bs + s.start_pos % bs;
     ctx[r] = c;
   }
+  return used;
 }
 
 }  // namespace moeserve

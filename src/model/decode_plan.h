@@ -48,8 +48,9 @@ struct DecodePadding {
 // Fills host[0, layout.total) for `batch` (a pure decode step of at most layout.bucket
 // sequences). Validates ids, positions and block tables like the eager path (throws with the
 // sequence named). Only the used prefix of each block-table row is written; the rest is
-// never read (attention reads ceil(context_len / block_size) entries).
-void plan_padded_decode(const StepBatch& batch, const DecodeLayout& layout, const DecodePadding& pad,
+// never read (attention reads ceil(context_len / block_size) entries). Returns the widest used
+// prefix (>= 1): the executor uploads only those columns of the [B, stride] table.
+int plan_padded_decode(const StepBatch& batch, const DecodeLayout& layout, const DecodePadding& pad,
                         int32_t* host);
 
 }  // namespace moeserve

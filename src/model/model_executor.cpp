@@ -149,9 +149,15 @@ void MiniMaxM2Executor::drop_stale_graphs() {
 Tensor MiniMaxM2Executor::forward_padded(const StepBatch& batch, int bucket) {
   const int stride = (info_.max_model_len + info_.block_size - 1) / info_.block_size;
   const DecodeLayout L = DecodeLayout::make(bucket, stride);
-  plan_padded_decode(batch, L, pad_, staging_.data());
-  Tensor dst = graph_meta_.slice_rows(0, L.total);
-  backend_->copy_from_host(dst, staging_.data(), size_t(L.total) * sizeof(int32_t));
+  const int used = plan_padded_decode(batch, L, pad_, staging_.data());
+  // The small arrays in one copy; of the [B, stride] block table only the used columns (a
+  // full-width copy is B x max_model_len / block_size ints: ~12 MB at 196k x 256 rows).
+  Tensor head = graph_meta_.slice_rows(0, L.tables);
+  backend_->copy_from_host(head, staging_.data(), size_t(L.tables) * sizeof(int32_t));
+  Tensor tables = graph_meta_.slice_rows(L.tables, L.total);
+  const size_t pitch = size_t(stride) * sizeof(int32_t);
+  backend_->copy_from_host_2d(tables, pitch, staging_.data() + L.tables, pitch, size_t(used) * sizeof(int32_t),
+                              size_t(bucket));
   // The step's tensors: fixed views of graph_meta_ for this bucket.
   auto at = [&](int64_t off, Shape shape) {
     const int64_t n = shape_numel(shape);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "executor_scenario.h"
 #include "model/decode_plan.h"
@@ -58,7 +59,7 @@ TEST(DecodePlan, PaddedLayoutAndRows) {
   b.seqs.push_back({7, {42}, 5, {9, 3, 11}, true});  // position 5: block 1 (=3), offset 1; ctx 6
   b.seqs.push_back({8, {0}, 0, {4}, true});          // first token
   std::vector<int32_t> h(size_t(L.total), -77);
-  plan_padded_decode(b, L, pad, h.data());
+  EXPECT_EQ(plan_padded_decode(b, L, pad, h.data()), 2) << "widest used table prefix: ctx 6 / block 4";
   EXPECT_EQ(h[L.ids + 0], 42);
   EXPECT_EQ(h[L.ids + 1], 0);
   EXPECT_EQ(h[L.positions + 0], 5);
@@ -155,3 +156,22 @@ TEST(DecodeGraphsCpu, PaddedAndReplayedStepsMatchEager) {
 }
 
 }  // namespace
+
+// The executor uploads only the used columns of the block table: a strided copy that leaves
+// the other columns of the device rows as they were.
+TEST(DecodePlan, StridedTableUploadLeavesOtherColumns) {
+  auto be = make_cpu_backend();
+  const int rows = 3, stride = 6, used = 2;
+  Tensor dst = be->alloc(DType::I32, {rows, stride});
+  std::vector<int32_t> before(size_t(rows * stride)), src(size_t(rows * stride));
+  for (int i = 0; i < rows * stride; ++i) before[size_t(i)] = -i - 1, src[size_t(i)] = 100 + i;
+  be->copy_from_host(dst, before.data(), before.size() * 4);
+  be->copy_from_host_2d(dst, stride * 4, src.data(), stride * 4, used * 4, rows);
+  const std::vector<float> got = be->download_f32(dst);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < stride; ++c)
+      EXPECT_EQ(got[size_t(r * stride + c)], c < used ? 100 + r * stride + c : -(r * stride + c) - 1) << r << "," << c;
+  // A copy that would run past the tensor, or rows wider than the pitch, is refused.
+  EXPECT_THROW(be->copy_from_host_2d(dst, stride * 4, src.data(), stride * 4, used * 4, rows + 1), Error);
+  EXPECT_THROW(be->copy_from_host_2d(dst, 4, src.data(), stride * 4, 8, 1), Error);
+}

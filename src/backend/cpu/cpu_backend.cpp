@@ -53,6 +53,15 @@ class CpuBackend final : public Backend {
     if (bytes) std::memmove(dst.data, src, bytes);
   }
 
+  void copy_from_host_2d(Tensor& dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                         size_t rows) override {
+    check_host(dst, "copy_from_host_2d", "dst");
+    check_copy_2d(dst, dst_pitch, src_pitch, row_bytes, rows);
+    for (size_t r = 0; r < rows && row_bytes; ++r)
+      std::memmove(static_cast<char*>(dst.data) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch,
+                   row_bytes);
+  }
+
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
     check_float_weight(table, "embedding", "table", /*allow_fp8=*/false);
     check_i32(ids, "embedding", "ids");

@@ -215,6 +215,16 @@ void CudaBackend::copy_from_host(Tensor& dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void CudaBackend::copy_from_host_2d(Tensor& dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                    size_t row_bytes, size_t rows) {
+  check_dev(dst, "copy_from_host_2d", "dst");
+  check_copy_2d(dst, dst_pitch, src_pitch, row_bytes, rows);
+  MS_CHECK(!capturing_, "copy_from_host_2d during graph capture");
+  if (rows == 0 || row_bytes == 0) return;
+  CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 void* CudaBackend::workspace(Slot s, size_t bytes) {

@@ -77,6 +77,8 @@ class CudaBackend final : public Backend {
   Tensor upload(const Tensor& host) override;
   std::vector<float> download_f32(const Tensor& t) override;
   void copy_from_host(Tensor& dst, const void* src, size_t bytes) override;
+  void copy_from_host_2d(Tensor& dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                         size_t rows) override;
   void synchronize() override;
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
