@@ -6,19 +6,15 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "tools/bench_serve/bench_serve.h"
 
 namespace {
 
 double parse_rate(const std::string& s, const char* flag) {
   if (s == "inf" || s == "Inf" || s == "infinity") return std::numeric_limits<double>::infinity();
-  size_t used = 0;
   double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const size_t used = moeserve::parse_number_prefix(s, &v);
   MS_CHECK(used == s.size() && !s.empty() && v > 0 && !std::isnan(v), "{} must be a positive number or inf, got '{}'",
            flag, s);
   return v;

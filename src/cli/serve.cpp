@@ -16,6 +16,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/parse.h"
 #include "engine/engine.h"
 #include "engine/stop.h"
 #include "server/http_server.h"
@@ -71,24 +72,6 @@ struct ServeArgs {
   cli::ParallelFlags par;
 };
 
-// vLLM's human_readable_int: 32k = 32000, 32K = 32768, plain integers as is.
-int parse_human_int(const std::string& s) {
-  MS_CHECK(!s.empty(), "--max-model-len: empty value");
-  double mult = 1;
-  std::string num = s;
-  char last = s.back();
-  if (last == 'k' || last == 'm' || last == 'g') mult = last == 'k' ? 1e3 : last == 'm' ? 1e6 : 1e9, num.pop_back();
-  else if (last == 'K' || last == 'M' || last == 'G') mult = last == 'K' ? 1024 : last == 'M' ? 1048576 : 1073741824.0, num.pop_back();
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(num, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MS_CHECK(used == num.size() && v > 0, "--max-model-len: '{}' is not a length (e.g. 4096, 32k, 32K)", s);
-  return static_cast<int>(v * mult);
-}
 
 nlohmann::json read_json_file(const fs::path& p) {
   std::ifstream f(p);
@@ -205,7 +188,9 @@ int run_serve(const ServeArgs& a) {
 
   server::sd_notify("STATUS=loading tokenizer and chat template from " + a.model);
   server::TokenizerFrontend frontend(a.model, a.chat_template);
-  int max_model_len = a.max_model_len.empty() ? 0 : parse_human_int(a.max_model_len);
+  const int64_t max_len = a.max_model_len.empty() ? 0 : parse_human_int(a.max_model_len);
+  MS_CHECK(max_len <= INT32_MAX, "--max-model-len {} is too large", a.max_model_len);
+  int max_model_len = int(max_len);
 
   server::SamplingDefaults defaults;
   if (a.generation_config != "vllm") {

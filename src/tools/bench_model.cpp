@@ -54,21 +54,6 @@ struct Timer {
   }
 };
 
-// Bytes one layer must read per decode step for batch B at context C.
-struct DecodeBytes {
-  double attn_w, router, experts, kv, distinct;
-};
-DecodeBytes decode_bytes(const SynthShapes& s, int B, int C) {
-  const double H = s.hidden, QW = double(s.q_heads) * s.head_dim, KW = double(s.kv_heads) * s.head_dim;
-  auto fp8 = [](double o, double i) { return o * i + std::ceil(o / 128) * std::ceil(i / 128) * 4; };
-  DecodeBytes d;
-  d.attn_w = fp8(QW, H) + 2 * fp8(KW, H) + fp8(H, QW);
-  d.router = double(s.experts) * H * 4;
-  d.distinct = s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, B));
-  d.experts = d.distinct * (2 * fp8(s.intermediate, H) + fp8(H, s.intermediate));
-  d.kv = double(B) * C * KW * 2 /*K,V*/ * 2 /*bf16*/;
-  return d;
-}
 
 // Eager step with an event after every op; returns ms per op name (summed over layers),
 // the median over `reps` steps, in first-seen order.
@@ -257,9 +242,9 @@ int run_bench_model(const BenchModelOptions& opt) {
       } else {
         ms = timer.median_ms(opt.iters, [&] { step.forward(); });
       }
-      const DecodeBytes d = decode_bytes(s, B, C);
+      const DecodeBytes d = decode_bytes(s, model.shard(), 1, false, B, C);
       const double lm = double(s.vocab) * s.hidden * 2;
-      const double bytes = layers * (d.attn_w + d.router + d.experts + d.kv) + lm;
+      const double bytes = layers * d.per_layer() + lm;
       const double floor_ms = bytes / roof.copy_bytes_per_s * 1e3;
       const double per_layer_ms = (ms - lm / roof.copy_bytes_per_s * 1e3) / layers;
       const double ms62 = per_layer_ms * s.total_layers + lm / roof.copy_bytes_per_s * 1e3;
@@ -308,15 +293,19 @@ int run_bench_model(const BenchModelOptions& opt) {
                       {"ttft_ms", ms},
                       {"est_ttft_ms_62_layers", per_layer * s.total_layers}};
   }
-  const std::string js = out.dump(2);
-  if (!opt.json_out.empty()) {
-    std::ofstream f(opt.json_out);
-    MS_CHECK(f.good(), "bench-model: cannot write {}", opt.json_out);
+  write_report(out, opt.json_out);
+  return 0;
+}
+
+void write_report(const nlohmann::json& report, const std::string& path) {
+  const std::string js = report.dump(2);
+  if (!path.empty()) {
+    std::ofstream f(path);
+    MS_CHECK(f.good(), "bench-model: cannot write {}", path);
     f << js << "\n";
   } else {
     std::printf("%s\n", js.c_str());
   }
-  return 0;
 }
 
 }  // namespace moeserve::tools

@@ -2,6 +2,7 @@
 // weights or a checkpoint) on one GPU, against the roofline measured at start (copy bandwidth,
 // FP8 matrix rate).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@ struct BenchModelOptions {
 
 int run_bench_model(const BenchModelOptions& opt);
 int run_bench_model_parallel(const BenchModelOptions& opt);  // tensor_parallel > 1
+// The JSON report to `path`, or to stdout when empty.
+void write_report(const nlohmann::json& report, const std::string& path);
 
 // Measured ceilings of the current device.
 struct Roofline {

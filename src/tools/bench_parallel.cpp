@@ -9,10 +9,8 @@
 // what all ranks together must read per step (each rank's attention slice, the replicated
 // router, its experts or expert slices, its KV heads; the lm_head once, on rank 0).
 #include <algorithm>
-#include <cmath>
 #include <condition_variable>
 #include <cstdio>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -27,38 +25,6 @@
 
 namespace moeserve::tools {
 namespace {
-
-// A host barrier the failing rank can abort (so no rank waits forever for it).
-class HostBarrier {
- public:
-  explicit HostBarrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(mu_);
-    MS_CHECK(!aborted_, "communicator aborted: another rank failed");
-    const uint64_t g = gen_;
-    if (++arrived_ == n_) {
-      arrived_ = 0, ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lk, [&] { return gen_ != g || aborted_; });
-    MS_CHECK(gen_ != g, "communicator aborted: another rank failed");
-  }
-  void abort() {
-    std::lock_guard<std::mutex> lk(mu_);
-    aborted_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, arrived_ = 0;
-  uint64_t gen_ = 0;
-  bool aborted_ = false;
-};
-
-double fp8_bytes(double o, double i) { return o * i + std::ceil(o / 128) * std::ceil(i / 128) * 4; }
 
 struct Config {
   int batch, context;
@@ -77,8 +43,9 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
   // The layout, checked once up front with the messages serve gives (heads / experts /
   // expert intermediate must split, FP8 slices must be whole 128 blocks for the kernels).
   const ParallelConfig par0{0, W, opt.expert_parallel};
+  MiniMaxM2Shard shard;  // every rank's part has these sizes
   try {
-    plan_shard(cfg, par0);
+    shard = plan_shard(cfg, par0);
   } catch (const Error& e) {
     fail("bench-model: --tensor-parallel-size {}{}: {}", W, opt.expert_parallel ? " --enable-expert-parallel" : "",
          e.what());
@@ -95,17 +62,19 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
 
   const NcclUniqueId id = nccl_unique_id();
   const auto p2p = p2p_all_reduce_from_env(W);  // MOESERVE_P2P_ALLREDUCE=1
-  HostBarrier barrier(W);
+  // Host barrier of the rank threads (an in-process group: a failing rank aborts it, so no rank
+  // waits forever).
+  InProcessGroup host(W);
   std::vector<double> copy_bw(static_cast<size_t>(W)), weight_gb(static_cast<size_t>(W));
   std::vector<int64_t> kv_blocks(static_cast<size_t>(W));
   std::vector<std::vector<double>> step_ms(size_t(W), std::vector<double>(configs.size(), -1));
   std::vector<std::exception_ptr> err(static_cast<size_t>(W));
   std::vector<NcclCommunicator*> comms(size_t(W), nullptr);
   std::mutex comms_mu;
-  int q_local = 0, kv_local = 0, e_local = 0, i_local = 0;
   std::string gpu;
 
   auto rank_main = [&](int r) {
+    const std::unique_ptr<Communicator> barrier = host.communicator(r);
     auto backend = make_cuda_backend(r);
     CudaBackend& b = *backend;
     NcclCommunicator comm(id, W, r, r, b.stream(), p2p);
@@ -127,10 +96,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
     // Only rank 0 computes logits (lm_head read once per step, as the executor does).
     weight_gb[size_t(r)] = make_synthetic_weights(b, model, 1000, /*lm_head=*/r == 0) / 1e9;
     const MiniMaxM2Shard& sh = model.shard();
-    if (r == 0) {
-      q_local = sh.q_heads, kv_local = sh.kv_heads, e_local = sh.num_experts, i_local = sh.expert_inter;
-      gpu = b.device_name();
-    }
+    if (r == 0) gpu = b.device_name();
     BenchStep step(b, model, max_batch, max_batch, max_blocks);
     step.set_logits(r == 0);
     b.synchronize();
@@ -139,7 +105,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
     const double budget = double(total_b) * opt.gpu_memory_utilization - double(total_b - free_b) - 1e9;
     const double kv_token_layer = double(sh.kv_heads) * s.head_dim * 2 * 2;
     kv_blocks[size_t(r)] = std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * opt.layers)));
-    barrier.wait();
+    barrier->barrier();
     int64_t need = max_blocks;
     for (int C : opt.contexts) need = std::max(need, int64_t(max_batch) * ((C + bs - 1) / bs));
     const int64_t pool = std::min(*std::min_element(kv_blocks.begin(), kv_blocks.end()), need);
@@ -162,7 +128,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
       b.synchronize();
       std::vector<float> t;
       for (int i = 0; i < opt.iters; ++i) {
-        barrier.wait();  // start together: the collectives couple the ranks anyway
+        barrier->barrier();  // start together: the collectives couple the ranks anyway
         cudaEventRecord(e0, b.stream());
         g.replay(b.stream());
         cudaEventRecord(e1, b.stream());
@@ -176,7 +142,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    barrier.wait();
+    barrier->barrier();
   };
   std::vector<std::thread> th;
   for (int r = 0; r < W; ++r)
@@ -185,7 +151,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
         rank_main(r);
       } catch (const std::exception& e) {
         err[size_t(r)] = std::current_exception();
-        barrier.abort();
+        host.abort("another rank failed");
         std::lock_guard<std::mutex> lk(comms_mu);
         for (auto* c : comms)
           if (c) c->abort(e.what());
@@ -205,10 +171,12 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
   out["p2p_all_reduce_bytes"] = p2p ? int64_t(p2p->max_bytes()) : 0;
   out["layers"] = opt.layers;
   out["model"] = "minimax-m2.5 (synthetic weights)";
-  out["per_rank"] = {{"q_heads", q_local}, {"kv_heads", kv_local}, {"experts", e_local}, {"intermediate", i_local},
+  out["per_rank"] = {{"q_heads", shard.q_heads},
+                     {"kv_heads", shard.kv_heads},
+                     {"experts", shard.num_experts},
+                     {"intermediate", shard.expert_inter},
                      {"weights_GB", weight_gb}};
   out["roofline"] = {{"copy_GBps_per_gpu", copy_bw}, {"aggregate_copy_GBps", agg_bw / 1e9}};
-  const double H = s.hidden, D = s.head_dim;
   nlohmann::json dec = nlohmann::json::array();
   std::printf("TP=%d%s, %d layers, aggregate copy bandwidth %.0f GB/s, small all-reduces on %s\n", W,
               opt.expert_parallel ? " +EP" : "", opt.layers, agg_bw / 1e9, p2p ? "the p2p kernel" : "NCCL");
@@ -221,16 +189,9 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
       spdlog::warn("decode B={} C={}: skipped (KV pool too small)", B, C);
       continue;
     }
-    // Bytes all ranks read per layer (expected distinct experts of B tokens, uniform routing).
-    const double distinct = s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, B));
-    const double attn = W * (fp8_bytes(q_local * D, H) + 2 * fp8_bytes(kv_local * D, H) + fp8_bytes(H, q_local * D));
-    const double router = W * double(s.experts) * H * 4;
-    const double experts = opt.expert_parallel
-                               ? distinct * (2 * fp8_bytes(s.intermediate, H) + fp8_bytes(H, s.intermediate))
-                               : W * distinct * (2 * fp8_bytes(i_local, H) + fp8_bytes(H, i_local));
-    const double kv = W * double(B) * C * kv_local * D * 2 * 2;
-    const double lm = double(s.vocab) * H * 2;
-    const double bytes = opt.layers * (attn + router + experts + kv) + lm;
+    const DecodeBytes d = decode_bytes(s, shard, W, opt.expert_parallel, B, C);
+    const double lm = double(s.vocab) * s.hidden * 2;
+    const double bytes = opt.layers * d.per_layer() + lm;
     const double floor_ms = bytes / agg_bw * 1e3;
     const double per_layer_ms = (ms - lm / agg_bw * 1e3) / opt.layers;
     const double ms62 = per_layer_ms * s.total_layers + lm / agg_bw * 1e3;
@@ -247,14 +208,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
   }
   out["decode"] = dec;
   out["prefill"] = "not measured with --tensor-parallel-size > 1";
-  const std::string js = out.dump(2);
-  if (!opt.json_out.empty()) {
-    std::ofstream f(opt.json_out);
-    MS_CHECK(f.good(), "bench-model: cannot write {}", opt.json_out);
-    f << js << "\n";
-  } else {
-    std::printf("%s\n", js.c_str());
-  }
+  write_report(out, opt.json_out);
   return 0;
 }
 

@@ -18,6 +18,21 @@ SynthShapes shapes_of(const MiniMaxM2Config& c) {
   return s;
 }
 
+DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int world, bool expert_parallel, int B,
+                         int C) {
+  const double H = s.hidden, D = s.head_dim, W = world;
+  const double QW = double(shard.q_heads) * D, KW = double(shard.kv_heads) * D;
+  auto fp8 = [](double o, double i) { return o * i + std::ceil(o / 128) * std::ceil(i / 128) * 4; };
+  auto expert = [&](double inter) { return 2 * fp8(inter, H) + fp8(H, inter); };
+  DecodeBytes d;
+  d.attn_w = W * (fp8(QW, H) + 2 * fp8(KW, H) + fp8(H, QW));
+  d.router = W * double(s.experts) * H * 4;
+  d.distinct = s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, B));
+  d.experts = expert_parallel ? d.distinct * expert(s.intermediate) : W * d.distinct * expert(shard.expert_inter);
+  d.kv = W * double(B) * C * KW * 2 /*K,V*/ * 2 /*bf16*/;
+  return d;
+}
+
 MiniMaxM2Config synth_config(const SynthShapes& s, int layers) {
   MiniMaxM2Config c;
   c.architectures = {"MiniMaxM2ForCausalLM"};

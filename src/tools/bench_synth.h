@@ -25,6 +25,18 @@ struct SynthShapes {  // MiniMax-M2.5 (shared/reference/minimax-m2.md §3-4)
 SynthShapes shapes_of(const MiniMaxM2Config& cfg);
 // A MiniMax-M2.5 config with `layers` layers and FP8 128x128 block quantisation.
 MiniMaxM2Config synth_config(const SynthShapes& s, int layers);
+
+// Bytes all `world` ranks must read per layer for one decode step of batch B at context C:
+// attention weights (FP8, 128x128 f32 scales), the f32 router, the expected distinct experts
+// of B tokens under uniform routing (whole experts under EP, each rank's slices otherwise) and
+// the KV. `shard` is one rank's part (alike on every rank); world 1 with the whole model's
+// shard is one GPU.
+struct DecodeBytes {
+  double attn_w = 0, router = 0, experts = 0, kv = 0, distinct = 0;
+  double per_layer() const { return attn_w + router + experts + kv; }
+};
+DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int world, bool expert_parallel, int B,
+                         int C);
 // Random weights for `model` (built from synth_config), generated on the GPU: this rank's
 // slices per model.shard() (local q/KV heads, local experts or expert-intermediate slices;
 // router, norms and embedding replicated). Seeds do not depend on the rank, so replicated

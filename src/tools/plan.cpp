@@ -577,13 +577,8 @@ std::string format_plan(const json& r) {
 }
 
 int64_t parse_size(const std::string& s) {
-  size_t used = 0;
   double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const size_t used = parse_number_prefix(s, &v);
   MS_CHECK(used > 0 && v > 0, "size '{}': expected a number with an optional unit (96GB, 80GiB, 141e9)", s);
   std::string unit = s.substr(used);
   std::erase(unit, ' ');
@@ -602,23 +597,5 @@ int64_t parse_size(const std::string& s) {
        unit);
 }
 
-int64_t parse_human_int(const std::string& s) {
-  MS_CHECK(!s.empty(), "--max-model-len: empty value");
-  double mult = 1;
-  std::string num = s;
-  const char last = s.back();
-  if (last == 'k' || last == 'm' || last == 'g') mult = last == 'k' ? 1e3 : last == 'm' ? 1e6 : 1e9, num.pop_back();
-  else if (last == 'K' || last == 'M' || last == 'G')
-    mult = last == 'K' ? 1024 : last == 'M' ? 1048576 : 1073741824.0, num.pop_back();
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(num, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MS_CHECK(used == num.size() && v > 0 && v * mult < 9e15, "--max-model-len: '{}' is not a length (4096, 32k, 32K)", s);
-  return int64_t(v * mult);
-}
 
 }  // namespace moeserve::plan

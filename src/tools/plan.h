@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "core/parse.h"
+
 namespace moeserve::plan {
 
 // The model dimensions the plan needs, read from a config.json of any of the MoE families
@@ -93,8 +95,7 @@ std::string format_plan(const nlohmann::json& plan);
 
 // "96GB" = 96e9, "80GiB" = 80 * 2^30, "1.5TB", "512MiB", plain numbers = bytes.
 int64_t parse_size(const std::string& s);
-// vLLM's human_readable_int: 32k = 32000, 32K = 32768.
-int64_t parse_human_int(const std::string& s);
+using ::moeserve::parse_human_int;  // core/parse.h: --max-model-len values (32k, 32K)
 
 // Fetches `file` of a hub model repo (plan_fetch.cpp, libcurl): GET
 // {HF_ENDPOINT}/{repo}/resolve/{revision}/{file} with `authorization: Bearer $HF_TOKEN`.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 namespace moeserve::bench {
 
@@ -23,13 +24,8 @@ std::vector<std::string> split_csv(const std::string& csv) {
 }
 
 double parse_double(const std::string& s, const std::string& what) {
-  size_t used = 0;
   double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const size_t used = parse_number_prefix(s, &v);
   MS_CHECK(used == s.size() && !s.empty() && std::isfinite(v), "{}: '{}' is not a number", what, s);
   return v;
 }
