@@ -10,16 +10,6 @@
 namespace moeserve::test {
 namespace {
 
-Tensor host_f32(const std::vector<float>& v, const Shape& s) {
-  Tensor t = Tensor::host(DType::F32, s);
-  std::copy(v.begin(), v.end(), t.ptr<float>());
-  return t;
-}
-Tensor host_i32(const std::vector<int32_t>& v, const Shape& s) {
-  Tensor t = Tensor::host(DType::I32, s);
-  std::copy(v.begin(), v.end(), t.ptr<int32_t>());
-  return t;
-}
 Tensor poisoned(int64_t rows, int64_t cols) {
   return to_device(std::vector<float>(size_t(rows * cols), NAN), DType::BF16, {rows, cols});
 }

@@ -11,16 +11,6 @@
 namespace moeserve::test {
 namespace {
 
-Tensor host_f32(const std::vector<float>& v, const Shape& s) {
-  Tensor t = Tensor::host(DType::F32, s);
-  std::copy(v.begin(), v.end(), t.ptr<float>());
-  return t;
-}
-Tensor host_i32(const std::vector<int32_t>& v, const Shape& s) {
-  Tensor t = Tensor::host(DType::I32, s);
-  std::copy(v.begin(), v.end(), t.ptr<int32_t>());
-  return t;
-}
 // Host copy of a CUDA weight for the CPU backend (same bytes).
 LinearWeight host_weight(const LinearWeight& d) {
   LinearWeight h = d;

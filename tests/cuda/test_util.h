@@ -47,6 +47,17 @@ inline Tensor to_device(const std::vector<float>& v, DType t, const Shape& shape
   }
   return gpu().upload(h);
 }
+// Host tensors (inputs of the CPU reference backend).
+inline Tensor host_f32(const std::vector<float>& v, const Shape& s) {
+  Tensor t = Tensor::host(DType::F32, s);
+  std::copy(v.begin(), v.end(), t.ptr<float>());
+  return t;
+}
+inline Tensor host_i32(const std::vector<int32_t>& v, const Shape& s) {
+  Tensor t = Tensor::host(DType::I32, s);
+  std::copy(v.begin(), v.end(), t.ptr<int32_t>());
+  return t;
+}
 inline Tensor ints_to_device(const std::vector<int32_t>& v, const Shape& shape) {
   Tensor h = Tensor::host(DType::I32, shape);
   std::copy(v.begin(), v.end(), h.ptr<int32_t>());
