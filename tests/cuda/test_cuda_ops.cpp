@@ -3,12 +3,32 @@
 // rounding is <= 2^-9 relative); f32 outputs 1e-5; linear 1e-2 (bf16 output rounding plus, on
 // the tensor-core path, bf16 rounding of each dequantised weight).
 #include <cmath>
+#include <cstdlib>
 #include <tuple>
 
+#include "backend/cuda/kernels.h"
 #include "test_util.h"
 
 namespace moeserve::test {
 namespace {
+
+// The run-time dispatch asks which compiled code the device runs (k_arch.cu). It can never be
+// newer than the device, and MOESERVE_EXPECT_CODE_ARCH (set by the GPU check scripts, e.g. 901
+// for the sm_90a build on an H200, 800 for an arch-80 build there, which JIT-compiles the
+// compute_80 PTX) pins the exact value.
+TEST(CudaOps, CodeArchMatchesBuild) {
+  SKIP_WITHOUT_GPU();
+  gpu();  // selects device 0
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  const int arch = cuda::code_arch();
+  EXPECT_GE(arch, 800);
+  EXPECT_LE(arch, major * 100 + minor * 10);
+  if (cuda::code_has_sm90a()) EXPECT_EQ(arch, 900);
+  if (const char* e = std::getenv("MOESERVE_EXPECT_CODE_ARCH"))
+    EXPECT_EQ(arch + (cuda::code_has_sm90a() ? 1 : 0), std::atoi(e));
+}
 
 TEST(CudaOps, Embedding) {
   SKIP_WITHOUT_GPU();

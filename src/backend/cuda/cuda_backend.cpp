@@ -41,7 +41,7 @@ bool pdl_enabled() {
     const char* e = std::getenv("MOESERVE_PDL");
     return e && std::strcmp(e, "0") == 0;
   }();
-  return !env_off && device_cc_major() >= 9;
+  return !env_off && code_arch() >= 900;  // griddepcontrol is compiled only for sm_90+
 }
 }  // namespace cuda
 using namespace cuda;

@@ -230,7 +230,7 @@ void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
   CU_REQUIRE(p.rotary_dim / 2 <= kMaxHalfRot, "qk_norm_rope: rotary_dim " + std::to_string(p.rotary_dim) + " > 1024");
   // Few tokens (decode, sm_90+): a cluster of 8 blocks per token, each normalising (and
   // rotating) 1/8 of the heads, instead of one block walking all 56 heads of a token.
-  const int slices = p.T < 64 && device_cc_major() >= 9 ? 8 : 1;
+  const int slices = p.T < 64 && code_arch() >= 900 ? 8 : 1;  // the cluster code needs sm_90 code
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(p.T, slices);
   cfg.blockDim = dim3(256);

@@ -203,17 +203,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_fp8_kernel(LinParams p, Fp8A
   }
 }
 
-int device_cc() {
-  static const int cc = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major * 10 + minor;
-  }();
-  return cc;
-}
-
 template <int MODE>
 void launch_mode(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
   static bool attr_set = false;  // once per instantiation (host-side, before any capture uses it)
@@ -233,7 +222,7 @@ void launch_mode(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
 bool gemm_fp8_supported(const LinParams& p) {
   const bool weights_ok = p.experts != nullptr || (p.w != nullptr && p.s != nullptr);
   return p.fp8 && weights_ok && p.bo == 128 && p.bi == 128 && p.K > 0 && p.K % BK == 0 && p.N % 2 == 0 &&
-         p.s_cols == p.K / BK && device_cc() >= 89;
+         p.s_cols == p.K / BK && code_arch() >= 890;  // e4m3 mma.sync compiled in
 }
 
 void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s) {

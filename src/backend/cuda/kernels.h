@@ -59,6 +59,13 @@ struct QkNormRopeParams {
 void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s);
 // Compute capability major of the current device (cached).
 int device_cc_major();
+// __CUDA_ARCH__ of the code the current device runs (e.g. 800 for the sm_80 SASS or the
+// compute_80 PTX, 900 for sm_90/sm_90a), 0 when there is none; cached per device (k_arch.cu).
+// Feature dispatch (FP8 mma.sync >= 890, PDL and clusters >= 900) must use this, not the
+// device's compute capability.
+int code_arch();
+// True when that code is sm_90a (wgmma and the other arch-specific features compiled in).
+bool code_has_sm90a();
 // Copies k/v rows [T, width] into caches [slots, width] at slot_mapping (negative = skip).
 void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, bool cache_bf16,
                      const int32_t* slot_mapping, int T, int width, int64_t num_slots, cudaStream_t s);
