@@ -93,7 +93,12 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
   CudaBackend& b = gpu();
   // path 0: default (cuBLASLt where it applies, rows past the last multiple of 8 on the
   // 64 x 128 kernel), 1: wide-tile kernel only, 2: 64 x 128 kernel only.
+  // Without FP8 mma.sync code (code_arch() < 890: an arch-80 build, or sm_89/sm_120 running
+  // sm_80 code) the kernel-only paths do not exist and the default path is cuBLASLt (library
+  // code, Hopper) or the exact bf16 GEMM, so either reference may be the one matched.
+  const bool fp8_kernels = cuda::code_arch() >= 890;
   for (int path = 0; path < 3; ++path) {
+    if (!fp8_kernels && path > 0) continue;
     b.use_lt_fp8 = path == 0;
     cuda::g_fp8_gemm_wide = path == 1;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.N, NAN), DType::BF16, {c.T, c.N});
@@ -102,7 +107,7 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
     const double eq = rel_err(got, ref_q), e = rel_err(got, ref);
     std::printf("[prefill linear] T=%d N=%d K=%d path %d: vs quantised ref %.2e, vs exact ref %.2e\n", c.T, c.N, c.K,
                 path, eq, e);
-    EXPECT_LT(eq, 1e-2) << "path " << path;
+    EXPECT_LT(fp8_kernels ? eq : std::min(eq, e), 1e-2) << "path " << path;
     EXPECT_LT(e, kLinQuantBound) << "path " << path;
   }
   b.use_lt_fp8 = true;

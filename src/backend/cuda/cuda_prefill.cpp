@@ -48,6 +48,10 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
   // rows and the kernel the (< 8) rows left.
   const bool lt_shape = cc_ == 90 && !p.out_f32 && G % 4 == 0 && p.N % 128 == 0 && p.ldo == p.N;
   const int T0 = T & ~7;
+  // Rows cuBLASLt cannot take go to the mma.sync kernel; without it (no e4m3 mma.sync code
+  // for this device) the whole linear stays on the bf16 path.
+  const bool kernel_ok = gemm_fp8_supported(p);
+  if (!kernel_ok && !(use_lt_fp8 && lt_shape && !p.experts && T0 == T)) return false;
   int done = 0;
   if (use_lt_fp8 && lt_shape && !p.experts && T0 > 0) {
     LtGemm* g = lt();
@@ -64,7 +68,7 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
     }
   }
   if (done == T) return true;
-  if (!gemm_fp8_supported(p)) {
+  if (!kernel_ok) {
     MS_CHECK(done == 0, "linear: FP8 tail rows without a kernel");
     return false;
   }
