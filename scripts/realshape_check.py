@@ -316,14 +316,30 @@ def check(args):
     all_ok = True
     cases = [
         ("p300_graphs", "p300", [], {}),
-        ("p300_eager", "p300", ["--enforce-eager"], {}),
-        ("p300_fusions_off_eager", "p300", ["--enforce-eager"], {"MOESERVE_DECODE_FUSION": "0"}),
         ("p1100_graphs", "p1100", [], {}),
         ("p1100_eager", "p1100", ["--enforce-eager"], {}),
+        ("p300_eager", "p300", ["--enforce-eager"], {}),
         ("p1100_chunk512_graphs", "p1100", ["--prefill-chunk", "512"], {}),
     ]
-    if args.only:
-        cases = [c for c in cases if c[0] in args.only]
+    # Narrowing (run after the replay): the same prompts with fast paths off.
+    diag = [
+        ("p1100_fp8act_off_eager", "p1100", ["--enforce-eager"], {"MOESERVE_PREFILL_OFF": "fp8_act"}),
+        ("p300_fusions_off_eager", "p300", ["--enforce-eager"], {"MOESERVE_DECODE_FUSION": "0"}),
+        ("p1100_prefill_paths_off_eager", "p1100", ["--enforce-eager"],
+         {"MOESERVE_PREFILL_OFF": "fp8_act,lt,attn,router", "MOESERVE_DECODE_FUSION": "0"}),
+    ]
+    all_ok &= run_generate_cases(args, ck, ref, report, cases)
+    if args.replay:
+        all_ok &= check_replay(args, ck, ref, report)
+    all_ok &= run_generate_cases(args, ck, ref, report, diag)
+    report["ok"] = all_ok
+    save_report(report, args.out)
+    print(f"realshape: {'ALL OK' if all_ok else 'FAILURES'} (bound {args.bound}); report in {args.out}")
+    return 0 if all_ok else 1
+
+
+def run_generate_cases(args, ck, ref, report, cases):
+    all_ok = True
     for name, pname, extra, env_extra in cases:
         pr = ref["prompts"][pname]
         ref_logits = np.load(os.path.join(ck, f"ref_{pname}.npy"))
@@ -342,12 +358,7 @@ def check(args):
         report["cases"].append({"case": name, "prompt": pname, "flags": extra, "env": env_extra, "ok": ok,
                                 "wall_s": round(wall, 1), "ids": ids, "ref_ids": pr["generated_ids"], "steps": steps})
         save_report(report, args.out)  # after every case: a timed-out run still leaves its numbers
-    if args.replay:
-        all_ok &= check_replay(args, ck, ref, report)
-    report["ok"] = all_ok
-    save_report(report, args.out)
-    print(f"realshape: {'ALL OK' if all_ok else 'FAILURES'} (bound {args.bound}); report in {args.out}")
-    return 0 if all_ok else 1
+    return all_ok
 
 
 def save_report(report, out):
