@@ -87,11 +87,13 @@ def make(args):
     ref_cfg["torch_dtype"] = "float32"
     config = MiniMaxM2Config.from_dict(ref_cfg)
     config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # HF's per-expert loop in f32 (grouped_mm would be its default)
     assert config.rope_parameters.get("partial_rotary_factor", 1.0) == ROTARY / HEAD_DIM, config.rope_parameters
     torch.manual_seed(0)
     with torch.device(dev):
         model = MiniMaxM2ForCausalLM(config).to(torch.float32)
     model.eval()
+    assert model.config._experts_implementation == "eager", model.config._experts_implementation
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     assigned = set()
@@ -217,7 +219,7 @@ def make(args):
 
     t2 = time.time()
     ref = {"reference": f"transformers {transformers.__version__} MiniMaxM2ForCausalLM, float32 (TF32 off), "
-                        f"eager attention, torch {torch.__version__}", "layers": L, "seed": args.seed,
+                        f"eager attention and experts, torch {torch.__version__}", "layers": L, "seed": args.seed,
            "new_tokens": NEW_TOKENS, "prompts": {}}
     gp = torch.Generator().manual_seed(args.seed + 1)
     for pname, plen in PROMPTS.items():
