@@ -29,7 +29,7 @@ def test_realshape_script_on_cpu(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.load(open(out / "realshape_report.json"))
-    assert rep["ok"] and len(rep["cases"]) == 8
+    assert rep["ok"] and len(rep["cases"]) == 10
     for c in rep["cases"]:
         assert c["ids"] == c["ref_ids"], c["case"]
         assert max(s["rel_err"] for s in c["steps"]) < 1e-4, c["case"]
