@@ -206,7 +206,9 @@ def make(args):
             if bias is not None:
                 s = s + bias
             top = torch.topk(s, TOP_K + 1, dim=-1)
-            margins.append(float((top.values[:, TOP_K - 1] - top.values[:, TOP_K]).min()))
+            gap = top.values[:, TOP_K - 1] - top.values[:, TOP_K]
+            margins.append(float(gap.min()))
+            last_margins.append(float(gap[-1]))  # the row whose logits are compared
             if hs.shape[0] > 1 and not QUANT["ops"]:  # exact prefill: is the routing spread over the experts?
                 counts = torch.bincount(top.indices[:, :TOP_K].flatten(), minlength=EXPERTS)
                 expert_use.append({"tokens": hs.shape[0], "distinct_experts": int((counts > 0).sum()),
@@ -214,7 +216,7 @@ def make(args):
         except Exception as e:  # the hook is diagnostics only
             margins.append(f"hook failed: {e}")
 
-    expert_use = []
+    expert_use, last_margins = [], []
     handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
 
     # Emulated dynamic FP8 activation quantisation (the checkpoint's "activation_scheme":
@@ -267,15 +269,20 @@ def make(args):
     def run_ref(prompt, forced, chunk=0):
         """Logits rows [N, V]: prefill (in chunks when chunk > 0), then decode steps; the token
         fed after row k is forced[k] when given, else the row's argmax (greedy)."""
-        rows, ids = [], []
+        rows, ids, tie = [], [], []
         with torch.no_grad():
             past = None
             step = chunk if chunk > 0 else len(prompt)
             for c0 in range(0, len(prompt), step):
+                last_margins.clear()
                 out = model(torch.tensor([prompt[c0:c0 + step]], device=dev), past_key_values=past,
                             use_cache=True, logits_to_keep=1)
                 past = out.past_key_values
             for k in range(NEW_TOKENS):
+                # Smallest top-8 router margin (8th - 9th biased score) of this row's token over
+                # the layers: where tiny, a rounding difference may swap an expert.
+                tie.append(min(last_margins) if last_margins else None)
+                last_margins.clear()
                 row = out.logits[0, -1].float()
                 rows.append(row.cpu().numpy())
                 tok = int(forced[k]) if forced is not None else int(torch.argmax(row))
@@ -284,7 +291,7 @@ def make(args):
                     break
                 out = model(torch.tensor([[tok]], device=dev), past_key_values=past, use_cache=True)
                 past = out.past_key_values
-        return np.stack(rows).astype(np.float32), ids
+        return np.stack(rows).astype(np.float32), ids, tie
 
     t2 = time.time()
     ref = {"reference": f"transformers {transformers.__version__} MiniMaxM2ForCausalLM, float32 (TF32 off), "
@@ -295,7 +302,7 @@ def make(args):
         prompt = torch.randint(3, min(VOCAB, 200000), (plen,), generator=gp).tolist()
         margins.clear()
         QUANT["ops"] = set()
-        logits, gen = run_ref(prompt, None)
+        logits, gen, tie = run_ref(prompt, None)
         np.save(os.path.join(args.dir, f"ref_{pname}_exact.npy"), logits)
         srt = np.sort(logits, axis=1)
         entry = {
@@ -303,6 +310,7 @@ def make(args):
             "top2_margin_rel": [float((srt[k, -1] - srt[k, -2]) / np.abs(logits[k]).max()) for k in range(NEW_TOKENS)],
             "max_abs_logit": [float(np.abs(logits[k]).max()) for k in range(NEW_TOKENS)],
             "logit_std": [float(logits[k].std()) for k in range(NEW_TOKENS)],
+            "router_margin_row_token": {"exact": tie},
             "min_router_margin_prefill": min(m for m in margins[:L] if not isinstance(m, str)) if margins else None,
             "min_router_margin_all": min((m for m in margins if not isinstance(m, str)), default=None),
         }
@@ -317,7 +325,8 @@ def make(args):
             if vname == "fp8act_all" and plen >= 128:
                 continue  # identical to fp8act: the check falls back to it
             QUANT["ops"], QUANT["min_rows"] = ops, min_rows
-            v_logits, _ = run_ref(prompt, gen, chunk)
+            v_logits, _, v_tie = run_ref(prompt, gen, chunk)
+            entry["router_margin_row_token"][vname] = v_tie
             np.save(os.path.join(args.dir, f"ref_{pname}_{vname}.npy"), v_logits)
             entry["variants"].append(vname)
             d0 = float(np.abs(v_logits[0] - logits[0]).max() / np.abs(logits[0]).max())
@@ -337,7 +346,7 @@ def make(args):
 
 
 # ---------------------------------------------------------------------------------------- check
-def compare(got, ref_logits, ctx_ids, got_ids, bound, teacher_forced):
+def compare(got, ref_logits, ctx_ids, got_ids, bound, teacher_forced, tie=None):
     """Per-step relative error max|got - ref| / max|ref| and greedy agreement with the
     reference row's argmax (a flip is allowed where the reference's own top-2 margin is below
     2 * bound * max|ref|). Free-running (generate): once moeserve's id leaves ctx_ids (the ids
@@ -354,6 +363,8 @@ def compare(got, ref_logits, ctx_ids, got_ids, bound, teacher_forced):
         same = gid == int(np.argmax(r))
         step = {"step": k, "rel_err": float(f"{err:.4g}"), "ref_top2_margin_rel": float(f"{margin:.4g}"),
                 "same_id": same}
+        if tie and k < len(tie) and tie[k] is not None:
+            step["router_margin"] = float(f"{tie[k]:.3g}")
         if err > bound:
             ok = False
             step["FAIL"] = "error above bound"
@@ -456,7 +467,8 @@ def run_generate_cases(args, ck, ref, report, cases):
             report["cases"].append({"case": name, "error": err})
             all_ok = False
             continue
-        ok, steps = compare(got, ref_logits, pr["generated_ids"], ids, args.bound, teacher_forced=False)
+        ok, steps = compare(got, ref_logits, pr["generated_ids"], ids, args.bound, teacher_forced=False,
+                            tie=pr.get("router_margin_row_token", {}).get(variant))
         # Rows up to the first flipped id share their context with the reference (and with the
         # teacher-forced replay): kept for the cross-case comparisons.
         KEPT[name] = got[:len(steps) if ids != pr["generated_ids"] else len(got)]
@@ -546,7 +558,8 @@ def check_replay(args, ck, ref, report):
             os.remove(os.path.join(d, f"seq{i}.npy"))
             # Every prefill step of the batch has >= 128 rows: all prompts' activations are FP8.
             ref_logits, variant = load_ref(ck, n, "exact" if args.device == "cpu" else "fp8act_all", ref["prompts"])
-            s_ok, steps = compare(got, ref_logits, pr["generated_ids"], None, args.bound, teacher_forced=True)
+            s_ok, steps = compare(got, ref_logits, pr["generated_ids"], None, args.bound, teacher_forced=True,
+                                  tie=pr.get("router_margin_row_token", {}).get(variant))
             KEPT[f"{name}/{n}"] = got
             dev_ids = rj["device_ids"][i]
             host_ids = [int(np.argmax(r)) for r in got]
