@@ -14,7 +14,7 @@ REPLAY=${REPLAY-build-cuda/tests/cuda/realshape_replay}
 OUT=${OUT:-$PWD/realshape_out}
 CK=${CK:-$PWD/realshape_ckpt}
 LAYERS=${LAYERS:-3}
-BOUND=${BOUND:-5e-2}
+BOUND=${BOUND:-3e-2}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 t0=$(date +%s)
