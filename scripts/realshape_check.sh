@@ -15,10 +15,11 @@ OUT=${OUT:-$PWD/realshape_out}
 CK=${CK:-$PWD/realshape_ckpt}
 LAYERS=${LAYERS:-3}
 BOUND=${BOUND:-3e-2}
+SEED=${SEED:-1234}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 t0=$(date +%s)
-python3 "$HERE/realshape_check.py" make --dir "$CK" --layers "$LAYERS" || { rm -rf "$CK"; exit 1; }
+python3 "$HERE/realshape_check.py" make --dir "$CK" --layers "$LAYERS" --seed "$SEED" || { rm -rf "$CK"; exit 1; }
 echo "make: $(( $(date +%s) - t0 )) s; checkpoint $(du -sh "$CK" | cut -f1)"
 cp "$CK/reference.json" "$OUT/"
 python3 "$HERE/realshape_check.py" check --dir "$CK" --bin "$BIN" ${REPLAY:+--replay "$REPLAY"} --out "$OUT" \
