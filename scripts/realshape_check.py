@@ -396,7 +396,7 @@ def compare(got, ref_logits, ctx_ids, got_ids, bound, teacher_forced, tie=None, 
         if err > b:
             ok = False
             step["FAIL"] = "error above bound"
-        if not same and margin >= 2 * bound:
+        if not same and margin >= 2 * b:
             ok = False
             step["FAIL"] = f"greedy id {gid} vs {int(np.argmax(r))} with margin {margin:.3g} >= 2*bound"
         steps.append(step)
