@@ -134,6 +134,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     fuse_norm_route = false;
     moe_l2_prefetch_pairs = 0;
   }
+  // MOESERVE_PREFILL_OFF=fp8_act,lt,attn,router (comma list) turns prefill fast paths off, to
+  // narrow down an accuracy difference (scripts/realshape_check.py): fp8_act = bf16
+  // activations in the FP8 linears and experts, lt = k_gemm_fp8.cu instead of cuBLASLt,
+  // attn = k_attn_tc.cu instead of the pipelined kernel, router = router logits on CUDA cores.
+  if (const char* e = std::getenv("MOESERVE_PREFILL_OFF")) {
+    const std::string off = std::string(",") + e + ",";
+    auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
+    if (has("fp8_act")) use_fp8_act_gemm = false;
+    if (has("lt")) use_lt_fp8 = false;
+    if (has("attn")) use_attention_prefill = false;
+    if (has("router")) router_gemm_min_tokens = 0;
+  }
 }
 
 CudaBackend::~CudaBackend() {
