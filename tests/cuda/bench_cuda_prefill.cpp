@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <random>
 
 #include "backend/cuda/kernels_fp8.h"
 #include "test_util.h"
@@ -143,13 +144,87 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     const double old_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     b.use_fp8_act_gemm = true;
     cuda::g_fp8_gemm_wide = false;
+    cuda::g_fp8_gemm_wgmma = false;
     const double new_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     cuda::g_fp8_gemm_wide = true;
     const double wide_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     cuda::g_fp8_gemm_wide = false;
-    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma %.3f ms (%.0f) | wide %.3f ms (%.0f)\n",
-                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wide_ms, flop / wide_ms / 1e9);
+    cuda::g_fp8_gemm_wgmma = true;
+    const double wg_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
+    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma %.3f ms (%.0f) | wide %.3f ms (%.0f) | wgmma %.3f ms (%.0f)\n",
+                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wide_ms, flop / wide_ms / 1e9,
+                wg_ms, flop / wg_ms / 1e9);
   }
+}
+
+// The two grouped expert GEMMs alone (no quantisation, align or combine) at 8,192 tokens,
+// 256 experts, top-8, uniform random routing: mma.sync kernel vs wgmma kernel.
+TEST(CudaPrefillBench, GroupedGemm8k) {
+  SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
+  CudaBackend& b = gpu();
+  const int T = 8192, E = 256, K = 8, H = 3072, I = 1536, P = T * K;
+  std::mt19937 rng(9);
+  std::vector<int> count(E, 0);
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> all(E);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int j = 0; j < K; ++j) ++count[all[j]];
+  }
+  std::vector<int32_t> te, tb, tn, rows(P);
+  std::uniform_int_distribution<int> ut(0, T - 1);
+  for (auto& v : rows) v = ut(rng);
+  for (int e = 0, r0 = 0; e < E; r0 += count[e++])
+    for (int r = r0; r < r0 + count[e]; r += cuda::kGemmTileM)
+      te.push_back(e), tb.push_back(r), tn.push_back(std::min(r0 + count[e], r + cuda::kGemmTileM));
+  const int nt = int(te.size());
+  Tensor d_te = ints_to_device(te, {nt}), d_tb = ints_to_device(tb, {nt}), d_tn = ints_to_device(tn, {nt});
+  Tensor d_nt = ints_to_device({nt}, {1}), d_rows = ints_to_device(rows, {P});
+  std::vector<LinearWeight> keep;
+  std::vector<cuda::ExpertPtrs> ptrs(E);
+  for (int e = 0; e < E; ++e) {
+    keep.push_back(rand_fp8(I, H, 100 + 3 * e));
+    keep.push_back(rand_fp8(I, H, 101 + 3 * e));
+    keep.push_back(rand_fp8(H, I, 102 + 3 * e));
+    const size_t n = keep.size();
+    ptrs[e] = {keep[n - 3].weight.data, keep[n - 2].weight.data, keep[n - 1].weight.data,
+               keep[n - 3].scale_inv.ptr<float>(), keep[n - 2].scale_inv.ptr<float>(), keep[n - 1].scale_inv.ptr<float>()};
+  }
+  void* d_ptrs = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_ptrs, sizeof(cuda::ExpertPtrs) * E), cudaSuccess);
+  cudaMemcpy(d_ptrs, ptrs.data(), sizeof(cuda::ExpertPtrs) * E, cudaMemcpyHostToDevice);
+  Tensor xq = b.alloc(DType::F8_E4M3, {T, H}), xs = b.alloc(DType::F32, {T, H / 128});
+  Tensor aq = b.alloc(DType::F8_E4M3, {P, I}), as = b.alloc(DType::F32, {P, I / 128});
+  b.fill_random(xq, 1, 1.f), b.fill_random(xs, 2, 1.f / 64), b.fill_random(aq, 3, 1.f), b.fill_random(as, 4, 1.f / 64);
+  Tensor act = b.alloc(DType::BF16, {P, I}), y = b.alloc(DType::F32, {P, H});
+  Tensor wts = b.alloc(DType::F32, {P});
+  b.fill_random(wts, 5, 1.f);
+  cuda::LinParams up;
+  up.mode = cuda::LinMode::kSwiglu, up.ldx = H, up.x_rows = d_rows.ptr<int32_t>(), up.M = P;
+  up.experts = static_cast<const cuda::ExpertPtrs*>(d_ptrs), up.N = I, up.K = H, up.s_cols = H / 128;
+  up.tile_expert = d_te.ptr<int32_t>(), up.tile_begin = d_tb.ptr<int32_t>(), up.tile_end = d_tn.ptr<int32_t>();
+  up.num_tiles = d_nt.ptr<int32_t>(), up.max_tiles = nt, up.out = act.data, up.ldo = I;
+  cuda::LinParams down = up;
+  down.mode = cuda::LinMode::kDown, down.ldx = I, down.x_rows = nullptr, down.N = H, down.K = I, down.s_cols = I / 128;
+  down.out = y.data, down.ldo = H, down.out_f32 = true, down.row_scale = wts.ptr<float>();
+  const cuda::Fp8Act xa{static_cast<const uint8_t*>(xq.data), xs.ptr<float>()};
+  const cuda::Fp8Act aa{static_cast<const uint8_t*>(aq.data), as.ptr<float>()};
+  const double f_up = 2.0 * P * H * 2.0 * I, f_down = 2.0 * P * double(I) * H;
+  double ms[2][2] = {};
+  const bool wg = cuda::gemm_fp8_wgmma_supported(up) && cuda::gemm_fp8_wgmma_supported(down);
+  for (int path = 0; path < (wg ? 2 : 1); ++path) {
+    cuda::g_fp8_gemm_wgmma = path == 1;
+    ms[path][0] = median_ms([&] { cuda::launch_gemm_fp8(up, xa, b.stream()); });
+    ms[path][1] = median_ms([&] { cuda::launch_gemm_fp8(down, aa, b.stream()); });
+  }
+  cuda::g_fp8_gemm_wgmma = true;
+  std::printf("[bench] grouped gemm T=%d E=%d k=%d tiles=%d: up mma.sync %.3f ms (%.0f TF/s) wgmma %.3f ms (%.0f) | "
+              "down mma.sync %.3f ms (%.0f) wgmma %.3f ms (%.0f) | both mma.sync %.0f TF/s wgmma %.0f TF/s\n",
+              T, E, K, nt, ms[0][0], f_up / ms[0][0] / 1e9, ms[1][0], f_up / ms[1][0] / 1e9, ms[0][1],
+              f_down / ms[0][1] / 1e9, ms[1][1], f_down / ms[1][1] / 1e9, (f_up + f_down) / (ms[0][0] + ms[0][1]) / 1e9,
+              (f_up + f_down) / (ms[1][0] + ms[1][1]) / 1e9);
+  cudaFree(d_ptrs);
 }
 
 }  // namespace

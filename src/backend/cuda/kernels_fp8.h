@@ -48,6 +48,12 @@ void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s);
 constexpr int kFp8WideTileM = 128;
 extern bool g_fp8_gemm_wide;
 void launch_gemm_fp8_wide(const LinParams& p, const Fp8Act& a, cudaStream_t s);
+// Hopper variant (k_gemm_fp8_wgmma.cu): warp-specialised wgmma, same contract and 64-row MoE
+// tile table; needs an sm_90a build on a 9.0 device, N % 128 == 0 (kSwiglu: N % 64 == 0).
+// launch_gemm_fp8 takes it by itself where supported while g_fp8_gemm_wgmma is set (default).
+extern bool g_fp8_gemm_wgmma;
+bool gemm_fp8_wgmma_supported(const LinParams& p);
+void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s);
 
 // Router top-k only (k_moe.cu), for logits [T, E] already in p.logits (the f32 GEMM path).
 void launch_moe_route_topk(const RouteParams& p, cudaStream_t s);
