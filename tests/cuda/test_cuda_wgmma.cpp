@@ -152,6 +152,14 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
                                  std::vector<float>(ref.begin() + lo, ref.begin() + hi));
       EXPECT_LT(err, 1e-2) << (path ? "wgmma" : "mma.sync") << " expert " << e << " (" << begin[e + 1] - begin[e]
                            << " rows)";
+      if (err >= 1e-2) {  // the first few bad elements, to tell a layout bug from a scale bug
+        int shown = 0;
+        for (size_t i = lo; i < hi && shown < 6; ++i)
+          if (!(std::fabs(got[i] - ref[i]) <= 0.05f * std::fabs(ref[i]) + 1e-3f)) {
+            std::printf("  bad [row %zu, col %zu]: got %g ref %g\n", i / c.N, i % c.N, got[i], ref[i]);
+            ++shown;
+          }
+      }
     }
     std::printf("[fp8 grouped] mode %d K=%d N=%d P=%d E=%d %s: vs host %.2e\n", int(c.mode), c.K, c.N, P, E,
                 path ? "wgmma" : "mma.sync", rel_err(got, ref));

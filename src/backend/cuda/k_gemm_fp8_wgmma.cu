@@ -26,10 +26,15 @@
 #include "backend/cuda/wgmma.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace moeserve::cuda {
 
-bool g_fp8_gemm_wgmma = true;
+// MOESERVE_FP8_WGMMA=0 turns the wgmma path off process-wide (A/B runs of bench-model).
+bool g_fp8_gemm_wgmma = [] {
+  const char* e = std::getenv("MOESERVE_FP8_WGMMA");
+  return !(e && e[0] == '0');
+}();
 
 namespace {
 
@@ -39,6 +44,7 @@ constexpr int kABytes = BM * BK, kBBytes = BNW * BK, kStageBytes = kABytes + kBB
 constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8;
 static_assert(kStageBytes % 1024 == 0 && kABytes % 1024 == 0, "swizzle atoms need 1024-byte alignment");
 
+#ifdef MOESERVE_SM90A_DEVICE
 // Destination of 16-byte chunk c of row r in a 128-byte-swizzled tile.
 __device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
 
@@ -60,6 +66,7 @@ __device__ __forceinline__ Tile tile_of(const LinParams& p, int t, int ncol) {
   }
   return r;
 }
+#endif
 
 template <int MODE>
 __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p, Fp8Act act) {
