@@ -151,9 +151,13 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     cuda::g_fp8_gemm_wide = false;
     cuda::g_fp8_gemm_wgmma = true;
     const double wg_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma %.3f ms (%.0f) | wide %.3f ms (%.0f) | wgmma %.3f ms (%.0f)\n",
+    cuda::g_fp8_wgmma_tile_m = 128;
+    const double wg2_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
+    cuda::g_fp8_wgmma_tile_m = 64;
+    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma %.3f ms (%.0f) | wide %.3f ms (%.0f) | "
+                "wgmma 64x256 %.3f ms (%.0f) | wgmma 128x192 %.3f ms (%.0f)\n",
                 T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wide_ms, flop / wide_ms / 1e9,
-                wg_ms, flop / wg_ms / 1e9);
+                wg_ms, flop / wg_ms / 1e9, wg2_ms, flop / wg2_ms / 1e9);
   }
 }
 
@@ -172,15 +176,21 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
     std::shuffle(all.begin(), all.end(), rng);
     for (int j = 0; j < K; ++j) ++count[all[j]];
   }
-  std::vector<int32_t> te, tb, tn, rows(P);
+  std::vector<int32_t> rows(P);
   std::uniform_int_distribution<int> ut(0, T - 1);
   for (auto& v : rows) v = ut(rng);
-  for (int e = 0, r0 = 0; e < E; r0 += count[e++])
-    for (int r = r0; r < r0 + count[e]; r += cuda::kGemmTileM)
-      te.push_back(e), tb.push_back(r), tn.push_back(std::min(r0 + count[e], r + cuda::kGemmTileM));
-  const int nt = int(te.size());
-  Tensor d_te = ints_to_device(te, {nt}), d_tb = ints_to_device(tb, {nt}), d_tn = ints_to_device(tn, {nt});
-  Tensor d_nt = ints_to_device({nt}, {1}), d_rows = ints_to_device(rows, {P});
+  Tensor d_rows = ints_to_device(rows, {P});
+  // Tile tables of 64 and 128 rows per expert (as the MoE align builds them).
+  auto make_table = [&](int h, std::vector<Tensor>& t) {
+    std::vector<int32_t> te, tb, tn;
+    for (int e = 0, r0 = 0; e < E; r0 += count[e++])
+      for (int r = r0; r < r0 + count[e]; r += h) te.push_back(e), tb.push_back(r), tn.push_back(std::min(r0 + count[e], r + h));
+    const int n = int(te.size());
+    t = {ints_to_device(te, {n}), ints_to_device(tb, {n}), ints_to_device(tn, {n}), ints_to_device({n}, {1})};
+    return n;
+  };
+  std::vector<Tensor> t64, t128;
+  const int nt = make_table(64, t64), nt128 = make_table(128, t128);
   std::vector<LinearWeight> keep;
   std::vector<cuda::ExpertPtrs> ptrs(E);
   for (int e = 0; e < E; ++e) {
@@ -203,27 +213,32 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
   cuda::LinParams up;
   up.mode = cuda::LinMode::kSwiglu, up.ldx = H, up.x_rows = d_rows.ptr<int32_t>(), up.M = P;
   up.experts = static_cast<const cuda::ExpertPtrs*>(d_ptrs), up.N = I, up.K = H, up.s_cols = H / 128;
-  up.tile_expert = d_te.ptr<int32_t>(), up.tile_begin = d_tb.ptr<int32_t>(), up.tile_end = d_tn.ptr<int32_t>();
-  up.num_tiles = d_nt.ptr<int32_t>(), up.max_tiles = nt, up.out = act.data, up.ldo = I;
+  auto use_table = [&](cuda::LinParams& p, std::vector<Tensor>& t, int n, int h) {
+    p.tile_expert = t[0].ptr<int32_t>(), p.tile_begin = t[1].ptr<int32_t>(), p.tile_end = t[2].ptr<int32_t>();
+    p.num_tiles = t[3].ptr<int32_t>(), p.max_tiles = n, p.tile_rows = h;
+  };
+  use_table(up, t64, nt, 64);
+  up.out = act.data, up.ldo = I;
   cuda::LinParams down = up;
   down.mode = cuda::LinMode::kDown, down.ldx = I, down.x_rows = nullptr, down.N = H, down.K = I, down.s_cols = I / 128;
   down.out = y.data, down.ldo = H, down.out_f32 = true, down.row_scale = wts.ptr<float>();
   const cuda::Fp8Act xa{static_cast<const uint8_t*>(xq.data), xs.ptr<float>()};
   const cuda::Fp8Act aa{static_cast<const uint8_t*>(aq.data), as.ptr<float>()};
   const double f_up = 2.0 * P * H * 2.0 * I, f_down = 2.0 * P * double(I) * H;
-  double ms[2][2] = {};
+  double ms[3][2] = {};
   const bool wg = cuda::gemm_fp8_wgmma_supported(up) && cuda::gemm_fp8_wgmma_supported(down);
-  for (int path = 0; path < (wg ? 2 : 1); ++path) {
-    cuda::g_fp8_gemm_wgmma = path == 1;
+  for (int path = 0; path < (wg ? 3 : 1); ++path) {  // mma.sync, wgmma 64 x 256, wgmma 128 x 192
+    cuda::g_fp8_gemm_wgmma = path > 0;
+    if (path == 2) use_table(up, t128, nt128, 128), use_table(down, t128, nt128, 128);
     ms[path][0] = median_ms([&] { cuda::launch_gemm_fp8(up, xa, b.stream()); });
     ms[path][1] = median_ms([&] { cuda::launch_gemm_fp8(down, aa, b.stream()); });
   }
   cuda::g_fp8_gemm_wgmma = true;
-  std::printf("[bench] grouped gemm T=%d E=%d k=%d tiles=%d: up mma.sync %.3f ms (%.0f TF/s) wgmma %.3f ms (%.0f) | "
-              "down mma.sync %.3f ms (%.0f) wgmma %.3f ms (%.0f) | both mma.sync %.0f TF/s wgmma %.0f TF/s\n",
-              T, E, K, nt, ms[0][0], f_up / ms[0][0] / 1e9, ms[1][0], f_up / ms[1][0] / 1e9, ms[0][1],
-              f_down / ms[0][1] / 1e9, ms[1][1], f_down / ms[1][1] / 1e9, (f_up + f_down) / (ms[0][0] + ms[0][1]) / 1e9,
-              (f_up + f_down) / (ms[1][0] + ms[1][1]) / 1e9);
+  const char* names[3] = {"mma.sync", "wgmma 64x256", "wgmma 128x192"};
+  for (int path = 0; path < (wg ? 3 : 1); ++path)
+    std::printf("[bench] grouped gemm T=%d E=%d k=%d tiles64=%d tiles128=%d %-14s: up %.3f ms (%.0f TF/s) | down %.3f ms (%.0f) | both %.3f ms (%.0f TF/s)\n",
+                T, E, K, nt, nt128, names[path], ms[path][0], f_up / ms[path][0] / 1e9, ms[path][1], f_down / ms[path][1] / 1e9,
+                ms[path][0] + ms[path][1], (f_up + f_down) / (ms[path][0] + ms[path][1]) / 1e9);
   cudaFree(d_ptrs);
 }
 

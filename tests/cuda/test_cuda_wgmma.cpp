@@ -94,15 +94,20 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
       }
     }
 
-  // Tile table (64-row tiles per expert, as the MoE align builds) with 3 spare grid rows.
-  std::vector<int32_t> te, tb, tn;
-  for (int e = 0; e < E && table; ++e)
-    for (int r = begin[e]; r < begin[e + 1]; r += cuda::kGemmTileM)
-      te.push_back(e), tb.push_back(r), tn.push_back(std::min(begin[e + 1], r + cuda::kGemmTileM));
-  const int ntiles = int(te.size());
-  for (int i = 0; i < 3; ++i) te.push_back(0), tb.push_back(0), tn.push_back(0);
-  Tensor d_te = ints_to_device(te, {int(te.size())}), d_tb = ints_to_device(tb, {int(tb.size())});
-  Tensor d_tn = ints_to_device(tn, {int(tn.size())}), d_nt = ints_to_device({ntiles}, {1});
+  // Tile tables of 64 rows (mma.sync, wgmma 64 x 256) and 128 rows (wgmma 128 x 192) per
+  // expert, as the MoE align builds them, each with 3 spare grid rows.
+  auto make_table = [&](int h, std::vector<Tensor>& t) {
+    std::vector<int32_t> te, tb, tn;
+    for (int e = 0; e < E && table; ++e)
+      for (int r = begin[e]; r < begin[e + 1]; r += h)
+        te.push_back(e), tb.push_back(r), tn.push_back(std::min(begin[e + 1], r + h));
+    const int n = int(te.size());
+    for (int i = 0; i < 3; ++i) te.push_back(0), tb.push_back(0), tn.push_back(0);
+    t = {ints_to_device(te, {n + 3}), ints_to_device(tb, {n + 3}), ints_to_device(tn, {n + 3}), ints_to_device({n}, {1})};
+    return n;
+  };
+  std::vector<Tensor> t64, t128;
+  const int n64 = make_table(64, t64), n128 = make_table(128, t128);
   Tensor d_rows = ints_to_device(x_rows.empty() ? std::vector<int32_t>{0} : x_rows, {std::max(P, 1)});
   Tensor d_scale = to_device(row_scale.empty() ? std::vector<float>{0.f} : row_scale, DType::F32, {std::max(P, 1)});
   void* d_ptrs = nullptr;
@@ -113,10 +118,13 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
   p.mode = c.mode;
   p.ldx = c.K, p.x_rows = swiglu ? d_rows.ptr<int32_t>() : nullptr, p.M = P;
   p.N = c.N, p.K = c.K, p.bo = p.bi = 128, p.s_cols = G, p.fp8 = true;
+  auto use_table = [&](std::vector<Tensor>& t, int n, int h) {
+    p.tile_expert = t[0].ptr<int32_t>(), p.tile_begin = t[1].ptr<int32_t>(), p.tile_end = t[2].ptr<int32_t>();
+    p.num_tiles = t[3].ptr<int32_t>(), p.max_tiles = n + 3, p.tile_rows = h;
+  };
   if (table) {
     p.experts = static_cast<const cuda::ExpertPtrs*>(d_ptrs);
-    p.tile_expert = d_te.ptr<int32_t>(), p.tile_begin = d_tb.ptr<int32_t>(), p.tile_end = d_tn.ptr<int32_t>();
-    p.num_tiles = d_nt.ptr<int32_t>(), p.max_tiles = ntiles + 3;
+    use_table(t64, n64, 64);
   } else {
     p.w = w1[0].dev.weight.data, p.s = w1[0].dev.scale_inv.ptr<float>();
   }
@@ -131,16 +139,20 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     EXPECT_TRUE(wgmma) << "sm_90 device but the wgmma kernel is not available";
   }
   std::vector<std::vector<float>> outs;
-  for (int path = 0; path < (wgmma ? 2 : 1); ++path) {  // 0: mma.sync, 1: wgmma
+  const char* names[3] = {"mma.sync", "wgmma 64x256", "wgmma 128x192"};
+  for (int path = 0; path < (wgmma ? 3 : 1); ++path) {  // 0: mma.sync, 1: wgmma 64-row, 2: wgmma 128-row tiles
     Tensor out = to_device(std::vector<float>(size_t(std::max(P, 1)) * c.N, NAN),
                            p.out_f32 ? DType::F32 : DType::BF16, {std::max(P, 1), c.N});
     p.out = out.data;
+    if (table && path == 2) use_table(t128, n128, 128);
+    cuda::g_fp8_wgmma_tile_m = path == 2 ? 128 : 64;
     cuda::g_fp8_gemm_wgmma = false;
     if (path == 0)
       cuda::launch_gemm_fp8(p, act, gpu().stream());
     else
       cuda::launch_gemm_fp8_wgmma(p, act, gpu().stream());
     cuda::g_fp8_gemm_wgmma = true;
+    cuda::g_fp8_wgmma_tile_m = 64;
     gpu().synchronize();
     ASSERT_EQ(cudaGetLastError(), cudaSuccess);
     auto got = gpu().download_f32(out);
@@ -150,7 +162,7 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
       const size_t lo = size_t(begin[e]) * c.N, hi = size_t(begin[e + 1]) * c.N;
       const double err = rel_err(std::vector<float>(got.begin() + lo, got.begin() + hi),
                                  std::vector<float>(ref.begin() + lo, ref.begin() + hi));
-      EXPECT_LT(err, 1e-2) << (path ? "wgmma" : "mma.sync") << " expert " << e << " (" << begin[e + 1] - begin[e]
+      EXPECT_LT(err, 1e-2) << names[path] << " expert " << e << " (" << begin[e + 1] - begin[e]
                            << " rows)";
       if (err >= 1e-2) {  // the first few bad elements, to tell a layout bug from a scale bug
         int shown = 0;
@@ -162,12 +174,12 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
       }
     }
     std::printf("[fp8 grouped] mode %d K=%d N=%d P=%d E=%d %s: vs host %.2e\n", int(c.mode), c.K, c.N, P, E,
-                path ? "wgmma" : "mma.sync", rel_err(got, ref));
+                names[path], rel_err(got, ref));
     outs.push_back(std::move(got));
   }
-  if (outs.size() == 2) {
-    const double d = rel_err(outs[1], outs[0]);
-    std::printf("[fp8 grouped] wgmma vs mma.sync %.2e\n", d);
+  for (size_t i = 1; i < outs.size(); ++i) {
+    const double d = rel_err(outs[i], outs[0]);
+    std::printf("[fp8 grouped] %s vs mma.sync %.2e\n", names[i], d);
     EXPECT_LT(d, 1e-2);
   }
   cudaFree(d_ptrs);

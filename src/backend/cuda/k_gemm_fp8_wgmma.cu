@@ -31,6 +31,11 @@
 namespace moeserve::cuda {
 
 // MOESERVE_FP8_WGMMA=0 turns the wgmma path off process-wide (A/B runs of bench-model).
+// MOESERVE_FP8_WGMMA_TILE_M=128 selects the 128 x 192 tiles for the MoE experts.
+int g_fp8_wgmma_tile_m = [] {
+  const char* e = std::getenv("MOESERVE_FP8_WGMMA_TILE_M");
+  return e && std::atoi(e) == 128 ? 128 : 64;
+}();
 bool g_fp8_gemm_wgmma = [] {
   const char* e = std::getenv("MOESERVE_FP8_WGMMA");
   return !(e && e[0] == '0');
@@ -38,11 +43,26 @@ bool g_fp8_gemm_wgmma = [] {
 
 namespace {
 
-constexpr int BM = kGemmTileM, BNW = 256, BK = 128;  // BNW: weight rows per tile
-constexpr int kStages = 5, kThreads = 384;
-constexpr int kABytes = BM * BK, kBBytes = BNW * BK, kStageBytes = kABytes + kBBytes;  // 8 + 32 KB
-constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8;
-static_assert(kStageBytes % 1024 == 0 && kABytes % 1024 == 0, "swizzle atoms need 1024-byte alignment");
+constexpr int BK = 128, kStages = 5, kThreads = 384;
+
+// Two tile shapes (PAIR = false / true):
+//  - 64 rows x 256 weight rows: both consumers multiply the same A [64 x 128] by their own
+//    128 weight rows (wgmma N = 128); 64-row tile table.
+//  - 128 rows x 192 weight rows: consumer w multiplies A rows [64 w, 64 w + 64) by the shared
+//    B [192 x 128] (wgmma N = 192); 128-row tile table (p.tile_rows == 128). Fewer bytes per
+//    flop from L2 (1/128 + 1/192 against 1/64 + 1/256); a consumer without rows idles.
+template <bool PAIR>
+struct Cfg {
+  static constexpr int BM = PAIR ? 128 : 64;
+  static constexpr int BNW = PAIR ? 192 : 256;  // weight rows per tile
+  static constexpr int NW = PAIR ? 192 : 128;   // wgmma N per consumer
+  static constexpr int NJ = NW / 8;             // 8-column accumulator groups per consumer
+  static constexpr int kABytes = BM * BK, kBBytes = BNW * BK, kStageBytes = kABytes + kBBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8;
+  static_assert(kStageBytes % 1024 == 0 && kABytes % 1024 == 0, "swizzle atoms need 1024-byte alignment");
+  // Output columns per tile (kSwiglu: half the weight rows are W1, half W3).
+  static constexpr int cols(bool swiglu) { return swiglu ? BNW / 2 : BNW; }
+};
 
 #ifdef MOESERVE_SM90A_DEVICE
 // Destination of 16-byte chunk c of row r in a 128-byte-swizzled tile.
@@ -51,7 +71,7 @@ __device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * 128 
 struct Tile {
   int expert, row_begin, row_end, ct;
 };
-__device__ __forceinline__ Tile tile_of(const LinParams& p, int t, int ncol) {
+__device__ __forceinline__ Tile tile_of(const LinParams& p, int t, int ncol, int bm) {
   Tile r;
   const int rt = t / ncol;
   r.ct = t - rt * ncol;
@@ -61,20 +81,33 @@ __device__ __forceinline__ Tile tile_of(const LinParams& p, int t, int ncol) {
     r.row_end = p.tile_end[rt];
   } else {
     r.expert = -1;
-    r.row_begin = rt * BM;
-    r.row_end = min(p.M, r.row_begin + BM);
+    r.row_begin = rt * bm;
+    r.row_end = min(p.M, r.row_begin + bm);
   }
   return r;
 }
+
+// Weight row (relative to n0 + rr, in units of 16 rows) and matrix (0: W1 / W, 1: W3) of
+// B-tile row rr + 16 i.
+template <bool PAIR, bool SWIGLU>
+__device__ __forceinline__ constexpr int b_row16(int i) {
+  return !SWIGLU ? i : PAIR ? i % 6 : 4 * (i / 8) + i % 4;
+}
+template <bool PAIR, bool SWIGLU>
+__device__ __forceinline__ constexpr int b_half(int i) {
+  return !SWIGLU ? 0 : PAIR ? (i >= 6) : (i / 4) & 1;
+}
 #endif
 
-template <int MODE>
+template <int MODE, bool PAIR>
 __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p, Fp8Act act) {
 #ifdef MOESERVE_SM90A_DEVICE
+  using C = Cfg<PAIR>;
   constexpr bool kSwiglu = MODE == int(LinMode::kSwiglu);
+  constexpr int BM = C::BM, BNW = C::BNW, NJ = C::NJ, kCols = C::cols(kSwiglu);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kStageBytes);
   uint64_t* empty = full + kStages;
   const int tid = threadIdx.x, wg = tid / 128;
   if (tid == 0) {
@@ -86,51 +119,44 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
   __syncthreads();
 
   const int K = p.K, KT = K / BK;
-  const int ncol = kSwiglu ? ceil_div(p.N, BNW / 2) : ceil_div(p.N, BNW);
+  const int ncol = ceil_div(p.N, kCols);
   const int total = (p.tile_expert ? *p.num_tiles : ceil_div(p.M, BM)) * ncol;
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    sm90::setmaxnreg_dec<56>();
-    const int t = tid, rr = t / 8, chunk = t % 8;  // rows rr + 16 i, 16-byte chunk `chunk`
+    sm90::setmaxnreg_dec<40>();
+    const int rr = tid / 8, chunk = tid % 8;  // rows rr + 16 i, 16-byte chunk `chunk`
     uint32_t it = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-      const Tile tl = tile_of(p, tile, ncol);
+      const Tile tl = tile_of(p, tile, ncol, BM);
       const ExpertPtrs* ep = tl.expert >= 0 ? p.experts + tl.expert : nullptr;
       // 32-bit byte offsets (every operand is < 2^31 bytes, checked by the launcher) keep the
       // producer inside its 56 registers. ~0u: row missing (zero-filled).
-      uint32_t a_off[4];
+      uint32_t a_off[BM / 16];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < BM / 16; ++i) {
         const int r = tl.row_begin + rr + 16 * i;
         a_off[i] = r < tl.row_end ? uint32_t(p.x_rows ? p.x_rows[r] : r) * uint32_t(K) + chunk * 16 : ~0u;
       }
       const uint8_t* w_lo = static_cast<const uint8_t*>(kSwiglu ? ep->w1 : (ep ? ep->w2 : p.w));
       const uint8_t* w_hi = kSwiglu ? static_cast<const uint8_t*>(ep->w3) : w_lo;
-      // B-tile row rr + 16 i (i < 16) reads weight row n0 + rr + 16 i (kStore / kDown), or for
-      // kSwiglu (consumer c = i / 8, half (i / 4) % 2 = W1 / W3) n0 + 64 c + rr + 16 (i % 4).
-      // Validity is uniform per 64 (kSwiglu) or 128 rows since N % 64 (128) == 0.
-      const int n0 = tl.ct * (kSwiglu ? BNW / 2 : BNW);
-      const uint32_t b_off = uint32_t(n0 + rr) * uint32_t(K) + chunk * 16, k16 = 16u * uint32_t(K);
-      const bool ok0 = n0 < p.N, ok1 = n0 + (kSwiglu ? 64 : 128) < p.N;
+      const int n0 = tl.ct * kCols + rr;
+      const uint32_t b_off = uint32_t(n0) * uint32_t(K) + chunk * 16, k16 = 16u * uint32_t(K);
       for (int kt = 0; kt < KT; ++kt, ++it) {
         const int s = int(it % kStages);
         sm90::mbar_wait(empty + s, ((it / kStages) & 1) ^ 1);
-        uint8_t* as = smem + s * kStageBytes;
-        uint8_t* bs = as + kABytes;
+        uint8_t* as = smem + s * C::kStageBytes;
+        uint8_t* bs = as + C::kABytes;
         const uint32_t kb = uint32_t(kt) * BK;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = rr + 16 * i;
-          cp_async16(as + swz(r, chunk), act.xq + (a_off[i] == ~0u ? 0u : a_off[i] + kb), a_off[i] != ~0u);
-        }
+        for (int i = 0; i < BM / 16; ++i)
+          cp_async16(as + swz(rr + 16 * i, chunk), act.xq + (a_off[i] == ~0u ? 0u : a_off[i] + kb), a_off[i] != ~0u);
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int r = rr + 16 * i;
-          const uint32_t row = kSwiglu ? uint32_t(4 * (i / 8) + i % 4) : uint32_t(i);  // in units of 16 rows
-          const uint8_t* base = (kSwiglu && ((i / 4) & 1)) ? w_hi : w_lo;
-          const bool ok = i < 8 ? ok0 : ok1;
-          cp_async16(bs + swz(r, chunk), base + (ok ? b_off + row * k16 + kb : 0u), ok);
+        for (int i = 0; i < BNW / 16; ++i) {
+          const int row16 = b_row16<PAIR, kSwiglu>(i);
+          const uint8_t* base = b_half<PAIR, kSwiglu>(i) ? w_hi : w_lo;
+          const bool ok = n0 + 16 * row16 < p.N;
+          cp_async16(bs + swz(rr + 16 * i, chunk), base + (ok ? b_off + uint32_t(row16) * k16 + kb : 0u), ok);
         }
         sm90::cp_async_mbar_arrive(full + s);
       }
@@ -140,61 +166,82 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
   }
 
   // ---------------- consumers ----------------
-  sm90::setmaxnreg_inc<224>();
-  const int cw = wg - 1;                       // consumer index 0 / 1
+  sm90::setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // consumer index 0 / 1
   const int lt = tid % 128, warp = lt / 32, lane = lt % 32;
   const int kcols = K / BK;
   uint32_t it = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const Tile tl = tile_of(p, tile, ncol);
+    const Tile tl = tile_of(p, tile, ncol, BM);
     const ExpertPtrs* ep = tl.expert >= 0 ? p.experts + tl.expert : nullptr;
+    const int r0 = tl.row_begin + (PAIR ? 64 * cw : 0);
+    const bool active = r0 < tl.row_end;  // PAIR: the second consumer may have no rows
     int rows[2];
     const float* sa_ptr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      rows[h] = tl.row_begin + 16 * warp + lane / 4 + 8 * h;
+      rows[h] = r0 + 16 * warp + lane / 4 + 8 * h;
       sa_ptr[h] = rows[h] < tl.row_end ? act.xs + size_t(p.x_rows ? p.x_rows[rows[h]] : rows[h]) * kcols : nullptr;
     }
-    // Output columns of this consumer and its weight-scale block row(s).
-    const int c0 = kSwiglu ? tl.ct * (BNW / 2) + 64 * cw : tl.ct * BNW + 128 * cw;
-    const int sblk = min(c0, p.N - 1) / 128;
-    const float* sw0 = (kSwiglu ? ep->s1 : (ep ? ep->s2 : p.s)) + size_t(sblk) * p.s_cols;
-    const float* sw1 = kSwiglu ? ep->s3 + size_t(sblk) * p.s_cols : sw0;
+    // First output column of this consumer; accumulator group j covers columns
+    // c0 + 8 (j mod NJ') (NJ' = NJ / 2 for kSwiglu: j >= NJ' are the W3 rows of the same columns).
+    const int c0 = tl.ct * kCols + (PAIR ? 0 : (kSwiglu ? 64 : 128) * cw);
+    // Weight-scale blocks: 128 output columns each; a 96- or 192-column range may touch two.
+    const int nblk = (p.N + 127) / 128, blo = min(c0 / 128, nblk - 1), bhi = min(blo + 1, nblk - 1);
+    const int jsplit = (128 - (c0 & 127)) / 8;  // groups j' >= jsplit use block bhi
+    const float* s_lo = kSwiglu ? ep->s1 : (ep ? ep->s2 : p.s);
+    const float* s_hi = kSwiglu ? ep->s3 : s_lo;
 
-    float acc[64], part[64];
+    float acc[4 * NJ], part[4 * NJ];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int i = 0; i < 4 * NJ; ++i) acc[i] = 0.f;
+    const uint8_t* a_tile = smem + (PAIR ? cw * 64 * BK : 0);
+    const uint8_t* b_tile = smem + C::kABytes + (PAIR ? 0 : cw * 128 * BK);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = int(it % kStages);
       // Scales first: their global latency overlaps the barrier wait and the wgmmas.
       const float sa0 = sa_ptr[0] ? __ldg(sa_ptr[0] + kt) : 0.f;
       const float sa1 = sa_ptr[1] ? __ldg(sa_ptr[1] + kt) : 0.f;
-      const float sb0 = __ldg(sw0 + kt), sb1 = kSwiglu ? __ldg(sw1 + kt) : sb0;
+      const float w1lo = __ldg(s_lo + blo * kcols + kt), w1hi = __ldg(s_lo + bhi * kcols + kt);
+      const float w3lo = kSwiglu ? __ldg(s_hi + blo * kcols + kt) : 0.f;
+      const float w3hi = kSwiglu ? __ldg(s_hi + bhi * kcols + kt) : 0.f;
       sm90::mbar_wait(full + s, (it / kStages) & 1);
-      sm90::fence_proxy_async();
-      const uint8_t* as = smem + s * kStageBytes;
-      const uint64_t da = sm90::smem_desc_sw128(as);
-      const uint64_t db = sm90::smem_desc_sw128(as + kABytes + cw * (128 * BK));
+      if (active) {
+        sm90::fence_proxy_async();
+        const uint64_t da = sm90::smem_desc_sw128(a_tile + s * C::kStageBytes);
+        const uint64_t db = sm90::smem_desc_sw128(b_tile + s * C::kStageBytes);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) sm90::reg_fence(part[i]);
-      sm90::wgmma_fence();
+        for (int i = 0; i < 4 * NJ; ++i) sm90::reg_fence(part[i]);
+        sm90::wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < BK / 32; ++k) sm90::wgmma_m64n128k32_e4m3(part, da + 2 * k, db + 2 * k, k > 0);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait0();
+        for (int k = 0; k < BK / 32; ++k) {
+          if constexpr (PAIR)
+            sm90::wgmma_m64n192k32_e4m3(part, da + 2 * k, db + 2 * k, k > 0);
+          else
+            sm90::wgmma_m64n128k32_e4m3(part, da + 2 * k, db + 2 * k, k > 0);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait0();
 #pragma unroll
-      for (int i = 0; i < 64; ++i) sm90::reg_fence(part[i]);
+        for (int i = 0; i < 4 * NJ; ++i) sm90::reg_fence(part[i]);
+      }
       if (lane == 0) sm90::mbar_arrive(empty + s);
-      const float g0 = sa0 * sb0, g1 = sa1 * sb0, u0 = sa0 * sb1, u1 = sa1 * sb1;
+      if (active) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const bool up = kSwiglu && j >= 8;
-        acc[4 * j + 0] = fmaf(part[4 * j + 0], up ? u0 : g0, acc[4 * j + 0]);
-        acc[4 * j + 1] = fmaf(part[4 * j + 1], up ? u0 : g0, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(part[4 * j + 2], up ? u1 : g1, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(part[4 * j + 3], up ? u1 : g1, acc[4 * j + 3]);
+        for (int j = 0; j < NJ; ++j) {
+          const bool up = kSwiglu && j >= NJ / 2;
+          const int jj = kSwiglu ? j % (NJ / 2) : j;
+          const bool hi = jj >= jsplit;
+          const float sb = up ? (hi ? w3hi : w3lo) : (hi ? w1hi : w1lo);
+          const float f0 = sa0 * sb, f1 = sa1 * sb;
+          acc[4 * j + 0] = fmaf(part[4 * j + 0], f0, acc[4 * j + 0]);
+          acc[4 * j + 1] = fmaf(part[4 * j + 1], f0, acc[4 * j + 1]);
+          acc[4 * j + 2] = fmaf(part[4 * j + 2], f1, acc[4 * j + 2]);
+          acc[4 * j + 3] = fmaf(part[4 * j + 3], f1, acc[4 * j + 3]);
+        }
       }
     }
+    if (!active) continue;
 
     // ---- epilogue: straight from registers (lane holds 2 adjacent columns per 8) ----
 #pragma unroll
@@ -204,18 +251,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
       if (kSwiglu) {
         bf16* o = static_cast<bf16*>(p.out) + size_t(r) * p.ldo;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < NJ / 2; ++j) {
           const int c = c0 + 8 * j + 2 * (lane % 4);
           if (c < p.N) {
             const float ga = acc[4 * j + 2 * h], gb = acc[4 * j + 2 * h + 1];
-            const float ua = acc[4 * (j + 8) + 2 * h], ub = acc[4 * (j + 8) + 2 * h + 1];
+            const float ua = acc[4 * (j + NJ / 2) + 2 * h], ub = acc[4 * (j + NJ / 2) + 2 * h + 1];
             *reinterpret_cast<__nv_bfloat162*>(o + c) = __floats2bfloat162_rn(silu(ga) * ua, silu(gb) * ub);
           }
         }
       } else {
         const float scale = MODE == int(LinMode::kDown) ? p.row_scale[r] : 1.f;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < NJ; ++j) {
           const int c = c0 + 8 * j + 2 * (lane % 4);
           if (c < p.N) {
             const float va = acc[4 * j + 2 * h] * scale, vb = acc[4 * j + 2 * h + 1] * scale;
@@ -253,7 +300,7 @@ bool wgmma_device_ok() {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major != 9 || minor != 0) return false;
     cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, gemm_fp8_wgmma_kernel<int(LinMode::kStore)>) != cudaSuccess) return false;
+    if (cudaFuncGetAttributes(&a, gemm_fp8_wgmma_kernel<int(LinMode::kStore), false>) != cudaSuccess) return false;
     return a.binaryVersion == 90;
 #else
     return false;
@@ -262,37 +309,54 @@ bool wgmma_device_ok() {
   return ok;
 }
 
-template <int MODE>
+template <int MODE, bool PAIR>
 void launch_mode(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
+  using C = Cfg<PAIR>;
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_wgmma_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_wgmma_kernel<MODE, PAIR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    C::kSmemBytes));
     attr_set = true;
   }
-  const int ncol = MODE == int(LinMode::kSwiglu) ? ceil_div(p.N, BNW / 2) : ceil_div(p.N, BNW);
-  const int64_t tiles = int64_t(p.tile_expert ? p.max_tiles : ceil_div(p.M, BM)) * ncol;
+  const int ncol = ceil_div(p.N, C::cols(MODE == int(LinMode::kSwiglu)));
+  const int64_t tiles = int64_t(p.tile_expert ? p.max_tiles : ceil_div(p.M, C::BM)) * ncol;
   if (tiles == 0) return;
   const int grid = int(std::min<int64_t>(tiles, sm_count()));
-  gemm_fp8_wgmma_kernel<MODE><<<grid, kThreads, kSmemBytes, s>>>(p, a);
+  gemm_fp8_wgmma_kernel<MODE, PAIR><<<grid, kThreads, C::kSmemBytes, s>>>(p, a);
   CUDA_CHECK_LAUNCH();
 }
 
+template <bool PAIR>
+void launch_variant(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
+  switch (p.mode) {
+    case LinMode::kStore: launch_mode<int(LinMode::kStore), PAIR>(p, a, s); break;
+    case LinMode::kSwiglu: launch_mode<int(LinMode::kSwiglu), PAIR>(p, a, s); break;
+    case LinMode::kDown: launch_mode<int(LinMode::kDown), PAIR>(p, a, s); break;
+  }
+}
+
+// 128-row tiles: the table's height, or for plain row ranges the process-wide choice.
+bool use_pair(const LinParams& p) { return p.tile_expert ? p.tile_rows == 128 : g_fp8_wgmma_tile_m == 128; }
+
 }  // namespace
+
+bool fp8_wgmma_available() { return wgmma_device_ok(); }
 
 bool gemm_fp8_wgmma_supported(const LinParams& p) {
   if (!gemm_fp8_supported(p) || !wgmma_device_ok()) return false;
-  const bool swiglu = p.mode == LinMode::kSwiglu;
-  return p.N % (swiglu ? 64 : 128) == 0 && p.ldo % 2 == 0 && (p.mode != LinMode::kDown || p.row_scale) &&
-         (!swiglu || p.experts);
+  // Offsets inside the producer are 32-bit.
+  const int64_t a_rows = p.x_rows ? int64_t(1) << 31 : int64_t(p.M);
+  const bool small = (p.x_rows || a_rows * p.K < (int64_t(1) << 31)) && int64_t(p.N) * p.K < (int64_t(1) << 31);
+  return small && p.N % 64 == 0 && p.ldo % 2 == 0 && (p.mode != LinMode::kDown || p.row_scale) &&
+         (p.mode != LinMode::kSwiglu || p.experts) && (!p.tile_expert || p.tile_rows == 64 || p.tile_rows == 128);
 }
 
 void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
-  CU_REQUIRE(gemm_fp8_wgmma_supported(p), "gemm_fp8_wgmma: unsupported shape or device (needs sm_90a, N % 128 == 0)");
-  switch (p.mode) {
-    case LinMode::kStore: launch_mode<int(LinMode::kStore)>(p, a, s); break;
-    case LinMode::kSwiglu: launch_mode<int(LinMode::kSwiglu)>(p, a, s); break;
-    case LinMode::kDown: launch_mode<int(LinMode::kDown)>(p, a, s); break;
-  }
+  CU_REQUIRE(gemm_fp8_wgmma_supported(p), "gemm_fp8_wgmma: unsupported shape or device (needs sm_90a, N % 64 == 0)");
+  if (use_pair(p))
+    launch_variant<true>(p, a, s);
+  else
+    launch_variant<false>(p, a, s);
 }
 
 }  // namespace moeserve::cuda
