@@ -64,14 +64,14 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     Tensor out = b.alloc(DType::BF16, {T, l.N});
     const double flop = 2.0 * T * l.N * l.K;
     double ms[4];
-    for (int path = 0; path < 4; ++path) {  // bf16 mma, cuBLASLt FP8, FP8 mma 64x128, FP8 mma wide
+    for (int path = 0; path < 4; ++path) {  // bf16 mma, cuBLASLt FP8, FP8 mma.sync 64x128, FP8 wgmma 64x256
       b.use_fp8_act_gemm = path > 0;
       b.use_lt_fp8 = path == 1;
-      cuda::g_fp8_gemm_wide = path == 3;
+      cuda::g_fp8_gemm_wgmma = path == 3;
       ms[path] = median_ms([&] { b.linear(in, w, out); });
     }
-    cuda::g_fp8_gemm_wide = false;
-    std::printf("[bench] %-7s T=%d N=%d K=%d: bf16 mma %.3f ms (%.0f TF/s) | lt fp8 %.3f (%.0f) | mma fp8 %.3f (%.0f) | wide %.3f (%.0f)\n",
+    cuda::g_fp8_gemm_wgmma = true;
+    std::printf("[bench] %-7s T=%d N=%d K=%d: bf16 mma %.3f ms (%.0f TF/s) | lt fp8 %.3f (%.0f) | mma fp8 %.3f (%.0f) | wgmma %.3f (%.0f)\n",
                 l.name, T, l.N, l.K, ms[0], flop / ms[0] / 1e9, ms[1], flop / ms[1] / 1e9, ms[2], flop / ms[2] / 1e9,
                 ms[3], flop / ms[3] / 1e9);
   }
@@ -143,21 +143,17 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     b.use_fp8_act_gemm = false;
     const double old_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     b.use_fp8_act_gemm = true;
-    cuda::g_fp8_gemm_wide = false;
     cuda::g_fp8_gemm_wgmma = false;
     const double new_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    cuda::g_fp8_gemm_wide = true;
-    const double wide_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    cuda::g_fp8_gemm_wide = false;
     cuda::g_fp8_gemm_wgmma = true;
     const double wg_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     cuda::g_fp8_wgmma_tile_m = 128;
     const double wg2_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     cuda::g_fp8_wgmma_tile_m = 64;
-    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma %.3f ms (%.0f) | wide %.3f ms (%.0f) | "
+    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma.sync %.3f ms (%.0f) | "
                 "wgmma 64x256 %.3f ms (%.0f) | wgmma 128x192 %.3f ms (%.0f)\n",
-                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wide_ms, flop / wide_ms / 1e9,
-                wg_ms, flop / wg_ms / 1e9, wg2_ms, flop / wg2_ms / 1e9);
+                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wg_ms, flop / wg_ms / 1e9, wg2_ms,
+                flop / wg2_ms / 1e9);
   }
 }
 

@@ -181,15 +181,14 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
   if (T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out)) return;
   const bool gemv = T <= moe_gemv_max_tokens;
-  // FP8 prefill paths whose tile table has 128-row tiles: the wide kernel, or the Hopper wgmma
-  // kernel's 128 x 192 tiles (same predicate as moe_experts_fp8_act, which must then run and
-  // take that kernel; the 32-bit offset bound of the wgmma kernel is checked here too).
-  const bool fp8_act = !gemv && !capturing_ && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
-                       et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && cc_ >= 89;
-  const bool fp8_wide = fp8_act && g_fp8_gemm_wide;
-  const bool fp8_pair = fp8_act && !g_fp8_gemm_wide && g_fp8_gemm_wgmma && g_fp8_wgmma_tile_m == 128 &&
-                        fp8_wgmma_available() && int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31);
-  const int tile_rows = gemv ? kGemvTile : (fp8_wide || fp8_pair) ? kFp8WideTileM : kGemmTileM;
+  // FP8 prefill on the Hopper wgmma kernel's 128 x 192 tiles (g_fp8_wgmma_tile_m == 128): the
+  // align builds 128-row tiles; same predicate as moe_experts_fp8_act, which must then run and
+  // take that kernel (its 32-bit offset bound is checked here too).
+  const bool fp8_pair = !gemv && !capturing_ && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
+                        et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
+                        g_fp8_wgmma_tile_m == kFp8PairTileM && fp8_wgmma_available() &&
+                        int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31);
+  const int tile_rows = gemv ? kGemvTile : fp8_pair ? kFp8PairTileM : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
 
   // Workspaces (the ints first, then sorted weights).
@@ -225,7 +224,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   if (gemv) {
     launch_gemv(up, stream_);
     launch_gemv(down, stream_);
-  } else if (fp8_wide || fp8_pair) {
+  } else if (fp8_pair) {
     MS_CHECK(moe_experts_fp8_act(up, down, T), "moe_experts: FP8 128-row-tile path refused its own shapes");
   } else if (!moe_experts_fp8_act(up, down, T)) {
     launch_gemm(up, stream_);
