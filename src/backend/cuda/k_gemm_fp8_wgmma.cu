@@ -41,7 +41,7 @@ bool g_fp8_gemm_wgmma = [] {
   return !(e && e[0] == '0');
 }();
 
-namespace {
+namespace wgmma_detail {  // named: the sm_80 device pass does not use every member
 
 constexpr int BK = 128, kStages = 5, kThreads = 384;
 
@@ -63,6 +63,12 @@ struct Cfg {
   // Output columns per tile (kSwiglu: half the weight rows are W1, half W3).
   static constexpr int cols(bool swiglu) { return swiglu ? BNW / 2 : BNW; }
 };
+
+}  // namespace wgmma_detail
+
+namespace {
+
+using namespace wgmma_detail;
 
 #ifdef MOESERVE_SM90A_DEVICE
 // Destination of 16-byte chunk c of row r in a 128-byte-swizzled tile.
