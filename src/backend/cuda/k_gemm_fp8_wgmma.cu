@@ -57,7 +57,10 @@ struct Cfg {
   static constexpr int BNW = PAIR ? 192 : 256;  // weight rows per tile
   static constexpr int NW = PAIR ? 192 : 128;   // wgmma N per consumer
   static constexpr int NJ = NW / 8;             // 8-column accumulator groups per consumer
-  static constexpr int kABytes = BM * BK, kBBytes = BNW * BK, kStageBytes = kABytes + kBBytes;
+  // Stage = A tile, B tile, scales: the A rows' activation scales (BM floats) at +0 and
+  // per consumer the weight scales {W1 lo, W1 hi, W3 lo, W3 hi} block at float 128 + 4 cw.
+  static constexpr int kABytes = BM * BK, kBBytes = BNW * BK, kScaleOff = kABytes + kBBytes;
+  static constexpr int kStageBytes = kScaleOff + 1024;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8;
   static_assert(kStageBytes % 1024 == 0 && kABytes % 1024 == 0, "swizzle atoms need 1024-byte alignment");
   // Output columns per tile (kSwiglu: half the weight rows are W1, half W3).
@@ -147,6 +150,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
       const uint8_t* w_lo = static_cast<const uint8_t*>(kSwiglu ? ep->w1 : (ep ? ep->w2 : p.w));
       const uint8_t* w_hi = kSwiglu ? static_cast<const uint8_t*>(ep->w3) : w_lo;
       const int n0 = tl.ct * kCols + rr;
+      // Scales copied with each stage (so the consumers never wait on global loads): thread
+      // t < BM the activation scale of A row t, thread t < 8 weight scale t % 4 of consumer t / 4.
+      uint32_t sa_src = ~0u;  // element offset into act.xs
+      if (tid < BM && tl.row_begin + tid < tl.row_end) {
+        const int r = tl.row_begin + tid;
+        sa_src = uint32_t(p.x_rows ? p.x_rows[r] : r) * uint32_t(KT);
+      }
+      const float* sw_src = nullptr;
+      if (tid < 8) {
+        const int q = tid % 4, c0 = tl.ct * kCols + (PAIR ? 0 : (kSwiglu ? 64 : 128) * (tid / 4));
+        const int nblk = (p.N + 127) / 128, blo = min(c0 / 128, nblk - 1), blk = q & 1 ? min(blo + 1, nblk - 1) : blo;
+        const float* base = q >= 2 ? (kSwiglu ? ep->s3 : nullptr) : (kSwiglu ? ep->s1 : (ep ? ep->s2 : p.s));
+        if (base) sw_src = base + size_t(blk) * KT;
+      }
       const uint32_t b_off = uint32_t(n0) * uint32_t(K) + chunk * 16, k16 = 16u * uint32_t(K);
       for (int kt = 0; kt < KT; ++kt, ++it) {
         const int s = int(it % kStages);
@@ -164,6 +181,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
           const bool ok = n0 + 16 * row16 < p.N;
           cp_async16(bs + swz(rr + 16 * i, chunk), base + (ok ? b_off + uint32_t(row16) * k16 + kb : 0u), ok);
         }
+        float* ss = reinterpret_cast<float*>(as + C::kScaleOff);
+        if (tid < BM) cp_async4(ss + tid, act.xs + (sa_src == ~0u ? 0u : sa_src + kt), sa_src != ~0u);
+        if (tid < 8) cp_async4(ss + 128 + tid, sw_src ? sw_src + kt : act.xs, sw_src != nullptr);
         sm90::cp_async_mbar_arrive(full + s);
       }
     }
@@ -175,28 +195,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
   sm90::setmaxnreg_inc<232>();
   const int cw = wg - 1;  // consumer index 0 / 1
   const int lt = tid % 128, warp = lt / 32, lane = lt % 32;
-  const int kcols = K / BK;
   uint32_t it = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const Tile tl = tile_of(p, tile, ncol, BM);
-    const ExpertPtrs* ep = tl.expert >= 0 ? p.experts + tl.expert : nullptr;
     const int r0 = tl.row_begin + (PAIR ? 64 * cw : 0);
     const bool active = r0 < tl.row_end;  // PAIR: the second consumer may have no rows
     int rows[2];
-    const float* sa_ptr[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      rows[h] = r0 + 16 * warp + lane / 4 + 8 * h;
-      sa_ptr[h] = rows[h] < tl.row_end ? act.xs + size_t(p.x_rows ? p.x_rows[rows[h]] : rows[h]) * kcols : nullptr;
-    }
+    for (int h = 0; h < 2; ++h) rows[h] = r0 + 16 * warp + lane / 4 + 8 * h;
+    const int sa_idx = rows[0] - tl.row_begin;  // this lane's A rows in the stage's scale list (+8)
     // First output column of this consumer; accumulator group j covers columns
     // c0 + 8 (j mod NJ') (NJ' = NJ / 2 for kSwiglu: j >= NJ' are the W3 rows of the same columns).
     const int c0 = tl.ct * kCols + (PAIR ? 0 : (kSwiglu ? 64 : 128) * cw);
     // Weight-scale blocks: 128 output columns each; a 96- or 192-column range may touch two.
-    const int nblk = (p.N + 127) / 128, blo = min(c0 / 128, nblk - 1), bhi = min(blo + 1, nblk - 1);
-    const int jsplit = (128 - (c0 & 127)) / 8;  // groups j' >= jsplit use block bhi
-    const float* s_lo = kSwiglu ? ep->s1 : (ep ? ep->s2 : p.s);
-    const float* s_hi = kSwiglu ? ep->s3 : s_lo;
+    const int jsplit = (128 - (c0 & 127)) / 8;  // groups j' >= jsplit use the second block
 
     float acc[4 * NJ], part[4 * NJ];
 #pragma unroll
@@ -205,13 +217,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
     const uint8_t* b_tile = smem + C::kABytes + (PAIR ? 0 : cw * 128 * BK);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = int(it % kStages);
-      // Scales first: their global latency overlaps the barrier wait and the wgmmas.
-      const float sa0 = sa_ptr[0] ? __ldg(sa_ptr[0] + kt) : 0.f;
-      const float sa1 = sa_ptr[1] ? __ldg(sa_ptr[1] + kt) : 0.f;
-      const float w1lo = __ldg(s_lo + blo * kcols + kt), w1hi = __ldg(s_lo + bhi * kcols + kt);
-      const float w3lo = kSwiglu ? __ldg(s_hi + blo * kcols + kt) : 0.f;
-      const float w3hi = kSwiglu ? __ldg(s_hi + bhi * kcols + kt) : 0.f;
       sm90::mbar_wait(full + s, (it / kStages) & 1);
+      const float* ss = reinterpret_cast<const float*>(smem + s * C::kStageBytes + C::kScaleOff);
+      const float sa0 = ss[sa_idx], sa1 = ss[sa_idx + 8];
+      const float w1lo = ss[128 + 4 * cw], w1hi = ss[129 + 4 * cw];
+      const float w3lo = kSwiglu ? ss[130 + 4 * cw] : 0.f, w3hi = kSwiglu ? ss[131 + 4 * cw] : 0.f;
       if (active) {
         sm90::fence_proxy_async();
         const uint64_t da = sm90::smem_desc_sw128(a_tile + s * C::kStageBytes);
