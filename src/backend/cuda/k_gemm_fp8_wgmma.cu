@@ -1,23 +1,23 @@
-// Hopper (sm_90a) grouped FP8 GEMM for the prefill experts: wgmma m64n128k32 e4m3 -> f32,
-// block-scaled like k_gemm_fp8.cu (same LinParams / Fp8Act contract, same 64-row tile table,
-// so the MoE align step is unchanged), warp-specialised and persistent.
+// Hopper (sm_90a) grouped FP8 GEMM for the prefill experts: wgmma e4m3 -> f32, block-scaled
+// like k_gemm_fp8.cu (same LinParams / Fp8Act contract and tile table, so the MoE align step
+// is unchanged), warp-specialised and persistent.
 //
 // CTA = 3 warpgroups, 384 threads, one CTA per SM looping over (row tile, column tile) pairs:
-// - warpgroup 0 (producer, 56 registers): cp.async (16 B, zero-fill for missing rows) of the
-//   A tile [64 rows, 128 k] (rows gathered through x_rows) and the B tile [256 weight rows,
-//   128 k] into a kStages ring; each thread's copies arrive on the stage's `full` mbarrier
-//   (cp.async.mbarrier.arrive.noinc, 128 arrivals). Chunks are stored 128-byte swizzled (16-B
-//   chunk c of row r at c ^ (r % 8)) so the wgmma descriptors read them conflict-free.
-// - warpgroups 1 and 2 (consumers, 224 registers): each multiplies the shared A tile by its
-//   own 128 B rows: 4 wgmma k32 per 128-wide K block into `part` [64 x 128], then promotes
-//   acc += part * s_act[row, kb] * s_w[n-block, kb] (the DeepGEMM idea: the f32 accumulator
-//   sees each block's exact partial sum times its two scales). After the wgmmas complete one
-//   lane per warp arrives on the stage's `empty` mbarrier (8 arrivals) to free it.
-// Tile = 64 rows x 256 weight rows. kSwiglu: the 256 rows are W1[n0 + 64w, +64) then
-// W3[same] for consumer w (n0 = 128 * column tile, 128 output columns per CTA), so each
-// consumer holds gate and up of the same 64 output columns and writes silu(g) * u directly.
-// kStore / kDown: consumer w owns output columns n0 + 128w + [0, 128) (n0 = 256 * column
-// tile), exactly one 128-row weight-scale block.
+// - warpgroup 0 (producer, 40 registers after setmaxnreg): cp.async (16 B, zero-fill for
+//   missing rows) of the A tile [BM rows, 128 k] (rows gathered through x_rows: TMA cannot
+//   gather) and the B tile [BNW weight rows, 128 k] into a kStages ring, plus 4-byte copies of
+//   the stage's scales (the A rows' activation scales and each consumer's weight-block
+//   scales) into the stage, so the consumers never wait on global loads. Each thread's
+//   copies arrive on the stage's `full` mbarrier (cp.async.mbarrier.arrive.noinc, 128
+//   arrivals). Chunks are stored 128-byte swizzled (16-B chunk c of row r at c ^ (r % 8)),
+//   the layout the wgmma descriptors (swizzle mode 1, 1024-byte 8-row groups) read.
+// - warpgroups 1 and 2 (consumers, 232 registers): per 128-wide K block, 4 wgmma k32 into a
+//   partial tile `part`, wait, free the stage (one lane per warp arrives on `empty`, 8
+//   arrivals), then promote acc += part * s_act[row, kb] * s_w[n-block, kb] (the DeepGEMM
+//   idea: the f32 accumulator sees each block's exact partial sum times its two scales).
+//   While one consumer promotes, the other's wgmmas keep the tensor cores busy.
+// Tile shapes: see Cfg below. kSwiglu: half of a consumer's weight rows are W1 rows, the
+// other half the same rows of W3, so silu(g) * u is formed in registers.
 // The producer runs ahead across tiles, so the consumers' epilogue overlaps the next tile's
 // loads.
 #include "backend/cuda/common.cuh"
