@@ -360,9 +360,9 @@ bool fp8_wgmma_available() { return wgmma_device_ok(); }
 
 bool gemm_fp8_wgmma_supported(const LinParams& p) {
   if (!gemm_fp8_supported(p) || !wgmma_device_ok()) return false;
-  // Offsets inside the producer are 32-bit.
-  const int64_t a_rows = p.x_rows ? int64_t(1) << 31 : int64_t(p.M);
-  const bool small = (p.x_rows || a_rows * p.K < (int64_t(1) << 31)) && int64_t(p.N) * p.K < (int64_t(1) << 31);
+  // Offsets inside the producer are 32-bit. Gathered rows (x_rows) index tokens, and there
+  // are no more tokens than rows M (pairs), so M * K bounds both cases.
+  const bool small = int64_t(p.M) * p.K < (int64_t(1) << 31) && int64_t(p.N) * p.K < (int64_t(1) << 31);
   return small && p.N % 64 == 0 && p.ldo % 2 == 0 && (p.mode != LinMode::kDown || p.row_scale) &&
          (p.mode != LinMode::kSwiglu || p.experts) && (!p.tile_expert || p.tile_rows == 64 || p.tile_rows == 128);
 }
