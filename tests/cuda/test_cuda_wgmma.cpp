@@ -1,5 +1,6 @@
-// The grouped FP8 GEMM kernels called directly (k_gemm_fp8_wgmma.cu on sm_90a, and the mma.sync
-// kernel k_gemm_fp8.cu everywhere) against a host reference built from the same quantised
+// The grouped FP8 GEMM kernels called directly (k_gemm_fp8.cu's mma.sync kernel everywhere; on
+// sm_90a also k_gemm_fp8_wgmma.cu with 64-row tile tables and with 128-row tables, its 128 x 192
+// tiles), in all three modes, against a host reference built from the same quantised
 // activations and the exact weight dequantisation. Expert row counts include 0, 1, 63/64/65
 // (tile edges) and thousands (more tiles than SMs: the persistent loop wraps). Errors are
 // measured per expert so a single wrong row of a 1-row expert cannot hide in a global norm.
