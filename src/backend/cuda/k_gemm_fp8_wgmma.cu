@@ -30,12 +30,12 @@
 
 namespace moeserve::cuda {
 
-// MOESERVE_FP8_WGMMA=0 turns the wgmma path off process-wide (A/B runs of bench-model).
 // MOESERVE_FP8_WGMMA_TILE_M=128 selects the 128 x 192 tiles for the MoE experts.
 int g_fp8_wgmma_tile_m = [] {
   const char* e = std::getenv("MOESERVE_FP8_WGMMA_TILE_M");
   return e && std::atoi(e) == 128 ? 128 : 64;
 }();
+// MOESERVE_FP8_WGMMA=0 turns the wgmma path off process-wide (A/B runs of bench-model).
 bool g_fp8_gemm_wgmma = [] {
   const char* e = std::getenv("MOESERVE_FP8_WGMMA");
   return !(e && e[0] == '0');
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
       const Tile tl = tile_of(p, tile, ncol, BM);
       const ExpertPtrs* ep = tl.expert >= 0 ? p.experts + tl.expert : nullptr;
       // 32-bit byte offsets (every operand is < 2^31 bytes, checked by the launcher) keep the
-      // producer inside its 56 registers. ~0u: row missing (zero-filled).
+      // producer inside its 40 registers. ~0u: row missing (zero-filled).
       uint32_t a_off[BM / 16];
 #pragma unroll
       for (int i = 0; i < BM / 16; ++i) {
