@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <random>
 
 #include "backend/cuda/kernels_fp8.h"
 #include "test_util.h"
@@ -63,14 +64,14 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     Tensor out = b.alloc(DType::BF16, {T, l.N});
     const double flop = 2.0 * T * l.N * l.K;
     double ms[4];
-    for (int path = 0; path < 4; ++path) {  // bf16 mma, cuBLASLt FP8, FP8 mma 64x128, FP8 mma wide
+    for (int path = 0; path < 4; ++path) {  // bf16 mma, cuBLASLt FP8, FP8 mma.sync 64x128, FP8 wgmma 64x256
       b.use_fp8_act_gemm = path > 0;
       b.use_lt_fp8 = path == 1;
-      cuda::g_fp8_gemm_wide = path == 3;
+      cuda::g_fp8_gemm_wgmma = path == 3;
       ms[path] = median_ms([&] { b.linear(in, w, out); });
     }
-    cuda::g_fp8_gemm_wide = false;
-    std::printf("[bench] %-7s T=%d N=%d K=%d: bf16 mma %.3f ms (%.0f TF/s) | lt fp8 %.3f (%.0f) | mma fp8 %.3f (%.0f) | wide %.3f (%.0f)\n",
+    cuda::g_fp8_gemm_wgmma = true;
+    std::printf("[bench] %-7s T=%d N=%d K=%d: bf16 mma %.3f ms (%.0f TF/s) | lt fp8 %.3f (%.0f) | mma fp8 %.3f (%.0f) | wgmma %.3f (%.0f)\n",
                 l.name, T, l.N, l.K, ms[0], flop / ms[0] / 1e9, ms[1], flop / ms[1] / 1e9, ms[2], flop / ms[2] / 1e9,
                 ms[3], flop / ms[3] / 1e9);
   }
@@ -142,14 +143,99 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     b.use_fp8_act_gemm = false;
     const double old_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     b.use_fp8_act_gemm = true;
-    cuda::g_fp8_gemm_wide = false;
+    cuda::g_fp8_gemm_wgmma = false;
     const double new_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    cuda::g_fp8_gemm_wide = true;
-    const double wide_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    cuda::g_fp8_gemm_wide = false;
-    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma %.3f ms (%.0f) | wide %.3f ms (%.0f)\n",
-                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wide_ms, flop / wide_ms / 1e9);
+    cuda::g_fp8_gemm_wgmma = true;
+    const double wg_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
+    cuda::g_fp8_wgmma_tile_m = 128;
+    const double wg2_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
+    cuda::g_fp8_wgmma_tile_m = 64;
+    std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma.sync %.3f ms (%.0f) | "
+                "wgmma 64x256 %.3f ms (%.0f) | wgmma 128x192 %.3f ms (%.0f)\n",
+                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wg_ms, flop / wg_ms / 1e9, wg2_ms,
+                flop / wg2_ms / 1e9);
   }
+}
+
+// The two grouped expert GEMMs alone (no quantisation, align or combine) at 8,192 tokens,
+// 256 experts, top-8, uniform random routing: mma.sync kernel vs wgmma kernel.
+TEST(CudaPrefillBench, GroupedGemm8k) {
+  SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
+  CudaBackend& b = gpu();
+  const int T = 8192, E = 256, K = 8, H = 3072, I = 1536, P = T * K;
+  std::mt19937 rng(9);
+  std::vector<int> count(E, 0);
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> all(E);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int j = 0; j < K; ++j) ++count[all[j]];
+  }
+  std::vector<int32_t> rows(P);
+  std::uniform_int_distribution<int> ut(0, T - 1);
+  for (auto& v : rows) v = ut(rng);
+  Tensor d_rows = ints_to_device(rows, {P});
+  // Tile tables of 64 and 128 rows per expert (as the MoE align builds them).
+  auto make_table = [&](int h, std::vector<Tensor>& t) {
+    std::vector<int32_t> te, tb, tn;
+    for (int e = 0, r0 = 0; e < E; r0 += count[e++])
+      for (int r = r0; r < r0 + count[e]; r += h) te.push_back(e), tb.push_back(r), tn.push_back(std::min(r0 + count[e], r + h));
+    const int n = int(te.size());
+    t = {ints_to_device(te, {n}), ints_to_device(tb, {n}), ints_to_device(tn, {n}), ints_to_device({n}, {1})};
+    return n;
+  };
+  std::vector<Tensor> t64, t128;
+  const int nt = make_table(64, t64), nt128 = make_table(128, t128);
+  std::vector<LinearWeight> keep;
+  std::vector<cuda::ExpertPtrs> ptrs(E);
+  for (int e = 0; e < E; ++e) {
+    keep.push_back(rand_fp8(I, H, 100 + 3 * e));
+    keep.push_back(rand_fp8(I, H, 101 + 3 * e));
+    keep.push_back(rand_fp8(H, I, 102 + 3 * e));
+    const size_t n = keep.size();
+    ptrs[e] = {keep[n - 3].weight.data, keep[n - 2].weight.data, keep[n - 1].weight.data,
+               keep[n - 3].scale_inv.ptr<float>(), keep[n - 2].scale_inv.ptr<float>(), keep[n - 1].scale_inv.ptr<float>()};
+  }
+  void* d_ptrs = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_ptrs, sizeof(cuda::ExpertPtrs) * E), cudaSuccess);
+  cudaMemcpy(d_ptrs, ptrs.data(), sizeof(cuda::ExpertPtrs) * E, cudaMemcpyHostToDevice);
+  Tensor xq = b.alloc(DType::F8_E4M3, {T, H}), xs = b.alloc(DType::F32, {T, H / 128});
+  Tensor aq = b.alloc(DType::F8_E4M3, {P, I}), as = b.alloc(DType::F32, {P, I / 128});
+  b.fill_random(xq, 1, 1.f), b.fill_random(xs, 2, 1.f / 64), b.fill_random(aq, 3, 1.f), b.fill_random(as, 4, 1.f / 64);
+  Tensor act = b.alloc(DType::BF16, {P, I}), y = b.alloc(DType::F32, {P, H});
+  Tensor wts = b.alloc(DType::F32, {P});
+  b.fill_random(wts, 5, 1.f);
+  cuda::LinParams up;
+  up.mode = cuda::LinMode::kSwiglu, up.ldx = H, up.x_rows = d_rows.ptr<int32_t>(), up.M = P;
+  up.experts = static_cast<const cuda::ExpertPtrs*>(d_ptrs), up.N = I, up.K = H, up.s_cols = H / 128;
+  auto use_table = [&](cuda::LinParams& p, std::vector<Tensor>& t, int n, int h) {
+    p.tile_expert = t[0].ptr<int32_t>(), p.tile_begin = t[1].ptr<int32_t>(), p.tile_end = t[2].ptr<int32_t>();
+    p.num_tiles = t[3].ptr<int32_t>(), p.max_tiles = n, p.tile_rows = h;
+  };
+  use_table(up, t64, nt, 64);
+  up.out = act.data, up.ldo = I;
+  cuda::LinParams down = up;
+  down.mode = cuda::LinMode::kDown, down.ldx = I, down.x_rows = nullptr, down.N = H, down.K = I, down.s_cols = I / 128;
+  down.out = y.data, down.ldo = H, down.out_f32 = true, down.row_scale = wts.ptr<float>();
+  const cuda::Fp8Act xa{static_cast<const uint8_t*>(xq.data), xs.ptr<float>()};
+  const cuda::Fp8Act aa{static_cast<const uint8_t*>(aq.data), as.ptr<float>()};
+  const double f_up = 2.0 * P * H * 2.0 * I, f_down = 2.0 * P * double(I) * H;
+  double ms[3][2] = {};
+  const bool wg = cuda::gemm_fp8_wgmma_supported(up) && cuda::gemm_fp8_wgmma_supported(down);
+  for (int path = 0; path < (wg ? 3 : 1); ++path) {  // mma.sync, wgmma 64 x 256, wgmma 128 x 192
+    cuda::g_fp8_gemm_wgmma = path > 0;
+    if (path == 2) use_table(up, t128, nt128, 128), use_table(down, t128, nt128, 128);
+    ms[path][0] = median_ms([&] { cuda::launch_gemm_fp8(up, xa, b.stream()); });
+    ms[path][1] = median_ms([&] { cuda::launch_gemm_fp8(down, aa, b.stream()); });
+  }
+  cuda::g_fp8_gemm_wgmma = true;
+  const char* names[3] = {"mma.sync", "wgmma 64x256", "wgmma 128x192"};
+  for (int path = 0; path < (wg ? 3 : 1); ++path)
+    std::printf("[bench] grouped gemm T=%d E=%d k=%d tiles64=%d tiles128=%d %-14s: up %.3f ms (%.0f TF/s) | down %.3f ms (%.0f) | both %.3f ms (%.0f TF/s)\n",
+                T, E, K, nt, nt128, names[path], ms[path][0], f_up / ms[path][0] / 1e9, ms[path][1], f_down / ms[path][1] / 1e9,
+                ms[path][0] + ms[path][1], (f_up + f_down) / (ms[path][0] + ms[path][1]) / 1e9);
+  cudaFree(d_ptrs);
 }
 
 }  // namespace

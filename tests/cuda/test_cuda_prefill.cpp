@@ -92,7 +92,8 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
   const auto ref_q = ref_linear(host_quant(x, c.T, c.K), w.deq, c.T, c.N, c.K);
   CudaBackend& b = gpu();
   // path 0: default (cuBLASLt where it applies, rows past the last multiple of 8 on the
-  // 64 x 128 kernel), 1: wide-tile kernel only, 2: 64 x 128 kernel only.
+  // grouped kernel), 1: grouped kernel only (wgmma on sm_90a for >= 128 rows), 2: mma.sync
+  // 64 x 128 kernel only.
   // Without FP8 mma.sync code (code_arch() < 890: an arch-80 build, or sm_89/sm_120 running
   // sm_80 code) the kernel-only paths do not exist and the default path is cuBLASLt (library
   // code, Hopper) or the exact bf16 GEMM, so either reference may be the one matched.
@@ -100,7 +101,7 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
   for (int path = 0; path < 3; ++path) {
     if (!fp8_kernels && path > 0) continue;
     b.use_lt_fp8 = path == 0;
-    cuda::g_fp8_gemm_wide = path == 1;
+    cuda::g_fp8_gemm_wgmma = path != 2;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.N, NAN), DType::BF16, {c.T, c.N});
     b.linear(dx, w.dev, out);
     const auto got = b.download_f32(out);
@@ -111,7 +112,7 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
     EXPECT_LT(e, kLinQuantBound) << "path " << path;
   }
   b.use_lt_fp8 = true;
-  cuda::g_fp8_gemm_wide = false;
+  cuda::g_fp8_gemm_wgmma = true;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillLinear,
                          ::testing::Values(PCase{128, 512, 512},    // smallest T on the path, K/128 = 4
@@ -216,10 +217,12 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
 
   MoeRouting r{ints_to_device(ids, {c.T, c.K}), to_device(wts, DType::F32, {c.T, c.K})};
   Tensor dx = to_device(x, DType::BF16, {c.T, c.H});
-  // mode 2: FP8 wide-tile kernel, 1: FP8 64 x 128 kernel, 0: bf16 activations.
-  for (int mode = 2; mode >= 0; --mode) {
+  // mode 3: FP8 wgmma 128 x 192 tiles (128-row tile table), 2: FP8 wgmma 64 x 256 tiles (both
+  // fall back to mma.sync off sm_90a), 1: FP8 mma.sync 64 x 128, 0: bf16 activations.
+  for (int mode = 3; mode >= 0; --mode) {
     gpu().use_fp8_act_gemm = mode > 0;
-    cuda::g_fp8_gemm_wide = mode == 2;
+    cuda::g_fp8_gemm_wgmma = mode >= 2;
+    cuda::g_fp8_wgmma_tile_m = mode == 3 ? 128 : 64;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
     const double e = rel_err(gpu().download_f32(out), ref);
@@ -228,7 +231,8 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
     EXPECT_LT(e, mode > 0 ? 2 * kLinQuantBound : 2e-2) << "mode " << mode;
   }
   gpu().use_fp8_act_gemm = true;
-  cuda::g_fp8_gemm_wide = false;
+  cuda::g_fp8_gemm_wgmma = true;
+  cuda::g_fp8_wgmma_tile_m = 64;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillExperts,
                          ::testing::Values(ECase{130, 256, 128, 8, 2, 0},     // just above the threshold

@@ -181,11 +181,14 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
   if (T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out)) return;
   const bool gemv = T <= moe_gemv_max_tokens;
-  // FP8 prefill path on the wide kernel: tiles of kFp8WideTileM pairs (same predicate as
-  // moe_experts_fp8_act, which must then run).
-  const bool fp8_wide = !gemv && !capturing_ && use_fp8_act_gemm && g_fp8_gemm_wide && T >= fp8_act_min_tokens && et.fp8 &&
-                        et.bo == 128 && et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && code_arch() >= 890;
-  const int tile_rows = gemv ? kGemvTile : fp8_wide ? kFp8WideTileM : kGemmTileM;
+  // FP8 prefill on the Hopper wgmma kernel's 128 x 192 tiles (g_fp8_wgmma_tile_m == 128): the
+  // align builds 128-row tiles; same predicate as moe_experts_fp8_act, which must then run and
+  // take that kernel (its 32-bit offset bound is checked here too).
+  const bool fp8_pair = !gemv && !capturing_ && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
+                        et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
+                        g_fp8_wgmma_tile_m == kFp8PairTileM && fp8_wgmma_available() &&
+                        int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31);
+  const int tile_rows = gemv ? kGemvTile : fp8_pair ? kFp8PairTileM : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
 
   // Workspaces (the ints first, then sorted weights).
@@ -211,7 +214,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   up.x = x.data, up.ldx = H, up.x_rows = a.sorted_token, up.M = P;
   up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
   up.tile_expert = a.tile_expert, up.tile_begin = a.tile_begin, up.tile_end = a.tile_end, up.num_tiles = a.num_tiles;
-  up.max_tiles = max_tiles;
+  up.max_tiles = max_tiles, up.tile_rows = tile_rows;
   up.out = act, up.ldo = et.I;
   LinParams down = up;
   down.mode = LinMode::kDown;
@@ -221,8 +224,8 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   if (gemv) {
     launch_gemv(up, stream_);
     launch_gemv(down, stream_);
-  } else if (fp8_wide) {
-    MS_CHECK(moe_experts_fp8_act(up, down, T), "moe_experts: FP8 wide-tile path refused its own shapes");
+  } else if (fp8_pair) {
+    MS_CHECK(moe_experts_fp8_act(up, down, T), "moe_experts: FP8 128-row-tile path refused its own shapes");
   } else if (!moe_experts_fp8_act(up, down, T)) {
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);

@@ -6,7 +6,8 @@
 // - linears: cuBLASLt block-scaled FP8 (sm_90: wgmma kernels; weights' scale_inv used as is)
 //   or, where cuBLASLt is unavailable or has no algorithm, k_gemm_fp8.cu (mma.sync e4m3);
 // - experts: gate/up grouped GEMM with fused SiLU * up (bf16 out), that output quantised
-//   the same way, down grouped GEMM scaled by the routing weight (k_gemm_fp8.cu).
+//   the same way, down grouped GEMM scaled by the routing weight (k_gemm_fp8.cu; on sm_90a
+//   the wgmma kernel of k_gemm_fp8_wgmma.cu).
 // Eager only: during graph capture (decode batches) these paths step aside and the ops take
 // their previous kernels, so captured steps need no new workspaces (reserve() does not size
 // these) and no cuBLASLt plan creation inside a capture.
@@ -79,10 +80,7 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
   q.x = static_cast<const char*>(p.x) + size_t(done) * K * 2;
   q.R = T - done, q.s_row = G, q.s_grp = 1;
   launch_quant_fp8(q, stream_);
-  if (g_fp8_gemm_wide)
-    launch_gemm_fp8_wide(tail, Fp8Act{xq, xs}, stream_);
-  else
-    launch_gemm_fp8(tail, Fp8Act{xq, xs}, stream_);
+  launch_gemm_fp8(tail, Fp8Act{xq, xs}, stream_);
   return true;
 }
 
@@ -98,10 +96,8 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   QuantParams q;
   q.x = up.x, q.ldx = H, q.R = T, q.K = H, q.q = xq, q.s = xs, q.s_row = H / kQuantGroup, q.s_grp = 1;
   launch_quant_fp8(q, stream_);
-  // The tile table was built with kFp8WideTileM rows per tile when g_fp8_gemm_wide is set
-  // (moe_experts decides with the same predicate), else kGemmTileM.
-  auto gemm = g_fp8_gemm_wide ? launch_gemm_fp8_wide : launch_gemm_fp8;
-  gemm(up, Fp8Act{xq, xs}, stream_);
+  // launch_gemm_fp8 picks the kernel (wgmma on sm_90a) and, from up.tile_rows, its tile shape.
+  launch_gemm_fp8(up, Fp8Act{xq, xs}, stream_);
   // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
   const size_t abytes = round_up(size_t(P) * I, 256);
   uint8_t* aq = static_cast<uint8_t*>(workspace(kQuantAct, abytes + size_t(P) * (I / kQuantGroup) * 4));
@@ -109,7 +105,7 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   QuantParams qa;
   qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
   launch_quant_fp8(qa, stream_);
-  gemm(down, Fp8Act{aq, as}, stream_);
+  launch_gemm_fp8(down, Fp8Act{aq, as}, stream_);
   return true;
 }
 

@@ -109,6 +109,7 @@ struct LinParams {
   const int32_t* tile_end = nullptr;
   const int32_t* num_tiles = nullptr;
   int max_tiles = 0;
+  int tile_rows = 64;  // rows per table tile (kGemmTileM; kFp8PairTileM for the wgmma 128 x 192 tiles)
   // Output
   void* out = nullptr;
   int ldo = 0;

@@ -41,13 +41,17 @@ struct Fp8Act {
 };
 bool gemm_fp8_supported(const LinParams& p);
 void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s);
-// Wide-tile variant (k_gemm_fp8_wide.cu): 128 x 128 tiles, MoE tiles of up to
-// kFp8WideTileM rows; same support predicate. g_fp8_gemm_wide (default off: slower on the
-// H200, see docs/benchmarks.md) picks it process-wide (the
-// MoE align must then build tiles of kFp8WideTileM rows); tests and benchmarks flip it.
-constexpr int kFp8WideTileM = 128;
-extern bool g_fp8_gemm_wide;
-void launch_gemm_fp8_wide(const LinParams& p, const Fp8Act& a, cudaStream_t s);
+// Hopper variant (k_gemm_fp8_wgmma.cu): warp-specialised wgmma, same contract; needs an sm_90a
+// build on a 9.0 device and N % 64 == 0. Tile tables of 64 rows (64 x 256-weight-row tiles) or
+// of 128 rows (p.tile_rows == 128: 128 x 192 tiles). launch_gemm_fp8 takes it by itself where
+// supported while g_fp8_gemm_wgmma is set (default; MOESERVE_FP8_WGMMA=0 clears it).
+// g_fp8_wgmma_tile_m (64 or 128) picks the MoE tile height the align step builds for it.
+constexpr int kFp8PairTileM = 128;
+extern bool g_fp8_gemm_wgmma;
+extern int g_fp8_wgmma_tile_m;
+bool fp8_wgmma_available();
+bool gemm_fp8_wgmma_supported(const LinParams& p);
+void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s);
 
 // Router top-k only (k_moe.cu), for logits [T, E] already in p.logits (the f32 GEMM path).
 void launch_moe_route_topk(const RouteParams& p, cudaStream_t s);

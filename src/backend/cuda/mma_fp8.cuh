@@ -9,6 +9,12 @@ __device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, bool v
   const int n = valid ? 16 : 0;  // 0: zero-fill (src is still a valid address)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
 }
+// 4-byte variant (through L1: .cg takes only 16 bytes), zero-fill when !valid.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
