@@ -104,6 +104,97 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
 }
 #endif  // MS_WGMMA_ATTN
 
+#ifdef MS_WGMMA_ATTN
+// Row state of the online softmax for the two rows (r_lo, r_hi) a thread holds.
+struct RowState {
+  float m_lo = -INFINITY, m_hi = -INFINITY;  // running max, raw score units
+  float l_lo = 0.f, l_hi = 0.f;              // per-thread partial sums (the quad is summed at the end)
+  float c_lo = 1.f, c_hi = 1.f;              // factor O still has to be multiplied by
+};
+
+// Masks s (S accumulators of keys k0 .. k0 + 127), updates the row state and turns s into
+// exp2(s * sl2 - m * sl2). s[4 i + e]: row r_lo (e < 2) / r_hi, key k0 + 8 i + 2 tig + (e & 1).
+__device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, bool need_mask, int k0, int tig,
+                                             int pos_lo, int pos_hi, float sl2) {
+  if (need_mask) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = k0 + 8 * i + 2 * tig + e;
+        if (key > pos_lo) s[4 * i + e] = -INFINITY;
+        if (key > pos_hi) s[4 * i + 2 + e] = -INFINITY;
+      }
+  }
+  float mx_lo = st.m_lo, mx_hi = st.m_hi;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    mx_lo = fmaxf(mx_lo, fmaxf(s[4 * i], s[4 * i + 1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+  }
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, x));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, x));
+  }
+  const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo * sl2, ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi * sl2;
+  st.c_lo = exp2f(st.m_lo * sl2 - ref_lo);
+  st.c_hi = exp2f(st.m_hi * sl2 - ref_hi);
+  st.m_lo = mx_lo, st.m_hi = mx_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    s[4 * i] = exp2f(fmaf(s[4 * i], sl2, -ref_lo));
+    s[4 * i + 1] = exp2f(fmaf(s[4 * i + 1], sl2, -ref_lo));
+    s[4 * i + 2] = exp2f(fmaf(s[4 * i + 2], sl2, -ref_hi));
+    s[4 * i + 3] = exp2f(fmaf(s[4 * i + 3], sl2, -ref_hi));
+    sum_lo += s[4 * i] + s[4 * i + 1];
+    sum_hi += s[4 * i + 2] + s[4 * i + 3];
+  }
+  st.l_lo = st.l_lo * st.c_lo + sum_lo;
+  st.l_hi = st.l_hi * st.c_hi + sum_hi;
+}
+
+__device__ __forceinline__ void rescale_o(float (&o)[64], const RowState& st) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    o[4 * i] *= st.c_lo, o[4 * i + 1] *= st.c_lo;
+    o[4 * i + 2] *= st.c_hi, o[4 * i + 3] *= st.c_hi;
+  }
+}
+
+// P as the A operand: k-step kk covers keys 16 kk .. 16 kk + 15 = S column blocks 2 kk, 2 kk + 1.
+__device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    pa[kk][0] = pack2(s[8 * kk], s[8 * kk + 1]);
+    pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// S = Q K^T for one 128-key tile: 8 k-steps of 16 dims; Q and K are two 64-dim halves each.
+__device__ __forceinline__ void issue_s(float (&s)[64], uint32_t sq, uint32_t ks) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t half = kk >> 2, sub = (kk & 3) * 32;
+    wgmma_ss(s, make_desc(sq + half * (kRows * 128) + sub, 16, 1024), make_desc(ks + half * (kN * 128) + sub, 16, 1024),
+             kk > 0);
+  }
+}
+// O += P V: V k-step = 16 keys = two 8-key groups of 1024 B; the two 64-dim halves 16 KB apart.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8][4], uint32_t vs) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs(o, pa[kk], make_desc(vs + kk * 2048, kN * 128, 1024));
+}
+#endif  // MS_WGMMA_ATTN
+
+// kOverlap = false: per tile S, softmax, P V in sequence (both warpgroups overlap each other
+// only). kOverlap = true (FlashAttention-3's intra-warpgroup overlap): per tile t the
+// warpgroup issues S_t and then O += P_{t-1} V_{t-1}, and runs the softmax of S_t while the
+// P V product is still on the tensor cores; V tiles arrive one tile later than K tiles.
+template <bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, int qtiles, int pair_heads) {
 #ifdef MS_WGMMA_ATTN
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -126,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   const int cta_last = min(qlen, cta_tok0 + (pair_heads ? kRows : kRows * kWG)) - 1;
   const int kend = off + cta_last + 1;
   const int ntiles = (kend + kN - 1) / kN;
-  const int wg_last = min(qlen, tw + kRows) - 1;          // < tw: no valid row in this warpgroup
+  const int wg_last = min(qlen, tw + kRows) - 1;  // < tw: no valid row in this warpgroup
   const int wg_max_pos = wg_last >= tw ? off + wg_last : -1;
   const int wg_min_pos = off + tw;
   const bool wg_has_pad = tw + kRows > qlen;
@@ -135,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   const int pos_hi = tw + r_hi < qlen ? off + tw + r_hi : -1;
 
   const uint32_t sq = sbase + wg * kQBytes;  // this warpgroup's Q: two halves of 64 x 128 B
-  const uint32_t skv = sbase + kWG * kQBytes;
+  const uint32_t skb = sbase + kWG * kQBytes, svb = skb + 2 * kKVBytes;  // K buffers 0/1, V buffers 0/1
 
   // Q copy: warpgroup-local chunk (row, c) = (ltid / 16 + 8 j, ltid % 16), j = 0..7.
   {
@@ -153,9 +244,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   const bf16* kc = static_cast<const bf16*>(p.k_cache) + kvh * kD;
   const bf16* vc = static_cast<const bf16*>(p.v_cache) + kvh * kD;
   const int32_t* table = p.block_tables + int64_t(seq) * p.max_blocks_per_seq;
-  // K/V copy: block-wide chunk (key, c) = (tid / 16 + 16 j, tid % 16), j = 0..7.
-  auto load_tile = [&](int stage, int k0) {
-    const uint32_t ks = skv + stage * kStageBytes, vs = ks + kKVBytes;
+  // K or V tile copy: block-wide chunk (key, c) = (tid / 16 + 16 j, tid % 16), j = 0..7.
+  auto load_tile = [&](const bf16* src_cache, uint32_t dst_buf, int k0) {
     const int c = tid & 15;
     const uint32_t cofs = (c >> 3) * (kN * 128);
 #pragma unroll
@@ -164,105 +254,90 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
       const bool ok = key < kend;
       int64_t o = 0;
       if (ok) o = (int64_t(table[key / p.block_size]) * p.block_size + key % p.block_size) * row_stride + c * 8;
-      const uint32_t dst = cofs + swz(kk, c & 7);
-      cp_async16(ks + dst, kc + o, ok);
-      cp_async16(vs + dst, vc + o, ok);
+      cp_async16(dst_buf + cofs + swz(kk, c & 7), src_cache + o, ok);
     }
+  };
+  auto tile_ready = [&] {
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+    __syncthreads();
   };
 
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;  // m in raw score units
+  RowState st;
+  float s[64];
 
-  load_tile(0, 0);
+  load_tile(kc, skb, 0);
+  if (!kOverlap) load_tile(vc, svb, 0);
   asm volatile("cp.async.commit_group;\n" ::);
-  for (int t = 0; t < ntiles; ++t) {
-    const int k0 = t * kN;
-    asm volatile("cp.async.wait_group 0;\n" ::);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
-    __syncthreads();  // tile t visible; every warpgroup is done with tile t - 1's stage
-    if (t + 1 < ntiles) {
-      load_tile((t + 1) & 1, k0 + kN);
-      asm volatile("cp.async.commit_group;\n" ::);
+  if constexpr (!kOverlap) {
+    for (int t = 0; t < ntiles; ++t) {
+      const int k0 = t * kN, b = t & 1;
+      tile_ready();  // tile t visible; every warpgroup is done with tile t - 1's buffers
+      if (t + 1 < ntiles) {
+        load_tile(kc, skb + (b ^ 1) * kKVBytes, k0 + kN);
+        load_tile(vc, svb + (b ^ 1) * kKVBytes, k0 + kN);
+        asm volatile("cp.async.commit_group;\n" ::);
+      }
+      if (k0 > wg_max_pos) continue;  // every row of this warpgroup is above the tile (uniform)
+      wg_fence();
+      issue_s(s, sq, skb + b * kKVBytes);
+      wg_commit();
+      wg_wait0();
+      fence_acc(s);
+      softmax_tile(s, st, k0 + kN - 1 > wg_min_pos || wg_has_pad, k0, tig, pos_lo, pos_hi, sl2);
+      rescale_o(o, st);
+      uint32_t pa[8][4];
+      pack_p(s, pa);
+      wg_fence();
+      fence_acc(o);
+      issue_pv(o, pa, svb + b * kKVBytes);
+      wg_commit();
+      wg_wait0();
+      fence_acc(o);
     }
-    if (k0 > wg_max_pos) continue;  // every row of this warpgroup is above the tile (uniform)
-    const uint32_t ks = skv + (t & 1) * kStageBytes, vs = ks + kKVBytes;
-
-    float s[64];
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t half = kk >> 2, sub = (kk & 3) * 32;
-      wgmma_ss(s, make_desc(sq + half * (kRows * 128) + sub, 16, 1024),
-               make_desc(ks + half * (kN * 128) + sub, 16, 1024), kk > 0);
-    }
-    wg_commit();
-    wg_wait0();
-    fence_acc(s);
-
-    // s[4 i + e]: row r_lo (e < 2) / r_hi, key k0 + 8 i + 2 tig + (e & 1).
-    if (k0 + kN - 1 > wg_min_pos || wg_has_pad) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = k0 + 8 * i + 2 * tig + e;
-          if (key > pos_lo) s[4 * i + e] = -INFINITY;
-          if (key > pos_hi) s[4 * i + 2 + e] = -INFINITY;
-        }
-    }
-    float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      mx_lo = fmaxf(mx_lo, fmaxf(s[4 * i], s[4 * i + 1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[4 * i + 2], s[4 * i + 3]));
-    }
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, x));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, x));
-    }
-    const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo * sl2, ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi * sl2;
-    const float corr_lo = exp2f(m_lo * sl2 - ref_lo), corr_hi = exp2f(m_hi * sl2 - ref_hi);
-    m_lo = mx_lo, m_hi = mx_hi;
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      s[4 * i] = exp2f(fmaf(s[4 * i], sl2, -ref_lo));
-      s[4 * i + 1] = exp2f(fmaf(s[4 * i + 1], sl2, -ref_lo));
-      s[4 * i + 2] = exp2f(fmaf(s[4 * i + 2], sl2, -ref_hi));
-      s[4 * i + 3] = exp2f(fmaf(s[4 * i + 3], sl2, -ref_hi));
-      sum_lo += s[4 * i] + s[4 * i + 1];
-      sum_hi += s[4 * i + 2] + s[4 * i + 3];
-    }
-    l_lo = l_lo * corr_lo + sum_lo;  // per-thread partial sums; the quad is summed at the end
-    l_hi = l_hi * corr_hi + sum_hi;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      o[4 * i] *= corr_lo, o[4 * i + 1] *= corr_lo;
-      o[4 * i + 2] *= corr_hi, o[4 * i + 3] *= corr_hi;
-    }
-    // P as the A operand: k-step kk covers keys 16 kk .. 16 kk + 15 = S column blocks 2 kk, 2 kk + 1.
+  } else {
+    // Iteration t: K_t and V_{t-1} are resident; K_{t+1} and V_t are copied meanwhile. Fully
+    // masked tiles are computed like the others (their P is 0) so the schedule stays uniform.
     uint32_t pa[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      pa[kk][0] = pack2(s[8 * kk], s[8 * kk + 1]);
-      pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+    for (int t = 0; t < ntiles; ++t) {
+      const int k0 = t * kN, b = t & 1;
+      tile_ready();  // K_t, V_{t-1} visible; K_{t-1} and V_{t-2} no longer read by anyone
+      if (t + 1 < ntiles) load_tile(kc, skb + (b ^ 1) * kKVBytes, k0 + kN);
+      load_tile(vc, svb + b * kKVBytes, k0);
+      asm volatile("cp.async.commit_group;\n" ::);
+      rescale_o(o, st);  // by the factor of tile t - 1's softmax (1 at t = 0)
+      wg_fence();
+      fence_acc(o);
+      issue_s(s, sq, skb + b * kKVBytes);
+      wg_commit();
+      if (t > 0) {
+        issue_pv(o, pa, svb + (b ^ 1) * kKVBytes);
+        wg_commit();
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_t done, P V may run on
+      } else {
+        wg_wait0();
+      }
+      fence_acc(s);
+      softmax_tile(s, st, k0 + kN - 1 > wg_min_pos || wg_has_pad, k0, tig, pos_lo, pos_hi, sl2);
+      wg_wait0();  // P_{t-1} V_{t-1} done: pa and o free
+      fence_acc(o);
+      pack_p(s, pa);
     }
+    tile_ready();  // V_{n-1}
+    rescale_o(o, st);
     wg_fence();
     fence_acc(o);
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk)  // V k-step: 16 keys = two 8-key groups of 1024 B
-      wgmma_rs(o, pa[kk], make_desc(vs + kk * 2048, kN * 128, 1024));
+    issue_pv(o, pa, svb + ((ntiles - 1) & 1) * kKVBytes);
     wg_commit();
     wg_wait0();
     fence_acc(o);
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
 
+  float l_lo = st.l_lo, l_hi = st.l_hi;
 #pragma unroll
   for (int x = 1; x <= 2; x <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
@@ -302,18 +377,25 @@ bool attention_wgmma_supported(const AttnParams& p) {
          attention_wgmma_available();
 }
 
+bool g_attn_wgmma_overlap = true;
+
 void launch_attention_wgmma(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_wgmma: head_dim must be 128");
   if (p.T == 0 || p.num_seqs == 0) return;
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     attr_set = true;
   }
   const int group = p.Hq / p.Hkv;
   const int pair = group % 2 == 0 ? 1 : 0;
   const int qtiles = ceil_div(p.max_query_len, pair ? kRows : kRows * kWG);
-  attn_wgmma_kernel<<<dim3(pair ? p.Hq / 2 : p.Hq, p.num_seqs * qtiles), kThreads, kSmemBytes, s>>>(p, qtiles, pair);
+  const dim3 grid(pair ? p.Hq / 2 : p.Hq, p.num_seqs * qtiles);
+  if (g_attn_wgmma_overlap)
+    attn_wgmma_kernel<true><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair);
+  else
+    attn_wgmma_kernel<false><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair);
   CUDA_CHECK_LAUNCH();
 }
 

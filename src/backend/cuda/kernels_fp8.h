@@ -63,5 +63,8 @@ void launch_attention_prefill(const AttnParams& p, cudaStream_t s);
 bool attention_wgmma_available();
 bool attention_wgmma_supported(const AttnParams& p);
 void launch_attention_wgmma(const AttnParams& p, cudaStream_t s);
+// Variant of the wgmma kernel: true (default) overlaps each tile's softmax with the previous
+// tile's P V product inside a warpgroup; false runs S, softmax, P V in sequence.
+extern bool g_attn_wgmma_overlap;
 
 }  // namespace moeserve::cuda
