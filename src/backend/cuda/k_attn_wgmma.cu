@@ -245,6 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   const bf16* vc = static_cast<const bf16*>(p.v_cache) + kvh * kD;
   const int32_t* table = p.block_tables + int64_t(seq) * p.max_blocks_per_seq;
   // K or V tile copy: block-wide chunk (key, c) = (tid / 16 + 16 j, tid % 16), j = 0..7.
+  // Power-of-two block sizes (16 in practice) locate a key's block by shift and mask.
+  const bool bs_pow2 = (p.block_size & (p.block_size - 1)) == 0;
+  const int bs_shift = __ffs(p.block_size) - 1;
   auto load_tile = [&](const bf16* src_cache, uint32_t dst_buf, int k0) {
     const int c = tid & 15;
     const uint32_t cofs = (c >> 3) * (kN * 128);
@@ -253,7 +256,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
       const int kk = (tid >> 4) + 16 * j, key = k0 + kk;
       const bool ok = key < kend;
       int64_t o = 0;
-      if (ok) o = (int64_t(table[key / p.block_size]) * p.block_size + key % p.block_size) * row_stride + c * 8;
+      if (ok) {
+        int blk, in;
+        if (bs_pow2) {
+          blk = key >> bs_shift, in = key & (p.block_size - 1);
+        } else {
+          blk = key / p.block_size, in = key % p.block_size;
+        }
+        o = (int64_t(table[blk]) * p.block_size + in) * row_stride + c * 8;
+      }
       cp_async16(dst_buf + cofs + swz(kk, c & 7), src_cache + o, ok);
     }
   };
