@@ -245,9 +245,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   const bf16* vc = static_cast<const bf16*>(p.v_cache) + kvh * kD;
   const int32_t* table = p.block_tables + int64_t(seq) * p.max_blocks_per_seq;
   // K or V tile copy: block-wide chunk (key, c) = (tid / 16 + 16 j, tid % 16), j = 0..7.
-  // Power-of-two block sizes (16 in practice) locate a key's block by shift and mask.
-  const bool bs_pow2 = (p.block_size & (p.block_size - 1)) == 0;
-  const int bs_shift = __ffs(p.block_size) - 1;
+  // K or V tile copy: block-wide chunk (key, c) = (tid / 16 + 16 j, tid % 16), j = 0..7.
+  // Branch-free (keys >= kend zero-fill and read table[0]) so that it can sit between a
+  // wgmma issue and its wait without ptxas serialising the wgmma pipeline. Block size is a
+  // power of two (attention_wgmma_supported).
+  const int bs_shift = __ffs(p.block_size) - 1, bs_mask = p.block_size - 1;
   auto load_tile = [&](const bf16* src_cache, uint32_t dst_buf, int k0) {
     const int c = tid & 15;
     const uint32_t cofs = (c >> 3) * (kN * 128);
@@ -255,17 +257,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
     for (int j = 0; j < kN / 16; ++j) {
       const int kk = (tid >> 4) + 16 * j, key = k0 + kk;
       const bool ok = key < kend;
-      int64_t o = 0;
-      if (ok) {
-        int blk, in;
-        if (bs_pow2) {
-          blk = key >> bs_shift, in = key & (p.block_size - 1);
-        } else {
-          blk = key / p.block_size, in = key % p.block_size;
-        }
-        o = (int64_t(table[blk]) * p.block_size + in) * row_stride + c * 8;
-      }
-      cp_async16(dst_buf + cofs + swz(kk, c & 7), src_cache + o, ok);
+      const int kq = ok ? key : 0;
+      const int64_t o = (int64_t(table[kq >> bs_shift]) * p.block_size + (kq & bs_mask)) * row_stride + c * 8;
+      cp_async16(dst_buf + cofs + swz(kk, c & 7), src_cache + (ok ? o : 0), ok);
     }
   };
   auto tile_ready = [&] {
@@ -312,25 +306,34 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   } else {
     // Iteration t: K_t and V_{t-1} are resident; K_{t+1} and V_t are copied meanwhile. Fully
     // masked tiles are computed like the others (their P is 0) so the schedule stays uniform.
+    // Tile 0 (peeled: no P V yet, so the loop body issues the same wgmmas every time).
     uint32_t pa[8][4];
-    for (int t = 0; t < ntiles; ++t) {
+    tile_ready();
+    wg_fence();
+    issue_s(s, sq, skb);
+    wg_commit();
+    load_tile(kc, skb + kKVBytes, kN);  // K_1 (zero-filled past kend)
+    load_tile(vc, svb, 0);              // V_0
+    asm volatile("cp.async.commit_group;\n" ::);
+    wg_wait0();
+    fence_acc(s);
+    softmax_tile(s, st, kN - 1 > wg_min_pos || wg_has_pad, 0, tig, pos_lo, pos_hi, sl2);
+    pack_p(s, pa);
+    for (int t = 1; t < ntiles; ++t) {
       const int k0 = t * kN, b = t & 1;
       tile_ready();  // K_t, V_{t-1} visible; K_{t-1} and V_{t-2} no longer read by anyone
-      if (t + 1 < ntiles) load_tile(kc, skb + (b ^ 1) * kKVBytes, k0 + kN);
-      load_tile(vc, svb + b * kKVBytes, k0);
-      asm volatile("cp.async.commit_group;\n" ::);
-      rescale_o(o, st);  // by the factor of tile t - 1's softmax (1 at t = 0)
+      rescale_o(o, st);  // by the factor of tile t - 1's softmax
       wg_fence();
       fence_acc(o);
       issue_s(s, sq, skb + b * kKVBytes);
       wg_commit();
-      if (t > 0) {
-        issue_pv(o, pa, svb + (b ^ 1) * kKVBytes);
-        wg_commit();
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_t done, P V may run on
-      } else {
-        wg_wait0();
-      }
+      issue_pv(o, pa, svb + (b ^ 1) * kKVBytes);
+      wg_commit();
+      // Next copies, issued while the products run: K_{t+1} over K_{t-1}, V_t over V_{t-2}.
+      load_tile(kc, skb + (b ^ 1) * kKVBytes, k0 + kN);
+      load_tile(vc, svb + b * kKVBytes, k0);
+      asm volatile("cp.async.commit_group;\n" ::);
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_t done, P V may run on
       fence_acc(s);
       softmax_tile(s, st, k0 + kN - 1 > wg_min_pos || wg_has_pad, k0, tig, pos_lo, pos_hi, sl2);
       wg_wait0();  // P_{t-1} V_{t-1} done: pa and o free
@@ -385,7 +388,7 @@ bool attention_wgmma_available() {
 
 bool attention_wgmma_supported(const AttnParams& p) {
   return p.D == kD && p.max_query_len >= kRows && p.splits <= 1 && p.Hkv > 0 && p.Hq % p.Hkv == 0 &&
-         attention_wgmma_available();
+         p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0 && attention_wgmma_available();
 }
 
 bool g_attn_wgmma_overlap = true;
