@@ -92,10 +92,11 @@ TEST_P(CudaAttention, MatchesReference) {
   Tensor dq = to_device(q, DType::BF16, {T, c.Hq * c.D});
   // Mode 0: default (the wgmma kernel on Hopper where it applies), 1: the pipelined
   // mma.sync prefill kernel, 2: the unpipelined tensor-core kernel, 3: the scalar kernel only,
-  // 4: the wgmma kernel's sequential (non-overlapped) variant.
+  // 4: the wgmma kernel's sequential (non-overlapped) variant without the ping-pong order.
   for (int mode = 0; mode < 5; ++mode) {
     gpu().use_attention_wgmma = mode == 0 || mode == 4;
     cuda::g_attn_wgmma_overlap = mode != 4;
+    cuda::g_attn_wgmma_order = mode != 4;
     gpu().use_attention_prefill = mode <= 1 || mode == 4;
     gpu().use_attention_tc = mode < 3 || mode == 4;
     Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});  // poisoned
@@ -105,6 +106,7 @@ TEST_P(CudaAttention, MatchesReference) {
   }
   gpu().use_attention_wgmma = true;
   cuda::g_attn_wgmma_overlap = true;
+  cuda::g_attn_wgmma_order = true;
   gpu().use_attention_prefill = true;
   gpu().use_attention_tc = true;
   // Split-KV merged in the last split block instead of the combine kernel.

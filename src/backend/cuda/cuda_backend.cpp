@@ -125,8 +125,15 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("qk_kv")) fuse_qk_write_kv = false;
     if (has("attn")) fuse_attn_combine = false;
   }
-  // MOESERVE_ATTN_WGMMA=0: prefill attention on the mma.sync kernel even on Hopper (A/B).
-  if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA"); e && std::strcmp(e, "0") == 0) use_attention_wgmma = false;
+  // MOESERVE_ATTN_WGMMA=0: prefill attention on the mma.sync kernel even on Hopper; a comma
+  // list with "seq" (no softmax / P V overlap) or "nopp" (no ping-pong order) picks the wgmma
+  // kernel's variant (process-wide; for A/B runs).
+  if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA")) {
+    const std::string v = std::string(",") + e + ",";
+    if (v == ",0,") use_attention_wgmma = false;
+    if (v.find(",seq,") != std::string::npos) cuda::g_attn_wgmma_overlap = false;
+    if (v.find(",nopp,") != std::string::npos) cuda::g_attn_wgmma_order = false;
+  }
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;
     fuse_router = false;

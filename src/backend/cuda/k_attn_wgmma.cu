@@ -48,11 +48,6 @@ __device__ int g_attn_wgmma_compiled =
 // Byte offset of 16-byte chunk `c` (0..7) of row `r` inside a 128-byte-swizzled region.
 __device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
 
-// wgmma shared-memory descriptor, 128-byte swizzle: start, leading and stride byte offsets.
-__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
@@ -61,6 +56,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
+
+// 2^x in one MUFU op (exp2f adds denormal handling; flushing tiny probabilities to 0 is harmless).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void named_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+__device__ __forceinline__ void named_arrive() { asm volatile("bar.arrive 1, 256;\n" ::: "memory"); }
 
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma.
 __device__ __forceinline__ void fence_acc(float (&d)[64]) {
@@ -138,16 +143,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, bool 
     mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, x));
   }
   const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo * sl2, ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi * sl2;
-  st.c_lo = exp2f(st.m_lo * sl2 - ref_lo);
-  st.c_hi = exp2f(st.m_hi * sl2 - ref_hi);
+  st.c_lo = ex2(st.m_lo * sl2 - ref_lo);
+  st.c_hi = ex2(st.m_hi * sl2 - ref_hi);
   st.m_lo = mx_lo, st.m_hi = mx_hi;
   float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    s[4 * i] = exp2f(fmaf(s[4 * i], sl2, -ref_lo));
-    s[4 * i + 1] = exp2f(fmaf(s[4 * i + 1], sl2, -ref_lo));
-    s[4 * i + 2] = exp2f(fmaf(s[4 * i + 2], sl2, -ref_hi));
-    s[4 * i + 3] = exp2f(fmaf(s[4 * i + 3], sl2, -ref_hi));
+    s[4 * i] = ex2(fmaf(s[4 * i], sl2, -ref_lo));
+    s[4 * i + 1] = ex2(fmaf(s[4 * i + 1], sl2, -ref_lo));
+    s[4 * i + 2] = ex2(fmaf(s[4 * i + 2], sl2, -ref_hi));
+    s[4 * i + 3] = ex2(fmaf(s[4 * i + 3], sl2, -ref_hi));
     sum_lo += s[4 * i] + s[4 * i + 1];
     sum_hi += s[4 * i + 2] + s[4 * i + 3];
   }
@@ -174,19 +179,27 @@ __device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&pa)[8][4
   }
 }
 
+// Descriptors are built from two 32-bit words: lo = start >> 4 | LBO >> 4 << 16 (start < 2^18,
+// so later adds of small offsets never carry out of the 14-bit field), hi = SBO >> 4 | 128-byte
+// swizzle (bit 62). Per k-step only lo changes, by a constant.
+constexpr uint32_t kDescHi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint64_t desc2(uint32_t lo) { return (uint64_t(kDescHi) << 32) | lo; }
+__device__ __forceinline__ uint32_t desc_lo(uint32_t saddr, uint32_t lbo) { return (saddr >> 4) | ((lbo >> 4) << 16); }
+
 // S = Q K^T for one 128-key tile: 8 k-steps of 16 dims; Q and K are two 64-dim halves each.
 __device__ __forceinline__ void issue_s(float (&s)[64], uint32_t sq, uint32_t ks) {
+  const uint32_t lq = desc_lo(sq, 16), lk = desc_lo(ks, 16);
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     const uint32_t half = kk >> 2, sub = (kk & 3) * 32;
-    wgmma_ss(s, make_desc(sq + half * (kRows * 128) + sub, 16, 1024), make_desc(ks + half * (kN * 128) + sub, 16, 1024),
-             kk > 0);
+    wgmma_ss(s, desc2(lq + ((half * (kRows * 128) + sub) >> 4)), desc2(lk + ((half * (kN * 128) + sub) >> 4)), kk > 0);
   }
 }
 // O += P V: V k-step = 16 keys = two 8-key groups of 1024 B; the two 64-dim halves 16 KB apart.
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8][4], uint32_t vs) {
+  const uint32_t lv = desc_lo(vs, kN * 128);
 #pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs(o, pa[kk], make_desc(vs + kk * 2048, kN * 128, 1024));
+  for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs(o, pa[kk], desc2(lv + kk * (2048 >> 4)));
 }
 #endif  // MS_WGMMA_ATTN
 
@@ -194,8 +207,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8]
 // only). kOverlap = true (FlashAttention-3's intra-warpgroup overlap): per tile t the
 // warpgroup issues S_t and then O += P_{t-1} V_{t-1}, and runs the softmax of S_t while the
 // P V product is still on the tensor cores; V tiles arrive one tile later than K tiles.
+// order != 0: per tile the second warpgroup issues its products only after the first has
+// issued its own (named barrier 1), so the first one's S is done early and its softmax runs
+// under the second one's products (FlashAttention-3's ping-pong, one step per tile).
 template <bool kOverlap>
-__global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, int qtiles, int pair_heads) {
+__global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, int qtiles, int pair_heads, int order) {
 #ifdef MS_WGMMA_ATTN
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
@@ -217,8 +233,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   const int cta_last = min(qlen, cta_tok0 + (pair_heads ? kRows : kRows * kWG)) - 1;
   const int kend = off + cta_last + 1;
   const int ntiles = (kend + kN - 1) / kN;
-  const int wg_last = min(qlen, tw + kRows) - 1;  // < tw: no valid row in this warpgroup
-  const int wg_max_pos = wg_last >= tw ? off + wg_last : -1;
   const int wg_min_pos = off + tw;
   const bool wg_has_pad = tw + kRows > qlen;
   const int r_lo = wl * 16 + g, r_hi = r_lo + 8;
@@ -262,6 +276,20 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
       cp_async16(dst_buf + cofs + swz(kk, c & 7), src_cache + (ok ? o : 0), ok);
     }
   };
+  auto load_kv = [&](uint32_t kdst, uint32_t vdst, int k0) {  // K and V of the same keys
+    const int c = tid & 15;
+    const uint32_t cofs = (c >> 3) * (kN * 128);
+#pragma unroll
+    for (int j = 0; j < kN / 16; ++j) {
+      const int kk = (tid >> 4) + 16 * j, key = k0 + kk;
+      const bool ok = key < kend;
+      const int kq = ok ? key : 0;
+      const int64_t o = ok ? (int64_t(table[kq >> bs_shift]) * p.block_size + (kq & bs_mask)) * row_stride + c * 8 : 0;
+      const uint32_t d = cofs + swz(kk, c & 7);
+      cp_async16(kdst + d, kc + o, ok);
+      cp_async16(vdst + d, vc + o, ok);
+    }
+  };
   auto tile_ready = [&] {
     asm volatile("cp.async.wait_group 0;\n" ::);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
@@ -274,22 +302,25 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   RowState st;
   float s[64];
 
-  load_tile(kc, skb, 0);
-  if (!kOverlap) load_tile(vc, svb, 0);
+  if (kOverlap)
+    load_tile(kc, skb, 0);
+  else
+    load_kv(skb, svb, 0);
   asm volatile("cp.async.commit_group;\n" ::);
   if constexpr (!kOverlap) {
+    // Fully masked tiles (single mode's last tile for the first warpgroup) are computed like
+    // the others (their P is 0): no wgmma in a divergent path.
     for (int t = 0; t < ntiles; ++t) {
       const int k0 = t * kN, b = t & 1;
       tile_ready();  // tile t visible; every warpgroup is done with tile t - 1's buffers
-      if (t + 1 < ntiles) {
-        load_tile(kc, skb + (b ^ 1) * kKVBytes, k0 + kN);
-        load_tile(vc, svb + (b ^ 1) * kKVBytes, k0 + kN);
-        asm volatile("cp.async.commit_group;\n" ::);
-      }
-      if (k0 > wg_max_pos) continue;  // every row of this warpgroup is above the tile (uniform)
+      if (order && wg == 1) named_sync();
       wg_fence();
       issue_s(s, sq, skb + b * kKVBytes);
       wg_commit();
+      if (order && wg == 0) named_arrive();
+      // Next tile's copies, issued while S is on the tensor cores (zero-filled past kend).
+      load_kv(skb + (b ^ 1) * kKVBytes, svb + (b ^ 1) * kKVBytes, k0 + kN);
+      asm volatile("cp.async.commit_group;\n" ::);
       wg_wait0();
       fence_acc(s);
       softmax_tile(s, st, k0 + kN - 1 > wg_min_pos || wg_has_pad, k0, tig, pos_lo, pos_hi, sl2);
@@ -309,9 +340,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
     // Tile 0 (peeled: no P V yet, so the loop body issues the same wgmmas every time).
     uint32_t pa[8][4];
     tile_ready();
+    if (order && wg == 1) named_sync();
     wg_fence();
     issue_s(s, sq, skb);
     wg_commit();
+    if (order && wg == 0) named_arrive();
     load_tile(kc, skb + kKVBytes, kN);  // K_1 (zero-filled past kend)
     load_tile(vc, svb, 0);              // V_0
     asm volatile("cp.async.commit_group;\n" ::);
@@ -323,12 +356,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
       const int k0 = t * kN, b = t & 1;
       tile_ready();  // K_t, V_{t-1} visible; K_{t-1} and V_{t-2} no longer read by anyone
       rescale_o(o, st);  // by the factor of tile t - 1's softmax
+      if (order && wg == 1) named_sync();
       wg_fence();
       fence_acc(o);
       issue_s(s, sq, skb + b * kKVBytes);
       wg_commit();
       issue_pv(o, pa, svb + (b ^ 1) * kKVBytes);
       wg_commit();
+      if (order && wg == 0) named_arrive();
       // Next copies, issued while the products run: K_{t+1} over K_{t-1}, V_t over V_{t-2}.
       load_tile(kc, skb + (b ^ 1) * kKVBytes, k0 + kN);
       load_tile(vc, svb + b * kKVBytes, k0);
@@ -392,6 +427,7 @@ bool attention_wgmma_supported(const AttnParams& p) {
 }
 
 bool g_attn_wgmma_overlap = true;
+bool g_attn_wgmma_order = true;
 
 void launch_attention_wgmma(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_wgmma: head_dim must be 128");
@@ -407,9 +443,9 @@ void launch_attention_wgmma(const AttnParams& p, cudaStream_t s) {
   const int qtiles = ceil_div(p.max_query_len, pair ? kRows : kRows * kWG);
   const dim3 grid(pair ? p.Hq / 2 : p.Hq, p.num_seqs * qtiles);
   if (g_attn_wgmma_overlap)
-    attn_wgmma_kernel<true><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair);
+    attn_wgmma_kernel<true><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair, g_attn_wgmma_order ? 1 : 0);
   else
-    attn_wgmma_kernel<false><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair);
+    attn_wgmma_kernel<false><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair, g_attn_wgmma_order ? 1 : 0);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -66,5 +66,7 @@ void launch_attention_wgmma(const AttnParams& p, cudaStream_t s);
 // Variant of the wgmma kernel: true (default) overlaps each tile's softmax with the previous
 // tile's P V product inside a warpgroup; false runs S, softmax, P V in sequence.
 extern bool g_attn_wgmma_overlap;
+// Ping-pong order of the two warpgroups' products per tile (default true).
+extern bool g_attn_wgmma_order;
 
 }  // namespace moeserve::cuda
