@@ -206,7 +206,7 @@ TEST(CudaPrefillBench, Attention) {
       EXPECT_LT(err, 1e-2) << "variant " << v;
     }
     std::printf("\n");
-    cuda::g_attn_wgmma_overlap = true;
+    cuda::g_attn_wgmma_overlap = false;
     cuda::g_attn_wgmma_order = true;
   }
 }

@@ -92,20 +92,20 @@ TEST_P(CudaAttention, MatchesReference) {
   Tensor dq = to_device(q, DType::BF16, {T, c.Hq * c.D});
   // Mode 0: default (the wgmma kernel on Hopper where it applies), 1: the pipelined
   // mma.sync prefill kernel, 2: the unpipelined tensor-core kernel, 3: the scalar kernel only,
-  // 4: the wgmma kernel's sequential (non-overlapped) variant without the ping-pong order.
-  for (int mode = 0; mode < 5; ++mode) {
-    gpu().use_attention_wgmma = mode == 0 || mode == 4;
-    cuda::g_attn_wgmma_overlap = mode != 4;
-    cuda::g_attn_wgmma_order = mode != 4;
-    gpu().use_attention_prefill = mode <= 1 || mode == 4;
-    gpu().use_attention_tc = mode < 3 || mode == 4;
+  // 4: the wgmma kernel's overlapped variant, 5: its default variant without ping-pong order.
+  for (int mode = 0; mode < 6; ++mode) {
+    gpu().use_attention_wgmma = mode == 0 || mode >= 4;
+    cuda::g_attn_wgmma_overlap = mode == 4;
+    cuda::g_attn_wgmma_order = mode != 5;
+    gpu().use_attention_prefill = mode <= 1 || mode >= 4;
+    gpu().use_attention_tc = mode < 3 || mode >= 4;
     Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});  // poisoned
     AttentionArgs a{&dq, &kv, &meta, c.Hq, c.Hkv, c.D, scale, &out};
     gpu().attention(a);
     EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2) << "mode " << mode;
   }
   gpu().use_attention_wgmma = true;
-  cuda::g_attn_wgmma_overlap = true;
+  cuda::g_attn_wgmma_overlap = false;
   cuda::g_attn_wgmma_order = true;
   gpu().use_attention_prefill = true;
   gpu().use_attention_tc = true;

@@ -18,7 +18,12 @@
 //   online softmax in registers, base 2, scale applied in f32 (Q is not pre-scaled)
 //   O[64 x 128] += P V    8 x wgmma m64n128k16, A = P (registers, re-packed from the S
 //                         accumulators), B = V (smem, MN-major: V keeps its [key][dim] layout)
-// Masking only on tiles that cross a row's diagonal (or hold padded rows).
+// The second warpgroup issues its products after the first (ping-pong order, named barrier),
+// so one warpgroup's softmax runs under the other's products. Masking only on tiles that cross
+// a row's diagonal (or hold padded rows). The next tile's copies are issued right after S.
+// An opt-in variant (g_attn_wgmma_overlap) also overlaps a warpgroup's own softmax with its
+// previous tile's P V (FlashAttention-3's intra-warpgroup pipelining); on the H200 it measured
+// ~8% slower (255 registers, and the per-tile block barrier still couples the warpgroups).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_fp8.h"
 
@@ -426,7 +431,7 @@ bool attention_wgmma_supported(const AttnParams& p) {
          p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0 && attention_wgmma_available();
 }
 
-bool g_attn_wgmma_overlap = true;
+bool g_attn_wgmma_overlap = false;  // measured slower (docs/benchmarks.md)
 bool g_attn_wgmma_order = true;
 
 void launch_attention_wgmma(const AttnParams& p, cudaStream_t s) {

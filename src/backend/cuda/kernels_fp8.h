@@ -63,8 +63,9 @@ void launch_attention_prefill(const AttnParams& p, cudaStream_t s);
 bool attention_wgmma_available();
 bool attention_wgmma_supported(const AttnParams& p);
 void launch_attention_wgmma(const AttnParams& p, cudaStream_t s);
-// Variant of the wgmma kernel: true (default) overlaps each tile's softmax with the previous
-// tile's P V product inside a warpgroup; false runs S, softmax, P V in sequence.
+// Variant of the wgmma kernel: true overlaps each tile's softmax with the previous tile's P V
+// product inside a warpgroup; false (default, faster on the H200) runs S, softmax, P V in
+// sequence per warpgroup.
 extern bool g_attn_wgmma_overlap;
 // Ping-pong order of the two warpgroups' products per tile (default true).
 extern bool g_attn_wgmma_order;
