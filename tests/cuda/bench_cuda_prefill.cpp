@@ -196,18 +196,22 @@ TEST(CudaPrefillBench, Attention) {
     b.use_attention_wgmma = true;
     std::printf("[bench] attention %d x (q %d, ctx %d): pipelined %.3f ms (%.0f TF/s) | wgmma%s", sh.seqs, sh.qlen,
                 sh.ctx, pipe_ms, flop / pipe_ms / 1e9, cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)");
-    for (int v = 0; v < 4; ++v) {  // sequential / overlapped x ping-pong order off / on
-      cuda::g_attn_wgmma_overlap = v >= 2;
-      cuda::g_attn_wgmma_order = v & 1;
+    // sequential / overlapped x ping-pong order off / on; mbarrier + ping-pong (opt-in)
+    const int nv = std::getenv("MOESERVE_TEST_NO_MBAR") ? 4 : 5;
+    for (int v = 0; v < nv; ++v) {
+      cuda::g_attn_wgmma_overlap = v == 2 || v == 3;
+      cuda::g_attn_wgmma_order = v & 1 || v == 4;
+      cuda::g_attn_wgmma_mbar = v == 4;
       const double ms = median_ms([&] { b.attention(a); });
       const double err = rel_err(b.download_f32(out), ref);
-      std::printf(" | %s%s %.3f ms (%.0f TF/s, diff %.1e)", v >= 2 ? "overlap" : "seq", v & 1 ? "+pp" : "", ms,
-                  flop / ms / 1e9, err);
+      std::printf(" | %s%s %.3f ms (%.0f TF/s, diff %.1e)", v == 4 ? "mbar" : v >= 2 ? "overlap" : "seq",
+                  v & 1 || v == 4 ? "+pp" : "", ms, flop / ms / 1e9, err);
       EXPECT_LT(err, 1e-2) << "variant " << v;
     }
     std::printf("\n");
     cuda::g_attn_wgmma_overlap = false;
     cuda::g_attn_wgmma_order = true;
+    cuda::g_attn_wgmma_mbar = false;
   }
 }
 

@@ -5,6 +5,7 @@
 // batches with >= 64 query tokens and head_dim 128 run the tensor-core kernel (k_attn_tc.cu).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
 #include "backend/cuda/kernels_fp8.h"
@@ -92,11 +93,14 @@ TEST_P(CudaAttention, MatchesReference) {
   Tensor dq = to_device(q, DType::BF16, {T, c.Hq * c.D});
   // Mode 0: default (the wgmma kernel on Hopper where it applies), 1: the pipelined
   // mma.sync prefill kernel, 2: the unpipelined tensor-core kernel, 3: the scalar kernel only,
-  // 4: the wgmma kernel's overlapped variant, 5: its default variant without ping-pong order.
-  for (int mode = 0; mode < 6; ++mode) {
+  // 4: the wgmma kernel's overlapped variant, 5: its default variant without ping-pong order,
+  // 6: its mbarrier variant (MOESERVE_TEST_NO_MBAR skips it).
+  const int modes = std::getenv("MOESERVE_TEST_NO_MBAR") ? 6 : 7;
+  for (int mode = 0; mode < modes; ++mode) {
     gpu().use_attention_wgmma = mode == 0 || mode >= 4;
     cuda::g_attn_wgmma_overlap = mode == 4;
     cuda::g_attn_wgmma_order = mode != 5;
+    cuda::g_attn_wgmma_mbar = mode == 6;
     gpu().use_attention_prefill = mode <= 1 || mode >= 4;
     gpu().use_attention_tc = mode < 3 || mode >= 4;
     Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});  // poisoned
@@ -107,6 +111,7 @@ TEST_P(CudaAttention, MatchesReference) {
   gpu().use_attention_wgmma = true;
   cuda::g_attn_wgmma_overlap = false;
   cuda::g_attn_wgmma_order = true;
+  cuda::g_attn_wgmma_mbar = false;
   gpu().use_attention_prefill = true;
   gpu().use_attention_tc = true;
   // Split-KV merged in the last split block instead of the combine kernel.

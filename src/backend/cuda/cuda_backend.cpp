@@ -126,12 +126,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("attn")) fuse_attn_combine = false;
   }
   // MOESERVE_ATTN_WGMMA=0: prefill attention on the mma.sync kernel even on Hopper; a comma
-  // list with "overlap" (softmax under the previous P V), "seq" (the default) or "nopp" (no
-  // ping-pong order) picks the wgmma kernel's variant (process-wide; for A/B runs).
+  // list with "overlap" (softmax under the previous P V), "mbar" (3 buffers, mbarriers), "seq"
+  // (the default) or "nopp" (no ping-pong order) picks the wgmma kernel's variant
+  // (process-wide; for A/B runs).
   if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA")) {
     const std::string v = std::string(",") + e + ",";
     if (v == ",0,") use_attention_wgmma = false;
     if (v.find(",overlap,") != std::string::npos) cuda::g_attn_wgmma_overlap = true;
+    if (v.find(",mbar,") != std::string::npos) cuda::g_attn_wgmma_mbar = true;
     if (v.find(",seq,") != std::string::npos) cuda::g_attn_wgmma_overlap = false;
     if (v.find(",nopp,") != std::string::npos) cuda::g_attn_wgmma_order = false;
   }

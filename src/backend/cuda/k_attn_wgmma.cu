@@ -35,6 +35,7 @@ constexpr int kQBytes = kRows * kD * 2;              // 16 KB per warpgroup
 constexpr int kKVBytes = kN * kD * 2;                // 32 KB per K or V tile
 constexpr int kStageBytes = 2 * kKVBytes;            // K then V
 constexpr int kSmemBytes = kWG * kQBytes + 2 * kStageBytes + 1024;  // + alignment slack
+constexpr int kSmemBytes3 = kWG * kQBytes + 3 * kStageBytes + 1024;  // kMode 2: 3 K/V buffers
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MS_WGMMA_ATTN 1
@@ -67,6 +68,26 @@ __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// mbarriers (kMode 2): init, arrive, parity wait, and an arrive that fires when all of this
+// thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void mbar_init(uint32_t a, int n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cp(uint32_t a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra WAIT_%=;\n}\n" ::"r"(a),
+      "r"(parity)
+      : "memory");
 }
 
 __device__ __forceinline__ void named_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
@@ -215,9 +236,16 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8]
 // order != 0: per tile the second warpgroup issues its products only after the first has
 // issued its own (named barrier 1), so the first one's S is done early and its softmax runs
 // under the second one's products (FlashAttention-3's ping-pong, one step per tile).
-template <bool kOverlap>
+// kMode 2 (opt-in): as kMode 0 but with 3 K/V buffers and per-buffer mbarriers instead of the
+// per-tile block barrier, so the ping-pong offset between the warpgroups survives from tile to
+// tile: "full" completes when every thread's copies of a tile have landed, "empty" when both
+// warpgroups are done with a buffer; tile t + 1 goes into the buffer of tile t - 2.
+template <int kMode>
 __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, int qtiles, int pair_heads, int order) {
 #ifdef MS_WGMMA_ATTN
+  constexpr bool kOverlap = kMode == 1;
+  constexpr int kBufs = kMode == 2 ? 3 : 2;
+  __shared__ __align__(8) uint64_t bars[6];  // kMode 2: full[3], empty[3]
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const int tid = threadIdx.x, wg = tid >> 7, ltid = tid & 127;
@@ -245,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   const int pos_hi = tw + r_hi < qlen ? off + tw + r_hi : -1;
 
   const uint32_t sq = sbase + wg * kQBytes;  // this warpgroup's Q: two halves of 64 x 128 B
-  const uint32_t skb = sbase + kWG * kQBytes, svb = skb + 2 * kKVBytes;  // K buffers 0/1, V buffers 0/1
+  const uint32_t skb = sbase + kWG * kQBytes, svb = skb + kBufs * kKVBytes;  // K buffers, then V buffers
 
   // Q copy: warpgroup-local chunk (row, c) = (ltid / 16 + 8 j, ltid % 16), j = 0..7.
   {
@@ -312,7 +340,42 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   else
     load_kv(skb, svb, 0);
   asm volatile("cp.async.commit_group;\n" ::);
-  if constexpr (!kOverlap) {
+  if constexpr (kMode == 2) {
+    const uint32_t full0 = uint32_t(__cvta_generic_to_shared(&bars[0])), empty0 = full0 + 24;
+    if (tid == 0)
+      for (int i = 0; i < 6; ++i) mbar_init(full0 + 8 * i, kThreads);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();
+    mbar_arrive_cp(full0);  // Q and tile 0
+    for (int t = 0; t < ntiles; ++t) {
+      const int k0 = t * kN, b = t % 3, nb = (t + 1) % 3;
+      mbar_wait(full0 + 8 * b, (t / 3) & 1);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+      if (order && wg == 1) named_sync();
+      wg_fence();
+      issue_s(s, sq, skb + b * kKVBytes);
+      wg_commit();
+      if (order && wg == 0) named_arrive();
+      // Tile t + 1 into the buffer of tile t - 2 (zero-filled past kend).
+      if (t >= 2) mbar_wait(empty0 + 8 * nb, ((t - 2) / 3) & 1);
+      load_kv(skb + nb * kKVBytes, svb + nb * kKVBytes, k0 + kN);
+      mbar_arrive_cp(full0 + 8 * nb);
+      wg_wait0();
+      fence_acc(s);
+      softmax_tile(s, st, k0 + kN - 1 > wg_min_pos || wg_has_pad, k0, tig, pos_lo, pos_hi, sl2);
+      rescale_o(o, st);
+      uint32_t pa[8][4];
+      pack_p(s, pa);
+      wg_fence();
+      fence_acc(o);
+      issue_pv(o, pa, svb + b * kKVBytes);
+      wg_commit();
+      wg_wait0();
+      fence_acc(o);
+      mbar_arrive(empty0 + 8 * b);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // the zero-filled tile past the end
+  } else if constexpr (!kOverlap) {
     // Fully masked tiles (single mode's last tile for the first warpgroup) are computed like
     // the others (their P is 0): no wgmma in a divergent path.
     for (int t = 0; t < ntiles; ++t) {
@@ -433,24 +496,29 @@ bool attention_wgmma_supported(const AttnParams& p) {
 
 bool g_attn_wgmma_overlap = false;  // measured slower (docs/benchmarks.md)
 bool g_attn_wgmma_order = true;
+bool g_attn_wgmma_mbar = false;
 
 void launch_attention_wgmma(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_wgmma: head_dim must be 128");
   if (p.T == 0 || p.num_seqs == 0) return;
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes3));
     attr_set = true;
   }
   const int group = p.Hq / p.Hkv;
   const int pair = group % 2 == 0 ? 1 : 0;
   const int qtiles = ceil_div(p.max_query_len, pair ? kRows : kRows * kWG);
   const dim3 grid(pair ? p.Hq / 2 : p.Hq, p.num_seqs * qtiles);
-  if (g_attn_wgmma_overlap)
-    attn_wgmma_kernel<true><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair, g_attn_wgmma_order ? 1 : 0);
+  const int order = g_attn_wgmma_order ? 1 : 0;
+  if (g_attn_wgmma_mbar)
+    attn_wgmma_kernel<2><<<grid, kThreads, kSmemBytes3, s>>>(p, qtiles, pair, order);
+  else if (g_attn_wgmma_overlap)
+    attn_wgmma_kernel<1><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair, order);
   else
-    attn_wgmma_kernel<false><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair, g_attn_wgmma_order ? 1 : 0);
+    attn_wgmma_kernel<0><<<grid, kThreads, kSmemBytes, s>>>(p, qtiles, pair, order);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -69,5 +69,8 @@ void launch_attention_wgmma(const AttnParams& p, cudaStream_t s);
 extern bool g_attn_wgmma_overlap;
 // Ping-pong order of the two warpgroups' products per tile (default true).
 extern bool g_attn_wgmma_order;
+// Opt-in: 3 K/V buffers with per-buffer mbarriers instead of the per-tile block barrier
+// (sequential softmax; takes precedence over g_attn_wgmma_overlap).
+extern bool g_attn_wgmma_mbar;
 
 }  // namespace moeserve::cuda
