@@ -97,12 +97,16 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     m.block_tables = ints_to_device(table, {1, nb});
     AttentionArgs a{&q, &kv, &m, Hq, Hkv, D, 0.088f, &out};
     const double flop = 4.0 * double(T) * (T + 1) / 2 * D * Hq;
+    b.use_attention_wgmma = false;
     b.use_attention_prefill = false;
     const double old_ms = median_ms([&] { b.attention(a); });
     b.use_attention_prefill = true;
     const double new_ms = median_ms([&] { b.attention(a); });
-    std::printf("[bench] attention T=%d causal: tc %.3f ms (%.0f TF/s) | pipelined %.3f ms (%.0f TF/s)\n", T, old_ms,
-                flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9);
+    b.use_attention_wgmma = true;
+    const double wg_ms = median_ms([&] { b.attention(a); });
+    std::printf("[bench] attention T=%d causal: tc %.3f ms (%.0f TF/s) | pipelined %.3f ms (%.0f TF/s) | wgmma%s %.3f ms (%.0f TF/s)\n",
+                T, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9,
+                cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)", wg_ms, flop / wg_ms / 1e9);
   }
 
   // Router.
@@ -236,6 +240,64 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
                 T, E, K, nt, nt128, names[path], ms[path][0], f_up / ms[path][0] / 1e9, ms[path][1], f_down / ms[path][1] / 1e9,
                 ms[path][0] + ms[path][1], (f_up + f_down) / (ms[path][0] + ms[path][1]) / 1e9);
   cudaFree(d_ptrs);
+
+// Prefill attention at M2.5 shapes (48 q / 8 kv heads x 128, 16-token blocks, shuffled block
+// table): whole causal prompts and a chunk after a cached prefix. TF/s count causal FLOPs
+// (4 D Hq per visible (query, key) pair). Also checks the wgmma output against the pipelined
+// kernel's at these long shapes (the op tests cover them against the host reference).
+TEST(CudaPrefillBench, Attention) {
+  SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
+  CudaBackend& b = gpu();
+  struct AShape {
+    int seqs, qlen, ctx;  // per sequence
+  };
+  const int Hq = 48, Hkv = 8, D = 128, bs = 16;
+  for (const AShape sh : {AShape{1, 1024, 1024}, AShape{1, 8192, 8192}, AShape{2, 4096, 4096}, AShape{1, 2048, 8192},
+                          AShape{1, 16384, 16384}}) {
+    const int T = sh.seqs * sh.qlen, per = (sh.ctx + bs - 1) / bs, nb = per * sh.seqs;
+    Tensor q = b.alloc(DType::BF16, {T, Hq * D}), out = b.alloc(DType::BF16, {T, Hq * D});
+    b.fill_random(q, 41, 1.f);
+    KVCacheLayer kv{b.alloc(DType::BF16, {nb, bs, Hkv, D}), b.alloc(DType::BF16, {nb, bs, Hkv, D})};
+    b.fill_random(kv.k, 42, 1.f);
+    b.fill_random(kv.v, 43, 1.f);
+    std::vector<int32_t> table(nb), qs(sh.seqs + 1), cl(sh.seqs, sh.ctx);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(2));
+    for (int i = 0; i <= sh.seqs; ++i) qs[i] = i * sh.qlen;
+    AttentionMeta m;
+    m.num_seqs = sh.seqs, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = per;
+    m.max_query_len = sh.qlen, m.max_context_len = sh.ctx;
+    m.query_start = ints_to_device(qs, {sh.seqs + 1});
+    m.context_lens = ints_to_device(cl, {sh.seqs});
+    m.block_tables = ints_to_device(table, {sh.seqs, per});
+    AttentionArgs a{&q, &kv, &m, Hq, Hkv, D, 0.088f, &out};
+    double pairs = 0;
+    for (int i = 0; i < sh.qlen; ++i) pairs += sh.ctx - sh.qlen + i + 1;
+    const double flop = 4.0 * pairs * sh.seqs * D * Hq;
+    b.use_attention_wgmma = false;
+    const double pipe_ms = median_ms([&] { b.attention(a); });
+    const std::vector<float> ref = b.download_f32(out);
+    b.use_attention_wgmma = true;
+    std::printf("[bench] attention %d x (q %d, ctx %d): pipelined %.3f ms (%.0f TF/s) | wgmma%s", sh.seqs, sh.qlen,
+                sh.ctx, pipe_ms, flop / pipe_ms / 1e9, cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)");
+    // sequential / overlapped x ping-pong order off / on; mbarrier + ping-pong (opt-in)
+    const int nv = std::getenv("MOESERVE_TEST_NO_MBAR") ? 4 : 5;
+    for (int v = 0; v < nv; ++v) {
+      cuda::g_attn_wgmma_overlap = v == 2 || v == 3;
+      cuda::g_attn_wgmma_order = v & 1 || v == 4;
+      cuda::g_attn_wgmma_mbar = v == 4;
+      const double ms = median_ms([&] { b.attention(a); });
+      const double err = rel_err(b.download_f32(out), ref);
+      std::printf(" | %s%s %.3f ms (%.0f TF/s, diff %.1e)", v == 4 ? "mbar" : v >= 2 ? "overlap" : "seq",
+                  v & 1 || v == 4 ? "+pp" : "", ms, flop / ms / 1e9, err);
+      EXPECT_LT(err, 1e-2) << "variant " << v;
+    }
+    std::printf("\n");
+    cuda::g_attn_wgmma_overlap = false;
+    cuda::g_attn_wgmma_order = true;
+    cuda::g_attn_wgmma_mbar = false;
+  }
 }
 
 }  // namespace

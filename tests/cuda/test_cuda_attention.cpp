@@ -5,8 +5,10 @@
 // batches with >= 64 query tokens and head_dim 128 run the tensor-core kernel (k_attn_tc.cu).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
+#include "backend/cuda/kernels_fp8.h"
 #include "test_util.h"
 
 namespace moeserve::test {
@@ -89,16 +91,27 @@ TEST_P(CudaAttention, MatchesReference) {
   meta.context_lens = ints_to_device(ctx, {S});
   meta.block_tables = ints_to_device(table, {S, max_blocks});
   Tensor dq = to_device(q, DType::BF16, {T, c.Hq * c.D});
-  // Mode 0: default (pipelined prefill kernel where it applies), 1: the unpipelined
-  // tensor-core kernel, 2: the scalar kernel only.
-  for (int mode = 0; mode < 3; ++mode) {
-    gpu().use_attention_prefill = mode == 0;
-    gpu().use_attention_tc = mode < 2;
+  // Mode 0: default (the wgmma kernel on Hopper where it applies), 1: the pipelined
+  // mma.sync prefill kernel, 2: the unpipelined tensor-core kernel, 3: the scalar kernel only,
+  // 4: the wgmma kernel's overlapped variant, 5: its default variant without ping-pong order,
+  // 6: its mbarrier variant (MOESERVE_TEST_NO_MBAR skips it).
+  const int modes = std::getenv("MOESERVE_TEST_NO_MBAR") ? 6 : 7;
+  for (int mode = 0; mode < modes; ++mode) {
+    gpu().use_attention_wgmma = mode == 0 || mode >= 4;
+    cuda::g_attn_wgmma_overlap = mode == 4;
+    cuda::g_attn_wgmma_order = mode != 5;
+    cuda::g_attn_wgmma_mbar = mode == 6;
+    gpu().use_attention_prefill = mode <= 1 || mode >= 4;
+    gpu().use_attention_tc = mode < 3 || mode >= 4;
     Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});  // poisoned
     AttentionArgs a{&dq, &kv, &meta, c.Hq, c.Hkv, c.D, scale, &out};
     gpu().attention(a);
     EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2) << "mode " << mode;
   }
+  gpu().use_attention_wgmma = true;
+  cuda::g_attn_wgmma_overlap = false;
+  cuda::g_attn_wgmma_order = true;
+  cuda::g_attn_wgmma_mbar = false;
   gpu().use_attention_prefill = true;
   gpu().use_attention_tc = true;
   // Split-KV merged in the last split block instead of the combine kernel.
@@ -125,7 +138,29 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{12, 1, 96, 8, {{50, 3}}},                              // G = 12, head_dim 96
         // Tensor-core prefill path (>= 64 query tokens, head_dim 128): several query tiles,
         // a cached prefix (chunked prefill), a partial last tile, and a decode row alongside.
-        AttnCase{48, 8, 128, 16, {{1100, 520}, {90, 70}, {300, 1}}}));
+        AttnCase{48, 8, 128, 16, {{1100, 520}, {90, 70}, {300, 1}}},
+        // wgmma kernel (sm_90a): pair mode (even groups: 2 heads x 64 tokens per block) and
+        // single mode (odd groups: 1 head x 128 tokens); exact tiles, 1- and 17-token prompts
+        // beside longer ones, 1000+ tokens after a cached prefix, block size 32, and head_dim
+        // 64 with >= 64 tokens (falls back to the scalar kernel).
+        AttnCase{48, 8, 128, 16, {{128, 128}}},                         // G = 6, two full tiles
+        AttnCase{12, 2, 128, 16, {{300, 300}, {17, 17}, {1, 1}}},       // G = 6, prompts 300/17/1
+        AttnCase{16, 2, 128, 16, {{1500, 1030}, {64, 64}}},             // G = 8, prefix 470
+        AttnCase{4, 4, 128, 16, {{1200, 1100}, {300, 200}, {33, 17}}},  // G = 1, prefixes
+        AttnCase{6, 2, 128, 32, {{200, 150}, {1000, 65}}},              // G = 3 (single mode)
+        AttnCase{8, 1, 64, 16, {{100, 100}}}));                         // head_dim 64 fallback
+
+// On a Hopper part the sm_90a build must take the wgmma path (else the cases above would
+// silently test only the fallback).
+TEST(CudaAttentionWgmma, AvailableOnHopper) {
+  SKIP_WITHOUT_GPU();
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major != 9) GTEST_SKIP() << "not compute capability 9.x";
+  gpu();
+  EXPECT_TRUE(cuda::attention_wgmma_available());
+}
 
 }  // namespace
 }  // namespace moeserve::test

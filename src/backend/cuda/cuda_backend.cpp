@@ -97,6 +97,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   cc_ = major * 10 + minor;
+  cuda::attention_wgmma_available();  // probes (a synchronous copy) here, never inside a capture
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const size_t cbytes = size_t(kAttnCounterBase + kAttnCounterSlots) * sizeof(int);
   CUDA_CHECK(cudaMalloc(&counters_, cbytes));
@@ -123,6 +124,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("norm_qkv")) fuse_norm_linear = false;
     if (has("qk_kv")) fuse_qk_write_kv = false;
     if (has("attn")) fuse_attn_combine = false;
+  }
+  // MOESERVE_ATTN_WGMMA=0: prefill attention on the mma.sync kernel even on Hopper; a comma
+  // list with "overlap" (softmax under the previous P V), "mbar" (3 buffers, mbarriers), "seq"
+  // (the default) or "nopp" (no ping-pong order) picks the wgmma kernel's variant
+  // (process-wide; for A/B runs).
+  if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA")) {
+    const std::string v = std::string(",") + e + ",";
+    if (v == ",0,") use_attention_wgmma = false;
+    if (v.find(",overlap,") != std::string::npos) cuda::g_attn_wgmma_overlap = true;
+    if (v.find(",mbar,") != std::string::npos) cuda::g_attn_wgmma_mbar = true;
+    if (v.find(",seq,") != std::string::npos) cuda::g_attn_wgmma_overlap = false;
+    if (v.find(",nopp,") != std::string::npos) cuda::g_attn_wgmma_order = false;
   }
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;
@@ -571,7 +584,9 @@ void CudaBackend::attention(const AttentionArgs& a) {
   p.splits = splits;
   const int64_t groups = int64_t(p.num_seqs) * qtiles * p.Hkv;
   if (splits > 1 && splits <= 32 && fuse_attn_combine && groups <= kAttnCounterSlots) p.counters = counters_ + kAttnCounterBase;
-  if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
+  if (use_attention_tc && use_attention_wgmma && splits == 1 && attention_wgmma_supported(p))
+    launch_attention_wgmma(p, stream_);
+  else if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
     launch_attention_prefill(p, stream_);
   else if (use_attention_tc && splits == 1 && attention_tc_supported(p))
     launch_attention_tc(p, stream_);

@@ -154,6 +154,9 @@ class CudaBackend final : public Backend {
   bool use_attention_tc = true;
   // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.
   bool use_attention_prefill = true;
+  // ... on the Hopper wgmma kernel (k_attn_wgmma.cu) where the device and build allow it
+  // (compute capability 9.x, sm_90a code); else the pipelined mma.sync kernel above.
+  bool use_attention_wgmma = true;
   // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
   bool use_gemv_tc = true;
   // Prefill path (cuda_prefill.cpp): from this many rows, FP8 128x128-block linears and

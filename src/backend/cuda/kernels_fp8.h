@@ -60,5 +60,21 @@ void launch_moe_route_topk(const RouteParams& p, cudaStream_t s);
 // tokens, no splits; same contract as launch_attention_tc.
 bool attention_prefill_supported(const AttnParams& p);
 void launch_attention_prefill(const AttnParams& p, cudaStream_t s);
+// Hopper wgmma prefill attention (k_attn_wgmma.cu), same contract: head_dim 128, >= 64 query
+// tokens, no splits. Available only on compute capability 9.x with the sm_90a code loaded
+// (checked once, by reading back a per-architecture device constant; not capture-safe on the
+// first call, which no decode step makes).
+bool attention_wgmma_available();
+bool attention_wgmma_supported(const AttnParams& p);
+void launch_attention_wgmma(const AttnParams& p, cudaStream_t s);
+// Variant of the wgmma kernel: true overlaps each tile's softmax with the previous tile's P V
+// product inside a warpgroup; false (default, faster on the H200) runs S, softmax, P V in
+// sequence per warpgroup.
+extern bool g_attn_wgmma_overlap;
+// Ping-pong order of the two warpgroups' products per tile (default true).
+extern bool g_attn_wgmma_order;
+// Opt-in: 3 K/V buffers with per-buffer mbarriers instead of the per-tile block barrier
+// (sequential softmax; takes precedence over g_attn_wgmma_overlap).
+extern bool g_attn_wgmma_mbar;
 
 }  // namespace moeserve::cuda
