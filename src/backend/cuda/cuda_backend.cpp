@@ -550,6 +550,12 @@ void CudaBackend::attention(const AttentionArgs& a) {
     const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
     if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
     splits = std::max(splits, 1);
+    // MOESERVE_ATTN_SPLITS=n: A/B override of the split count (timing experiments).
+    static const int env_splits = [] {
+      const char* e = std::getenv("MOESERVE_ATTN_SPLITS");
+      return e ? std::atoi(e) : 0;
+    }();
+    if (env_splits > 0) splits = std::min(env_splits, std::min(32, std::max(1, m.max_context_len / 64)));
     if (splits > 1) {
       float* ws = static_cast<float*>(workspace(kAttnPart, per_split * splits));
       p.part_o = ws;

@@ -2,6 +2,7 @@
 // squares, fused full-width QK-norm + partial NeoX RoPE, paged KV write.
 // Activations are bf16 or f32 (runtime flag, uniform per launch); statistics are f32.
 #include <algorithm>
+#include <cstdlib>
 
 #include <cooperative_groups.h>
 
@@ -230,7 +231,12 @@ void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
   CU_REQUIRE(p.rotary_dim / 2 <= kMaxHalfRot, "qk_norm_rope: rotary_dim " + std::to_string(p.rotary_dim) + " > 1024");
   // Few tokens (decode, sm_90+): a cluster of 8 blocks per token, each normalising (and
   // rotating) 1/8 of the heads, instead of one block walking all 56 heads of a token.
-  const int slices = p.T < 64 && device_cc_major() >= 9 ? 8 : 1;
+  // MOESERVE_QK_SLICES=n: A/B override (1: no cluster).
+  static const int env_slices = [] {
+    const char* e = std::getenv("MOESERVE_QK_SLICES");
+    return e ? std::atoi(e) : 0;
+  }();
+  const int slices = p.T < 64 && device_cc_major() >= 9 ? (env_slices > 0 ? env_slices : 8) : 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(p.T, slices);
   cfg.blockDim = dim3(256);
