@@ -16,7 +16,10 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 if has tests; then
   timeout 100 ./test_cuda_ops --gtest_color=no ${OPS_FILTER:+--gtest_filter=$OPS_FILTER} > "$OUT/tests.log" 2>&1
   echo "test_cuda_ops rc=$?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure" "$OUT/tests.log" | sort | uniq -c | head -20
-  timeout 40 ./test_cuda_graphs --gtest_color=no > "$OUT/graphs.log" 2>&1
+  # head_dim-128 fixture (the fused decode attention path) for the graphs-vs-eager test
+  [ -f tests/fixtures/golden/tiny_d128_fp8/config.json ] || ./moeserve make-tiny tests/fixtures/golden/tiny_d128_fp8 --fp8 \
+    --block-size 128 --hidden-size 256 --num-heads 12 --num-kv-heads 2 --head-dim 128 --rotary-dim 64 --intermediate-size 256 > /dev/null
+  MOESERVE_SOURCE_DIR=$PWD timeout 60 ./test_cuda_graphs --gtest_color=no > "$OUT/graphs.log" 2>&1
   echo "test_cuda_graphs rc=$?"; grep -E "^\[  (PASSED|FAILED) |Failure|rel" "$OUT/graphs.log" | head -8
   MOESERVE_SOURCE_DIR=$PWD timeout 60 ./test_cuda_golden --gtest_color=no > "$OUT/golden.log" 2>&1
   echo "test_cuda_golden rc=$?"; grep -E "^\[  (PASSED|FAILED) |Failure" "$OUT/golden.log" | head -6
@@ -61,7 +64,8 @@ if has ab; then
   for entry in ${AB:-base=MOESERVE_X=1}; do
     [ "$(el)" -gt "$BUDGET" ] && { echo "ab: out of time before $entry"; break; }
     name=${entry%%=*}; envs=${entry#*=}
-    env ${envs//,/ } timeout 40 ./moeserve bench-model --synthetic minimax-m2.5 --layers 10 --batch-sizes ${AB_BATCH:-1} \
+    batch=${AB_BATCH:-1}; [[ $name == b64_* ]] && batch=64; [[ $name == b8_* ]] && batch=8
+    env ${envs//,/ } timeout 40 ./moeserve bench-model --synthetic minimax-m2.5 --layers 10 --batch-sizes $batch \
       --contexts 1024 --prefill-tokens 0 --iters 30 > "$OUT/ab_$name.log" 2>&1
     printf "ab %-14s %s\n" "$name" "$(grep -E '^[0-9]+ +[0-9]+ ' "$OUT/ab_$name.log" | awk '{printf "B=%s %s ms; ", $1, $3}')"
   done

@@ -201,6 +201,13 @@ class Backend {
     qk_norm_rope(args);
     write_kv(*args.k, v, kv, meta);
   }
+  // qk_norm_rope_write_kv(qk, v, kv, meta), then attention(attn) (attn.q is qk.q, attn.kv is
+  // &kv). A backend may fuse the two (decode); *qk.q and *qk.k are then left as they were.
+  virtual void qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor& v, KVCacheLayer& kv,
+                                      const AttentionMeta& meta, const AttentionArgs& attn) {
+    qk_norm_rope_write_kv(qk, v, kv, meta);
+    attention(attn);
+  }
 };
 
 }  // namespace moeserve

@@ -374,8 +374,6 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;
       qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
     }
-    for (int r = 0; r < rep_qknorm; ++r) be_.qk_norm_rope_write_kv(qa, v, kv[l], meta);
-    mark("qk_norm_rope_write_kv");
     AttentionArgs aa;
     aa.q = &q;
     aa.kv = &kv[l];
@@ -385,8 +383,14 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     aa.head_dim = cfg_.head_dim;
     aa.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     aa.out = &attn;
-    for (int r = 0; r < rep_attn; ++r) be_.attention(aa);
-    mark("attention");
+    if (rep_qknorm == 1) {
+      // QK-norm + RoPE, the KV write and attention (one kernel on CUDA at decode).
+      for (int r = 0; r < rep_attn; ++r) be_.qk_norm_rope_attention(qa, v, kv[l], meta, aa);
+    } else {
+      for (int r = 0; r < rep_qknorm; ++r) be_.qk_norm_rope_write_kv(qa, v, kv[l], meta);
+      for (int r = 0; r < rep_attn; ++r) be_.attention(aa);
+    }
+    mark("qk_norm_rope_attention");
     for (int r = 0; r < rep_oproj; ++r) be_.linear(attn, L.o, o);  // row-parallel: partial sums per rank
     mark("o_proj");
     all_reduce(o);

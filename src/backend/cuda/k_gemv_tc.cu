@@ -16,6 +16,8 @@
 // physical columns q*16 + 4i + {0,1} as logical k {2q, 2q+1} and q*16 + 4i + {2,3} as
 // {2q+8, 2q+9}: the fragments come straight from the 16-byte loads, no shuffles.
 // Each 128-column chunk is accumulated separately and added with its block scale.
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -339,7 +341,12 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
   // Fewer than ~2 blocks per SM (k/v/o projections at batch 1: 32-96 blocks): 8 warps per
   // block so each row group's K is streamed by twice as many warps.
   // linear_multi (q/k/v: 256 blocks of equal work) stays at 4 warps: one wave.
-  const bool wide = int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
+  // MOESERVE_GEMV_WARPS=4|8 forces one width (A/B timing only).
+  static const int env_warps = [] {
+    const char* e = std::getenv("MOESERVE_GEMV_WARPS");
+    return e ? std::atoi(e) : 0;
+  }();
+  const bool wide = env_warps ? env_warps == 8 : int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
   if constexpr (MODE == int(LinMode::kStore)) {
     if (p.norm) {
       if (wide)

@@ -243,6 +243,13 @@ void launch_attention(const AttnParams& p, cudaStream_t s);
 bool attention_tc_supported(const AttnParams& p);
 void launch_attention_tc(const AttnParams& p, cudaStream_t s);
 
+// Fused decode attention (k_attn_decode.cu, sm_90+): QK-norm + RoPE of q and k (n), the KV
+// write of k/v (n.kc/vc/slots) and split-KV attention (a) with an in-cluster split merge, for
+// batches of one query token per sequence. `splits` (1, 2, 4 or 8) blocks per (sequence, kv head).
+bool attn_decode_supported(const AttnParams& a, const QkNormRopeParams& n);
+int attn_decode_splits(int num_sms, int kv_groups, int max_context);
+void launch_attn_decode(const AttnParams& a, const QkNormRopeParams& n, int splits, cudaStream_t s);
+
 // ---- random fill (k_fill.cu): kind 0 f32, 1 bf16, 2 fp8 e4m3; uniform in [-scale, scale] ----
 void launch_fill_random(void* p, int kind, int64_t n, uint64_t seed, float scale, cudaStream_t s);
 
