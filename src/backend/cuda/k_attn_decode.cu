@@ -6,9 +6,10 @@
 // Grid (splits, kv heads, sequences); the `splits` blocks of one (sequence, kv head) form a
 // thread-block cluster and merge their partial softmax states through distributed shared
 // memory, so no partials go through global memory and no extra kernel runs.
-// Block: 4 warps. Warp w owns rows 4 (w & 1) .. +3 of the G <= 8 q heads of the kv head and
-// every other 64-key tile of the block's key range (w >> 1): two K/V tiles are staged per
-// iteration. Everything the block reads before griddepcontrol.wait is a graph input or cache
+// Block: 8 warps. Warp w owns rows 2 (w % 4), +1 of the G <= 8 q heads of the kv head and
+// every other 64-key tile of the block's key range (w / 4): two K/V tiles are staged per
+// iteration. (The per-tile work of a warp is latency-bound scalar math: 2 rows per warp
+// instead of 4 halves it.) Everything the block reads before griddepcontrol.wait is a graph input or cache
 // content of earlier steps (context lengths, block tables: uploaded before the step's first
 // kernel; K/V of positions < ctx - 1), never something the predecessor (the q/k/v GEMV) writes;
 // the newest key (position ctx - 1, written here) is patched into the staged tile after the
@@ -26,7 +27,8 @@
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kW = 4, kT = kW * 32, kKeys = 64, kD = 128, kRows = 8, kRowsPerWarp = 4, kMaxSplits = 8;
+constexpr int kW = 8, kT = kW * 32, kKeys = 64, kD = 128, kRows = 8, kRowsPerWarp = 2, kMaxSplits = 8;
+constexpr int kRowGroups = kRows / kRowsPerWarp;  // warps per key half
 
 struct Smem {
   float qs[kRows][kD];                      // normed, rotated, bf16-rounded q rows x scale*log2(e)
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(kT) attn_decode_kernel(AttnParams a, QkNormRop
   const int new_h = has_new ? (newest - kbeg) / kKeys % 2 : 0, new_kk = has_new ? (newest - kbeg) % kKeys : 0;
 
   // ---- attention over the block's key range ----
-  const int rg = warp & 1, kh = warp >> 1;
+  const int rg = warp % kRowGroups, kh = warp / kRowGroups;
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kD / 32];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
