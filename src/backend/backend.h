@@ -115,6 +115,10 @@ struct AttentionArgs {
   int head_dim = 0;
   float scale = 1.f;
   Tensor* out;  // [T, Hq * head_dim]
+  // Optional hint: up to two weight tensors the ops after attention read (o_proj, router
+  // gate). A backend may start fetching them into its cache while attention, which moves
+  // little data at decode, runs. Never changes results.
+  const Tensor* prefetch[2] = {nullptr, nullptr};
 };
 
 // The shape checks of Backend::copy_from_host_2d, shared by the backends.

@@ -383,6 +383,8 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     aa.head_dim = cfg_.head_dim;
     aa.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     aa.out = &attn;
+    aa.prefetch[0] = &L.o.weight;  // read next (o_proj) ...
+    aa.prefetch[1] = &L.moe.gate;  // ... and by the router
     if (rep_qknorm == 1) {
       // QK-norm + RoPE, the KV write and attention (one kernel on CUDA at decode).
       for (int r = 0; r < rep_attn; ++r) be_.qk_norm_rope_attention(qa, v, kv[l], meta, aa);

@@ -79,6 +79,7 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
     qa.rope = {D, c.rot, 5e6f};
     qa.eps = 1e-6f;
     AttentionArgs aa{&tq, &kv, &m, c.Hq, c.Hkv, D, scale, &out};
+    aa.prefetch[0] = &kv.v, aa.prefetch[1] = &tk;  // L2 hints (exercised, results unchanged)
     b.qk_norm_rope_attention(qa, tv, kv, m, aa);
     return std::vector<std::vector<float>>{b.download_f32(out), b.download_f32(kv.k), b.download_f32(kv.v)};
   };

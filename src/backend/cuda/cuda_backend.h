@@ -157,6 +157,9 @@ class CudaBackend final : public Backend {
   // qk_norm_rope_attention as one kernel (k_attn_decode.cu: norm + RoPE + KV write + split-KV
   // attention + in-cluster merge) for decode batches of up to this many sequences; 0: off.
   int attn_decode_max_tokens = 8;
+  // The fused decode attention kernel prefetches AttentionArgs::prefetch (o_proj weights,
+  // router gate) into L2 while it runs (HBM is otherwise idle during decode attention).
+  bool attn_l2_prefetch = true;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.

@@ -84,6 +84,25 @@ __global__ void __launch_bounds__(kT) attn_decode_kernel(AttnParams a, QkNormRop
       *reinterpret_cast<uint4*>(&S.vs[h][kk][c]) = vv;
     }
   };
+  // L2 prefetch of the next ops' weights (a hint; weights are constant, so before the wait):
+  // the grid's blocks split each tensor into 16-byte-aligned slices, one bulk prefetch per
+  // 64 KB issued by the lanes of warp 0.
+  if (warp == 0) {
+    const int nblk = gridDim.x * gridDim.y * gridDim.z;
+    const int b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (!a.pf_ptr[i]) continue;
+      const uint64_t total = a.pf_bytes[i] / 16 * 16, slice = (total / nblk + 15) / 16 * 16;
+      const uint64_t beg = min(total, uint64_t(b) * slice), end = min(total, beg + slice);
+      for (uint64_t off = beg + uint64_t(lane) * 65536; off < end; off += 32ull * 65536) {
+        const uint32_t nb = uint32_t(min(uint64_t(65536), end - off));
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(a.pf_ptr[i]) + off),
+                     "r"(nb)
+                     : "memory");
+      }
+    }
+  }
   if (iters > 0) stage(0);
   // RoPE frequencies as fp32 like the reference implementations (double pow: before the wait).
   for (int d = tid; d < n.rotary_dim / 2; d += kT)

@@ -235,6 +235,9 @@ struct AttnParams {
   // splits > 1: zeroed ints, one per (sequence, query tile, kv head). With them the last
   // split block of each group merges the partials itself (no combine kernel).
   int* counters = nullptr;
+  // Optional L2 prefetch (fused decode kernel only): weights read by the following ops.
+  const void* pf_ptr[2] = {nullptr, nullptr};
+  uint64_t pf_bytes[2] = {0, 0};
 };
 // Query tokens per block for a GQA group size.
 int attn_query_tile(int group);
