@@ -92,6 +92,9 @@ struct LinParams {
   const float* s = nullptr;  // block scales [ceil(N/bo), s_cols]
   const ExpertPtrs* experts = nullptr;
   bool fp8 = true;  // false: bf16 weights
+  // Tensor-core GEMV weight loads: 0 ld.global.nc, 1 + L1::no_allocate + L2::256B prefetch
+  // hint (MOESERVE_GEMV_LD overrides).
+  int ld_hint = 0;
   int N = 0, K = 0;  // N = output columns (for kSwiglu: I, the rows of W1 and of W3)
   int bo = 128, bi = 128, s_cols = 0;
   // Tile table (MoE): tile t covers sorted rows [tile_begin[t], tile_end[t]) of expert
