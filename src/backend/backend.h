@@ -115,10 +115,11 @@ struct AttentionArgs {
   int head_dim = 0;
   float scale = 1.f;
   Tensor* out;  // [T, Hq * head_dim]
-  // Optional hint: up to two weight tensors the ops after attention read (o_proj, router
-  // gate). A backend may start fetching them into its cache while attention, which moves
-  // little data at decode, runs. Never changes results.
-  const Tensor* prefetch[2] = {nullptr, nullptr};
+  // Optional hint: weight tensors the ops after attention read (o_proj, router gate, the next
+  // layer's q/k/v). A backend may start fetching them into its cache while attention, which
+  // moves little data at decode, runs. Never changes results.
+  static constexpr int kMaxPrefetch = 5;
+  const Tensor* prefetch[kMaxPrefetch] = {};
 };
 
 // The shape checks of Backend::copy_from_host_2d, shared by the backends.

@@ -383,8 +383,13 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     aa.head_dim = cfg_.head_dim;
     aa.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     aa.out = &attn;
-    aa.prefetch[0] = &L.o.weight;  // read next (o_proj) ...
-    aa.prefetch[1] = &L.moe.gate;  // ... and by the router
+    aa.prefetch[0] = &L.o.weight;  // read next (o_proj), by the router, and first in the next layer
+    aa.prefetch[1] = &L.moe.gate;
+    if (l + 1 < w_.layers.size()) {
+      aa.prefetch[2] = &w_.layers[l + 1].q.weight;
+      aa.prefetch[3] = &w_.layers[l + 1].k.weight;
+      aa.prefetch[4] = &w_.layers[l + 1].v.weight;
+    }
     if (rep_qknorm == 1) {
       // QK-norm + RoPE, the KV write and attention (one kernel on CUDA at decode).
       for (int r = 0; r < rep_attn; ++r) be_.qk_norm_rope_attention(qa, v, kv[l], meta, aa);

@@ -80,6 +80,7 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
     qa.eps = 1e-6f;
     AttentionArgs aa{&tq, &kv, &m, c.Hq, c.Hkv, D, scale, &out};
     aa.prefetch[0] = &kv.v, aa.prefetch[1] = &tk;  // L2 hints (exercised, results unchanged)
+    gpu().attn_l2_prefetch = 2;
     b.qk_norm_rope_attention(qa, tv, kv, m, aa);
     return std::vector<std::vector<float>>{b.download_f32(out), b.download_f32(kv.k), b.download_f32(kv.v)};
   };
@@ -95,6 +96,7 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
   for (int fused = 1; fused >= 0; --fused) {
     gpu().attn_decode_max_tokens = fused ? 64 : 0;
     auto g = run(gpu(), true);
+    gpu().attn_l2_prefetch = 0;
     EXPECT_LT(rel_err(real_rows(g[0]), real_rows(r[0])), 1e-2) << "attention out, fused " << fused;
     EXPECT_LT(rel_err(g[1], r[1]), 1e-2) << "k cache, fused " << fused;
     EXPECT_LT(rel_err(g[2], r[2]), 1e-2) << "v cache, fused " << fused;
@@ -106,7 +108,7 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
       EXPECT_LT(rel_err(gk, rk), 1e-2) << "new k row of sequence " << s << ", fused " << fused;
     }
   }
-  gpu().attn_decode_max_tokens = 8;
+  gpu().attn_decode_max_tokens = 64;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaQkNormRopeAttention,

@@ -126,7 +126,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("attn_decode")) attn_decode_max_tokens = 0;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e) != 0;
+  if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;
     fuse_router = false;
@@ -563,12 +564,12 @@ AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   p.num_seqs = m.num_seqs, p.T = m.num_tokens, p.max_query_len = m.max_query_len;
   p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = m.block_size;
   p.Hq = a.num_q_heads, p.Hkv = a.num_kv_heads, p.D = a.head_dim, p.scale = a.scale;
-  if (attn_l2_prefetch)
-    for (int i = 0; i < 2; ++i)
-      if (a.prefetch[i] && a.prefetch[i]->device == Device::CUDA && a.prefetch[i]->data) {
-        p.pf_ptr[i] = a.prefetch[i]->data;
-        p.pf_bytes[i] = a.prefetch[i]->nbytes();
-      }
+  static_assert(AttnParams::kMaxPf == AttentionArgs::kMaxPrefetch);
+  for (int i = 0; i < std::min(attn_l2_prefetch, AttnParams::kMaxPf); ++i)
+    if (a.prefetch[i] && a.prefetch[i]->device == Device::CUDA && a.prefetch[i]->data) {
+      p.pf_ptr[i] = a.prefetch[i]->data;
+      p.pf_bytes[i] = a.prefetch[i]->nbytes();
+    }
   return p;
 }
 

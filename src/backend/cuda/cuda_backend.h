@@ -156,10 +156,15 @@ class CudaBackend final : public Backend {
   bool fuse_attn_combine = false;
   // qk_norm_rope_attention as one kernel (k_attn_decode.cu: norm + RoPE + KV write + split-KV
   // attention + in-cluster merge) for decode batches of up to this many sequences; 0: off.
-  int attn_decode_max_tokens = 8;
-  // The fused decode attention kernel prefetches AttentionArgs::prefetch (o_proj weights,
-  // router gate) into L2 while it runs (HBM is otherwise idle during decode attention).
-  bool attn_l2_prefetch = true;
+  int attn_decode_max_tokens = 64;
+  // The fused decode attention kernel prefetches the first this many AttentionArgs::prefetch
+  // tensors (o_proj weights, router gate, next layer's q/k/v) into L2 while it runs (HBM is
+  // otherwise idle during decode attention); 0: off. Off by default: o_proj + gate measured
+  // ~5 us per layer slower at batch 1 on the H200 (the prefetch delays the KV loads).
+  int attn_l2_prefetch = 0;
+  // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint, 2 L2 evict_first policy (so
+  // the streamed experts do not evict prefetched attention weights).
+  int moe_ld_hint = 0;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kT) attn_decode_kernel(AttnParams a, QkNormRop
     const int nblk = gridDim.x * gridDim.y * gridDim.z;
     const int b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < AttnParams::kMaxPf; ++i) {
       if (!a.pf_ptr[i]) continue;
       const uint64_t total = a.pf_bytes[i] / 16 * 16, slice = (total / nblk + 15) / 16 * 16;
       const uint64_t beg = min(total, uint64_t(b) * slice), end = min(total, beg + slice);

@@ -59,6 +59,83 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
   }
 }
 
+// bf16 rows of C % 8 == 0, C <= 8 * kNormThreads * kNormV (decode: one block per row): all
+// 16-byte loads of the row are issued before any use and the norm weight is loaded before
+// the PDL wait (it is a weight), so a row costs one L2 round trip, a block reduction and the
+// stores -- the scalar kernel above chains ~2 x C / blockDim dependent load/store steps
+// (its residual store may alias the next load), several us at decode.
+constexpr int kNormThreads = 256, kNormV = 4;
+__global__ void __launch_bounds__(kNormThreads) rms_norm_vec_kernel(RmsNormParams p) {
+  __shared__ float scratch[32];
+  const int C = p.cols;
+  const int64_t row = blockIdx.x;
+  uint4 wv[kNormV];
+#pragma unroll
+  for (int i = 0; i < kNormV; ++i) {
+    const int c = (i * kNormThreads + threadIdx.x) * 8;
+    if (c < C) wv[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.weight) + c));
+  }
+  pdl_enter();
+  const bf16* x = static_cast<const bf16*>(p.x) + row * C;
+  bf16* res = static_cast<bf16*>(p.residual) + row * C;
+  uint4 xv[kNormV], rv[kNormV] = {};
+#pragma unroll
+  for (int i = 0; i < kNormV; ++i) {
+    const int c = (i * kNormThreads + threadIdx.x) * 8;
+    if (c < C) {
+      xv[i] = *reinterpret_cast<const uint4*>(x + c);
+      if (p.residual) rv[i] = *reinterpret_cast<const uint4*>(res + c);
+    }
+  }
+  float v[kNormV][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNormV; ++i) {
+    const int c = (i * kNormThreads + threadIdx.x) * 8;
+    const uint32_t xw[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
+    const uint32_t rw[4] = {rv[i].x, rv[i].y, rv[i].z, rv[i].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float2 a = bf16x2_to_f2(xw[e]);
+      if (p.residual) {
+        const float2 b = bf16x2_to_f2(rw[e]);
+        a.x = bf2f(f2bf(a.x + b.x)), a.y = bf2f(f2bf(a.y + b.y));  // the stored (bf16) sum
+      }
+      v[i][2 * e] = c < C ? a.x : 0.f;
+      v[i][2 * e + 1] = c < C ? a.y : 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += v[i][e] * v[i][e];
+    if (p.residual && c < C) {
+      uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e], v[i][2 * e + 1]);
+        o[e] = *reinterpret_cast<uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(res + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+  ss = block_sum(ss, scratch);
+  const float r = rsqrtf(ss / C + p.eps);
+  bf16* out = static_cast<bf16*>(p.out) + row * C;
+#pragma unroll
+  for (int i = 0; i < kNormV; ++i) {
+    const int c = (i * kNormThreads + threadIdx.x) * 8;
+    if (c < C) {
+      const uint32_t ww[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+      uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 wf = bf16x2_to_f2(ww[e]);
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e] * r * wf.x, v[i][2 * e + 1] * r * wf.y);
+        o[e] = *reinterpret_cast<uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(out + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+}
+
 __global__ void add_kernel(const void* a, bool abf, const void* b, bool bbf, void* out, bool obf,
                            int64_t n) {
   pdl_enter();
@@ -208,6 +285,13 @@ void launch_embedding(const void* table, bool table_bf16, const int32_t* ids, in
 
 void launch_rms_norm(const RmsNormParams& p, cudaStream_t s) {
   if (p.rows == 0) return;
+  auto a16 = [](const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  if (p.x_bf16 && p.weight_bf16 && p.out_bf16 && (!p.residual || p.residual_bf16) && p.cols % 8 == 0 &&
+      p.cols <= 8 * kNormThreads * kNormV && a16(p.x) && a16(p.weight) && a16(p.out) && a16(p.residual)) {
+    launch_pdl(rms_norm_vec_kernel, dim3(p.rows), dim3(kNormThreads), 0, s, p);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   launch_pdl(rms_norm_kernel, dim3(p.rows), dim3(512), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }

@@ -54,11 +54,17 @@ __device__ __forceinline__ uint32_t bf2_to_h2(uint32_t w) {
 template <int HINT>
 __device__ __forceinline__ uint4 ld_w(const void* ptr) {
   uint4 v;
-  if constexpr (HINT == 1)
+  if constexpr (HINT == 1) {
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(ptr));
-  else
+  } else if constexpr (HINT == 2) {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr), "l"(pol));
+  } else
     v = __ldg(reinterpret_cast<const uint4*>(ptr));
   return v;
 }
@@ -374,6 +380,13 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
       launch_pdl(gemv_tc_kernel<MODE, 8, false, 1>, grid, dim3(8 * 32), 0, s, p);
     else
       launch_pdl(gemv_tc_kernel<MODE, 4, false, 1>, grid, dim3(4 * 32), 0, s, p);
+    return;
+  }
+  if (MODE != int(LinMode::kStore) && p.ld_hint == 2) {  // expert GEMVs only
+    if (wide)
+      launch_pdl(gemv_tc_kernel<MODE, 8, false, 2>, grid, dim3(8 * 32), 0, s, p);
+    else
+      launch_pdl(gemv_tc_kernel<MODE, 4, false, 2>, grid, dim3(4 * 32), 0, s, p);
     return;
   }
   if (wide)

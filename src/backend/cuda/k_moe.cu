@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) route_decode_kernel(RouteParam
   __shared__ int is_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int e = blockIdx.x * kDecWarps + warp;
-  const int nv = p.H / 128;  // float4 per lane
+  const int nv = p.pf_pairs == 2 ? 0 : p.H / 128;  // float4 per lane (pf_pairs: MOESERVE_ROUTE_DIAG here)
   float4 w[kRoutePre];
   const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(min(e, p.E - 1)) * p.H);
 #pragma unroll
@@ -239,6 +239,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) route_decode_kernel(RouteParam
   if (!is_last) return;
   if (tid == 0) *p.counter = 0;  // ready for the next layer / graph replay
   __threadfence();
+  if (p.pf_pairs == 1) return;
   const int E4 = (p.E + 3) / 4 * 4;
   for (int t = 0; t < p.T; ++t) {
     for (int x = tid; x < E4; x += blockDim.x) {
@@ -276,6 +277,12 @@ __global__ void __launch_bounds__(kDecWarps * 32) route_decode_kernel(RouteParam
     __syncthreads();  // score / choice / sel reused by the next token
   }
 }
+
+// MOESERVE_ROUTE_DIAG (timing only, wrong routing): 1 skips the top-k, 2 the logits GEMV.
+int g_route_diag = [] {
+  const char* e = std::getenv("MOESERVE_ROUTE_DIAG");
+  return e ? std::atoi(e) : 0;
+}();
 
 bool g_route_old = [] {
   const char* e = std::getenv("MOESERVE_ROUTE_OLD");  // A/B: the previous decode router
@@ -379,7 +386,9 @@ void launch_moe_route(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(!p.norm || route_norm_supported(p), "moe_route: fused norm unsupported for these shapes");
   if (q.counter && !q.norm && !q.pf_experts && !q.gate_bf16 && q.x_bf16 && q.top_k <= 32 && q.H % 128 == 0 &&
       q.H / 128 <= kRoutePre && !g_route_old) {
-    launch_pdl(route_decode_kernel, dim3(ceil_div(p.E, kDecWarps)), dim3(kDecWarps * 32), 0, s, q);
+    RouteParams d = q;
+    d.pf_pairs = g_route_diag;  // unused by this kernel otherwise (no expert prefetch here)
+    launch_pdl(route_decode_kernel, dim3(ceil_div(p.E, kDecWarps)), dim3(kDecWarps * 32), 0, s, d);
     CUDA_CHECK_LAUNCH();
     return;
   }

@@ -94,7 +94,7 @@ struct LinParams {
   bool fp8 = true;  // false: bf16 weights
   // Tensor-core GEMV weight loads: 0 ld.global.nc, 1 + L1::no_allocate + L2::256B prefetch
   // hint (MOESERVE_GEMV_LD overrides).
-  int ld_hint = 0;
+  int ld_hint = 0;  // 2: L2 evict_first policy (streamed expert weights)
   int N = 0, K = 0;  // N = output columns (for kSwiglu: I, the rows of W1 and of W3)
   int bo = 128, bi = 128, s_cols = 0;
   // Tile table (MoE): tile t covers sorted rows [tile_begin[t], tile_end[t]) of expert
@@ -239,8 +239,9 @@ struct AttnParams {
   // split block of each group merges the partials itself (no combine kernel).
   int* counters = nullptr;
   // Optional L2 prefetch (fused decode kernel only): weights read by the following ops.
-  const void* pf_ptr[2] = {nullptr, nullptr};
-  uint64_t pf_bytes[2] = {0, 0};
+  static constexpr int kMaxPf = 5;
+  const void* pf_ptr[kMaxPf] = {};
+  uint64_t pf_bytes[kMaxPf] = {};
 };
 // Query tokens per block for a GQA group size.
 int attn_query_tile(int group);
