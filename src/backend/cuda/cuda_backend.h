@@ -162,9 +162,9 @@ class CudaBackend final : public Backend {
   // otherwise idle during decode attention); 0: off. Off by default: o_proj + gate measured
   // ~5 us per layer slower at batch 1 on the H200 (the prefetch delays the KV loads).
   int attn_l2_prefetch = 0;
-  // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint, 2 L2 evict_first policy (so
-  // the streamed experts do not evict prefetched attention weights).
-  int moe_ld_hint = 0;
+  // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint (default), 2 L2 evict_first
+  // policy (so the streamed experts do not evict prefetched attention weights; no gain measured).
+  int moe_ld_hint = 1;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.
