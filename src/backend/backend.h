@@ -115,6 +115,11 @@ struct AttentionArgs {
   int head_dim = 0;
   float scale = 1.f;
   Tensor* out;  // [T, Hq * head_dim]
+  // Optional hint: weight tensors the ops after attention read (o_proj, router gate, the next
+  // layer's q/k/v). A backend may start fetching them into its cache while attention, which
+  // moves little data at decode, runs. Never changes results.
+  static constexpr int kMaxPrefetch = 5;
+  const Tensor* prefetch[kMaxPrefetch] = {};
 };
 
 // The shape checks of Backend::copy_from_host_2d, shared by the backends.
@@ -200,6 +205,13 @@ class Backend {
                                      const AttentionMeta& meta) {
     qk_norm_rope(args);
     write_kv(*args.k, v, kv, meta);
+  }
+  // qk_norm_rope_write_kv(qk, v, kv, meta), then attention(attn) (attn.q is qk.q, attn.kv is
+  // &kv). A backend may fuse the two (decode); *qk.q and *qk.k are then left as they were.
+  virtual void qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor& v, KVCacheLayer& kv,
+                                      const AttentionMeta& meta, const AttentionArgs& attn) {
+    qk_norm_rope_write_kv(qk, v, kv, meta);
+    attention(attn);
   }
 };
 

@@ -22,6 +22,8 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--prefill-tokens", opt->prefill_tokens, "Prompt length for prefill/TTFT (0: skip)")
           ->capture_default_str();
       sub->add_option("--iters", opt->iters, "Timed repetitions (median)")->capture_default_str();
+      sub->add_option("--warmup-ms", opt->warmup_ms, "Replay each decode graph ~this long before timing (GPU clocks)")
+          ->capture_default_str();
       sub->add_option("--block-size", opt->block_size, "KV block size")->capture_default_str();
       sub->add_option("--gpu-memory-utilization", opt->gpu_memory_utilization, "Fraction of GPU memory to use")
           ->capture_default_str();

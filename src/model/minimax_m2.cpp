@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "core/error.h"
@@ -36,6 +38,19 @@ Tensor to_bf16_host(const Tensor& t) {
   auto* out = b.ptr<uint16_t>();
   for (size_t i = 0; i < f.size(); ++i) out[i] = f32_to_bf16(f[i]);
   return b;
+}
+
+// Timing diagnostics (never set in serving): MOESERVE_OP_REPEAT=op:n,... runs a layer op n
+// times (0: skipped; its output is then stale, so only the time means anything). ops: qkv,
+// qknorm, attn, oproj, route, experts. Measures what one op costs inside the whole graph
+// (PDL overlap and dependency waits included), which an isolated kernel timing does not.
+int op_repeat(const char* op) {
+  static const char* env = std::getenv("MOESERVE_OP_REPEAT");
+  if (!env) return 1;
+  const size_t n = std::strlen(op);
+  for (const char* s = env; (s = std::strstr(s, op)) != nullptr; s += n)
+    if ((s == env || s[-1] == ',') && s[n] == ':') return std::atoi(s + n + 1);
+  return 1;
 }
 
 }  // namespace
@@ -326,15 +341,19 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   mark("embedding");
   be_.rms_norm(residual, w_.layers[0].input_norm, eps, x);
   mark("norm");
+  static const int rep_qkv = op_repeat("qkv"), rep_qknorm = op_repeat("qknorm"), rep_attn = op_repeat("attn"),
+                   rep_oproj = op_repeat("oproj"), rep_route = op_repeat("route"), rep_experts = op_repeat("experts");
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     MiniMaxM2Layer& L = w_.layers[l];
     // Attention block.
     const LinearWeight* qkv_w[3] = {&L.q, &L.k, &L.v};  // -> q [T, Hq_local*D], k/v [T, Hkv_local*D]
     Tensor* qkv_out[3] = {&q, &k, &v};
-    if (l == 0)
-      be_.linear_multi(x, qkv_w, qkv_out, 3);
-    else  // the previous layer's residual add + this layer's input norm, fused into q/k/v
-      be_.add_rms_norm_linear_multi(residual, moe_out, L.input_norm, eps, x, qkv_w, qkv_out, 3);
+    for (int r = 0; r < rep_qkv; ++r) {
+      if (l == 0)
+        be_.linear_multi(x, qkv_w, qkv_out, 3);
+      else  // the previous layer's residual add + this layer's input norm, fused into q/k/v
+        be_.add_rms_norm_linear_multi(residual, moe_out, L.input_norm, eps, x, qkv_w, qkv_out, 3);
+    }
     mark(l == 0 ? "qkv_proj" : "norm_qkv_proj");
     QkNormRopeArgs qa;
     qa.q = &q;
@@ -355,8 +374,6 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;
       qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
     }
-    be_.qk_norm_rope_write_kv(qa, v, kv[l], meta);
-    mark("qk_norm_rope_write_kv");
     AttentionArgs aa;
     aa.q = &q;
     aa.kv = &kv[l];
@@ -366,15 +383,28 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     aa.head_dim = cfg_.head_dim;
     aa.scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     aa.out = &attn;
-    be_.attention(aa);
-    mark("attention");
-    be_.linear(attn, L.o, o);  // row-parallel: partial sums per rank
+    aa.prefetch[0] = &L.o.weight;  // read next (o_proj), by the router, and first in the next layer
+    aa.prefetch[1] = &L.moe.gate;
+    if (l + 1 < w_.layers.size()) {
+      aa.prefetch[2] = &w_.layers[l + 1].q.weight;
+      aa.prefetch[3] = &w_.layers[l + 1].k.weight;
+      aa.prefetch[4] = &w_.layers[l + 1].v.weight;
+    }
+    if (rep_qknorm == 1) {
+      // QK-norm + RoPE, the KV write and attention (one kernel on CUDA at decode).
+      for (int r = 0; r < rep_attn; ++r) be_.qk_norm_rope_attention(qa, v, kv[l], meta, aa);
+    } else {
+      for (int r = 0; r < rep_qknorm; ++r) be_.qk_norm_rope_write_kv(qa, v, kv[l], meta);
+      for (int r = 0; r < rep_attn; ++r) be_.attention(aa);
+    }
+    mark("qk_norm_rope_attention");
+    for (int r = 0; r < rep_oproj; ++r) be_.linear(attn, L.o, o);  // row-parallel: partial sums per rank
     mark("o_proj");
     all_reduce(o);
     // MoE block (the post-attention norm and the router: one kernel on CUDA at decode).
-    be_.add_rms_norm_route(residual, o, L.post_attention_norm, eps, x, L.moe, routing);
+    for (int r = 0; r < rep_route; ++r) be_.add_rms_norm_route(residual, o, L.post_attention_norm, eps, x, L.moe, routing);
     mark("norm_route");
-    be_.moe_experts(x, L.moe, routing, moe_out);  // this rank's experts / expert slices
+    for (int r = 0; r < rep_experts; ++r) be_.moe_experts(x, L.moe, routing, moe_out);  // this rank's experts
     mark("moe_experts");
     all_reduce(moe_out);
   }

@@ -12,6 +12,7 @@ struct BenchModelOptions {
   std::string synthetic;   // "minimax-m2.5"
   std::string checkpoint;  // checkpoint dir, loaded through MiniMaxM2Model::load
   int layers = 0;          // 0: 4 synthetic layers / every layer of the checkpoint
+  int warmup_ms = 0;       // replay each decode graph for about this long before timing it
   std::vector<int> batches = {1, 8, 32, 64, 128, 256};
   std::vector<int> contexts = {1024, 8192};
   int prefill_tokens = 8192;

@@ -16,8 +16,9 @@ namespace {
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-// T = 6 runs the fused router (top-k in the last logits block) and, switched off, the two
-// kernels; T = 20 (> 8 tokens) always the two kernels.
+// T = 1, 6, 8 run the fused decode router (route_decode_kernel: logits, then the block-wide
+// rank top-k in the last block) and, switched off, the two kernels; T = 20 (> 8 tokens)
+// always the two kernels.
 class CudaRouter : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 TEST_P(CudaRouter, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -60,7 +61,7 @@ TEST_P(CudaRouter, MatchesReference) {
   gpu().fuse_router = true;
 }
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaRouter,
-                         ::testing::Combine(::testing::Values(1, 6, 20), ::testing::Values(true, false)));
+                         ::testing::Combine(::testing::Values(1, 6, 8, 20), ::testing::Values(true, false)));
 
 struct MoeCase {
   int T, H, I, E_local, E, K, first_local;

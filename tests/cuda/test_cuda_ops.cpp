@@ -91,7 +91,8 @@ TEST_P(CudaNorm, RmsNormAndAddRmsNorm) {
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaNorm,
                          ::testing::Values(std::make_tuple(1, 3072), std::make_tuple(7, 3072), std::make_tuple(3, 6144),
-                                           std::make_tuple(5, 77), std::make_tuple(300, 1024)));
+                                           std::make_tuple(5, 77), std::make_tuple(300, 1024),
+                                           std::make_tuple(2, 8192), std::make_tuple(2, 8200), std::make_tuple(1, 40)));
 
 // Host reference of full-width QK-norm + partial NeoX RoPE on one [T, W] tensor.
 void ref_qk(std::vector<float>& x, const std::vector<float>& w, int T, int W, int D, int rot, float theta,

@@ -124,6 +124,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("norm_qkv")) fuse_norm_linear = false;
     if (has("qk_kv")) fuse_qk_write_kv = false;
     if (has("attn")) fuse_attn_combine = false;
+    if (has("attn_decode")) attn_decode_max_tokens = 0;
   }
   // MOESERVE_ATTN_WGMMA=0: prefill attention on the mma.sync kernel even on Hopper; a comma
   // list with "overlap" (softmax under the previous P V), "mbar" (3 buffers, mbarriers), "seq"
@@ -137,6 +138,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (v.find(",seq,") != std::string::npos) cuda::g_attn_wgmma_overlap = false;
     if (v.find(",nopp,") != std::string::npos) cuda::g_attn_wgmma_order = false;
   }
+  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;
     fuse_router = false;
@@ -146,6 +150,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     fuse_norm_linear = false;
     fuse_norm_route = false;
     moe_l2_prefetch_pairs = 0;
+    attn_decode_max_tokens = 0;
   }
   // MOESERVE_PREFILL_OFF=fp8_act,lt,attn,router (comma list) turns prefill fast paths off, to
   // narrow down an accuracy difference (scripts/realshape_check.py): fp8_act = bf16
@@ -473,8 +478,29 @@ void CudaBackend::qk_norm_rope_write_kv(const QkNormRopeArgs& a, const Tensor& v
   qk_norm_rope_impl(a, &v, &kv, &meta);
 }
 
+void CudaBackend::qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor& v, KVCacheLayer& kv,
+                                         const AttentionMeta& meta, const AttentionArgs& attn) {
+  MS_CHECK(attn.q == qk.q && attn.kv == &kv && attn.meta == &meta,
+           "qk_norm_rope_attention: attention must read the normed q and the written cache");
+  if (meta.num_tokens > 0 && meta.num_tokens <= attn_decode_max_tokens && meta.max_query_len == 1) {
+    const QkNormRopeParams n = qk_norm_rope_params(qk, &v, &kv, &meta);
+    const AttnParams p = attention_params(attn);
+    if (attn_decode_supported(p, n)) {
+      launch_attn_decode(p, n, attn_decode_splits(num_sms_, p.num_seqs * p.Hkv, meta.max_context_len), stream_);
+      return;
+    }
+  }
+  qk_norm_rope_write_kv(qk, v, kv, meta);
+  attention(attn);
+}
+
 void CudaBackend::qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
                                     const AttentionMeta* meta) {
+  launch_qk_norm_rope(qk_norm_rope_params(a, v, kv, meta), stream_);
+}
+
+QkNormRopeParams CudaBackend::qk_norm_rope_params(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
+                                                  const AttentionMeta* meta) {
   MS_CHECK(a.q && a.k && a.q_norm_weight && a.k_norm_weight && a.positions, "qk_norm_rope: missing argument");
   check_dev(*a.q, "qk_norm_rope", "q");
   check_dev(*a.k, "qk_norm_rope", "k");
@@ -520,7 +546,7 @@ void CudaBackend::qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KV
     p.slots = meta->slot_mapping.ptr<int32_t>();
     p.num_slots = kv->k.dim(0) * kv->k.dim(1);
   }
-  launch_qk_norm_rope(p, stream_);
+  return p;
 }
 
 void CudaBackend::write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) {
@@ -539,7 +565,7 @@ void CudaBackend::write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, c
                   meta.slot_mapping.ptr<int32_t>(), T, width, kv.k.dim(0) * kv.k.dim(1), stream_);
 }
 
-void CudaBackend::attention(const AttentionArgs& a) {
+AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   MS_CHECK(a.q && a.kv && a.meta && a.out, "attention: missing argument");
   const AttentionMeta& m = *a.meta;
   check_dev(*a.q, "attention", "q");
@@ -563,6 +589,18 @@ void CudaBackend::attention(const AttentionArgs& a) {
   p.num_seqs = m.num_seqs, p.T = m.num_tokens, p.max_query_len = m.max_query_len;
   p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = m.block_size;
   p.Hq = a.num_q_heads, p.Hkv = a.num_kv_heads, p.D = a.head_dim, p.scale = a.scale;
+  static_assert(AttnParams::kMaxPf == AttentionArgs::kMaxPrefetch);
+  for (int i = 0; i < std::min(attn_l2_prefetch, AttnParams::kMaxPf); ++i)
+    if (a.prefetch[i] && a.prefetch[i]->device == Device::CUDA && a.prefetch[i]->data) {
+      p.pf_ptr[i] = a.prefetch[i]->data;
+      p.pf_bytes[i] = a.prefetch[i]->nbytes();
+    }
+  return p;
+}
+
+void CudaBackend::attention(const AttentionArgs& a) {
+  AttnParams p = attention_params(a);
+  const AttentionMeta& m = *a.meta;
   // Split the KV range when (kv heads x query tiles) alone would not fill the GPU.
   const int qtiles = ceil_div(std::max(1, m.max_query_len), attn_query_tile(std::max(1, p.Hq / std::max(1, p.Hkv))));
   const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;
@@ -575,6 +613,12 @@ void CudaBackend::attention(const AttentionArgs& a) {
     const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
     if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
     splits = std::max(splits, 1);
+    // MOESERVE_ATTN_SPLITS=n: A/B override of the split count (timing experiments).
+    static const int env_splits = [] {
+      const char* e = std::getenv("MOESERVE_ATTN_SPLITS");
+      return e ? std::atoi(e) : 0;
+    }();
+    if (env_splits > 0) splits = std::min(env_splits, std::min(32, std::max(1, m.max_context_len / 64)));
     if (splits > 1) {
       float* ws = static_cast<float*>(workspace(kAttnPart, per_split * splits));
       p.part_o = ws;

@@ -25,6 +25,8 @@ namespace moeserve {
 namespace cuda {
 class LtGemm;
 struct LinParams;
+struct AttnParams;
+struct QkNormRopeParams;
 }  // namespace cuda
 
 struct GpuSamplingParams {
@@ -97,6 +99,8 @@ class CudaBackend final : public Backend {
                                  const LinearWeight* const* ws, Tensor* const* outs, int n) override;
   void qk_norm_rope_write_kv(const QkNormRopeArgs& args, const Tensor& v, KVCacheLayer& kv,
                              const AttentionMeta& meta) override;
+  void qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta,
+                              const AttentionArgs& attn) override;
   void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
                           const MoeWeights& moe, MoeRouting& routing) override;
 
@@ -150,6 +154,17 @@ class CudaBackend final : public Backend {
   // Off by default: with serial partial loads it cost ~19 us per layer more than the combine
   // kernel at batch 1 (H200); the warp-parallel merge is not measured yet.
   bool fuse_attn_combine = false;
+  // qk_norm_rope_attention as one kernel (k_attn_decode.cu: norm + RoPE + KV write + split-KV
+  // attention + in-cluster merge) for decode batches of up to this many sequences; 0: off.
+  int attn_decode_max_tokens = 64;
+  // The fused decode attention kernel prefetches the first this many AttentionArgs::prefetch
+  // tensors (o_proj weights, router gate, next layer's q/k/v) into L2 while it runs (HBM is
+  // otherwise idle during decode attention); 0: off. Off by default: o_proj + gate measured
+  // ~5 us per layer slower at batch 1 on the H200 (the prefetch delays the KV loads).
+  int attn_l2_prefetch = 0;
+  // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint (default), 2 L2 evict_first
+  // policy (so the streamed experts do not evict prefetched attention weights; no gain measured).
+  int moe_ld_hint = 1;
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.
@@ -185,7 +200,11 @@ class CudaBackend final : public Backend {
     float eps;
   };
   bool moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf);
+  // Fills the QK-norm parameters (with the KV write when kv is given); launches nothing.
+  cuda::QkNormRopeParams qk_norm_rope_params(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
+                                             const AttentionMeta* meta);
   void qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv, const AttentionMeta* meta);
+  cuda::AttnParams attention_params(const AttentionArgs& a);
   bool run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
   // Prefill paths (cuda_prefill.cpp); each returns false when it does not apply.
   bool linear_fp8_act(const cuda::LinParams& p);

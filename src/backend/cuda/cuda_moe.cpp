@@ -211,6 +211,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   LinParams up;
   up.tc = use_gemv_tc;
   up.mode = LinMode::kSwiglu;
+  up.ld_hint = moe_ld_hint;
   up.x = x.data, up.ldx = H, up.x_rows = a.sorted_token, up.M = P;
   up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
   up.tile_expert = a.tile_expert, up.tile_begin = a.tile_begin, up.tile_end = a.tile_end, up.num_tiles = a.num_tiles;
@@ -247,6 +248,7 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   LinParams up;
   up.tc = use_gemv_tc;
   up.mode = LinMode::kSwiglu;
+  up.ld_hint = moe_ld_hint;
   up.x = x.data, up.ldx = H, up.M = P, up.x_row_div = k;
   up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
   up.pair_ids = routing.expert_ids.ptr<int32_t>();

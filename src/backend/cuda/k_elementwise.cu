@@ -2,6 +2,7 @@
 // squares, fused full-width QK-norm + partial NeoX RoPE, paged KV write.
 // Activations are bf16 or f32 (runtime flag, uniform per launch); statistics are f32.
 #include <algorithm>
+#include <cstdlib>
 
 #include <cooperative_groups.h>
 
@@ -55,6 +56,83 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     float v = p.residual ? ld(p.residual, p.residual_bf16, row * C + c) : ld(p.x, p.x_bf16, row * C + c);
     st(p.out, p.out_bf16, row * C + c, v * r * ld(p.weight, p.weight_bf16, c));
+  }
+}
+
+// bf16 rows of C % 8 == 0, C <= 8 * kNormThreads * kNormV (decode: one block per row): all
+// 16-byte loads of the row are issued before any use and the norm weight is loaded before
+// the PDL wait (it is a weight), so a row costs one L2 round trip, a block reduction and the
+// stores -- the scalar kernel above chains ~2 x C / blockDim dependent load/store steps
+// (its residual store may alias the next load), several us at decode.
+constexpr int kNormThreads = 256, kNormV = 4;
+__global__ void __launch_bounds__(kNormThreads) rms_norm_vec_kernel(RmsNormParams p) {
+  __shared__ float scratch[32];
+  const int C = p.cols;
+  const int64_t row = blockIdx.x;
+  uint4 wv[kNormV];
+#pragma unroll
+  for (int i = 0; i < kNormV; ++i) {
+    const int c = (i * kNormThreads + threadIdx.x) * 8;
+    if (c < C) wv[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.weight) + c));
+  }
+  pdl_enter();
+  const bf16* x = static_cast<const bf16*>(p.x) + row * C;
+  bf16* res = static_cast<bf16*>(p.residual) + row * C;
+  uint4 xv[kNormV], rv[kNormV] = {};
+#pragma unroll
+  for (int i = 0; i < kNormV; ++i) {
+    const int c = (i * kNormThreads + threadIdx.x) * 8;
+    if (c < C) {
+      xv[i] = *reinterpret_cast<const uint4*>(x + c);
+      if (p.residual) rv[i] = *reinterpret_cast<const uint4*>(res + c);
+    }
+  }
+  float v[kNormV][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNormV; ++i) {
+    const int c = (i * kNormThreads + threadIdx.x) * 8;
+    const uint32_t xw[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
+    const uint32_t rw[4] = {rv[i].x, rv[i].y, rv[i].z, rv[i].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float2 a = bf16x2_to_f2(xw[e]);
+      if (p.residual) {
+        const float2 b = bf16x2_to_f2(rw[e]);
+        a.x = bf2f(f2bf(a.x + b.x)), a.y = bf2f(f2bf(a.y + b.y));  // the stored (bf16) sum
+      }
+      v[i][2 * e] = c < C ? a.x : 0.f;
+      v[i][2 * e + 1] = c < C ? a.y : 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += v[i][e] * v[i][e];
+    if (p.residual && c < C) {
+      uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e], v[i][2 * e + 1]);
+        o[e] = *reinterpret_cast<uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(res + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+  ss = block_sum(ss, scratch);
+  const float r = rsqrtf(ss / C + p.eps);
+  bf16* out = static_cast<bf16*>(p.out) + row * C;
+#pragma unroll
+  for (int i = 0; i < kNormV; ++i) {
+    const int c = (i * kNormThreads + threadIdx.x) * 8;
+    if (c < C) {
+      const uint32_t ww[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+      uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 wf = bf16x2_to_f2(ww[e]);
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e] * r * wf.x, v[i][2 * e + 1] * r * wf.y);
+        o[e] = *reinterpret_cast<uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(out + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
   }
 }
 
@@ -207,6 +285,13 @@ void launch_embedding(const void* table, bool table_bf16, const int32_t* ids, in
 
 void launch_rms_norm(const RmsNormParams& p, cudaStream_t s) {
   if (p.rows == 0) return;
+  auto a16 = [](const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  if (p.x_bf16 && p.weight_bf16 && p.out_bf16 && (!p.residual || p.residual_bf16) && p.cols % 8 == 0 &&
+      p.cols <= 8 * kNormThreads * kNormV && a16(p.x) && a16(p.weight) && a16(p.out) && a16(p.residual)) {
+    launch_pdl(rms_norm_vec_kernel, dim3(p.rows), dim3(kNormThreads), 0, s, p);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   launch_pdl(rms_norm_kernel, dim3(p.rows), dim3(512), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
@@ -230,7 +315,12 @@ void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
   CU_REQUIRE(p.rotary_dim / 2 <= kMaxHalfRot, "qk_norm_rope: rotary_dim " + std::to_string(p.rotary_dim) + " > 1024");
   // Few tokens (decode, sm_90+): a cluster of 8 blocks per token, each normalising (and
   // rotating) 1/8 of the heads, instead of one block walking all 56 heads of a token.
-  const int slices = p.T < 64 && code_arch() >= 900 ? 8 : 1;  // the cluster code needs sm_90 code
+  // MOESERVE_QK_SLICES=n: A/B override (1: no cluster). The cluster code needs sm_90 code.
+  static const int env_slices = [] {
+    const char* e = std::getenv("MOESERVE_QK_SLICES");
+    return e ? std::atoi(e) : 0;
+  }();
+  const int slices = p.T < 64 && code_arch() >= 900 ? (env_slices > 0 ? env_slices : 8) : 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(p.T, slices);
   cfg.blockDim = dim3(256);

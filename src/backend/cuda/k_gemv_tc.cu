@@ -16,6 +16,8 @@
 // physical columns q*16 + 4i + {0,1} as logical k {2q, 2q+1} and q*16 + 4i + {2,3} as
 // {2q+8, 2q+9}: the fragments come straight from the 16-byte loads, no shuffles.
 // Each 128-column chunk is accumulated separately and added with its block scale.
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -48,6 +50,25 @@ __device__ __forceinline__ uint32_t bf2_to_h2(uint32_t w) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// Weight load (16 bytes, read-only path) with the cache hint of LinParams::ld_hint.
+template <int HINT>
+__device__ __forceinline__ uint4 ld_w(const void* ptr) {
+  uint4 v;
+  if constexpr (HINT == 1) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
+  } else if constexpr (HINT == 2) {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr), "l"(pol));
+  } else
+    v = __ldg(reinterpret_cast<const uint4*>(ptr));
+  return v;
+}
+
 struct Chunk {
   uint4 a[2][2][2];  // [matrix group][step][row g / g + 8]
   uint4 x[2][2];     // [step][two uint4 = 16 bf16]
@@ -57,7 +78,7 @@ struct Chunk {
 // NORM: the fused add + RMSNorm variant (kStore only; the shared row buffer is only in it).
 // kSwiglu keeps <= 128 registers (4 blocks of 4 warps per SM, as before the PDL / direct-pair
 // additions pushed it to 138 and 3 blocks).
-template <int MODE, int kWarps, bool NORM>
+template <int MODE, int kWarps, bool NORM, int LD>
 __global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 16 / kWarps : 1)
     gemv_tc_kernel(LinParams p) {
   __shared__ float red[kWarps - 1][2][4][32];
@@ -178,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 1
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) ch.a[m][s][h] = __ldg(reinterpret_cast<const uint4*>(wm[m] + row_off[m][h] + col));
+        for (int h = 0; h < 2; ++h) ch.a[m][s][h] = ld_w<LD>(wm[m] + row_off[m][h] + col);
     }
   };
   // First iteration's weights (two chunks per warp) before the dependency wait.
@@ -339,20 +360,39 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
   // Fewer than ~2 blocks per SM (k/v/o projections at batch 1: 32-96 blocks): 8 warps per
   // block so each row group's K is streamed by twice as many warps.
   // linear_multi (q/k/v: 256 blocks of equal work) stays at 4 warps: one wave.
-  const bool wide = int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
+  // MOESERVE_GEMV_WARPS=4|8 forces one width (A/B timing only).
+  static const int env_warps = [] {
+    const char* e = std::getenv("MOESERVE_GEMV_WARPS");
+    return e ? std::atoi(e) : 0;
+  }();
+  const bool wide = env_warps ? env_warps == 8 : int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
   if constexpr (MODE == int(LinMode::kStore)) {
     if (p.norm) {
       if (wide)
-        launch_pdl(gemv_tc_kernel<MODE, 8, true>, grid, dim3(8 * 32), 0, s, p);
+        launch_pdl(gemv_tc_kernel<MODE, 8, true, 0>, grid, dim3(8 * 32), 0, s, p);
       else
-        launch_pdl(gemv_tc_kernel<MODE, 4, true>, grid, dim3(4 * 32), 0, s, p);
+        launch_pdl(gemv_tc_kernel<MODE, 4, true, 0>, grid, dim3(4 * 32), 0, s, p);
       return;
     }
   }
+  if (p.ld_hint == 1) {
+    if (wide)
+      launch_pdl(gemv_tc_kernel<MODE, 8, false, 1>, grid, dim3(8 * 32), 0, s, p);
+    else
+      launch_pdl(gemv_tc_kernel<MODE, 4, false, 1>, grid, dim3(4 * 32), 0, s, p);
+    return;
+  }
+  if (MODE != int(LinMode::kStore) && p.ld_hint == 2) {  // expert GEMVs only
+    if (wide)
+      launch_pdl(gemv_tc_kernel<MODE, 8, false, 2>, grid, dim3(8 * 32), 0, s, p);
+    else
+      launch_pdl(gemv_tc_kernel<MODE, 4, false, 2>, grid, dim3(4 * 32), 0, s, p);
+    return;
+  }
   if (wide)
-    launch_pdl(gemv_tc_kernel<MODE, 8, false>, grid, dim3(8 * 32), 0, s, p);
+    launch_pdl(gemv_tc_kernel<MODE, 8, false, 0>, grid, dim3(8 * 32), 0, s, p);
   else
-    launch_pdl(gemv_tc_kernel<MODE, 4, false>, grid, dim3(4 * 32), 0, s, p);
+    launch_pdl(gemv_tc_kernel<MODE, 4, false, 0>, grid, dim3(4 * 32), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -368,7 +408,13 @@ bool gemv_tc_supported(const LinParams& p) {
          p.K > 0;
 }
 
-void launch_gemv_tc(const LinParams& p, cudaStream_t s) {
+void launch_gemv_tc(const LinParams& p0, cudaStream_t s) {
+  static const int env_ld = [] {
+    const char* e = std::getenv("MOESERVE_GEMV_LD");
+    return e ? std::atoi(e) : -1;
+  }();
+  LinParams p = p0;
+  if (env_ld >= 0) p.ld_hint = env_ld;
   switch (p.mode) {
     case LinMode::kStore: launch_tc_mode<int(LinMode::kStore)>(p, s); break;
     case LinMode::kSwiglu: launch_tc_mode<int(LinMode::kSwiglu)>(p, s); break;

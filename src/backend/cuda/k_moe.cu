@@ -1,6 +1,8 @@
 // MoE glue kernels: the fused router (f32 gate GEMV, sigmoid, biased top-k, renormalise),
 // the align step that groups (token, k) pairs by local expert and builds the tile table
 // for the expert GEMV/GEMM kernels, and the ordered combine of per-pair outputs.
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -187,6 +189,106 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RoutePar
   for (int t = warp; t < p.T; t += kRouteWarps) route_token(p, t, score[warp], choice[warp]);
 }
 
+// Decode router (T <= kRouteTok, f32 gate, H % 128 == 0, H <= 128 * kRoutePre, top_k <= 32):
+// one warp per expert row (E / 8 blocks of 8 warps; the row's 24 float4 per lane are loaded
+// before the PDL wait, so the 3 MB gate streams during the predecessor's tail), then the
+// last block (threadfence reduction) runs the top-k of each token with the whole block:
+// thread e ranks expert e by counting the experts ahead of it (biased score desc, id asc:
+// the order route_token uses), so the k winners are known after one pass over E in shared
+// memory instead of k serial warp-wide argmax rounds.
+constexpr int kDecWarps = 8;
+__global__ void __launch_bounds__(kDecWarps * 32) route_decode_kernel(RouteParams p) {
+  __shared__ float score[kMaxExperts];
+  __shared__ __align__(16) float choice[kMaxExperts];
+  __shared__ int sel[32];
+  __shared__ int is_last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int e = blockIdx.x * kDecWarps + warp;
+  const int nv = p.pf_pairs == 2 ? 0 : p.H / 128;  // float4 per lane (pf_pairs: MOESERVE_ROUTE_DIAG here)
+  float4 w[kRoutePre];
+  const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(min(e, p.E - 1)) * p.H);
+#pragma unroll
+  for (int i = 0; i < kRoutePre; ++i)
+    if (i < nv) w[i] = __ldg(g + i * 32 + lane);
+  pdl_enter();
+  float acc[kRouteTok];
+#pragma unroll
+  for (int j = 0; j < kRouteTok; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRoutePre; ++i) {
+    if (i >= nv) break;
+    const int h = 4 * (i * 32 + lane);
+#pragma unroll
+    for (int j = 0; j < kRouteTok; ++j) {
+      if (j < p.T) {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.x) + int64_t(j) * p.H + h));
+        const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
+        acc[j] = fmaf(a.x, w[i].x, fmaf(a.y, w[i].y, fmaf(b.x, w[i].z, fmaf(b.y, w[i].w, acc[j]))));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRouteTok; ++j) {
+    const float v = warp_sum(acc[j]);
+    if (lane == 0 && j < p.T && e < p.E) p.logits[int64_t(j) * p.E + e] = v;
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) is_last = atomicAdd(p.counter, 1) == int(gridDim.x) - 1;
+  __syncthreads();
+  if (!is_last) return;
+  if (tid == 0) *p.counter = 0;  // ready for the next layer / graph replay
+  __threadfence();
+  if (p.pf_pairs == 1) return;
+  const int E4 = (p.E + 3) / 4 * 4;
+  for (int t = 0; t < p.T; ++t) {
+    for (int x = tid; x < E4; x += blockDim.x) {
+      if (x < p.E) {
+        const float sc = 1.f / (1.f + expf(-__ldcg(p.logits + int64_t(t) * p.E + x)));
+        const float c = sc + (p.bias ? p.bias[x] : 0.f);
+        score[x] = sc;
+        choice[x] = c == c ? c : -INFINITY;  // NaN ranks last
+      } else {
+        choice[x] = -INFINITY;  // padding: behind every real expert (ties: higher id)
+      }
+    }
+    if (tid < 32) sel[tid] = 0;
+    __syncthreads();
+    for (int x = tid; x < p.E; x += blockDim.x) {
+      const float c = choice[x];
+      int rank = 0;
+      for (int j = 0; j < E4; j += 4) {
+        const float4 o = *reinterpret_cast<const float4*>(&choice[j]);
+        rank += (o.x > c || (o.x == c && j < x)) + (o.y > c || (o.y == c && j + 1 < x)) +
+                (o.z > c || (o.z == c && j + 2 < x)) + (o.w > c || (o.w == c && j + 3 < x));
+      }
+      if (rank < p.top_k) sel[rank] = x;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int id = lane < p.top_k ? sel[lane] : 0;
+      const float sc = lane < p.top_k ? score[id] : 0.f;
+      const float sum = warp_sum(sc);
+      if (lane < p.top_k) {
+        p.ids[t * p.top_k + lane] = id;
+        p.weights[t * p.top_k + lane] = sc * (sum > 0.f ? 1.f / sum : 0.f);
+      }
+    }
+    __syncthreads();  // score / choice / sel reused by the next token
+  }
+}
+
+// MOESERVE_ROUTE_DIAG (timing only, wrong routing): 1 skips the top-k, 2 the logits GEMV.
+int g_route_diag = [] {
+  const char* e = std::getenv("MOESERVE_ROUTE_DIAG");
+  return e ? std::atoi(e) : 0;
+}();
+
+bool g_route_old = [] {
+  const char* e = std::getenv("MOESERVE_ROUTE_OLD");  // A/B: the previous decode router
+  return e && e[0] == '1';
+}();
+
 // One warp per token (the unfused path, larger T).
 __global__ void route_kernel(RouteParams p) {
   __shared__ float score[kMaxExperts];   // sigmoid(logit)
@@ -282,6 +384,14 @@ void launch_moe_route(const RouteParams& p, cudaStream_t s) {
   RouteParams q = p;
   if (p.T > kRouteTok) q.counter = nullptr;
   CU_REQUIRE(!p.norm || route_norm_supported(p), "moe_route: fused norm unsupported for these shapes");
+  if (q.counter && !q.norm && !q.pf_experts && !q.gate_bf16 && q.x_bf16 && q.top_k <= 32 && q.H % 128 == 0 &&
+      q.H / 128 <= kRoutePre && !g_route_old) {
+    RouteParams d = q;
+    d.pf_pairs = g_route_diag;  // unused by this kernel otherwise (no expert prefetch here)
+    launch_pdl(route_decode_kernel, dim3(ceil_div(p.E, kDecWarps)), dim3(kDecWarps * 32), 0, s, d);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   launch_pdl(q.counter ? route_logits_kernel<true> : route_logits_kernel<false>, dim3(ceil_div(p.E, kRouteWarps), ceil_div(p.T, kRouteTok)), dim3(kRouteWarps * 32), 0,
              s, q);
   CUDA_CHECK_LAUNCH();

@@ -99,6 +99,10 @@ struct LinParams {
   const float* s = nullptr;  // block scales [ceil(N/bo), s_cols]
   const ExpertPtrs* experts = nullptr;
   bool fp8 = true;  // false: bf16 weights
+  // Tensor-core GEMV weight loads: 0 ld.global.nc, 1 (default) + L1::no_allocate + L2::256B
+  // prefetch hint (the neighbouring 128-byte chunk, read by the next warp; -4 us per layer at
+  // batch 1 on the H200), MOESERVE_GEMV_LD overrides.
+  int ld_hint = 1;  // 2: L2 evict_first policy (streamed expert weights)
   int N = 0, K = 0;  // N = output columns (for kSwiglu: I, the rows of W1 and of W3)
   int bo = 128, bi = 128, s_cols = 0;
   // Tile table (MoE): tile t covers sorted rows [tile_begin[t], tile_end[t]) of expert
@@ -243,6 +247,10 @@ struct AttnParams {
   // splits > 1: zeroed ints, one per (sequence, query tile, kv head). With them the last
   // split block of each group merges the partials itself (no combine kernel).
   int* counters = nullptr;
+  // Optional L2 prefetch (fused decode kernel only): weights read by the following ops.
+  static constexpr int kMaxPf = 5;
+  const void* pf_ptr[kMaxPf] = {};
+  uint64_t pf_bytes[kMaxPf] = {};
 };
 // Query tokens per block for a GQA group size.
 int attn_query_tile(int group);
@@ -250,6 +258,13 @@ void launch_attention(const AttnParams& p, cudaStream_t s);
 // Tensor-core prefill attention (k_attn_tc.cu): head_dim 128, >= 64 query tokens, no splits.
 bool attention_tc_supported(const AttnParams& p);
 void launch_attention_tc(const AttnParams& p, cudaStream_t s);
+
+// Fused decode attention (k_attn_decode.cu, sm_90+): QK-norm + RoPE of q and k (n), the KV
+// write of k/v (n.kc/vc/slots) and split-KV attention (a) with an in-cluster split merge, for
+// batches of one query token per sequence. `splits` (1, 2, 4 or 8) blocks per (sequence, kv head).
+bool attn_decode_supported(const AttnParams& a, const QkNormRopeParams& n);
+int attn_decode_splits(int num_sms, int kv_groups, int max_context);
+void launch_attn_decode(const AttnParams& a, const QkNormRopeParams& n, int splits, cudaStream_t s);
 
 // ---- random fill (k_fill.cu): kind 0 f32, 1 bf16, 2 fp8 e4m3; uniform in [-scale, scale] ----
 void launch_fill_random(void* p, int kind, int64_t n, uint64_t seed, float scale, cudaStream_t s);

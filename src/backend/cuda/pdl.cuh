@@ -9,7 +9,9 @@
 //     the buffer) alike -- and before every return, so grid completion stays transitive
 //     (a chain A -> B -> C: C's wait covers A because B's blocks all waited for A);
 //   * only weights (never written during a step) are read before pdl_wait(): GEMVs issue their
-//     first weight loads there, so the weight stream overlaps the predecessor's tail;
+//     first weight loads there, so the weight stream overlaps the predecessor's tail (one
+//     documented exception: k_attn_decode.cu also reads step metadata and K/V of earlier
+//     positions, which no kernel of the step writes);
 //   * pdl_trigger() right after pdl_wait(), so the successor is scheduled one kernel ahead
 //     (its blocks take SM slots only once all of ours are resident: no starvation).
 // Kernels launched plainly (GEMM, prefill attention, sampling) still run after their
