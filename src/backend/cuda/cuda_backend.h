@@ -44,6 +44,10 @@ struct WorkspacePlan {
   int num_local_experts = 0;
   int num_q_heads = 0;
   int head_dim = 0;
+  // FP8 block-scaled weights: also size the FP8-activation path's buffers (quantised
+  // activations and scales, the cuBLASLt workspace, the router's f32 input) when max_tokens
+  // reaches fp8_act_min_tokens, so decode graphs of >= 128 rows capture that path.
+  bool fp8 = false;
 };
 
 // A captured CUDA graph (instantiated), replayed on a stream.
@@ -168,6 +172,20 @@ class CudaBackend final : public Backend {
   int router_gemm_min_tokens = 64;
   // Layout of the activation scales handed to cuBLASLt (false: token-fastest [K/128, T]).
   bool lt_act_scale_kmajor = false;
+  // The paths above (FP8-activation GEMMs, cuBLASLt, the router GEMM) also inside captured
+  // graphs (decode buckets of >= fp8_act_min_tokens rows; the router GEMM only from that many
+  // rows in a graph, so smaller buckets keep their kernels). Everything they need is fixed
+  // at capture: the MoE tile table is built on the device into buffers sized for the worst
+  // case (tiles past the device-side count exit), workspaces were sized by reserve() or the
+  // bucket's eager warm-up, and the cuBLASLt plan (algorithm from the heuristic, fixed
+  // workspace) was made by that warm-up for the bucket's row count. A workspace too small
+  // during capture makes the op take its previous kernel (counted in graph_fallbacks()).
+  // false (MOESERVE_GRAPH_PREFILL_PATHS=0): captured steps take the previous kernels.
+  bool prefill_paths_in_graphs = true;
+  // FP8-activation / cuBLASLt / router-GEMM launches recorded while capturing, and ops that
+  // fell back to their previous kernel during a capture (tests, logs).
+  uint64_t graph_fp8_ops() const { return graph_fp8_ops_; }
+  uint64_t graph_fallbacks() const { return graph_fallbacks_; }
 
  private:
   enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kQuantX, kQuantAct, kLt, kRouterX, kNumSlots };
@@ -195,6 +213,11 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   bool capturing_ = false;
   uint64_t ws_generation_ = 0;
+  uint64_t graph_fp8_ops_ = 0, graph_fallbacks_ = 0;
+  // A prefill path may run now: eagerly, or in a capture when prefill_paths_in_graphs.
+  bool prefill_path_allowed() const { return !capturing_ || prefill_paths_in_graphs; }
+  // Outside capture always true (workspace() grows); in capture: the slot already holds `bytes`.
+  bool ws_fits(Slot s, size_t bytes) const { return !capturing_ || ws_[s].bytes >= bytes; }
   struct Buf {
     void* ptr = nullptr;
     size_t bytes = 0;

@@ -183,7 +183,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   const bool gemv = T <= moe_gemv_max_tokens;
   // FP8 prefill path on the wide kernel: tiles of kFp8WideTileM pairs (same predicate as
   // moe_experts_fp8_act, which must then run).
-  const bool fp8_wide = !gemv && !capturing_ && use_fp8_act_gemm && g_fp8_gemm_wide && T >= fp8_act_min_tokens && et.fp8 &&
+  const bool fp8_wide = !gemv && prefill_path_allowed() && use_fp8_act_gemm && g_fp8_gemm_wide && T >= fp8_act_min_tokens && et.fp8 &&
                         et.bo == 128 && et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && cc_ >= 89;
   const int tile_rows = gemv ? kGemvTile : fp8_wide ? kFp8WideTileM : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
