@@ -9,7 +9,7 @@
 #           (before: old kernels in graphs) and default (after)
 #   serve   generate -tp 2 with graphs vs --enforce-eager (ids), serve -tp 2 (one completion)
 #   variant bench with MOESERVE_MOE_GEMV_MAX=64 (batch 128 experts on the FP8 grouped GEMM)
-#   tp      bench-model -tp 2 62 layers batch 1 8 64 (GPUs 0,1)
+#   tp      bench-model -tp 2 62 layers batch 1 8 64 (GPUs 0,1), graphs and --no-graphs (TPMODES)
 # Usage: cd pack && OUT=/dir STEPS="tests bench serve" BUDGET=220 ./gpu_graphs_big.sh
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -97,12 +97,15 @@ PY
       kill $spid; wait $spid 2>/dev/null
       grep -E "COMPLETION|CONCURRENT|graph|device sampl|rror" "$OUT/serve.log" | cut -c1-300 | head -12
       stamp serve done ;;
-    tp)
-      [ "$(left)" -lt 60 ] && { echo "tp bench skipped (budget)"; continue; }
-      timeout $(( $(left) < 150 ? $(left) : 150 )) ./moeserve bench-model --synthetic minimax-m2.5 -tp 2 --layers 62 \
-        --batch-sizes 1 8 64 --contexts 1024 --iters 10 --json "$OUT/bench_tp2.json" > "$OUT/bench_tp2.log" 2>&1
-      echo "bench tp2 rc=$?"; grep -E "^TP=|^batch|^[0-9]+ |rror" "$OUT/bench_tp2.log" | head -8
-      stamp tp done ;;
+    tp)  # TPMODES: "graphs" and/or "eager" (--no-graphs: the eager rank step the executor ran before)
+      for mode in ${TPMODES:-graphs eager}; do
+        [ "$(left)" -lt 60 ] && { echo "tp bench $mode skipped (budget)"; continue; }
+        flag=""; [ $mode = eager ] && flag=--no-graphs
+        timeout $(( $(left) < 150 ? $(left) : 150 )) ./moeserve bench-model --synthetic minimax-m2.5 -tp 2 --layers ${TPLAYERS:-62} \
+          --batch-sizes 1 8 64 --contexts 1024 --iters 10 $flag --json "$OUT/bench_tp2_$mode.json" > "$OUT/bench_tp2_$mode.log" 2>&1
+        echo "bench tp2 $mode rc=$?"; grep -E "^TP=|^batch|^[0-9]+ |rror" "$OUT/bench_tp2_$mode.log" | head -8
+        stamp tp $mode done
+      done ;;
   esac
 done
 stamp all done
