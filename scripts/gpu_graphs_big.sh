@@ -8,7 +8,7 @@
 #   bench   bench-model 16 layers, batch 64 128 256, ctx 1k: MOESERVE_GRAPH_PREFILL_PATHS=0
 #           (before: old kernels in graphs) and default (after)
 #   serve   generate -tp 2 with graphs vs --enforce-eager (ids), serve -tp 2 (one completion)
-#   variant bench with MOESERVE_MOE_GEMV_MAX=64 (batch 128 experts on the FP8 grouped GEMM)
+#   variant bench with MOESERVE_MOE_GEMV_MAX=64 (batch 128 experts on the FP8 grouped GEMM), =256 (256 on the GEMV)
 #   tp      bench-model -tp 2 62 layers batch 1 8 64 (GPUs 0,1), graphs and --no-graphs (TPMODES)
 # Usage: cd pack && OUT=/dir STEPS="tests bench serve" BUDGET=220 ./gpu_graphs_big.sh
 set -uo pipefail
@@ -57,8 +57,9 @@ for step in $STEPS; do
     bench)
       bench16 before MOESERVE_GRAPH_PREFILL_PATHS=0
       bench16 after MOESERVE_GRAPH_PREFILL_PATHS=1 ;;
-    variant)
-      BATCHES="128 256" bench16 gemv64 MOESERVE_MOE_GEMV_MAX=64 ;;
+    variant)  # experts at 128 rows on the FP8 grouped GEMM; at 256 rows on the GEMV
+      BATCHES="128" bench16 gemv64 MOESERVE_MOE_GEMV_MAX=64
+      BATCHES="256" bench16 gemv256 MOESERVE_MOE_GEMV_MAX=256 ;;
     serve)
       [ "$(left)" -lt 40 ] && { echo "serve skipped (budget)"; continue; }
       ./moeserve make-tiny /tmp/tiny > /dev/null 2>&1
