@@ -5,10 +5,11 @@
 # the same weights, no reference logits needed).
 #   tests   test_cuda_graphs (incl. CudaDecodeGraphsBig: buckets >= 128 capture the FP8 paths)
 #           and test_nccl's NcclGraphs (TP=2 graphs vs padded eager / TP=1, rank-0 sampling)
-#   bench   bench-model 16 layers, batch 64 128 256, ctx 1k: MOESERVE_GRAPH_PREFILL_PATHS=0
-#           (before: old kernels in graphs) and default (after)
+#   bench   bench-model 16 layers, BATCHES (64 128 256), ctx 1k: MOESERVE_GRAPH_PREFILL_PATHS=0
+#           MOESERVE_MOE_GEMV_MAX=128 (before: old kernels in graphs, old threshold) and default (after)
 #   serve   generate -tp 2 with graphs vs --enforce-eager (ids), serve -tp 2 (one completion)
-#   variant bench with MOESERVE_MOE_GEMV_MAX=64 (batch 128 experts on the FP8 grouped GEMM), =256 (256 on the GEMV)
+#   variant bench with MOESERVE_MOE_GEMV_MAX=128 / 192 (experts above it on the FP8 grouped GEMM)
+#   diag    test_nccl TP=2 bf16 scenario with MOESERVE_PDL=0 / MOESERVE_DECODE_FUSION=0
 #   tp      bench-model -tp 2 62 layers batch 1 8 64 (GPUs 0,1), graphs and --no-graphs (TPMODES)
 # Usage: cd pack && OUT=/dir STEPS="tests bench serve" BUDGET=220 ./gpu_graphs_big.sh
 set -uo pipefail
@@ -53,13 +54,26 @@ for step in $STEPS; do
       timeout 90 ./test_nccl --gtest_color=no --gtest_filter='*NcclGraphs*' > "$OUT/test_nccl.log" 2>&1
       echo "test_nccl NcclGraphs rc=$?"
       grep -E "^\[nccl|^\[  (PASSED|FAILED) |Failure|Expected|Which is|FAILED  \]|rror" "$OUT/test_nccl.log" | head -30
-      stamp tests nccl done ;;
+      stamp tests nccl done
+      if [ -x ./test_cuda_ops ]; then
+        CUDA_VISIBLE_DEVICES=0 timeout 120 ./test_cuda_ops --gtest_color=no \
+          --gtest_filter='*CudaMoeExperts*:*CudaPrefill*:*CudaGraph*:*CudaRouter*:*CudaLinear*' > "$OUT/test_cuda_ops.log" 2>&1
+        echo "test_cuda_ops (MoE, prefill, graph, router, linear) rc=$?"
+        grep -E "^\[  (PASSED|FAILED) |Failure|Expected|Which is|FAILED  \]|rror" "$OUT/test_cuda_ops.log" | head -30
+        stamp tests ops done
+      fi ;;
+    diag)  # TP=2 bf16 expert-TP vs TP=1 with PDL off / decode fusions off
+      for e in MOESERVE_PDL=0 MOESERVE_DECODE_FUSION=0; do
+        env $e timeout 60 ./test_nccl --gtest_color=no --gtest_filter='*NcclGraphs.Tp2GraphsMatchEager/0' > "$OUT/diag_$e.log" 2>&1
+        echo "diag $e rc=$?"; grep -E "^\[nccl" "$OUT/diag_$e.log" | head -4
+      done
+      stamp diag done ;;
     bench)
-      bench16 before MOESERVE_GRAPH_PREFILL_PATHS=0
+      bench16 before MOESERVE_GRAPH_PREFILL_PATHS=0 MOESERVE_MOE_GEMV_MAX=128
       bench16 after MOESERVE_GRAPH_PREFILL_PATHS=1 ;;
-    variant)  # experts at 128 rows on the FP8 grouped GEMM; at 256 rows on the GEMV
-      BATCHES="128" bench16 gemv64 MOESERVE_MOE_GEMV_MAX=64
-      BATCHES="256" bench16 gemv256 MOESERVE_MOE_GEMV_MAX=256 ;;
+    variant)  # experts on the FP8 grouped GEMM from 129 / 193 rows (default: GEMV up to 256)
+      BATCHES="192 256" bench16 gemv128 MOESERVE_MOE_GEMV_MAX=128
+      BATCHES="192" bench16 gemv192 MOESERVE_MOE_GEMV_MAX=192 ;;
     serve)
       [ "$(left)" -lt 40 ] && { echo "serve skipped (budget)"; continue; }
       ./moeserve make-tiny /tmp/tiny > /dev/null 2>&1

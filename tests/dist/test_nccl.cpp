@@ -8,6 +8,7 @@
 //    all-reduce sizes: bound 1e-3), vs TP=1 eager (bf16 bound), graph counts on both ranks;
 //    GPU sampling on rank 0 (greedy rows) against the host argmax of TP=1 eager logits.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -337,11 +338,15 @@ TEST_P(NcclGraphs, Tp2GraphsMatchEager) {
   eo.num_kv_blocks = 128;
   eo.max_num_seqs = 16;
   eo.max_num_batched_tokens = 64;
-  moeserve::test::ScenarioTrace ref, padded, graphed;
+  moeserve::test::ScenarioTrace ref, plain, padded, graphed;
   {
     eo.enforce_eager = true;
     MiniMaxM2Executor one(make_cuda_backend(0), eo);
     ref = moeserve::test::run_scenario(one);
+  }
+  {
+    auto par = make_tp(eo, 2, ep, false);  // TP=2 eager, unpadded: the layout alone
+    plain = moeserve::test::run_scenario(*par, &ref);
   }
   {
     eo.pad_decode = true;  // TP=2, padded decode steps run eagerly
@@ -359,16 +364,22 @@ TEST_P(NcclGraphs, Tp2GraphsMatchEager) {
       EXPECT_EQ(par->graph_replays(r), 9) << "rank " << r;
     }
   }
-  const auto e_pad = moeserve::test::step_errors(padded, graphed), e_tp1 = moeserve::test::step_errors(ref, graphed);
-  double w_pad = 0, w_tp1 = 0;
+  const auto e_pad = moeserve::test::step_errors(padded, graphed), e_tp1 = moeserve::test::step_errors(ref, graphed),
+             e_plain = moeserve::test::step_errors(ref, plain);
+  double w_pad = 0, w_tp1 = 0, w_plain = 0;
+  std::string steps;
   for (size_t k = 0; k < e_pad.size(); ++k) {
     w_pad = std::max(w_pad, e_pad[k]);
     w_tp1 = std::max(w_tp1, e_tp1[k]);
+    w_plain = std::max(w_plain, e_plain[k]);
+    steps += fmt::format(" {}:{:.2g}/{:.2g}", k, e_plain[k], e_tp1[k]);
     EXPECT_LE(e_pad[k], 1e-3) << "step " << k << ": TP=2 graph replay vs TP=2 padded eager";
     EXPECT_LE(e_tp1[k], kBound) << "step " << k << ": TP=2 graphs vs TP=1 eager";
+    EXPECT_LE(e_plain[k], kBound) << "step " << k << ": TP=2 eager vs TP=1 eager";
   }
-  std::printf("[nccl-graphs] %s TP=2%s: graphs vs TP=2 padded eager %.3g, vs TP=1 eager %.3g\n", GetParam().c_str(),
-              ep ? "+EP" : "", w_pad, w_tp1);
+  std::printf("[nccl-graphs] %s TP=2%s: graphs vs TP=2 padded eager %.3g, vs TP=1 eager %.3g; TP=2 eager vs TP=1 "
+              "eager %.3g\n[nccl-graphs] per step (TP=2 eager / graphs vs TP=1):%s\n",
+              GetParam().c_str(), ep ? "+EP" : "", w_pad, w_tp1, w_plain, steps.c_str());
 }
 
 // Three sequences decode 6 steps; rows 0 and 2 are sampled greedily on rank 0's GPU, row 1 on
