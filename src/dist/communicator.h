@@ -59,6 +59,10 @@ class Communicator {
   // Best effort: makes pending and later collectives of every rank fail instead of hang
   // (called when one rank of a group throws). Idempotent.
   virtual void abort(const std::string& /*reason*/) {}
+  // True when all_reduce_sum only enqueues work on the backend's stream (no host code, no
+  // host sync), so a model step with its all-reduces may be captured into a CUDA graph and
+  // replayed by every rank (NCCL; the in-process group runs host code and cannot).
+  virtual bool graph_capturable() const { return false; }
 };
 
 }  // namespace moeserve

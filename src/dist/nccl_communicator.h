@@ -80,6 +80,7 @@ class NcclCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   void barrier() override;
   void abort(const std::string& reason) override;
+  bool graph_capturable() const override { return true; }
   cudaStream_t stream() const { return stream_; }
 
  private:

@@ -72,6 +72,7 @@ void reserve_backend_workspaces(Backend& backend, const BackendWorkspaceDims& d)
     p.num_local_experts = d.num_local_experts;
     p.num_q_heads = d.num_q_heads;
     p.head_dim = d.head_dim;
+    p.fp8 = d.fp8;
     cb->reserve(p);
   }
 #endif

@@ -34,6 +34,7 @@ struct BackendWorkspaceDims {
   int num_local_experts = 0;
   int num_q_heads = 0;  // local
   int head_dim = 0;
+  bool fp8 = false;  // FP8 block-scaled weights (sizes the FP8-activation buffers too)
 };
 
 // Null when `backend` cannot capture graphs (the CPU backend).

@@ -32,12 +32,17 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
   info_.block_size = opts.block_size;
   info_.num_kv_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks
                                                : (info_.max_model_len + opts.block_size - 1) / opts.block_size;
+  // With several ranks, graphs need a communicator whose all-reduces are stream-ordered device
+  // work (NCCL): each rank then captures its own graph, the collectives inside, and every rank
+  // replays the same bucket in the same step (they all plan the same batch).
   const int world = opts.comm ? opts.comm->world_size() : 1;
-  const bool want_graphs = !opts.enforce_eager && world == 1;
+  const bool comm_ok = world == 1 || opts.comm->graph_capturable();
+  const bool want_graphs = !opts.enforce_eager && comm_ok;
   graphs_ = want_graphs ? (opts.graph_runner_factory ? opts.graph_runner_factory(*backend_)
                                                      : make_graph_runner(*backend_))
                         : nullptr;
-  if (!opts.enforce_eager && world > 1) spdlog::info("executor: decode graphs off with {} ranks", world);
+  if (!opts.enforce_eager && !comm_ok)
+    spdlog::info("executor: decode graphs off with {} ranks (the communicator cannot be captured)", world);
   if (graphs_ || opts.pad_decode) buckets_ = moeserve::graph_buckets(std::max(1, opts.max_num_seqs));
 
   // Step workspaces before the KV pool is sized, so the pool gets what is really left.
@@ -49,7 +54,7 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
     const MiniMaxM2Shard& sh = model_->shard();
     reserve_backend_workspaces(*backend_, BackendWorkspaceDims{max_tokens, cfg.hidden_size, sh.expert_inter,
                                                                cfg.num_experts_per_tok, sh.num_experts, sh.q_heads,
-                                                               cfg.head_dim});
+                                                               cfg.head_dim, cfg.quantization.enabled()});
     const int64_t used1 = backend_memory_used(*backend_);
     spdlog::log(used0 >= 0 ? spdlog::level::info : spdlog::level::debug,
                 "executor: step workspaces for {} tokens: model {:.1f} MiB{}", max_tokens,
@@ -124,9 +129,10 @@ StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
   Tensor logits;
   const bool all_logits = std::all_of(batch.seqs.begin(), batch.seqs.end(), [](auto& s) { return s.need_logits; });
   const int bucket = all_logits && is_pure_decode(batch) ? pick_bucket(buckets_, S) : 0;
-  if (bucket > 0)
-    logits = forward_padded(batch, bucket).slice_rows(0, S);  // padded rows' logits are dropped
-  else
+  if (bucket > 0) {
+    logits = forward_padded(batch, bucket);  // undefined on a rank without logits
+    if (logits.defined()) logits = logits.slice_rows(0, S);  // padded rows' logits are dropped
+  } else
     logits = forward_eager(batch);
   if (logits.defined()) collect_rows(batch, logits, res);
   return res;
@@ -179,13 +185,14 @@ Tensor MiniMaxM2Executor::forward_padded(const StepBatch& batch, int bucket) {
   meta.context_lens = at(L.context_lens, {B});
   meta.block_tables = at(L.tables, {B, stride});
   meta.slot_mapping = at(L.slots, {B});
-  const Tensor ids = at(L.ids, {B}), rows = at(L.rows, {B});
+  // A rank without logits (parallel ranks other than 0) stops after the last layer.
+  const Tensor ids = at(L.ids, {B}), rows = logits_ ? at(L.rows, {B}) : Tensor{};
 
   drop_stale_graphs();
   if (graphs_ && graphs_->has(B)) {
     graphs_->replay(B);
     ++replays_;
-    return graph_logits_.at(B);
+    return graph_logits_[B];
   }
   Tensor logits = model_->forward(ids, meta, kv_, rows);  // eager (the bucket's warm-up with graphs)
   if (graphs_) {

@@ -77,6 +77,10 @@ ParallelExecutor::ParallelExecutor(ParallelExecutorOptions opts) : opts_(std::mo
     eo.expert_parallel = opts_.layout.expert_parallel;
     eo.comm = k.comm.get();
     eo.logits = r == 0;  // only rank 0's logits are returned
+    // Rank 0 samples on its GPU after its forward (its graph replay); the other ranks have no
+    // logits to sample.
+    eo.device_sampler = nullptr;
+    if (r == 0 && opts_.make_device_sampler) eo.device_sampler = opts_.make_device_sampler(*be);
     if (opts_.kv_blocks_for_memory && eo.num_kv_blocks <= 0) {
       eo.kv_blocks_for_memory = [this, r, be](int64_t per_block) {
         const int local = opts_.kv_blocks_for_memory(*be, per_block);
@@ -101,6 +105,10 @@ ParallelExecutor::ParallelExecutor(ParallelExecutorOptions opts) : opts_(std::mo
 }
 
 ParallelExecutor::~ParallelExecutor() { shutdown(); }
+
+// Read between steps (the rank threads are idle then; run_on_ranks' mutex orders the reads).
+int ParallelExecutor::graphs_captured(int r) const { return ranks_.at(size_t(r))->exec->graphs_captured(); }
+int ParallelExecutor::graph_replays(int r) const { return ranks_.at(size_t(r))->exec->graph_replays(); }
 
 void ParallelExecutor::shutdown() {
   if (ranks_.empty()) return;

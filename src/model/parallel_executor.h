@@ -51,6 +51,11 @@ struct ParallelExecutorOptions {
   // Optional: KV blocks rank r can hold given the bytes of one block; the pool is the
   // minimum over ranks (every rank holds the same block ids).
   std::function<int(Backend& backend, int64_t bytes_per_block)> kv_blocks_for_memory;
+  // Optional: rank 0's device sampler over its backend (CUDA: cuda_device_sampler). Only rank
+  // 0 computes logits, so only rank 0 samples; the executor then reports device_sampling and
+  // returns the sampled ids like a one-rank executor. exec.device_sampler is ignored.
+  std::function<std::function<void(const Tensor&, const std::vector<DeviceSampling>&, Tensor&)>(Backend& backend)>
+      make_device_sampler;
 };
 
 class ParallelExecutor final : public ModelExecutor {
@@ -60,6 +65,9 @@ class ParallelExecutor final : public ModelExecutor {
   ExecutorInfo info() const override { return info_; }
   StepResult execute(const StepBatch& batch) override;
   int world() const { return world_; }
+  // Decode graphs of rank `r` (every rank captures and replays the same buckets; tests).
+  int graphs_captured(int r = 0) const;
+  int graph_replays(int r = 0) const;
 
  private:
   struct Rank;

@@ -5,6 +5,7 @@
 // plan_shard). Each decode step is planned by BenchStep into fixed buffers and captured as one
 // CUDA graph per rank on that rank's stream (the NCCL all-reduces are captured with the
 // kernels); all ranks replay together and the step time is the slowest rank's median.
+// --no-graphs times the eager step instead (each rank launching its kernels and collectives).
 // Roofline: aggregate bandwidth = the sum of every GPU's measured copy bandwidth; bytes =
 // what all ranks together must read per step (each rank's attention slice, the replicated
 // router, its experts or expert slices, its KV heads; the lm_head once, on rank 0).
@@ -121,16 +122,26 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
       step.plan(std::vector<int>(size_t(B), 1), std::vector<int>(size_t(B), C));
       step.forward();  // eager: sizes workspaces, builds expert tables
       b.synchronize();
-      b.begin_capture();
-      step.forward();
-      CudaGraph g = b.end_capture();
-      g.replay(b.stream());
+      // --no-graphs: the eager step (host launches included), i.e. what a rank of the
+      // executor ran per decode step before the executor captured graphs under -tp.
+      CudaGraph g;
+      if (opt.graphs) {
+        b.begin_capture();
+        step.forward();
+        g = b.end_capture();
+        g.replay(b.stream());
+      } else {
+        step.forward();
+      }
       b.synchronize();
       std::vector<float> t;
       for (int i = 0; i < opt.iters; ++i) {
         barrier->barrier();  // start together: the collectives couple the ranks anyway
         cudaEventRecord(e0, b.stream());
-        g.replay(b.stream());
+        if (opt.graphs)
+          g.replay(b.stream());
+        else
+          step.forward();
         cudaEventRecord(e1, b.stream());
         cudaEventSynchronize(e1);
         float ms = 0;
@@ -170,6 +181,7 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
   out["expert_parallel"] = opt.expert_parallel;
   out["p2p_all_reduce_bytes"] = p2p ? int64_t(p2p->max_bytes()) : 0;
   out["layers"] = opt.layers;
+  out["graphs"] = opt.graphs;
   out["model"] = "minimax-m2.5 (synthetic weights)";
   out["per_rank"] = {{"q_heads", shard.q_heads},
                      {"kv_heads", shard.kv_heads},
@@ -178,8 +190,9 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
                      {"weights_GB", weight_gb}};
   out["roofline"] = {{"copy_GBps_per_gpu", copy_bw}, {"aggregate_copy_GBps", agg_bw / 1e9}};
   nlohmann::json dec = nlohmann::json::array();
-  std::printf("TP=%d%s, %d layers, aggregate copy bandwidth %.0f GB/s, small all-reduces on %s\n", W,
-              opt.expert_parallel ? " +EP" : "", opt.layers, agg_bw / 1e9, p2p ? "the p2p kernel" : "NCCL");
+  std::printf("TP=%d%s, %d layers, aggregate copy bandwidth %.0f GB/s, small all-reduces on %s, decode %s\n", W,
+              opt.expert_parallel ? " +EP" : "", opt.layers, agg_bw / 1e9, p2p ? "the p2p kernel" : "NCCL",
+              opt.graphs ? "as one CUDA graph per rank" : "eager (--no-graphs)");
   std::printf("%-6s %-7s %10s %12s %12s %9s\n", "batch", "context", "step_ms", "tok/s", "floor_ms", "roofline");
   for (size_t c = 0; c < configs.size(); ++c) {
     double ms = 0;

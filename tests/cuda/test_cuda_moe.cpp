@@ -133,10 +133,14 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MoeCase{1, 3072, 1536, 16, 16, 8, 0, true},     // M2.5 expert shapes, decode
                       MoeCase{3, 3072, 1536, 12, 12, 8, 0, true},     // repeated experts across tokens
                       MoeCase{40, 256, 128, 16, 16, 4, 0, true},      // many pairs per expert
-                      MoeCase{150, 256, 192, 8, 8, 2, 0, true},       // > gemv threshold: grouped GEMM
+                      MoeCase{150, 256, 192, 8, 8, 2, 0, true},       // GEMV tiles; mode 2: grouped GEMM
+                      MoeCase{250, 512, 256, 32, 32, 8, 0, true},     // top-8 at batch 250 (GEMV up to 256)
+                      MoeCase{300, 256, 128, 16, 16, 4, 0, true},     // > moe_gemv_max_tokens: FP8 grouped GEMM
                       MoeCase{9, 256, 128, 6, 16, 4, 5, true},        // EP: local experts 5..10 of 16
                       MoeCase{1, 256, 128, 6, 16, 4, 5, true},        // EP at decode (direct pairs)
                       MoeCase{7, 320, 96, 5, 5, 2, 0, false},         // bf16 experts
+                      MoeCase{16, 128, 32, 8, 8, 2, 0, false},        // bf16, I = 32 (tiny_bf16 at expert TP=2)
+                      MoeCase{4, 128, 32, 8, 8, 2, 0, false},
                       MoeCase{5, 200, 72, 4, 4, 2, 0, true}));        // odd sizes (scalar paths)
 
 TEST(CudaSample, GreedyAndDistribution) {

@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "dist/in_process.h"
+#include "executor_scenario.h"
 #include "model/generate.h"
 #include "model/model_executor.h"
 #include "model/parallel_executor.h"
@@ -272,6 +274,111 @@ TEST(ParallelExecutor, RankFailureDuringLoadThrows) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no device for rank 1"), std::string::npos) << e.what();
   }
+}
+
+// ---- decode graphs per rank (what NCCL ranks do on CUDA), on the CPU ----
+
+// The in-process communicator claiming to be capturable, so the rank executors take the
+// graph path; the recording runner replays the captured closure (the collectives run again
+// at replay, as captured NCCL calls do).
+class CapturableComm : public Communicator {
+ public:
+  explicit CapturableComm(std::unique_ptr<Communicator> c) : c_(std::move(c)) {}
+  int rank() const override { return c_->rank(); }
+  int world_size() const override { return c_->world_size(); }
+  void all_reduce_sum(Tensor& t) override { c_->all_reduce_sum(t); }
+  void all_gather(const Tensor& in, Tensor& out) override { c_->all_gather(in, out); }
+  void reduce_scatter_sum(const Tensor& in, Tensor& out) override { c_->reduce_scatter_sum(in, out); }
+  void all_to_all(const Tensor& in, Tensor& out) override { c_->all_to_all(in, out); }
+  void all_to_allv(const Tensor& in, const std::vector<int64_t>& s, Tensor& out,
+                   const std::vector<int64_t>& r) override {
+    c_->all_to_allv(in, s, out, r);
+  }
+  void broadcast(Tensor& t, int root) override { c_->broadcast(t, root); }
+  void barrier() override { c_->barrier(); }
+  void abort(const std::string& reason) override { c_->abort(reason); }
+  bool graph_capturable() const override { return true; }
+
+ private:
+  std::unique_ptr<Communicator> c_;
+};
+
+class RecordingRunner : public GraphRunner {
+ public:
+  bool has(int key) const override { return bodies_.count(key) > 0; }
+  void capture(int key, const std::function<void()>& body) override { bodies_[key] = body; }
+  void replay(int key) override { bodies_.at(key)(); }
+  void clear() override { bodies_.clear(); }
+  int size() const override { return int(bodies_.size()); }
+
+ private:
+  std::map<int, std::function<void()>> bodies_;
+};
+
+// Ranks capture and replay the same buckets; rank 0's logits match TP=1 eager; only rank 0
+// gets the device sampler (here a host argmax over the CPU "device" logits).
+TEST(ParallelExecutor, CapturableCommRanksReplayGraphsAndRank0Samples) {
+  ExecutorOptions eo = exec_opts("tiny_bf16");
+  eo.block_size = 4;
+  eo.num_kv_blocks = 128;
+  eo.max_num_seqs = 16;
+  eo.max_num_batched_tokens = 64;
+  eo.enforce_eager = true;
+  auto one = make_cpu_executor(eo);
+  const test::ScenarioTrace ref = test::run_scenario(*one);
+
+  eo.enforce_eager = false;
+  eo.graph_runner_factory = [](Backend&) { return std::make_unique<RecordingRunner>(); };
+  ParallelExecutorOptions o;
+  o.exec = eo;
+  o.layout.tensor_parallel = 2;
+  auto group = std::make_shared<InProcessGroup>(2);
+  o.make_backend = [](int) { return make_cpu_backend(); };
+  o.make_comm = [group](int r, Backend&) -> std::unique_ptr<Communicator> {
+    return std::make_unique<CapturableComm>(group->communicator(r));
+  };
+  std::atomic<int> samplers{0}, sampled_rows{0};
+  o.make_device_sampler = [&](Backend&) {
+    ++samplers;
+    return [&](const Tensor& logits, const std::vector<DeviceSampling>& rows, Tensor& out) {
+      const int64_t V = logits.dim(1);
+      for (size_t r = 0; r < rows.size(); ++r)
+        out.ptr<int32_t>()[r] = argmax_lowest(logits.ptr<float>() + int64_t(r) * V, int(V));
+      sampled_rows += int(rows.size());
+    };
+  };
+  ParallelExecutor par(std::move(o));
+  EXPECT_EQ(samplers.load(), 1);  // rank 0 only
+  EXPECT_TRUE(par.info().device_sampling);
+  const test::ScenarioTrace got = test::run_scenario(par, &ref);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(par.graphs_captured(r), 5) << "rank " << r;
+    EXPECT_EQ(par.graph_replays(r), 9) << "rank " << r;
+  }
+  const auto e = test::step_errors(ref, got);
+  for (size_t k = 0; k < e.size(); ++k) EXPECT_LE(e[k], 1e-4) << "step " << k;
+
+  // A pure-decode step (one token each, so it replays bucket 2) of two new sequences: row 0
+  // sampled by rank 0's sampler, row 1 returned as logits; TP=1 eager gives both rows.
+  StepBatch b;
+  for (int64_t id : {int64_t(5), int64_t(6)}) {
+    SequenceStep s;
+    s.seq_id = id;
+    s.tokens = {int32_t(7 + id)};
+    s.start_pos = 0;
+    s.block_table = {int32_t(100 + id)};
+    b.seqs.push_back(s);
+  }
+  const StepResult want = one->execute(b);  // eager TP=1, both rows' logits
+  b.seqs[0].device_sample = DeviceSampling{};
+  const int before = par.graph_replays(0);
+  const StepResult res = par.execute(b);
+  ASSERT_EQ(res.sampled_ids.size(), 1u);
+  ASSERT_EQ(res.logits.size(), size_t(res.vocab_size));
+  EXPECT_EQ(res.sampled_ids[0], argmax_lowest(want.logits.data(), want.vocab_size));
+  EXPECT_LE(rel_err(res.logits, std::vector<float>(want.logits.begin() + want.vocab_size, want.logits.end())), 1e-4);
+  EXPECT_EQ(par.graph_replays(0), before + 1);  // bucket 2 was captured by the scenario
+  EXPECT_EQ(sampled_rows.load(), 2);            // the sampler sees every logits row (host rows as placeholders)
 }
 
 }  // namespace

@@ -141,6 +141,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);
+  // MOESERVE_GRAPH_PREFILL_PATHS=0: captured decode graphs keep the pre-FP8-activation kernels
+  // (A/B against the default). MOESERVE_MOE_GEMV_MAX=N: moe_gemv_max_tokens.
+  if (const char* e = std::getenv("MOESERVE_GRAPH_PREFILL_PATHS"); e && std::strcmp(e, "0") == 0)
+    prefill_paths_in_graphs = false;
+  if (const char* e = std::getenv("MOESERVE_MOE_GEMV_MAX"); e && *e) moe_gemv_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;
     fuse_router = false;
@@ -285,6 +290,20 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
   // 2 x SMs, i.e. for few tokens; 16 splits of 512 tokens covers that (clamped at launch
   // during capture, grown on demand otherwise).
   workspace(kAttnPart, size_t(16) * std::min(std::max(p.max_tokens, 1), 512) * p.num_q_heads * (p.head_dim + 2) * 4);
+  // FP8-activation path (cuda_prefill.cpp) at >= fp8_act_min_tokens rows: the largest
+  // quantised input of a linear ([T, max(H, heads x head_dim)] e4m3 + one f32 per 128
+  // columns; the experts' [T, H] is smaller), the experts' SiLU output [T x top_k, I], the
+  // cuBLASLt workspace and the router GEMM's f32 copy of x. Sized here so that warm-ups of the
+  // large decode buckets do not reallocate (which would drop every captured graph).
+  if (p.fp8 && use_fp8_act_gemm && p.max_tokens >= fp8_act_min_tokens) {
+    auto q8 = [](size_t rows, size_t k) { return (rows * k + 255) / 256 * 256 + rows * (k / 128) * 4; };
+    const size_t T = size_t(p.max_tokens);
+    const size_t kmax = std::max<size_t>(size_t(p.hidden), size_t(p.num_q_heads) * p.head_dim);
+    workspace(kQuantX, q8(T, kmax));
+    workspace(kQuantAct, q8(P, size_t(p.intermediate)));
+    if (cc_ == 90 && (use_lt_fp8 || router_gemm_min_tokens > 0)) workspace(kLt, LtGemm::kWorkspaceBytes);
+    if (router_gemm_min_tokens > 0) workspace(kRouterX, T * p.hidden * 4);
+  }
 }
 
 void CudaBackend::fill_random(Tensor& t, uint64_t seed, float scale) {

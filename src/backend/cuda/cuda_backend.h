@@ -46,6 +46,10 @@ struct WorkspacePlan {
   int num_local_experts = 0;
   int num_q_heads = 0;
   int head_dim = 0;
+  // FP8 block-scaled weights: also size the FP8-activation path's buffers (quantised
+  // activations and scales, the cuBLASLt workspace, the router's f32 input) when max_tokens
+  // reaches fp8_act_min_tokens, so decode graphs of >= 128 rows capture that path.
+  bool fp8 = false;
 };
 
 // A captured CUDA graph (instantiated), replayed on a stream.
@@ -129,7 +133,11 @@ class CudaBackend final : public Backend {
   int linear_gemv_narrow_n = 2048;
   // ... and up to this many rows for FP8 linears the tensor-core GEMV supports; 0: off.
   int linear_gemv_tc_max_tokens = 64;
-  int moe_gemv_max_tokens = 128;
+  // Experts: GEMV tiles (8 pairs of one expert) up to this many tokens, else the grouped GEMM
+  // (FP8 activations from fp8_act_min_tokens). 256: at decode batch 256 (M2.5, ~8 pairs per
+  // expert, one H200) the GEMV step measured 45.5 ms against 52.5 ms with the FP8 grouped
+  // GEMM (16 layers, graphs); at 128 the GEMV is also faster (29.9 vs 41.3 ms).
+  int moe_gemv_max_tokens = 256;
   // Up to this many tokens moe_experts skips the align step (direct pair tiles, tensor-core
   // GEMV only) and folds the combine into the down GEMV; 0: off.
   int moe_direct_max_tokens = 1;
@@ -186,6 +194,20 @@ class CudaBackend final : public Backend {
   int router_gemm_min_tokens = 64;
   // Layout of the activation scales handed to cuBLASLt (false: token-fastest [K/128, T]).
   bool lt_act_scale_kmajor = false;
+  // The paths above (FP8-activation GEMMs, cuBLASLt, the router GEMM) also inside captured
+  // graphs (decode buckets of >= fp8_act_min_tokens rows; the router GEMM only from that many
+  // rows in a graph, so smaller buckets keep their kernels). Everything they need is fixed
+  // at capture: the MoE tile table is built on the device into buffers sized for the worst
+  // case (tiles past the device-side count exit), workspaces were sized by reserve() or the
+  // bucket's eager warm-up, and the cuBLASLt plan (algorithm from the heuristic, fixed
+  // workspace) was made by that warm-up for the bucket's row count. A workspace too small
+  // during capture makes the op take its previous kernel (counted in graph_fallbacks()).
+  // false (MOESERVE_GRAPH_PREFILL_PATHS=0): captured steps take the previous kernels.
+  bool prefill_paths_in_graphs = true;
+  // FP8-activation / cuBLASLt / router-GEMM launches recorded while capturing, and ops that
+  // fell back to their previous kernel during a capture (tests, logs).
+  uint64_t graph_fp8_ops() const { return graph_fp8_ops_; }
+  uint64_t graph_fallbacks() const { return graph_fallbacks_; }
 
  private:
   enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kQuantX, kQuantAct, kLt, kRouterX, kNumSlots };
@@ -217,6 +239,11 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   bool capturing_ = false;
   uint64_t ws_generation_ = 0;
+  uint64_t graph_fp8_ops_ = 0, graph_fallbacks_ = 0;
+  // A prefill path may run now: eagerly, or in a capture when prefill_paths_in_graphs.
+  bool prefill_path_allowed() const { return !capturing_ || prefill_paths_in_graphs; }
+  // Outside capture always true (workspace() grows); in capture: the slot already holds `bytes`.
+  bool ws_fits(Slot s, size_t bytes) const { return !capturing_ || ws_[s].bytes >= bytes; }
   struct Buf {
     void* ptr = nullptr;
     size_t bytes = 0;

@@ -184,10 +184,14 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   // FP8 prefill on the Hopper wgmma kernel's 128 x 192 tiles (g_fp8_wgmma_tile_m == 128): the
   // align builds 128-row tiles; same predicate as moe_experts_fp8_act, which must then run and
   // take that kernel (its 32-bit offset bound is checked here too).
-  const bool fp8_pair = !gemv && !capturing_ && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
+  const bool fp8_pair = !gemv && prefill_path_allowed() && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
                         et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
                         g_fp8_wgmma_tile_m == kFp8PairTileM && fp8_wgmma_available() &&
-                        int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31);
+                        int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31) &&
+                        // in a capture its quantisation workspaces must already be there
+                        // (moe_experts_fp8_act checks the same; eager steps always fit)
+                        ws_fits(kQuantX, round_up(size_t(T) * H, 256) + size_t(T) * (H / kQuantGroup) * 4) &&
+                        ws_fits(kQuantAct, round_up(size_t(P) * et.I, 256) + size_t(P) * (et.I / kQuantGroup) * 4);
   const int tile_rows = gemv ? kGemvTile : fp8_pair ? kFp8PairTileM : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
 

@@ -8,9 +8,14 @@
 // - experts: gate/up grouped GEMM with fused SiLU * up (bf16 out), that output quantised
 //   the same way, down grouped GEMM scaled by the routing weight (k_gemm_fp8.cu; on sm_90a
 //   the wgmma kernel of k_gemm_fp8_wgmma.cu).
-// Eager only: during graph capture (decode batches) these paths step aside and the ops take
-// their previous kernels, so captured steps need no new workspaces (reserve() does not size
-// these) and no cuBLASLt plan creation inside a capture.
+// Capture: with prefill_paths_in_graphs (default) these paths also run inside captured decode
+// graphs (buckets of >= fp8_act_min_tokens rows). Nothing here needs the host to know the
+// data: the MoE tile table comes from the device-side align (fixed worst-case buffers, tiles
+// past the device count exit), the quantisation and GEMM shapes depend only on the row count
+// (fixed per bucket), and the cuBLASLt handle and per-shape plan (heuristic algorithm, fixed
+// 32 MiB workspace) exist from the bucket's eager warm-up. In a capture nothing is allocated:
+// a workspace that is too small, or a missing handle, makes the op take its previous kernel
+// (graph_fallbacks_), never an allocation inside the capture.
 #include <algorithm>
 
 #include "backend/cuda/cublaslt.h"
@@ -36,9 +41,16 @@ LtGemm* CudaBackend::lt() {
 }
 
 bool CudaBackend::linear_fp8_act(const LinParams& p) {
-  if (capturing_ || !use_fp8_act_gemm || !p.fp8 || p.bo != 128 || p.bi != 128 || p.K % kQuantGroup != 0 || p.ldx != p.K) return false;
+  if (!prefill_path_allowed() || !use_fp8_act_gemm || !p.fp8 || p.bo != 128 || p.bi != 128 || p.K % kQuantGroup != 0 ||
+      p.ldx != p.K)
+    return false;
   const int T = p.M, K = p.K, G = K / kQuantGroup;
   const size_t qbytes = round_up(size_t(T) * K, 256);
+  if (!ws_fits(kQuantX, qbytes + size_t(T) * G * 4)) {
+    ++graph_fallbacks_;
+    return false;
+  }
+  if (capturing_) ++graph_fp8_ops_;
   uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, qbytes + size_t(T) * G * 4));
   float* xs = reinterpret_cast<float*>(xq + qbytes);
   QuantParams q;
@@ -54,8 +66,8 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
   const bool kernel_ok = gemm_fp8_supported(p);
   if (!kernel_ok && !(use_lt_fp8 && lt_shape && !p.experts && T0 == T)) return false;
   int done = 0;
-  if (use_lt_fp8 && lt_shape && !p.experts && T0 > 0) {
-    LtGemm* g = lt();
+  if (use_lt_fp8 && lt_shape && !p.experts && T0 > 0 && ws_fits(kLt, LtGemm::kWorkspaceBytes)) {
+    LtGemm* g = lt();  // null in a capture when no eager step created it: the kernel takes all rows
     if (g) {
       q.R = T0;
       q.s_row = lt_act_scale_kmajor ? G : 1;
@@ -85,12 +97,18 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
 }
 
 bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down, int T) {
-  if (capturing_ || !use_fp8_act_gemm || T < fp8_act_min_tokens || !gemm_fp8_supported(up) || !gemm_fp8_supported(down) ||
-      up.ldx != up.K || down.ldx != down.K)
+  if (!prefill_path_allowed() || !use_fp8_act_gemm || T < fp8_act_min_tokens || !gemm_fp8_supported(up) ||
+      !gemm_fp8_supported(down) || up.ldx != up.K || down.ldx != down.K)
     return false;
   const int H = up.K, I = down.K, P = up.M;
   // Tokens' rows [T, H] quantised once; the gate/up GEMM gathers them through sorted_token.
   const size_t xbytes = round_up(size_t(T) * H, 256);
+  if (!ws_fits(kQuantX, xbytes + size_t(T) * (H / kQuantGroup) * 4) ||
+      !ws_fits(kQuantAct, round_up(size_t(P) * I, 256) + size_t(P) * (I / kQuantGroup) * 4)) {
+    ++graph_fallbacks_;
+    return false;
+  }
+  if (capturing_) ++graph_fp8_ops_;
   uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, xbytes + size_t(T) * (H / kQuantGroup) * 4));
   float* xs = reinterpret_cast<float*>(xq + xbytes);
   QuantParams q;
@@ -110,9 +128,20 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
 }
 
 bool CudaBackend::route_logits_gemm(const void* x, bool x_bf16, const Tensor& gate, int T, int H, int E, float* logits) {
-  if (capturing_ || router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 || H % 4 != 0) return false;
+  if (!prefill_path_allowed() || router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 ||
+      H % 4 != 0)
+    return false;
+  // In a graph only from fp8_act_min_tokens rows: smaller buckets keep the fused router kernel.
+  if (capturing_ && T < fp8_act_min_tokens) return false;
+  if (!ws_fits(kLt, LtGemm::kWorkspaceBytes) || (x_bf16 && !ws_fits(kRouterX, size_t(T) * H * 4))) {
+    ++graph_fallbacks_;
+    return false;
+  }
   LtGemm* g = lt();
-  if (!g) return false;
+  if (!g) {
+    if (capturing_) ++graph_fallbacks_;
+    return false;
+  }
   const float* xf = static_cast<const float*>(x);
   if (x_bf16) {
     float* buf = static_cast<float*>(workspace(kRouterX, size_t(T) * H * 4));
@@ -120,7 +149,9 @@ bool CudaBackend::route_logits_gemm(const void* x, bool x_bf16, const Tensor& ga
     xf = buf;
   }
   void* ws = workspace(kLt, LtGemm::kWorkspaceBytes);
-  return g->f32_nt(T, E, H, xf, gate.ptr<float>(), logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
+  const bool ok = g->f32_nt(T, E, H, xf, gate.ptr<float>(), logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
+  if (ok && capturing_) ++graph_fp8_ops_;
+  return ok;
 }
 
 }  // namespace moeserve
