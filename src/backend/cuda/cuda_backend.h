@@ -244,6 +244,8 @@ class CudaBackend final : public Backend {
   bool prefill_path_allowed() const { return !capturing_ || prefill_paths_in_graphs; }
   // Outside capture always true (workspace() grows); in capture: the slot already holds `bytes`.
   bool ws_fits(Slot s, size_t bytes) const { return !capturing_ || ws_[s].bytes >= bytes; }
+  // The FP8 expert path's quantisation workspaces for T tokens, P = T * top_k pairs (cuda_prefill.cpp).
+  bool fp8_experts_ws_fit(int T, int P, int H, int I) const;
   struct Buf {
     void* ptr = nullptr;
     size_t bytes = 0;

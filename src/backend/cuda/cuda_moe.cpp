@@ -190,8 +190,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
                         int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31) &&
                         // in a capture its quantisation workspaces must already be there
                         // (moe_experts_fp8_act checks the same; eager steps always fit)
-                        ws_fits(kQuantX, round_up(size_t(T) * H, 256) + size_t(T) * (H / kQuantGroup) * 4) &&
-                        ws_fits(kQuantAct, round_up(size_t(P) * et.I, 256) + size_t(P) * (et.I / kQuantGroup) * 4);
+                        fp8_experts_ws_fit(T, P, H, et.I);
   const int tile_rows = gemv ? kGemvTile : fp8_pair ? kFp8PairTileM : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
 

@@ -96,6 +96,11 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
   return true;
 }
 
+bool CudaBackend::fp8_experts_ws_fit(int T, int P, int H, int I) const {
+  return ws_fits(kQuantX, round_up(size_t(T) * H, 256) + size_t(T) * (H / kQuantGroup) * 4) &&
+         ws_fits(kQuantAct, round_up(size_t(P) * I, 256) + size_t(P) * (I / kQuantGroup) * 4);
+}
+
 bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down, int T) {
   if (!prefill_path_allowed() || !use_fp8_act_gemm || T < fp8_act_min_tokens || !gemm_fp8_supported(up) ||
       !gemm_fp8_supported(down) || up.ldx != up.K || down.ldx != down.K)
@@ -103,8 +108,7 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   const int H = up.K, I = down.K, P = up.M;
   // Tokens' rows [T, H] quantised once; the gate/up GEMM gathers them through sorted_token.
   const size_t xbytes = round_up(size_t(T) * H, 256);
-  if (!ws_fits(kQuantX, xbytes + size_t(T) * (H / kQuantGroup) * 4) ||
-      !ws_fits(kQuantAct, round_up(size_t(P) * I, 256) + size_t(P) * (I / kQuantGroup) * 4)) {
+  if (!fp8_experts_ws_fit(T, P, H, I)) {
     ++graph_fallbacks_;
     return false;
   }
