@@ -240,6 +240,7 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
                 T, E, K, nt, nt128, names[path], ms[path][0], f_up / ms[path][0] / 1e9, ms[path][1], f_down / ms[path][1] / 1e9,
                 ms[path][0] + ms[path][1], (f_up + f_down) / (ms[path][0] + ms[path][1]) / 1e9);
   cudaFree(d_ptrs);
+}
 
 // Prefill attention at M2.5 shapes (48 q / 8 kv heads x 128, 16-token blocks, shuffled block
 // table): whole causal prompts and a chunk after a cached prefix. TF/s count causal FLOPs
@@ -298,7 +299,6 @@ TEST(CudaPrefillBench, Attention) {
     cuda::g_attn_wgmma_order = true;
     cuda::g_attn_wgmma_mbar = false;
   }
-}
 
 }  // namespace
 }  // namespace moeserve::test
