@@ -299,6 +299,7 @@ TEST(CudaPrefillBench, Attention) {
     cuda::g_attn_wgmma_order = true;
     cuda::g_attn_wgmma_mbar = false;
   }
+}
 
 }  // namespace
 }  // namespace moeserve::test
