@@ -10,16 +10,23 @@ This script does it on a random-weight checkpoint with the REAL MiniMax-M2.5 sha
 routing bias, expert size 1536, FP8 e4m3 128x128 block-scaled weights with *_scale_inv as the
 hub stores them, vocab 200,064) but only --layers layers (default 3).
 
-  make   generates the weights on the GPU, writes the hub-layout checkpoint (one shard per layer
-         + embeddings/head, index, config.json, generation_config.json; no tokenizer: prompts
-         are token ids) and runs HF MiniMaxM2ForCausalLM in float32 (TF32 off) on the
-         dequantised weights (fp8 * scale per block, exactly what moeserve must compute with):
-         greedy reference ids and logits of every step for a ~300- and a ~1,100-token prompt.
-  check  runs moeserve on --device cuda over the same checkpoint (cases: decode graphs on,
-         --enforce-eager, chunked prefill, decode fusions off, and a teacher-forced batch of
-         several sequences through tools/realshape_replay when that binary is given) and
-         compares with the reference: per step max|logit diff| / max|ref logit| and greedy id
-         agreement except where HF's own top-2 margin is below 2 * bound * max|ref|.
+  make   generates the weights on the GPU (a "smooth" random model, see the --expert-spread
+         help), writes the hub-layout checkpoint (one shard per layer + embeddings/head,
+         index, config.json, generation_config.json; no tokenizer: prompts are token ids) and
+         runs HF MiniMaxM2ForCausalLM in float32 (TF32 off) on the dequantised weights (fp8 *
+         scale per block): greedy ids and logits of every step for prompts of 40, 200, 300 and
+         1,100 tokens ("exact"), plus teacher-forced variants on the same ids that emulate
+         moeserve's dynamic per-(token, 128) FP8 activation quantisation where it applies it
+         ("fp8act", "fp8act_all", "fp8act_chunk512"; "fp8act_attn"/"fp8act_moe" attribute
+         its cost; "bf16act" probes the model's sensitivity).
+  check  runs moeserve on --device cuda over the same checkpoint (generate: decode graphs on,
+         --enforce-eager, chunked prefill, fusions / prefill paths off; tests/cuda
+         realshape_replay when given: a teacher-forced batch of four sequences with
+         GPU-sampled twins) and compares each case with the reference variant of its path:
+         per row max|logit diff| / max|ref logit| <= --bound (--tight-bound for bf16 rows
+         without a router near-tie), greedy ids equal except where HF's own top-2 margin is
+         below twice the row's bound; cross-case differences and the other variants are
+         reported. Report: OUT/realshape_report.{md,json}.
 
 Usage (scripts/realshape_check.sh wraps both):
   python3 realshape_check.py make  --dir CKPT [--layers 3]
