@@ -87,7 +87,7 @@ for step in $STEPS; do
         grep -iE "graph" "$OUT/gen_tp2.log" | head -3
       done
       ./moeserve serve /tmp/tiny --served-model-name tiny --device cuda --port 18141 --gpu-memory-utilization 0.2 -tp 2 \
-        --max-num-seqs 8 > "$OUT/serve.log" 2>&1 &
+        --max-num-seqs 8 > "$OUT/serve_server.log" 2>&1 &
       spid=$!
       python3 - >> "$OUT/serve.log" 2>&1 <<'PY'
 import json, time, urllib.request, concurrent.futures as cf
@@ -110,6 +110,7 @@ print("CONCURRENT", [x["usage"]["completion_tokens"] for x in rs])
 PY
       echo "serve -tp 2 client rc=$?"
       kill $spid; wait $spid 2>/dev/null
+      cat "$OUT/serve_server.log" >> "$OUT/serve.log"
       grep -E "COMPLETION|CONCURRENT|graph|device sampl|rror" "$OUT/serve.log" | cut -c1-300 | head -12
       stamp serve done ;;
     tp)  # TPMODES: "graphs" and/or "eager" (--no-graphs: the eager rank step the executor ran before)

@@ -124,7 +124,12 @@ TEST_P(CudaMoeExperts, MatchesReference) {
     gpu().moe_direct_max_tokens = saved_direct;
     gpu().use_gemv_tc = true;
     auto got = gpu().download_f32(out);
-    EXPECT_LT(rel_err(got, ref), 2e-2) << "mode " << mode;
+    // The grouped GEMM from fp8_act_min_tokens rows quantises x and silu(g) * u to FP8 (each
+    // within 2^-4 relative): the documented expert bound 2 x (2^-4 + 1e-2); measured 0.043 at
+    // T = 250 / 300 on the H200. Every other path keeps bf16 activations: 2e-2.
+    const bool fp8_act = c.fp8 && gpu().use_fp8_act_gemm && c.T >= gpu().fp8_act_min_tokens &&
+                         (mode == 2 || c.T > gpu().moe_gemv_max_tokens);
+    EXPECT_LT(rel_err(got, ref), fp8_act ? 2 * (0.0625 + 1e-2) : 2e-2) << "mode " << mode;
   }
 }
 
