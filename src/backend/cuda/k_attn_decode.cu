@@ -231,12 +231,10 @@ __global__ void __launch_bounds__(kT) attn_decode_kernel(AttnParams a, QkNormRop
 #pragma unroll
       for (int i = 0; i < kD / 32; ++i) acc[rr][i] *= corr;
     }
-#pragma unroll 4
     for (int kk = 0; kk < kn; ++kk) {
-      // Lane owns dims 4 lane .. 4 lane + 3 (one 8-byte load per key).
-      const uint2 raw = *reinterpret_cast<const uint2*>(&S.vs[kh][kk][4 * lane]);
-      const float2 v01 = bf16x2_to_f2(raw.x), v23 = bf16x2_to_f2(raw.y);
-      const float vv[4] = {v01.x, v01.y, v23.x, v23.y};
+      float vv[kD / 32];
+#pragma unroll
+      for (int i = 0; i < kD / 32; ++i) vv[i] = bf2f(S.vs[kh][kk][lane + 32 * i]);
 #pragma unroll
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
         const float pk = __shfl_sync(0xffffffffu, kk < 32 ? p0[rr] : p1[rr], kk & 31);
@@ -251,39 +249,30 @@ __global__ void __launch_bounds__(kT) attn_decode_kernel(AttnParams a, QkNormRop
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int r = rg * kRowsPerWarp + rr;
 #pragma unroll
-    for (int i = 0; i < kD / 32; ++i) S.po[kh][r][4 * lane + i] = acc[rr][i];
+    for (int i = 0; i < kD / 32; ++i) S.po[kh][r][lane + 32 * i] = acc[rr][i];
     if (lane == 0) S.pml[kh][r][0] = m[rr], S.pml[kh][r][1] = l[rr];
   }
   cluster.sync();  // every block's partials written and visible cluster-wide
   // Block `split` merges elements split * kT + tid, + splits * kT, ... of the G x D outputs.
   for (int e = split * kT + tid; e < G * D; e += splits * kT) {
     const int r = e / D, d = e % D;
-    // Every peer's (m, l, o) of this element loaded at once (one DSMEM round trip).
-    float mh[2 * kMaxSplits], lh[2 * kMaxSplits], oh[2 * kMaxSplits];
-#pragma unroll
-    for (int b = 0; b < kMaxSplits; ++b) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mh[2 * b + h] = -INFINITY, lh[2 * b + h] = 0.f, oh[2 * b + h] = 0.f;
-        if (b < splits) {
-          const Smem* o = cluster.map_shared_rank(&S, b);
-          mh[2 * b + h] = o->pml[h][r][0];
-          lh[2 * b + h] = o->pml[h][r][1];
-          oh[2 * b + h] = o->po[h][r][d];
-        }
-      }
-    }
     float M = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 2 * kMaxSplits; ++i) M = fmaxf(M, mh[i]);
+    for (int b = 0; b < splits; ++b) {
+      const Smem* o = cluster.map_shared_rank(&S, b);
+      M = fmaxf(M, fmaxf(o->pml[0][r][0], o->pml[1][r][0]));
+    }
     float L = 0.f, acc_o = 0.f;
     if (M != -INFINITY)
+      for (int b = 0; b < splits; ++b) {
+        const Smem* o = cluster.map_shared_rank(&S, b);
 #pragma unroll
-      for (int i = 0; i < 2 * kMaxSplits; ++i) {
-        if (mh[i] == -INFINITY) continue;
-        const float w = exp2f(mh[i] - M);
-        L += lh[i] * w;
-        acc_o += oh[i] * w;
+        for (int h = 0; h < 2; ++h) {
+          const float mh = o->pml[h][r][0];
+          if (mh == -INFINITY) continue;
+          const float w = exp2f(mh - M);
+          L += o->pml[h][r][1] * w;
+          acc_o += o->po[h][r][d] * w;
+        }
       }
     static_cast<bf16*>(a.out)[(int64_t(t) * a.Hq + kvh * G + r) * D + d] = f2bf(L > 0.f ? acc_o / L : 0.f);
   }
