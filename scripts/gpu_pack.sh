@@ -11,8 +11,13 @@ rm -rf .gpubin && mkdir -p .gpubin/tests/fixtures .gpubin/scripts
 cp "$B/moeserve" "$B/tests/cuda/test_cuda_ops" "$B/tests/cuda/test_cuda_golden" "$B/tests/cuda/test_cuda_device_sampling" .gpubin/
 [ -f "$B/tests/cuda/test_cuda_graphs" ] && cp "$B/tests/cuda/test_cuda_graphs" .gpubin/
 if [ -f "$B/tests/dist/test_nccl" ]; then cp "$B/tests/dist/test_nccl" .gpubin/; fi
-cp scripts/gpu_prebuilt_check.sh scripts/gpu_multigpu_check.sh .gpubin/
+[ -f "$B/tests/cuda/realshape_replay" ] && cp "$B/tests/cuda/realshape_replay" .gpubin/
+cp scripts/gpu_prebuilt_check.sh scripts/gpu_multigpu_check.sh scripts/gpu_final_check.sh .gpubin/
+cp scripts/realshape_check.sh scripts/realshape_check.py .gpubin/scripts/
 cp scripts/golden_cuda_check.sh .gpubin/scripts/
 cp scripts/make_golden.py .gpubin/scripts/
-cp -r tests/fixtures/golden .gpubin/tests/fixtures/
+# NOPACK_FIXTURES=1: leave the fixtures out (the device call carries the repo, which has them).
+[ -n "${NOPACK_FIXTURES:-}" ] || cp -r tests/fixtures/golden .gpubin/tests/fixtures/
+# STRIP=1: strip the binaries (smaller transfers).
+[ -z "${STRIP:-}" ] || strip --strip-unneeded .gpubin/moeserve .gpubin/test_* .gpubin/realshape_replay 2>/dev/null || true
 du -sh .gpubin
