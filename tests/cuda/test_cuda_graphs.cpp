@@ -37,20 +37,6 @@ ExecutorOptions opts(const std::string& name) {
   return eo;
 }
 
-double top2_margin(const float* x, int V) {
-  float a = -INFINITY, b = -INFINITY, m = 0;
-  for (int i = 0; i < V; ++i) {
-    m = std::max(m, std::fabs(x[i]));
-    if (x[i] > a) {
-      b = a;
-      a = x[i];
-    } else if (x[i] > b) {
-      b = x[i];
-    }
-  }
-  return (a - b) / std::max(m, 1e-30f);
-}
-
 TEST_P(CudaDecodeGraphs, GraphsMatchEager) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   // tiny_d128_fp8 (head_dim 128: the fused decode attention kernel) is generated, not stored:

@@ -121,20 +121,6 @@ ExecutorOptions big_opts() {
   return eo;
 }
 
-double margin(const float* x, int V) {
-  float a = -INFINITY, b = -INFINITY, m = 0;
-  for (int i = 0; i < V; ++i) {
-    m = std::max(m, std::fabs(x[i]));
-    if (x[i] > a) {
-      b = a;
-      a = x[i];
-    } else if (x[i] > b) {
-      b = x[i];
-    }
-  }
-  return (a - b) / std::max(m, 1e-30f);
-}
-
 TEST(CudaDecodeGraphsBig, Fp8PathsInsideGraphsMatchPaddedEager) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   ExecutorOptions eo = big_opts();
@@ -181,7 +167,7 @@ TEST(CudaDecodeGraphsBig, Fp8PathsInsideGraphsMatchPaddedEager) {
     int checked = 0, equal = 0;
     for (size_t i = 0; i < ref.next[k].size(); ++i) {
       const float* r = ref.logits[k].data() + i * V;
-      if (margin(r, V) < 0.1) continue;
+      if (top2_margin(r, V) < 0.1) continue;
       ++checked;
       equal += argmax_lowest(graphed.logits[k].data() + i * V, V) == ref.next[k][i];
     }

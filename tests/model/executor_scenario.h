@@ -21,6 +21,21 @@ struct ScenarioTrace {
   int vocab = 0;
 };
 
+// (top1 - top2) / max|x| of one logits row: how close its greedy pick is to a tie.
+inline double top2_margin(const float* x, int V) {
+  float a = -INFINITY, b = -INFINITY, m = 0;
+  for (int i = 0; i < V; ++i) {
+    m = std::max(m, std::fabs(x[i]));
+    if (x[i] > a) {
+      b = a;
+      a = x[i];
+    } else if (x[i] > b) {
+      b = x[i];
+    }
+  }
+  return (a - b) / std::max(m, 1e-30f);
+}
+
 // Steps: each is a list of (sequence, prefill?) — a prefill step feeds the sequence's prompt.
 inline ScenarioTrace run_scenario(ModelExecutor& ex, const ScenarioTrace* forced = nullptr) {
   const ExecutorInfo info = ex.info();

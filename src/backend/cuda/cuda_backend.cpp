@@ -23,19 +23,6 @@ void throw_cuda_error(cudaError_t err, const char* file, int line, const char* e
 }
 void throw_error(const std::string& msg) { throw Error(msg); }
 
-int device_cc_major() {
-  // Per device ordinal, 0 = not yet known (benign race: every writer stores the same value).
-  static std::atomic<int> cc[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  int v = cc[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev);
-    cc[dev].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
 bool pdl_enabled() {
   static const bool env_off = [] {
     const char* e = std::getenv("MOESERVE_PDL");

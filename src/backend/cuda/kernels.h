@@ -57,8 +57,6 @@ struct QkNormRopeParams {
   int64_t num_slots = 0;
 };
 void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s);
-// Compute capability major of the current device (cached).
-int device_cc_major();
 // __CUDA_ARCH__ of the code the current device runs (e.g. 800 for the sm_80 SASS or the
 // compute_80 PTX, 900 for sm_90/sm_90a), 0 when there is none; cached per device (k_arch.cu).
 // Feature dispatch (FP8 mma.sync >= 890, PDL and clusters >= 900) must use this, not the
