@@ -376,20 +376,21 @@ TEST_P(NcclGraphs, Tp2GraphsMatchEager) {
     EXPECT_LE(e_pad[k], 1e-3) << "step " << k << ": TP=2 graph replay vs TP=2 padded eager";
     // Graphs add nothing to what the TP=2 layout itself does against TP=1.
     EXPECT_LE(e_tp1[k], e_plain[k] + 1e-3) << "step " << k << ": TP=2 graphs vs TP=1 eager";
-    // Known issue (found by this test on 2 x H200, eager and graphs alike, with PDL and the
-    // decode fusions off too): expert-TP of tiny_bf16 (I = 32 per rank) differs from TP=1 by
-    // 0.27-0.33 from the first 16-row decode step on; EP (tiny_fp8_b128) stays within the
-    // bound. Checked here for EP; DISABLED_Tp2ExpertTpEagerMatchesTp1 reproduces the other.
-    if (ep) EXPECT_LE(e_plain[k], kBound) << "step " << k << ": TP=2 eager vs TP=1 eager";
+    // The layout itself against TP=1. Open on 2 x H200 (merged main, 2026-11-29): on
+    // tiny_fp8_b128 TP=2 + EP one of the 18 steps differs by 0.22 (the rest <= 0.009), eager and
+    // graphs alike; the CPU backend's in-process ranks match TP=1 at every step of the same
+    // scenario (ParallelExecutor.ScenarioTp2EpMatchesTp1OnFp8Fixture). The tiny_bf16 expert-TP
+    // difference seen on the graphs_big branch did not reproduce there (Tp2ExpertTpEagerMatchesTp1).
+    EXPECT_LE(e_plain[k], kBound) << "step " << k << ": TP=2 eager vs TP=1 eager";
   }
   std::printf("[nccl-graphs] %s TP=2%s: graphs vs TP=2 padded eager %.3g, vs TP=1 eager %.3g; TP=2 eager vs TP=1 "
               "eager %.3g\n[nccl-graphs] per step (TP=2 eager / graphs vs TP=1):%s\n",
               GetParam().c_str(), ep ? "+EP" : "", w_pad, w_tp1, w_plain, steps.c_str());
 }
 
-// The known expert-TP discrepancy above, as a failing check (run with
-// --gtest_also_run_disabled_tests): TP=2 expert-TP eager vs TP=1 eager over the scenario.
-TEST(NcclLayout, DISABLED_Tp2ExpertTpEagerMatchesTp1) {
+// Expert-TP (experts sliced, no EP) of tiny_bf16, TP=2 eager vs TP=1 eager over the scenario
+// (the graphs_big branch saw 0.27-0.33 here; merged main on 2 x H200 passes).
+TEST(NcclLayout, Tp2ExpertTpEagerMatchesTp1) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "need 2 GPUs";
   ExecutorOptions eo;
   eo.model_dir = fixture("tiny_bf16").string();
