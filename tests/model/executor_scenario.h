@@ -7,9 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "engine/executor.h"
+#include "model/graph_runner.h"
+#include "model/model_executor.h"
 #include "model/generate.h"
 
 namespace moeserve::test {
@@ -19,6 +24,32 @@ struct ScenarioTrace {
   std::vector<std::vector<int32_t>> next;      // per step: the token each sequence continues with
   std::vector<std::vector<int64_t>> seq_ids;   // per step
   int vocab = 0;
+};
+
+// Executor options the scenario is written for: 12 blocks of 4 tokens per sequence, up to 16
+// sequences and 64 tokens per step.
+inline ExecutorOptions scenario_options(const std::string& model_dir) {
+  ExecutorOptions eo;
+  eo.model_dir = model_dir;
+  eo.block_size = 4;
+  eo.num_kv_blocks = 128;
+  eo.max_num_seqs = 16;
+  eo.max_num_batched_tokens = 64;
+  return eo;
+}
+
+// Replays the captured closure: the same contract as a CUDA graph (fixed buffers, new
+// metadata written into them before each replay).
+class RecordingRunner : public GraphRunner {
+ public:
+  bool has(int key) const override { return bodies_.count(key) > 0; }
+  void capture(int key, const std::function<void()>& body) override { bodies_[key] = body; }
+  void replay(int key) override { bodies_.at(key)(); }
+  void clear() override { bodies_.clear(); }
+  int size() const override { return int(bodies_.size()); }
+
+ private:
+  std::map<int, std::function<void()>> bodies_;
 };
 
 // (top1 - top2) / max|x| of one logits row: how close its greedy pick is to a tie.

@@ -99,29 +99,7 @@ TEST(DecodePlan, RejectsBadSteps) {
   EXPECT_THROW(plan_padded_decode(three, L, pad, h.data()), Error);
 }
 
-// Replays the captured closure: the same contract as a CUDA graph (fixed buffers, new
-// metadata written into them before each replay).
-class RecordingRunner : public GraphRunner {
- public:
-  bool has(int key) const override { return bodies_.count(key) > 0; }
-  void capture(int key, const std::function<void()>& body) override { bodies_[key] = body; }
-  void replay(int key) override { bodies_.at(key)(); }
-  void clear() override { bodies_.clear(); }
-  int size() const override { return int(bodies_.size()); }
-
- private:
-  std::map<int, std::function<void()>> bodies_;
-};
-
-ExecutorOptions opts() {
-  ExecutorOptions eo;
-  eo.model_dir = fixture("tiny_fp8_partial").string();
-  eo.block_size = 4;
-  eo.num_kv_blocks = 128;
-  eo.max_num_seqs = 16;
-  eo.max_num_batched_tokens = 64;
-  return eo;
-}
+ExecutorOptions opts() { return test::scenario_options(fixture("tiny_fp8_partial").string()); }
 
 TEST(DecodeGraphsCpu, PaddedAndReplayedStepsMatchEager) {
   ExecutorOptions eo = opts();
@@ -135,7 +113,7 @@ TEST(DecodeGraphsCpu, PaddedAndReplayedStepsMatchEager) {
   EXPECT_EQ(padded->info().num_kv_blocks, 128);  // the dummy block is not the engine's
   const test::ScenarioTrace pt = test::run_scenario(*padded, &ref);
 
-  eo.graph_runner_factory = [](Backend&) { return std::make_unique<RecordingRunner>(); };
+  eo.graph_runner_factory = [](Backend&) { return std::make_unique<test::RecordingRunner>(); };
   auto graphed = make_cpu_executor(eo);
   const test::ScenarioTrace gt = test::run_scenario(*graphed, &ref);
   // Decode batches 1,1,3,3,9,7,3,4,3,1,10,10,10,2: buckets 1, 2, 4, 8, 16 captured on first

@@ -303,28 +303,12 @@ class CapturableComm : public Communicator {
   std::unique_ptr<Communicator> c_;
 };
 
-class RecordingRunner : public GraphRunner {
- public:
-  bool has(int key) const override { return bodies_.count(key) > 0; }
-  void capture(int key, const std::function<void()>& body) override { bodies_[key] = body; }
-  void replay(int key) override { bodies_.at(key)(); }
-  void clear() override { bodies_.clear(); }
-  int size() const override { return int(bodies_.size()); }
-
- private:
-  std::map<int, std::function<void()>> bodies_;
-};
-
 // The multi-sequence scenario (prefills mixed with decodes of changing batch size) under TP=2 +
 // EP on an FP8 fixture against TP=1, step by step: on the CPU (f32) the layout must agree to
 // rounding at every step (the 2 x H200 run of the same scenario differs at one step; this
 // separates the layout's logic from GPU rounding).
 TEST(ParallelExecutor, ScenarioTp2EpMatchesTp1OnFp8Fixture) {
-  ExecutorOptions eo = exec_opts("tiny_fp8_b128");
-  eo.block_size = 4;
-  eo.num_kv_blocks = 128;
-  eo.max_num_seqs = 16;
-  eo.max_num_batched_tokens = 64;
+  ExecutorOptions eo = test::scenario_options(fixture_dir("tiny_fp8_b128").string());
   eo.enforce_eager = true;
   auto one = make_cpu_executor(eo);
   const test::ScenarioTrace ref = test::run_scenario(*one);
@@ -346,17 +330,13 @@ TEST(ParallelExecutor, ScenarioTp2EpMatchesTp1OnFp8Fixture) {
 // Ranks capture and replay the same buckets; rank 0's logits match TP=1 eager; only rank 0
 // gets the device sampler (here a host argmax over the CPU "device" logits).
 TEST(ParallelExecutor, CapturableCommRanksReplayGraphsAndRank0Samples) {
-  ExecutorOptions eo = exec_opts("tiny_bf16");
-  eo.block_size = 4;
-  eo.num_kv_blocks = 128;
-  eo.max_num_seqs = 16;
-  eo.max_num_batched_tokens = 64;
+  ExecutorOptions eo = test::scenario_options(fixture_dir("tiny_bf16").string());
   eo.enforce_eager = true;
   auto one = make_cpu_executor(eo);
   const test::ScenarioTrace ref = test::run_scenario(*one);
 
   eo.enforce_eager = false;
-  eo.graph_runner_factory = [](Backend&) { return std::make_unique<RecordingRunner>(); };
+  eo.graph_runner_factory = [](Backend&) { return std::make_unique<test::RecordingRunner>(); };
   ParallelExecutorOptions o;
   o.exec = eo;
   o.layout.tensor_parallel = 2;
