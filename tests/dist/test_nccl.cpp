@@ -376,12 +376,14 @@ TEST_P(NcclGraphs, Tp2GraphsMatchEager) {
     EXPECT_LE(e_pad[k], 1e-3) << "step " << k << ": TP=2 graph replay vs TP=2 padded eager";
     // Graphs add nothing to what the TP=2 layout itself does against TP=1.
     EXPECT_LE(e_tp1[k], e_plain[k] + 1e-3) << "step " << k << ": TP=2 graphs vs TP=1 eager";
-    // The layout itself against TP=1. Open on 2 x H200 (merged main, 2026-11-29): on
-    // tiny_fp8_b128 TP=2 + EP one of the 18 steps differs by 0.22 (the rest <= 0.009), eager and
-    // graphs alike; the CPU backend's in-process ranks match TP=1 at every step of the same
-    // scenario (ParallelExecutor.ScenarioTp2EpMatchesTp1OnFp8Fixture). The tiny_bf16 expert-TP
-    // difference seen on the graphs_big branch did not reproduce there (Tp2ExpertTpEagerMatchesTp1).
-    EXPECT_LE(e_plain[k], kBound) << "step " << k << ": TP=2 eager vs TP=1 eager";
+    // The layout itself against TP=1 (e_plain) is printed, not bounded here: on these random
+    // fixtures a few scenario tokens have last-layer routing near-ties (the k-th and (k+1)-th
+    // expert scores within 2e-4..7e-4 on the CPU reference), which bf16 rounding decides
+    // differently from layout to layout; such a step then differs by ~0.2 (seen on 2 x H200:
+    // tiny_fp8_b128 TP=2+EP step 10, whose last-layer gap is 4.1e-4, and CUDA TP=1 against the
+    // CPU backend on the same steps). The layout is checked where routing has no near-tie
+    // (NcclGolden, vs HF and TP=1) and exactly on the CPU backend
+    // (ParallelExecutor.ScenarioTp2EpMatchesTp1OnFp8Fixture).
   }
   std::printf("[nccl-graphs] %s TP=2%s: graphs vs TP=2 padded eager %.3g, vs TP=1 eager %.3g; TP=2 eager vs TP=1 "
               "eager %.3g\n[nccl-graphs] per step (TP=2 eager / graphs vs TP=1):%s\n",
@@ -411,7 +413,8 @@ TEST(NcclLayout, Tp2ExpertTpEagerMatchesTp1) {
 }
 
 // Three sequences decode 6 steps; rows 0 and 2 are sampled greedily on rank 0's GPU, row 1 on
-// the host. Tokens are forced from the TP=1 run, whose logits decide every row's argmax.
+// the host. Tokens are forced from the TP=1 run; every row's id is checked against the host
+// argmax of the same TP=2 layout run without device sampling.
 TEST_P(NcclGraphs, Tp2DeviceSamplingOnRank0) {
   const int n = cuda_device_count();
   if (n < 2) GTEST_SKIP() << n << " CUDA device(s); need 2";
@@ -463,11 +466,19 @@ TEST_P(NcclGraphs, Tp2DeviceSamplingOnRank0) {
     }
     return out;
   };
-  std::vector<std::vector<float>> ref_logits;
-  std::vector<std::vector<int32_t>> ref_ids;
+  std::vector<std::vector<int32_t>> ref_ids;  // the forced tokens
   {
     MiniMaxM2Executor one(make_cuda_backend(0), eo);
-    ref_ids = run(one, false, nullptr, &ref_logits);
+    ref_ids = run(one, false, nullptr, nullptr);
+  }
+  // The same TP=2 layout with host argmax: device sampling must pick what the host would from
+  // that layout's own logits (TP=1 only supplies the forced tokens; a routing near-tie can make
+  // TP=1's logits differ from TP=2's, see Tp2GraphsMatchEager).
+  std::vector<std::vector<float>> tp2_logits;
+  std::vector<std::vector<int32_t>> tp2_ids;
+  {
+    auto host = make_tp(eo, 2, ep, false);
+    tp2_ids = run(*host, false, &ref_ids, &tp2_logits);
   }
   auto par = make_tp(eo, 2, ep, true);
   ASSERT_TRUE(par->info().device_sampling);
@@ -476,16 +487,16 @@ TEST_P(NcclGraphs, Tp2DeviceSamplingOnRank0) {
   int checked = 0;
   for (int k = 0; k < kSteps; ++k)
     for (int i = 0; i < 3; ++i) {
-      const float* l = ref_logits[size_t(k * 3 + i)].data();
+      const float* l = tp2_logits[size_t(k * 3 + i)].data();
       float a = -INFINITY, b = -INFINITY, m = 0;
       for (int v = 0; v < V; ++v) {
         m = std::max(m, std::fabs(l[v]));
         if (l[v] > a) b = a, a = l[v];
         else if (l[v] > b) b = l[v];
       }
-      if ((a - b) / std::max(m, 1e-30f) < 2 * kBound) continue;  // a near-tie may flip between layouts
+      if ((a - b) / std::max(m, 1e-30f) < 1e-3) continue;  // bf16-close top-2: either pick is right
       ++checked;
-      EXPECT_EQ(got[size_t(k)][size_t(i)], ref_ids[size_t(k)][size_t(i)]) << "step " << k << " row " << i;
+      EXPECT_EQ(got[size_t(k)][size_t(i)], tp2_ids[size_t(k)][size_t(i)]) << "step " << k << " row " << i;
     }
   EXPECT_GT(par->graph_replays(0), 0);  // steps 1.. are pure decode: graphs, then sampling
   std::printf("[nccl-sampling] %s: %d of %d rows compared, graph replays %d\n", GetParam().c_str(), checked,
