@@ -20,17 +20,13 @@
 #include "backend/cuda/cuda_backend.h"
 #include "model/generate.h"
 #include "model/model_executor.h"
+#include "../model/golden_fixture.h"
 
 namespace moeserve::test {
 namespace {
 
 namespace fs = std::filesystem;
 constexpr double kBound = 2e-2;
-
-fs::path fixture(const std::string& name) {
-  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "tests" / "fixtures" / "golden" / name;
-}
 
 struct Case {
   std::string name;
@@ -42,7 +38,7 @@ class CudaGolden : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaGolden, TeacherForcedMatchesReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Case c = GetParam();
-  const fs::path d = fixture(c.name);
+  const fs::path d = test::golden_fixture(c.name);
   std::ifstream f(d / "golden.json");
   ASSERT_TRUE(f.good()) << d;
   const auto j = nlohmann::json::parse(f);
@@ -104,7 +100,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
 // logits it gets alone: the executor's packed metadata and per-sequence block tables.
 TEST(CudaGoldenBatch, MixedBatchEqualsSingle) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const fs::path d = fixture("tiny_fp8_b128");
+  const fs::path d = test::golden_fixture("tiny_fp8_b128");
   std::ifstream f(d / "golden.json");
   ASSERT_TRUE(f.good()) << d;
   const auto prompt = nlohmann::json::parse(f)["prompt_ids"].get<std::vector<int32_t>>();

@@ -14,22 +14,18 @@
 #include "../model/executor_scenario.h"
 #include "backend/cuda/cuda_backend.h"
 #include "model/model_executor.h"
+#include "../model/golden_fixture.h"
 
 namespace moeserve::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path fixture(const std::string& name) {
-  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "tests" / "fixtures" / "golden" / name;
-}
-
 class CudaDecodeGraphs : public ::testing::TestWithParam<std::string> {};
 
 ExecutorOptions opts(const std::string& name) {
   ExecutorOptions eo;
-  eo.model_dir = fixture(name).string();
+  eo.model_dir = test::golden_fixture(name).string();
   eo.block_size = 4;
   eo.num_kv_blocks = 128;
   eo.max_num_seqs = 16;
@@ -42,7 +38,7 @@ TEST_P(CudaDecodeGraphs, GraphsMatchEager) {
   // tiny_d128_fp8 (head_dim 128: the fused decode attention kernel) is generated, not stored:
   //   moeserve make-tiny tests/fixtures/golden/tiny_d128_fp8 --fp8 --block-size 128 --hidden-size 256
   //     --num-heads 12 --num-kv-heads 2 --head-dim 128 --rotary-dim 64 --intermediate-size 256
-  if (!fs::exists(fixture(GetParam()) / "config.json")) GTEST_SKIP() << "fixture " << GetParam() << " not present";
+  if (!fs::exists(test::golden_fixture(GetParam()) / "config.json")) GTEST_SKIP() << "fixture " << GetParam() << " not present";
   ExecutorOptions eo = opts(GetParam());
   eo.enforce_eager = true;
   ScenarioTrace ref, padded, graphed, startup;

@@ -28,6 +28,7 @@
 #include "model/device_sampler.h"
 #include "model/parallel_executor.h"
 #include "../model/executor_scenario.h"
+#include "../model/golden_fixture.h"
 
 using namespace moeserve;
 namespace fs = std::filesystem;
@@ -203,11 +204,6 @@ TEST(Nccl, P2pAllReduceMatchesAndReplaysInGraphs) {
   }
 }
 
-fs::path fixture(const std::string& name) {
-  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "tests" / "fixtures" / "golden" / name;
-}
-
 double rel(const float* a, const float* b, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -249,7 +245,7 @@ class NcclGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(NcclGolden, ParallelMatchesTp1OnCuda) {
   const int n = cuda_device_count();
   if (n < 2) GTEST_SKIP() << n << " CUDA device(s); need 2";
-  const fs::path d = fixture(GetParam());
+  const fs::path d = test::golden_fixture(GetParam());
   std::ifstream f(d / "golden.json");
   ASSERT_TRUE(f.good()) << d;
   const auto j = nlohmann::json::parse(f);
@@ -329,7 +325,7 @@ class NcclGraphs : public ::testing::TestWithParam<std::string> {};
 TEST_P(NcclGraphs, Tp2GraphsMatchEager) {
   const int n = cuda_device_count();
   if (n < 2) GTEST_SKIP() << n << " CUDA device(s); need 2";
-  const fs::path d = fixture(GetParam());
+  const fs::path d = test::golden_fixture(GetParam());
   const auto cfg = MiniMaxM2Config::from_file((d / "config.json").string());
   const bool ep = cfg.quantization.enabled();  // FP8 fixtures: EP (expert TP would cut 128-row blocks)
   ExecutorOptions eo;
@@ -395,7 +391,7 @@ TEST_P(NcclGraphs, Tp2GraphsMatchEager) {
 TEST(NcclLayout, Tp2ExpertTpEagerMatchesTp1) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "need 2 GPUs";
   ExecutorOptions eo;
-  eo.model_dir = fixture("tiny_bf16").string();
+  eo.model_dir = test::golden_fixture("tiny_bf16").string();
   eo.block_size = 4;
   eo.num_kv_blocks = 128;
   eo.max_num_seqs = 16;
@@ -418,7 +414,7 @@ TEST(NcclLayout, Tp2ExpertTpEagerMatchesTp1) {
 TEST_P(NcclGraphs, Tp2DeviceSamplingOnRank0) {
   const int n = cuda_device_count();
   if (n < 2) GTEST_SKIP() << n << " CUDA device(s); need 2";
-  const fs::path d = fixture(GetParam());
+  const fs::path d = test::golden_fixture(GetParam());
   const auto cfg = MiniMaxM2Config::from_file((d / "config.json").string());
   const bool ep = cfg.quantization.enabled();
   ExecutorOptions eo;

@@ -13,16 +13,12 @@
 #include "executor_scenario.h"
 #include "model/decode_plan.h"
 #include "model/model_executor.h"
+#include "golden_fixture.h"
 
 using namespace moeserve;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path fixture(const std::string& name) {
-  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "tests" / "fixtures" / "golden" / name;
-}
 
 TEST(DecodePlan, BucketsFollowCaptureSizes) {
   EXPECT_EQ(graph_buckets(256), (std::vector<int>{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256}));
@@ -99,7 +95,7 @@ TEST(DecodePlan, RejectsBadSteps) {
   EXPECT_THROW(plan_padded_decode(three, L, pad, h.data()), Error);
 }
 
-ExecutorOptions opts() { return test::scenario_options(fixture("tiny_fp8_partial").string()); }
+ExecutorOptions opts() { return test::scenario_options(test::golden_fixture("tiny_fp8_partial").string()); }
 
 TEST(DecodeGraphsCpu, PaddedAndReplayedStepsMatchEager) {
   ExecutorOptions eo = opts();

@@ -13,20 +13,17 @@
 #include "engine/engine.h"
 #include "model/generate.h"
 #include "model/model_executor.h"
+#include "golden_fixture.h"
 
 using namespace moeserve;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path fixture(const std::string& name) {
-  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "tests" / "fixtures" / "golden" / name;
-}
 }  // namespace
 
 TEST(EngineWithModel, GreedyIsBatchInvariantAndMatchesGolden) {
   const std::string name = "tiny_fp8_partial";
-  std::ifstream f(fixture(name) / "golden.json");
+  std::ifstream f(test::golden_fixture(name) / "golden.json");
   auto golden = nlohmann::json::parse(f);
   const auto prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
   const auto expected = golden["generated_ids"].get<std::vector<int32_t>>();
@@ -38,7 +35,7 @@ TEST(EngineWithModel, GreedyIsBatchInvariantAndMatchesGolden) {
   const int max_tokens = int(expected.size());
 
   ExecutorOptions eo;
-  eo.model_dir = fixture(name).string();
+  eo.model_dir = test::golden_fixture(name).string();
   eo.block_size = 4;
   eo.num_kv_blocks = 64;
   std::vector<std::vector<int32_t>> singles;

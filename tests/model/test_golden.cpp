@@ -13,16 +13,12 @@
 #include "dist/in_process.h"
 #include "model/generate.h"
 #include "model/model_executor.h"
+#include "golden_fixture.h"
 
 using namespace moeserve;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path fixture_dir(const std::string& name) {
-  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "tests" / "fixtures" / "golden" / name;
-}
 
 struct Golden {
   std::vector<int32_t> prompt, generated;
@@ -32,7 +28,7 @@ struct Golden {
 
 Golden load_golden(const std::string& name) {
   Golden g;
-  const fs::path d = fixture_dir(name);
+  const fs::path d = test::golden_fixture(name);
   std::ifstream f(d / "golden.json");
   EXPECT_TRUE(f.good()) << d;
   auto j = nlohmann::json::parse(f);
@@ -47,22 +43,11 @@ Golden load_golden(const std::string& name) {
   return g;
 }
 
-// max |a - b| / max |b|: the normalised error the golden threshold is stated in.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-
 constexpr double kTol = 1e-4;
 
 GenerateResult run_single(const std::string& name, const GenerateOptions& g, int block_size = 16) {
   ExecutorOptions eo;
-  eo.model_dir = fixture_dir(name).string();
+  eo.model_dir = test::golden_fixture(name).string();
   eo.block_size = block_size;
   eo.num_kv_blocks = 64;
   auto exec = make_cpu_executor(eo);
@@ -76,7 +61,7 @@ std::vector<GenerateResult> run_parallel(const std::string& name, const Generate
   std::vector<GenerateResult> out(static_cast<size_t>(world));
   run_ranks(group, [&](Communicator& comm) {
     ExecutorOptions eo;
-    eo.model_dir = fixture_dir(name).string();
+    eo.model_dir = test::golden_fixture(name).string();
     eo.num_kv_blocks = 64;
     eo.expert_parallel = ep;
     eo.comm = &comm;
@@ -100,7 +85,7 @@ TEST_P(GoldenTest, GreedyMatchesTransformers) {
   const Golden g = load_golden(GetParam());
   const auto res = run_single(GetParam(), greedy(g));
   EXPECT_EQ(res.generated_ids, g.generated);
-  const double err = rel_err(res.logits, g.logits);
+  const double err = test::max_rel_err(res.logits, g.logits);
   std::printf("[golden] %s decode logits: max|d|/max|ref| = %.3g\n", GetParam().c_str(), err);
   RecordProperty("rel_err", std::to_string(err));
   EXPECT_LE(err, kTol);
@@ -110,7 +95,7 @@ TEST_P(GoldenTest, GreedyMatchesTransformers) {
 // teacher-forced forward (exercises the causal mask across many query rows).
 TEST_P(GoldenTest, PrefillAllPositionsMatchesTransformers) {
   const Golden g = load_golden(GetParam());
-  const fs::path dir = fixture_dir(GetParam());
+  const fs::path dir = test::golden_fixture(GetParam());
   auto backend = make_cpu_backend();
   MiniMaxM2Model model(MiniMaxM2Config::from_file((dir / "config.json").string()), *backend, ParallelConfig{});
   model.load(Checkpoint::open(dir.string()));
@@ -142,7 +127,7 @@ TEST_P(GoldenTest, PrefillAllPositionsMatchesTransformers) {
   m.block_tables = up(table, {1, nb});
   m.slot_mapping = up(slots, {T});
   Tensor logits = model.forward(up(ids, {T}), m, kv, up(rows, {T}));
-  const double err = rel_err(backend->download_f32(logits), g.full_logits);
+  const double err = test::max_rel_err(backend->download_f32(logits), g.full_logits);
   std::printf("[golden] %s prefill logits (%d positions): max|d|/max|ref| = %.3g\n", GetParam().c_str(), T, err);
   EXPECT_LE(err, kTol);
 }
@@ -153,7 +138,7 @@ TEST_P(GoldenTest, ChunkedPrefillAndSmallBlocks) {
   o.prefill_chunk = 3;
   const auto res = run_single(GetParam(), o, /*block_size=*/2);
   EXPECT_EQ(res.generated_ids, g.generated);
-  EXPECT_LE(rel_err(res.logits, g.logits), kTol);
+  EXPECT_LE(test::max_rel_err(res.logits, g.logits), kTol);
 }
 
 TEST_P(GoldenTest, TensorParallel2MatchesTp1) {
@@ -162,7 +147,7 @@ TEST_P(GoldenTest, TensorParallel2MatchesTp1) {
   const auto ranks = run_parallel(GetParam(), greedy(g), 2, /*ep=*/false);
   for (const auto& r : ranks) {
     EXPECT_EQ(r.generated_ids, g.generated);
-    const double e1 = rel_err(r.logits, tp1.logits), eh = rel_err(r.logits, g.logits);
+    const double e1 = test::max_rel_err(r.logits, tp1.logits), eh = test::max_rel_err(r.logits, g.logits);
     std::printf("[golden] %s TP=2: vs TP=1 %.3g, vs HF %.3g\n", GetParam().c_str(), e1, eh);
     EXPECT_LE(e1, 1e-5);
     EXPECT_LE(eh, kTol);
@@ -175,7 +160,7 @@ TEST_P(GoldenTest, ExpertParallel2MatchesTp1) {
   const auto ranks = run_parallel(GetParam(), greedy(g), 2, /*ep=*/true);
   for (const auto& r : ranks) {
     EXPECT_EQ(r.generated_ids, g.generated);
-    const double e1 = rel_err(r.logits, tp1.logits);
+    const double e1 = test::max_rel_err(r.logits, tp1.logits);
     std::printf("[golden] %s EP=2 (attention TP=2): vs TP=1 %.3g\n", GetParam().c_str(), e1);
     EXPECT_LE(e1, 1e-5);
   }
@@ -188,7 +173,7 @@ TEST_P(GoldenTest, TensorParallel4ReplicatedKvHeads) {
   const auto ranks = run_parallel(GetParam(), greedy(g), 4, /*ep=*/false);
   for (const auto& r : ranks) {
     EXPECT_EQ(r.generated_ids, g.generated);
-    EXPECT_LE(rel_err(r.logits, tp1.logits), 1e-5);
+    EXPECT_LE(test::max_rel_err(r.logits, tp1.logits), 1e-5);
   }
 }
 
@@ -200,7 +185,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
 // mid-decode) give the same logits as each run alone.
 TEST(Executor, BatchEqualsSingles) {
   ExecutorOptions eo;
-  eo.model_dir = fixture_dir("tiny_bf16").string();
+  eo.model_dir = test::golden_fixture("tiny_bf16").string();
   eo.block_size = 4;
   eo.num_kv_blocks = 32;
   auto batch_exec = make_cpu_executor(eo);
@@ -215,8 +200,8 @@ TEST(Executor, BatchEqualsSingles) {
   StepResult rb = single_exec->execute(StepBatch{{sb_alone}});
   const size_t V = size_t(both.vocab_size);
   std::vector<float> both_a(both.logits.begin(), both.logits.begin() + V), both_b(both.logits.begin() + V, both.logits.end());
-  EXPECT_LE(rel_err(both_a, ra.logits), 1e-6);
-  EXPECT_LE(rel_err(both_b, rb.logits), 1e-6);
+  EXPECT_LE(test::max_rel_err(both_a, ra.logits), 1e-6);
+  EXPECT_LE(test::max_rel_err(both_b, rb.logits), 1e-6);
   // Decode step for b while a runs a non-final prefill chunk (no logits for a).
   SequenceStep a2{1, {1, 2}, int32_t(a.size()), {0, 2, 4}, false}, b2{2, {11}, 3, {1, 3}, true};
   StepResult step2 = batch_exec->execute(StepBatch{{a2, b2}});
@@ -224,12 +209,12 @@ TEST(Executor, BatchEqualsSingles) {
   SequenceStep b2_alone = b2;
   b2_alone.block_table = {5, 6};
   StepResult rb2 = single_exec->execute(StepBatch{{b2_alone}});
-  EXPECT_LE(rel_err(step2.logits, rb2.logits), 1e-6);
+  EXPECT_LE(test::max_rel_err(step2.logits, rb2.logits), 1e-6);
 }
 
 TEST(Executor, RejectsBadBatches) {
   ExecutorOptions eo;
-  eo.model_dir = fixture_dir("tiny_bf16").string();
+  eo.model_dir = test::golden_fixture("tiny_bf16").string();
   eo.block_size = 4;
   eo.num_kv_blocks = 4;
   auto exec = make_cpu_executor(eo);

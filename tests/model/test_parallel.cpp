@@ -21,23 +21,19 @@
 #include "model/model_executor.h"
 #include "model/parallel_executor.h"
 #include "backend/cpu/cpu_backend.h"
+#include "golden_fixture.h"
 
 using namespace moeserve;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fixture_dir(const std::string& name) {
-  const char* src = std::getenv("MOESERVE_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "tests" / "fixtures" / "golden" / name;
-}
-
 MiniMaxM2Config fixture_config(const std::string& name) {
-  return MiniMaxM2Config::from_file((fixture_dir(name) / "config.json").string());
+  return MiniMaxM2Config::from_file((test::golden_fixture(name) / "config.json").string());
 }
 
 GenerateOptions greedy_from_golden(const std::string& name) {
-  std::ifstream f(fixture_dir(name) / "golden.json");
+  std::ifstream f(test::golden_fixture(name) / "golden.json");
   EXPECT_TRUE(f.good()) << name;
   auto j = nlohmann::json::parse(f);
   GenerateOptions o;
@@ -47,19 +43,9 @@ GenerateOptions greedy_from_golden(const std::string& name) {
   return o;
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-
 ExecutorOptions exec_opts(const std::string& name) {
   ExecutorOptions eo;
-  eo.model_dir = fixture_dir(name).string();
+  eo.model_dir = test::golden_fixture(name).string();
   eo.num_kv_blocks = 64;
   return eo;
 }
@@ -114,7 +100,7 @@ TEST_P(ParallelGolden, ExpertParallel4MatchesTp1) {
   });
   for (const auto& r : out) {
     EXPECT_EQ(r.generated_ids, tp1.generated_ids);
-    const double e = rel_err(r.logits, tp1.logits);
+    const double e = test::max_rel_err(r.logits, tp1.logits);
     std::printf("[parallel] %s EP=4 (attention TP=4): vs TP=1 %.3g\n", name.c_str(), e);
     EXPECT_LE(e, 1e-5);
   }
@@ -138,7 +124,7 @@ TEST_P(ParallelGolden, ParallelExecutorLayoutsMatchTp1) {
       EXPECT_EQ(exec->world(), tp);
       const auto res = generate(*exec, greedy_from_golden(name));
       EXPECT_EQ(res.generated_ids, tp1.generated_ids) << "tp " << tp << " ep " << ep;
-      const double e = rel_err(res.logits, tp1.logits);
+      const double e = test::max_rel_err(res.logits, tp1.logits);
       std::printf("[parallel] %s ParallelExecutor TP=%d%s: vs TP=1 %.3g\n", name.c_str(), tp, ep ? "+EP" : "", e);
       EXPECT_LE(e, 1e-5) << "tp " << tp << " ep " << ep;
       ++ran;
@@ -234,7 +220,7 @@ TEST(ParallelExecutor, BadBatchLeavesRanksUsable) {
   const StepBatch ok{{SequenceStep{1, {5, 6, 7}, 0, {2}, true}}};
   const StepResult a = exec->execute(ok), b = single->execute(ok);
   ASSERT_EQ(a.logits.size(), size_t(a.vocab_size));
-  EXPECT_LE(rel_err(a.logits, b.logits), 1e-5);
+  EXPECT_LE(test::max_rel_err(a.logits, b.logits), 1e-5);
   EXPECT_EQ(exec->info().num_kv_blocks, 4);
 }
 
@@ -308,7 +294,7 @@ class CapturableComm : public Communicator {
 // rounding at every step (the 2 x H200 run of the same scenario differs at one step; this
 // separates the layout's logic from GPU rounding).
 TEST(ParallelExecutor, ScenarioTp2EpMatchesTp1OnFp8Fixture) {
-  ExecutorOptions eo = test::scenario_options(fixture_dir("tiny_fp8_b128").string());
+  ExecutorOptions eo = test::scenario_options(test::golden_fixture("tiny_fp8_b128").string());
   eo.enforce_eager = true;
   auto one = make_cpu_executor(eo);
   const test::ScenarioTrace ref = test::run_scenario(*one);
@@ -330,7 +316,7 @@ TEST(ParallelExecutor, ScenarioTp2EpMatchesTp1OnFp8Fixture) {
 // Ranks capture and replay the same buckets; rank 0's logits match TP=1 eager; only rank 0
 // gets the device sampler (here a host argmax over the CPU "device" logits).
 TEST(ParallelExecutor, CapturableCommRanksReplayGraphsAndRank0Samples) {
-  ExecutorOptions eo = test::scenario_options(fixture_dir("tiny_bf16").string());
+  ExecutorOptions eo = test::scenario_options(test::golden_fixture("tiny_bf16").string());
   eo.enforce_eager = true;
   auto one = make_cpu_executor(eo);
   const test::ScenarioTrace ref = test::run_scenario(*one);
@@ -384,7 +370,7 @@ TEST(ParallelExecutor, CapturableCommRanksReplayGraphsAndRank0Samples) {
   ASSERT_EQ(res.sampled_ids.size(), 1u);
   ASSERT_EQ(res.logits.size(), size_t(res.vocab_size));
   EXPECT_EQ(res.sampled_ids[0], argmax_lowest(want.logits.data(), want.vocab_size));
-  EXPECT_LE(rel_err(res.logits, std::vector<float>(want.logits.begin() + want.vocab_size, want.logits.end())), 1e-4);
+  EXPECT_LE(test::max_rel_err(res.logits, std::vector<float>(want.logits.begin() + want.vocab_size, want.logits.end())), 1e-4);
   EXPECT_EQ(par.graph_replays(0), before + 1);  // bucket 2 was captured by the scenario
   EXPECT_EQ(sampled_rows.load(), 2);            // the sampler sees every logits row (host rows as placeholders)
 }
