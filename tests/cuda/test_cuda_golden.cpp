@@ -39,14 +39,11 @@ TEST_P(CudaGolden, TeacherForcedMatchesReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Case c = GetParam();
   const fs::path d = test::golden_fixture(c.name);
-  std::ifstream f(d / "golden.json");
-  ASSERT_TRUE(f.good()) << d;
-  const auto j = nlohmann::json::parse(f);
-  const auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
-  const auto gen = j["generated_ids"].get<std::vector<int32_t>>();
-  int64_t rows = 0, V = 0;
-  const auto ref = read_npy_f32((d / "ref_logits.npy").string(), &rows, &V);
-  ASSERT_EQ(rows, int64_t(gen.size()));
+  const GoldenRef g = load_golden(c.name);
+  const auto &prompt = g.prompt, &gen = g.generated;
+  const auto& ref = g.logits;
+  const int64_t V = g.vocab;
+  ASSERT_TRUE(!gen.empty() && int64_t(ref.size()) == int64_t(gen.size()) * V) << d;
 
   ExecutorOptions eo;
   eo.model_dir = d.string();

@@ -5,8 +5,9 @@
 //    transformers reference, within the bf16 bound of test_cuda_golden (2e-2 of max|ref|);
 //  - decode CUDA graphs per rank under TP=2 (NCCL all-reduces captured inside) over the
 //    multi-sequence scenario (buckets 1..16): vs TP=2 padded eager (same kernels, same
-//    all-reduce sizes: bound 1e-3), vs TP=1 eager (bf16 bound), graph counts on both ranks;
-//    GPU sampling on rank 0 (greedy rows) against the host argmax of TP=1 eager logits.
+//    all-reduce sizes: bound 1e-3), adding nothing to TP=2's own difference from TP=1 eager
+//    (printed: routing near-ties of the random fixtures), graph counts on both ranks;
+//    GPU sampling on rank 0 (greedy rows) against the host argmax of the same TP=2 layout.
 #include <gtest/gtest.h>
 #include <fmt/format.h>
 
@@ -246,13 +247,10 @@ TEST_P(NcclGolden, ParallelMatchesTp1OnCuda) {
   const int n = cuda_device_count();
   if (n < 2) GTEST_SKIP() << n << " CUDA device(s); need 2";
   const fs::path d = test::golden_fixture(GetParam());
-  std::ifstream f(d / "golden.json");
-  ASSERT_TRUE(f.good()) << d;
-  const auto j = nlohmann::json::parse(f);
-  const auto prompt = j["prompt_ids"].get<std::vector<int32_t>>();
-  const auto gen = j["generated_ids"].get<std::vector<int32_t>>();
-  int64_t rows = 0, V = 0;
-  const auto ref = read_npy_f32((d / "ref_logits.npy").string(), &rows, &V);
+  const test::GoldenRef g = test::load_golden(GetParam());
+  const auto &prompt = g.prompt, &gen = g.generated;
+  const auto& ref = g.logits;
+  const int64_t V = g.vocab;
   ExecutorOptions eo;
   eo.model_dir = d.string();
   eo.num_kv_blocks = 64;

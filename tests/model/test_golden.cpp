@@ -20,29 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Golden {
-  std::vector<int32_t> prompt, generated;
-  std::vector<float> logits, full_logits;
-  int64_t vocab = 0, full_rows = 0;
-};
-
-Golden load_golden(const std::string& name) {
-  Golden g;
-  const fs::path d = test::golden_fixture(name);
-  std::ifstream f(d / "golden.json");
-  EXPECT_TRUE(f.good()) << d;
-  auto j = nlohmann::json::parse(f);
-  g.prompt = j["prompt_ids"].get<std::vector<int32_t>>();
-  g.generated = j["generated_ids"].get<std::vector<int32_t>>();
-  int64_t rows = 0;
-  g.logits = read_npy_f32((d / "ref_logits.npy").string(), &rows, &g.vocab);
-  EXPECT_EQ(rows, int64_t(g.generated.size()));
-  int64_t v2 = 0;
-  g.full_logits = read_npy_f32((d / "ref_full_logits.npy").string(), &g.full_rows, &v2);
-  EXPECT_EQ(v2, g.vocab);
-  return g;
-}
-
 constexpr double kTol = 1e-4;
 
 GenerateResult run_single(const std::string& name, const GenerateOptions& g, int block_size = 16) {
@@ -71,7 +48,7 @@ std::vector<GenerateResult> run_parallel(const std::string& name, const Generate
   return out;
 }
 
-GenerateOptions greedy(const Golden& g) {
+GenerateOptions greedy(const test::GoldenRef& g) {
   GenerateOptions o;
   o.prompt_ids = g.prompt;
   o.max_tokens = int(g.generated.size());
@@ -82,7 +59,7 @@ GenerateOptions greedy(const Golden& g) {
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenTest, GreedyMatchesTransformers) {
-  const Golden g = load_golden(GetParam());
+  const test::GoldenRef g = test::load_golden(GetParam(), /*full=*/true);
   const auto res = run_single(GetParam(), greedy(g));
   EXPECT_EQ(res.generated_ids, g.generated);
   const double err = test::max_rel_err(res.logits, g.logits);
@@ -94,7 +71,7 @@ TEST_P(GoldenTest, GreedyMatchesTransformers) {
 // One prefill over prompt + generated[:-1]: logits of every position against HF's
 // teacher-forced forward (exercises the causal mask across many query rows).
 TEST_P(GoldenTest, PrefillAllPositionsMatchesTransformers) {
-  const Golden g = load_golden(GetParam());
+  const test::GoldenRef g = test::load_golden(GetParam(), /*full=*/true);
   const fs::path dir = test::golden_fixture(GetParam());
   auto backend = make_cpu_backend();
   MiniMaxM2Model model(MiniMaxM2Config::from_file((dir / "config.json").string()), *backend, ParallelConfig{});
@@ -133,7 +110,7 @@ TEST_P(GoldenTest, PrefillAllPositionsMatchesTransformers) {
 }
 
 TEST_P(GoldenTest, ChunkedPrefillAndSmallBlocks) {
-  const Golden g = load_golden(GetParam());
+  const test::GoldenRef g = test::load_golden(GetParam(), /*full=*/true);
   GenerateOptions o = greedy(g);
   o.prefill_chunk = 3;
   const auto res = run_single(GetParam(), o, /*block_size=*/2);
@@ -142,7 +119,7 @@ TEST_P(GoldenTest, ChunkedPrefillAndSmallBlocks) {
 }
 
 TEST_P(GoldenTest, TensorParallel2MatchesTp1) {
-  const Golden g = load_golden(GetParam());
+  const test::GoldenRef g = test::load_golden(GetParam(), /*full=*/true);
   const auto tp1 = run_single(GetParam(), greedy(g));
   const auto ranks = run_parallel(GetParam(), greedy(g), 2, /*ep=*/false);
   for (const auto& r : ranks) {
@@ -155,7 +132,7 @@ TEST_P(GoldenTest, TensorParallel2MatchesTp1) {
 }
 
 TEST_P(GoldenTest, ExpertParallel2MatchesTp1) {
-  const Golden g = load_golden(GetParam());
+  const test::GoldenRef g = test::load_golden(GetParam(), /*full=*/true);
   const auto tp1 = run_single(GetParam(), greedy(g));
   const auto ranks = run_parallel(GetParam(), greedy(g), 2, /*ep=*/true);
   for (const auto& r : ranks) {
@@ -168,7 +145,7 @@ TEST_P(GoldenTest, ExpertParallel2MatchesTp1) {
 
 // TP=4 with 2 KV heads: each KV head is held by 2 ranks (k_norm statistic scaled).
 TEST_P(GoldenTest, TensorParallel4ReplicatedKvHeads) {
-  const Golden g = load_golden(GetParam());
+  const test::GoldenRef g = test::load_golden(GetParam(), /*full=*/true);
   const auto tp1 = run_single(GetParam(), greedy(g));
   const auto ranks = run_parallel(GetParam(), greedy(g), 4, /*ep=*/false);
   for (const auto& r : ranks) {
