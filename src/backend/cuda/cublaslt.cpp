@@ -13,7 +13,7 @@ namespace {
 void lt_check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) throw_error(std::string("cuBLASLt ") + what + " failed: status " + std::to_string(int(st)));
 }
-enum Kind { kFp8Block = 0, kF32 = 1 };
+enum Kind { kFp8Block = 0, kF32 = 1, kBf16F32 = 2 };
 }  // namespace
 
 struct LtGemm::Plan {
@@ -60,6 +60,12 @@ LtGemm::Plan* LtGemm::plan(int kind, int T, int N, int K, bool capturing, const 
     lt_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, K, N, K), "layout A");
     lt_check(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, K, T, K), "layout B");
     lt_check(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, N, T, N), "layout C");
+  } else if (kind == kBf16F32) {
+    // bf16 x bf16 products (exact in f32) accumulated in f32, f32 out (split-bf16 router).
+    lt_check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    lt_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, K, N, K), "layout A");
+    lt_check(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, K, T, K), "layout B");
+    lt_check(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, N, T, N), "layout C");
   } else {
     lt_check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
     lt_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, K, N, K), "layout A");
@@ -110,6 +116,17 @@ bool LtGemm::f32_nt(int T, int N, int K, const float* x, const float* w, float* 
   lt_check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,
                           out, p->lc, &p->algo, workspace, ws_bytes, s),
            "f32 matmul");
+  return true;
+}
+
+bool LtGemm::bf16_nt_f32(int T, int N, int K, const void* x, const void* w, float* out, void* workspace,
+                         size_t ws_bytes, cudaStream_t s, bool capturing) {
+  Plan* p = plan(kBf16F32, T, N, K, capturing, nullptr, nullptr);
+  if (!p->ok) return false;
+  const float alpha = 1.f, beta = 0.f;
+  lt_check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,
+                          out, p->lc, &p->algo, workspace, ws_bytes, s),
+           "bf16 matmul");
   return true;
 }
 

@@ -6,6 +6,8 @@
 //   C [N x T] = W^T' (A, transposed) x x' (B): the only layout FP8 supports.
 // - f32 GEMM (router logits [T, E] = x [T, H] @ gate [E, H]^T), CUBLAS_COMPUTE_32F without
 //   TF32, so selection sees full-f32 logits.
+// - bf16 GEMM with f32 output (the split-bf16 router: x bf16 against the gate's bf16 high and
+//   low halves stacked as [2E, H]).
 // Plans (descriptors + the heuristic's algorithm) are cached per shape, so a call is one
 // cublasLtMatmul launch: capture-safe once a shape has run.
 #pragma once
@@ -39,6 +41,10 @@ class LtGemm {
   bool fp8_block(const LtFp8Args& a, void* workspace, size_t ws_bytes, cudaStream_t s, bool capturing);
   bool f32_nt(int T, int N, int K, const float* x, const float* w, float* out, void* workspace, size_t ws_bytes,
               cudaStream_t s, bool capturing);
+  // out [T, N] f32 = x [T, K] bf16 @ w [N, K]^T bf16, f32 accumulation (no rounding of the
+  // products: bf16 x bf16 is exact in f32).
+  bool bf16_nt_f32(int T, int N, int K, const void* x, const void* w, float* out, void* workspace, size_t ws_bytes,
+                   cudaStream_t s, bool capturing);
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
  private:

@@ -12,6 +12,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_prefill.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -147,7 +148,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // MOESERVE_PREFILL_OFF=fp8_act,lt,attn,router (comma list) turns prefill fast paths off, to
   // narrow down an accuracy difference (scripts/realshape_check.py): fp8_act = bf16
   // activations in the FP8 linears and experts, lt = k_gemm_fp8.cu instead of cuBLASLt,
-  // attn = k_attn_tc.cu instead of the pipelined kernel, router = router logits on CUDA cores.
+  // attn = k_attn_tc.cu instead of the pipelined kernel, router = router logits on CUDA cores,
+  // router_split = the f32 cuBLASLt router GEMM instead of the split-bf16 one, topk = the
+  // shared-memory top-k kernel, norm_quant = q/k/v's norm and per-weight quantisations unfused.
   if (const char* e = std::getenv("MOESERVE_PREFILL_OFF")) {
     const std::string off = std::string(",") + e + ",";
     auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
@@ -155,6 +158,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("lt")) use_lt_fp8 = false;
     if (has("attn")) use_attention_prefill = false;
     if (has("router")) router_gemm_min_tokens = 0;
+    if (has("router_split")) router_split_bf16 = false;
+    if (has("topk")) cuda::g_route_topk_warp = false;
+    if (has("norm_quant")) prefill_norm_quant = false;
   }
 }
 
@@ -272,7 +278,9 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
   workspace(kMoeAct, P * p.intermediate * 2);
   workspace(kMoeY, P * p.hidden * 4);
   // Router logits [T, E]: E is the global expert count, at least the local one (256 for M2.5).
-  workspace(kRouter, size_t(p.max_tokens) * std::max(p.num_local_experts, 256) * 4);
+  // (x2: the split-bf16 router GEMM writes [T, 2E].)
+  workspace(kRouter, size_t(p.max_tokens) * std::max(p.num_local_experts, 256) * 4 *
+                         (router_gemm_min_tokens > 0 && router_split_bf16 ? 2 : 1));
   // Split-KV partials: splits > 1 only when (kv heads x sequences x query tiles) is below
   // 2 x SMs, i.e. for few tokens; 16 splits of 512 tokens covers that (clamped at launch
   // during capture, grown on demand otherwise).
@@ -289,7 +297,8 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
     workspace(kQuantX, q8(T, kmax));
     workspace(kQuantAct, q8(P, size_t(p.intermediate)));
     if (cc_ == 90 && (use_lt_fp8 || router_gemm_min_tokens > 0)) workspace(kLt, LtGemm::kWorkspaceBytes);
-    if (router_gemm_min_tokens > 0) workspace(kRouterX, T * p.hidden * 4);
+    if (router_gemm_min_tokens > 0)  // f32 copy of x, or the split gate [2E, H] bf16
+      workspace(kRouterX, std::max(T * p.hidden * 4, size_t(2) * std::max(p.num_local_experts, 256) * p.hidden * 2));
   }
 }
 
@@ -363,8 +372,8 @@ void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& 
   launch_rms_norm(p, stream_);
 }
 
-namespace {
-// Checks one linear and fills its GEMV/GEMM parameters (single-matrix fields).
+// Checks one linear and fills its GEMV/GEMM parameters (single-matrix fields). Not file-local:
+// cuda_prefill.cpp uses it too.
 LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc) {
   check_dev(x, "linear", "x");
   check_dev(w.weight, "linear", "weight");
@@ -396,7 +405,6 @@ LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, boo
   p.out = out.data, p.ldo = N, p.out_f32 = !is_bf16(out, "linear", "out");
   return p;
 }
-}  // namespace
 
 void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   const LinParams p = linear_params(x, w, out, use_gemv_tc);
@@ -433,6 +441,7 @@ bool multi_params(const Tensor& x, const LinearWeight* const* ws, Tensor* const*
 }  // namespace
 
 void CudaBackend::linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) {
+  if (rows_of(x) >= fp8_act_min_tokens && linear_multi_fp8_act(x, nullptr, ws, outs, n)) return;
   LinParams m;
   if (fuse_linear_multi && n > 1 && use_gemv_tc && multi_params(x, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
     launch_gemv_tc(m, stream_);
@@ -459,6 +468,15 @@ void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, c
       launch_gemv_tc(m, stream_);
       return;
     }
+  }
+  if (bf && rows_of(x) >= fp8_act_min_tokens && residual.numel() == x.numel() && out.numel() == x.numel() &&
+      out.shape == x.shape && weight.numel() == x.dim(-1)) {
+    check_dev(residual, "add_rms_norm_linear_multi", "residual");
+    check_dev(x, "add_rms_norm_linear_multi", "x");
+    check_dev(weight, "add_rms_norm_linear_multi", "weight");
+    check_dev(out, "add_rms_norm_linear_multi", "out");
+    NormFuse nf{&residual, &x, &weight, eps};
+    if (linear_multi_fp8_act(out, &nf, ws, outs, n)) return;
   }
   add_rms_norm(residual, x, weight, eps, out);
   linear_multi(out, ws, outs, n);

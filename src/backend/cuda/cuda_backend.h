@@ -27,6 +27,7 @@ class LtGemm;
 struct LinParams;
 struct AttnParams;
 struct QkNormRopeParams;
+struct RouteParams;
 }  // namespace cuda
 
 struct GpuSamplingParams {
@@ -192,6 +193,13 @@ class CudaBackend final : public Backend {
   bool use_lt_fp8 = true;  // cuBLASLt for the dense linears (else k_gemm_fp8.cu)
   // Router logits as one f32 cuBLASLt GEMM (no TF32) from this many tokens; 0: off.
   int router_gemm_min_tokens = 64;
+  // ... as the split-bf16 tensor-core GEMM (x bf16 against the gate's bf16 hi / lo halves,
+  // f32 accumulation) rather than the f32 CUDA-core GEMM; MOESERVE_PREFILL_OFF=router_split.
+  bool router_split_bf16 = true;
+  // Prefill linear_multi / add_rms_norm_linear_multi (q/k/v): quantise the (normed) input once
+  // (fused with the add + RMSNorm) for all weights instead of once per weight after a separate
+  // norm; MOESERVE_PREFILL_OFF=norm_quant.
+  bool prefill_norm_quant = true;
   // Layout of the activation scales handed to cuBLASLt (false: token-fastest [K/128, T]).
   bool lt_act_scale_kmajor = false;
   // The paths above (FP8-activation GEMMs, cuBLASLt, the router GEMM) also inside captured
@@ -231,7 +239,12 @@ class CudaBackend final : public Backend {
   // Prefill paths (cuda_prefill.cpp); each returns false when it does not apply.
   bool linear_fp8_act(const cuda::LinParams& p);
   bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T);
-  bool route_logits_gemm(const void* x, bool x_bf16, const Tensor& gate, int T, int H, int E, float* logits);
+  // Router logits as a GEMM (p: x, T, H, E set); sets p.logits (and p.logits_split) on success.
+  bool route_logits_gemm(const Tensor& gate, cuda::RouteParams& p);
+  // q/k/v-style linears sharing x at prefill: x (optionally with its fused add + RMSNorm)
+  // quantised to FP8 once, then one cuBLASLt block-scaled GEMM per weight.
+  bool linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws, Tensor* const* outs,
+                            int n);
   cuda::LtGemm* lt();
 
   int device_ = 0;

@@ -159,7 +159,7 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
     if (!route_norm_supported(p)) return false;
   }
   // Prefill (eager, >= 64 tokens, no fused norm): logits as an f32 GEMM, then top-k alone.
-  if (!nf && route_logits_gemm(x.data, p.x_bf16, moe.gate, T, H, E, p.logits))
+  if (!nf && route_logits_gemm(moe.gate, p))
     launch_moe_route_topk(p, stream_);
   else
     launch_moe_route(p, stream_);

@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_prefill.h"
 #include "core/error.h"
 
 namespace moeserve {
@@ -131,13 +132,79 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   return true;
 }
 
-bool CudaBackend::route_logits_gemm(const void* x, bool x_bf16, const Tensor& gate, int T, int H, int E, float* logits) {
+LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc);  // cuda_backend.cpp
+
+bool CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws,
+                                       Tensor* const* outs, int n) {
+  if (!prefill_path_allowed() || !prefill_norm_quant || !use_fp8_act_gemm || !use_lt_fp8 || cc_ != 90 || n < 1 ||
+      n > LinParams::kMaxSegs)
+    return false;
+  LinParams ps[LinParams::kMaxSegs];
+  for (int i = 0; i < n; ++i) ps[i] = linear_params(x, *ws[i], *outs[i], use_gemv_tc);
+  const int T = ps[0].M, K = ps[0].K, G = K / kQuantGroup;
+  // Every weight on cuBLASLt's block-scaled path with all T rows (T % 8: see linear_fp8_act).
+  if (T < fp8_act_min_tokens || T % 8 != 0 || K % kQuantGroup != 0 || G % 4 != 0) return false;
+  for (int i = 0; i < n; ++i) {
+    const LinParams& p = ps[i];
+    if (!p.fp8 || p.bo != 128 || p.bi != 128 || p.K != K || p.ldx != K || p.out_f32 || p.N % 128 != 0 || p.ldo != p.N)
+      return false;
+  }
+  NormQuantParams nq;
+  if (nf) {
+    nq.x = nf->addend->data, nq.residual = nf->residual->data, nq.w = nf->weight->data, nq.out = x.data;
+    nq.R = T, nq.K = K, nq.eps = nf->eps;
+    if (!norm_quant_supported(nq)) return false;
+  }
+  const size_t qbytes = round_up(size_t(T) * K, 256), need = qbytes + size_t(T) * G * 4;
+  if (!ws_fits(kQuantX, need) || !ws_fits(kLt, LtGemm::kWorkspaceBytes)) {
+    ++graph_fallbacks_;
+    return false;
+  }
+  LtGemm* g = lt();
+  if (!g) return false;  // in a capture with no eager warm-up: the unfused path
+  if (capturing_) ++graph_fp8_ops_;
+  uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, need));
+  float* xs = reinterpret_cast<float*>(xq + qbytes);
+  const int64_t s_row = lt_act_scale_kmajor ? G : 1, s_grp = lt_act_scale_kmajor ? 1 : T;
+  if (nf) {
+    nq.q = xq, nq.s = xs, nq.s_row = s_row, nq.s_grp = s_grp;
+    launch_norm_quant_fp8(nq, stream_);
+  } else {
+    QuantParams q;
+    q.x = x.data, q.ldx = K, q.R = T, q.K = K, q.q = xq, q.s = xs, q.s_row = s_row, q.s_grp = s_grp;
+    launch_quant_fp8(q, stream_);
+  }
+  void* lws = workspace(kLt, LtGemm::kWorkspaceBytes);
+  for (int i = 0; i < n; ++i) {
+    LtFp8Args a;
+    a.T = T, a.N = ps[i].N, a.K = K, a.xq = xq, a.xs = xs;
+    a.w = static_cast<const uint8_t*>(ps[i].w), a.ws = ps[i].s, a.out = ps[i].out;
+    // No algorithm for this shape (not seen on the H200): the per-weight path from the stored
+    // (normed) x, which requantises into kQuantX, so the later weights requantise too.
+    if (!g->fp8_block(a, lws, LtGemm::kWorkspaceBytes, stream_, capturing_)) {
+      for (int j = i; j < n; ++j) linear(x, *ws[j], *outs[j]);
+      return true;
+    }
+  }
+  return true;
+}
+
+bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
+  const int T = p.T, H = p.H, E = p.E;
   if (!prefill_path_allowed() || router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 ||
       H % 4 != 0)
     return false;
   // In a graph only from fp8_act_min_tokens rows: smaller buckets keep the fused router kernel.
   if (capturing_ && T < fp8_act_min_tokens) return false;
-  if (!ws_fits(kLt, LtGemm::kWorkspaceBytes) || (x_bf16 && !ws_fits(kRouterX, size_t(T) * H * 4))) {
+  // Split-bf16 (default for bf16 x, H % 8 == 0): the gate's bf16 halves stacked as [2E, H]
+  // (split per call: 3 MB for M2.5, a few us), one bf16 tensor-core GEMM x [T, H] @ [2E, H]^T
+  // -> [T, 2E] f32, and the top-k adds the halves. x is bf16 already, so the only error next
+  // to the f32 GEMM is the split's 2^-17 |w| per weight, and the tensor cores' f32
+  // accumulation order (tests/cuda/test_cuda_router_prefill.cpp measures both).
+  const bool split = router_split_bf16 && p.x_bf16 && H % 8 == 0;
+  const size_t logit_bytes = size_t(T) * E * 4 * (split ? 2 : 1);
+  const size_t xbytes = split ? size_t(2) * E * H * 2 : (p.x_bf16 ? size_t(T) * H * 4 : 0);
+  if (!ws_fits(kLt, LtGemm::kWorkspaceBytes) || !ws_fits(kRouter, logit_bytes) || (xbytes && !ws_fits(kRouterX, xbytes))) {
     ++graph_fallbacks_;
     return false;
   }
@@ -146,16 +213,27 @@ bool CudaBackend::route_logits_gemm(const void* x, bool x_bf16, const Tensor& ga
     if (capturing_) ++graph_fallbacks_;
     return false;
   }
-  const float* xf = static_cast<const float*>(x);
-  if (x_bf16) {
-    float* buf = static_cast<float*>(workspace(kRouterX, size_t(T) * H * 4));
-    launch_bf16_to_f32(x, buf, int64_t(T) * H, stream_);
-    xf = buf;
-  }
   void* ws = workspace(kLt, LtGemm::kWorkspaceBytes);
-  const bool ok = g->f32_nt(T, E, H, xf, gate.ptr<float>(), logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
-  if (ok && capturing_) ++graph_fp8_ops_;
-  return ok;
+  float* logits = static_cast<float*>(workspace(kRouter, logit_bytes));
+  bool ok = false;
+  if (split) {
+    void* w2 = workspace(kRouterX, xbytes);
+    launch_split_gate_bf16(gate.ptr<float>(), w2, E, H, stream_);
+    ok = g->bf16_nt_f32(T, 2 * E, H, p.x, w2, logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
+  } else {
+    const float* xf = static_cast<const float*>(p.x);
+    if (p.x_bf16) {
+      float* buf = static_cast<float*>(workspace(kRouterX, xbytes));
+      launch_bf16_to_f32(p.x, buf, int64_t(T) * H, stream_);
+      xf = buf;
+    }
+    ok = g->f32_nt(T, E, H, xf, gate.ptr<float>(), logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
+  }
+  if (!ok) return false;  // (the split kernel's output is unused then; the caller's kernels take over)
+  if (capturing_) ++graph_fp8_ops_;
+  p.logits = logits;
+  p.logits_split = split;
+  return true;
 }
 
 }  // namespace moeserve

@@ -1,12 +1,14 @@
 // MoE glue kernels: the fused router (f32 gate GEMV, sigmoid, biased top-k, renormalise),
 // the align step that groups (token, k) pairs by local expert and builds the tile table
 // for the expert GEMV/GEMM kernels, and the ordered combine of per-pair outputs.
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_prefill.h"
 
 namespace moeserve::cuda {
 namespace {
@@ -33,10 +35,17 @@ __device__ __forceinline__ void prefetch_up(const RouteParams& p, int e) {
 // Top-k of one token by one warp: sigmoid scores from the logits, then top_k by (biased
 // score desc, expert id asc), weights renormalised over the chosen k. `score` / `choice`
 // are this warp's shared arrays of kMaxExperts.
+// Logit of (token t, expert e) from the workspace (p.logits_split: the sum of the two halves).
+__device__ __forceinline__ float route_logit(const RouteParams& p, int t, int e) {
+  if (!p.logits_split) return __ldcg(p.logits + int64_t(t) * p.E + e);
+  const float* row = p.logits + int64_t(t) * 2 * p.E;
+  return __ldcg(row + e) + __ldcg(row + p.E + e);
+}
+
 __device__ void route_token(const RouteParams& p, int t, float* score, float* choice) {
   const int lane = threadIdx.x & 31;
   for (int e = lane; e < p.E; e += 32) {
-    const float s = 1.f / (1.f + expf(-__ldcg(p.logits + int64_t(t) * p.E + e)));
+    const float s = 1.f / (1.f + expf(-route_logit(p, t, e)));
     score[e] = s;
     choice[e] = s + (p.bias ? p.bias[e] : 0.f);
   }
@@ -369,7 +378,93 @@ __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int 
   }
 }
 
+// Prefill top-k (E <= 32 * kPer, top_k <= 32): one warp per token with its E scores in
+// registers (lane owns experts lane, lane + 32, ...), kTopkWarps tokens per block. Each of the
+// top_k rounds takes the warp maximum of a 64-bit key (order-preserving bits of the biased
+// score, then 1023 - e so equal scores go to the lower id: route_token's order; 0 = taken),
+// five shuffle steps instead of route_token's shared-memory scan. Weights are renormalised
+// exactly as route_token does (sequential sum in k order, times 1 / sum), so given the same
+// logits both kernels write the same ids and weights.
+constexpr int kTopkWarps = 4;
+__device__ __forceinline__ uint32_t ordered_bits(float c) {
+  if (c != c) c = -INFINITY;  // NaN ranks with -inf (behind every finite score)
+  const uint32_t u = __float_as_uint(c);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+template <int kPer>
+__global__ void __launch_bounds__(kTopkWarps * 32) route_topk_warp_kernel(RouteParams p) {
+  pdl_enter();
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kTopkWarps + (threadIdx.x >> 5);
+  if (t >= p.T) return;
+  float sc[kPer];
+  uint64_t key[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = i * 32 + lane;
+    sc[i] = 0.f, key[i] = 0;
+    if (e < p.E) {
+      sc[i] = 1.f / (1.f + expf(-route_logit(p, t, e)));
+      const float c = sc[i] + (p.bias ? p.bias[e] : 0.f);
+      key[i] = (uint64_t(ordered_bits(c)) << 32) | uint32_t(kMaxExperts - 1 - e);
+    }
+  }
+  int my_id = 0;
+  float my_sc = 0.f, sum = 0.f;
+  for (int j = 0; j < p.top_k; ++j) {
+    uint64_t best = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) best = key[i] > best ? key[i] : best;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const uint64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
+      best = ob > best ? ob : best;
+    }
+    // best == 0 only when every expert is taken (top_k > E is rejected on the host).
+    const int e = kMaxExperts - 1 - int(uint32_t(best));
+    const int owner = e & 31, slot = e >> 5;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (i == slot) {
+        s = sc[i];
+        if (lane == owner) key[i] = 0;
+      }
+    s = __shfl_sync(0xffffffffu, s, owner);
+    sum += s;
+    if (lane == j) my_id = e, my_sc = s;
+  }
+  if (lane < p.top_k) {
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    p.ids[int64_t(t) * p.top_k + lane] = my_id;
+    p.weights[int64_t(t) * p.top_k + lane] = my_sc * inv;
+  }
+}
+
+// gate [E, H] f32 -> out [2E, H] bf16: rows [0, E) hi = bf16(w), rows [E, 2E) lo = bf16(w -
+// hi). hi + lo is within 2^-17 |w| of w (each half keeps 8 significant bits), and x . hi +
+// x . lo has no product rounding for bf16 x (8 x 8 bits fit f32's 24).
+__global__ void split_gate_kernel(const float* w, bf16* out, int64_t n) {
+  pdl_enter();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = w[i];
+    const bf16 hi = f2bf(v);
+    out[i] = hi;
+    out[n + i] = f2bf(v - bf2f(hi));
+  }
+}
+
 }  // namespace
+
+bool g_route_topk_warp = true;
+
+void launch_split_gate_bf16(const float* gate, void* out, int E, int H, cudaStream_t s) {
+  const int64_t n = int64_t(E) * H;
+  if (n == 0) return;
+  launch_pdl(split_gate_kernel, dim3(unsigned(std::min<int64_t>((n + 255) / 256, 4096))), dim3(256), 0, s, gate,
+             static_cast<bf16*>(out), n);
+  CUDA_CHECK_LAUNCH();
+}
 
 bool route_norm_supported(const RouteParams& p) {
   return p.counter && p.x_bf16 && !p.gate_bf16 && p.T <= kRouteNormTok && p.H <= kRouteNormH && p.H % 128 == 0 &&
@@ -404,7 +499,11 @@ void launch_moe_route(const RouteParams& p, cudaStream_t s) {
 void launch_moe_route_topk(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E && p.logits != nullptr, "moe_route_topk: bad arguments");
   if (p.T == 0) return;
-  route_kernel<<<p.T, 32, 0, s>>>(p);
+  if (g_route_topk_warp && p.top_k <= 32 && p.E <= 256) {
+    launch_pdl(route_topk_warp_kernel<8>, dim3(ceil_div(p.T, kTopkWarps)), dim3(kTopkWarps * 32), 0, s, p);
+  } else {
+    route_kernel<<<p.T, 32, 0, s>>>(p);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

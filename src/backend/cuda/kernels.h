@@ -181,6 +181,9 @@ struct RouteParams {
   int32_t* ids = nullptr;  // [T, top_k]
   float* weights = nullptr;
   float* logits = nullptr;  // workspace [T, E] f32: router logits between the two kernels
+  // Split-bf16 router GEMM output (top-k kernels only): logits rows are [2E] f32, the logit
+  // of expert e is logits[t * 2E + e] + logits[t * 2E + E + e] (x . gate_hi + x . gate_lo).
+  bool logits_split = false;
   // Zeroed device int: with it, T <= 8 runs as one kernel (the last logits block does the
   // top-k and resets it to 0). Null: logits kernel + top-k kernel.
   int* counter = nullptr;

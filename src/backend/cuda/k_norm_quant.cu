@@ -1,0 +1,130 @@
+// (Add +) RMSNorm fused with the per-(token, 128 columns) FP8 quantisation of its output: the
+// input side of the prefill q/k/v projections. Unfused, a layer ran the norm (read residual
+// and addend, write residual and out), then one quantisation per projection (read out, write
+// e4m3 + scales) three times; fused, the normed row is quantised from registers.
+//
+// Same arithmetic as rms_norm_vec_kernel (k_elementwise.cu: 256 threads, 8 columns per thread
+// per step, the same per-thread sum order and block_sum) and quant_fp8_kernel (k_quant.cu:
+// amax of the stored bf16 values, s = amax / 448, q = rn_e4m3(v / s)), so q, s, out and the
+// residual are bit-identical to the two-kernel path. A 128-column group is 16 consecutive
+// threads (half a warp): the group maximum is four xor-shuffles.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_prefill.h"
+#include "backend/cuda/pdl.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kThreads = 256, kMaxV = 2;  // K <= 8 * 256 * 2 = 4096
+
+__global__ void __launch_bounds__(kThreads) norm_quant_kernel(NormQuantParams p) {
+  __shared__ float scratch[32];
+  const int C = p.K;
+  const int64_t row = blockIdx.x;
+  uint4 wv[kMaxV];
+#pragma unroll
+  for (int i = 0; i < kMaxV; ++i) {
+    const int c = (i * kThreads + threadIdx.x) * 8;
+    if (c < C) wv[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.w) + c));
+  }
+  pdl_enter();
+  const bf16* x = static_cast<const bf16*>(p.x) + row * C;
+  bf16* res = static_cast<bf16*>(p.residual) + row * C;
+  uint4 xv[kMaxV], rv[kMaxV] = {};
+#pragma unroll
+  for (int i = 0; i < kMaxV; ++i) {
+    const int c = (i * kThreads + threadIdx.x) * 8;
+    if (c < C) {
+      xv[i] = *reinterpret_cast<const uint4*>(x + c);
+      if (p.residual) rv[i] = *reinterpret_cast<const uint4*>(res + c);
+    }
+  }
+  float v[kMaxV][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxV; ++i) {
+    const int c = (i * kThreads + threadIdx.x) * 8;
+    const uint32_t xw[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
+    const uint32_t rw[4] = {rv[i].x, rv[i].y, rv[i].z, rv[i].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float2 a = bf16x2_to_f2(xw[e]);
+      if (p.residual) {
+        const float2 b = bf16x2_to_f2(rw[e]);
+        a.x = bf2f(f2bf(a.x + b.x)), a.y = bf2f(f2bf(a.y + b.y));  // the stored (bf16) sum
+      }
+      v[i][2 * e] = c < C ? a.x : 0.f;
+      v[i][2 * e + 1] = c < C ? a.y : 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += v[i][e] * v[i][e];
+    if (p.residual && c < C) {
+      uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e], v[i][2 * e + 1]);
+        o[e] = *reinterpret_cast<uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(res + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+  ss = block_sum(ss, scratch);
+  const float r = rsqrtf(ss / C + p.eps);
+#pragma unroll
+  for (int i = 0; i < kMaxV; ++i) {
+    const int c = (i * kThreads + threadIdx.x) * 8;
+    const bool ok = c < C;  // uniform over each 16-thread group (C % 128 == 0)
+    float o[8];
+    float amax = 0.f;
+    if (ok) {
+      const uint32_t ww[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+      uint32_t packed[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 wf = bf16x2_to_f2(ww[e]);
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e] * r * wf.x, v[i][2 * e + 1] * r * wf.y);
+        packed[e] = *reinterpret_cast<uint32_t*>(&h);
+        const float2 st = bf16x2_to_f2(packed[e]);  // the stored values, as the quantiser reads them
+        o[2 * e] = st.x, o[2 * e + 1] = st.y;
+        amax = fmaxf(amax, fmaxf(fabsf(st.x), fabsf(st.y)));
+      }
+      if (p.out)
+        *reinterpret_cast<uint4*>(static_cast<bf16*>(p.out) + row * C + c) =
+            make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+#pragma unroll
+    for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    if (ok) {
+      const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
+      uint32_t qw[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const __nv_fp8x2_storage_t lo =
+            __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h] / sc, o[4 * h + 1] / sc), __NV_SATFINITE, __NV_E4M3);
+        const __nv_fp8x2_storage_t hi =
+            __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h + 2] / sc, o[4 * h + 3] / sc), __NV_SATFINITE, __NV_E4M3);
+        qw[h] = uint32_t(lo) | (uint32_t(hi) << 16);
+      }
+      *reinterpret_cast<uint2*>(p.q + row * C + c) = make_uint2(qw[0], qw[1]);
+      if ((threadIdx.x & 15) == 0) p.s[row * p.s_row + int64_t(c / kQuantGroup) * p.s_grp] = sc;
+    }
+  }
+}
+
+}  // namespace
+
+bool norm_quant_supported(const NormQuantParams& p) {
+  auto a16 = [](const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  return p.K % kQuantGroup == 0 && p.K > 0 && p.K <= 8 * kThreads * kMaxV && a16(p.x) && a16(p.residual) &&
+         a16(p.w) && a16(p.out) && reinterpret_cast<uintptr_t>(p.q) % 8 == 0;
+}
+
+void launch_norm_quant_fp8(const NormQuantParams& p, cudaStream_t s) {
+  CU_REQUIRE(norm_quant_supported(p), "norm_quant_fp8: unsupported shape or alignment");
+  if (p.R == 0) return;
+  launch_pdl(norm_quant_kernel, dim3(p.R), dim3(kThreads), 0, s, p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeserve::cuda

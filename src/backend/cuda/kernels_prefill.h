@@ -1,0 +1,39 @@
+// Host launchers of the small prefill ops (k_moe.cu, k_norm_quant.cu): the split-bf16 router
+// GEMM's gate split and warp top-k switch, and add + RMSNorm fused with the FP8 activation
+// quantisation of the q/k/v projections. Same conventions as kernels.h: asynchronous on `s`,
+// no allocation, capture-safe.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moeserve::cuda {
+
+// gate [E, H] f32 -> out [2E, H] bf16: rows [0, E) = bf16(gate), rows [E, 2E) = bf16(gate -
+// bf16(gate)). x [T, H] bf16 @ out^T (f32 accumulation) gives logits [T, 2E] whose halves sum
+// to the f32 logits within ~2^-17 sum |x w| (RouteParams::logits_split reads them).
+void launch_split_gate_bf16(const float* gate, void* out, int E, int H, cudaStream_t s);
+// launch_moe_route_topk: warp-per-token register top-k for E <= 256 (default) instead of the
+// shared-memory route_kernel (MOESERVE_PREFILL_OFF=topk clears it). Same results.
+extern bool g_route_topk_warp;
+
+// Fused (add +) RMSNorm + FP8 quantisation of bf16 rows [R, K] (K % 128 == 0, K <= 4096):
+// residual != null: residual += x (stored bf16), v = residual; else v = x. out = bf16(rmsnorm(v)
+// * w) (stored when out != null), q / s = the e4m3 quantisation of out per (row, 128 columns)
+// exactly as launch_quant_fp8 computes it from the stored out (same bits), scale (r, g) at
+// s[r * s_row + g * s_grp]. Bit-identical to launch_rms_norm followed by launch_quant_fp8.
+struct NormQuantParams {
+  const void* x = nullptr;   // bf16 [R, K]
+  void* residual = nullptr;  // bf16 [R, K] or null
+  const void* w = nullptr;   // bf16 [K]
+  void* out = nullptr;       // bf16 [R, K] or null
+  uint8_t* q = nullptr;      // e4m3 [R, K]
+  float* s = nullptr;
+  int64_t s_row = 0, s_grp = 0;
+  int R = 0, K = 0;
+  float eps = 1e-6f;
+};
+bool norm_quant_supported(const NormQuantParams& p);
+void launch_norm_quant_fp8(const NormQuantParams& p, cudaStream_t s);
+
+}  // namespace moeserve::cuda

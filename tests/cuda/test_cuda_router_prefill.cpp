@@ -1,0 +1,315 @@
+// Prefill router and q/k/v input path (pf_router): the split-bf16 router GEMM, the warp top-k
+// and the fused add + RMSNorm + FP8 quantisation, against the f64 / CPU references and the
+// unfused CUDA kernels.
+//
+// Router bounds. The split gate hi + lo is within 2^-17 |w| of w per weight, bf16 x bf16
+// products are exact in f32, so |logit - ref| <= 2^-17 sum|x w| + the f32 accumulation error
+// (tensor-core order; ~K 2^-24 sum|x w| worst case, far less for random signs). The tests
+// print the measured maximum and require it below 2^-15 sum|x w| (a loose multiple of the
+// bound). Selection: an expert may differ from the reference only where the reference's
+// biased scores of the two experts are closer than twice the measured score error.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cublaslt.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_prefill.h"
+#include "test_util.h"
+
+namespace moeserve::test {
+namespace {
+
+struct RouterCase {
+  std::vector<float> x, gate, bias;  // x bf16-exact [T, H], gate f32 [E, H], bias [E]
+  int T, H, E, K;
+};
+RouterCase make_router_case(int T, int H, int E, int K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  RouterCase c{randn(size_t(T) * H, rng), randn(size_t(E) * H, rng, 0.02f, false), randn(E, rng, 0.1f, false), T, H, E,
+               K};
+  return c;
+}
+
+// f64 logits of token t (all experts) and sum |x w| per expert.
+void ref_logits(const RouterCase& c, int t, std::vector<double>& l, std::vector<double>& mag) {
+  l.assign(c.E, 0.0);
+  mag.assign(c.E, 0.0);
+  const float* xr = &c.x[size_t(t) * c.H];
+  for (int e = 0; e < c.E; ++e) {
+    const float* wr = &c.gate[size_t(e) * c.H];
+    double a = 0, m = 0;
+    for (int h = 0; h < c.H; ++h) {
+      a += double(xr[h]) * wr[h];
+      m += std::fabs(double(xr[h]) * wr[h]);
+    }
+    l[e] = a, mag[e] = m;
+  }
+}
+
+// Tokens checked against the f64 reference (every one up to 1000, every 4th beyond).
+int token_step(int T) { return T > 1000 ? 4 : 1; }
+
+// Logits of the split-bf16 GEMM ([T, 2E] halves summed) and of the f32 GEMM, vs f64.
+struct LogitErr {
+  double split_abs = 0, split_rel = 0, f32_abs = 0, f32_rel = 0;
+};
+LogitErr measure_logits(const RouterCase& c) {
+  CudaBackend& b = gpu();
+  Tensor dx = to_device(c.x, DType::BF16, {c.T, c.H});
+  Tensor dxf = to_device(c.x, DType::F32, {c.T, c.H});
+  Tensor dg = to_device(c.gate, DType::F32, {c.E, c.H});
+  Tensor w2 = b.alloc(DType::BF16, {2 * c.E, c.H});
+  Tensor l2 = b.alloc(DType::F32, {c.T, 2 * c.E}), l1 = b.alloc(DType::F32, {c.T, c.E});
+  Tensor ws = b.alloc(DType::U8, {int64_t(cuda::LtGemm::kWorkspaceBytes)});
+  cuda::LtGemm lt;
+  cuda::launch_split_gate_bf16(dg.ptr<float>(), w2.data, c.E, c.H, b.stream());
+  EXPECT_TRUE(lt.bf16_nt_f32(c.T, 2 * c.E, c.H, dx.data, w2.data, l2.ptr<float>(), ws.data, ws.nbytes(), b.stream(), false));
+  EXPECT_TRUE(lt.f32_nt(c.T, c.E, c.H, dxf.ptr<float>(), dg.ptr<float>(), l1.ptr<float>(), ws.data, ws.nbytes(), b.stream(), false));
+  const auto g2 = b.download_f32(l2), g1 = b.download_f32(l1);
+  LogitErr r;
+  std::vector<double> l, mag;
+  for (int t = 0; t < c.T; t += token_step(c.T)) {
+    ref_logits(c, t, l, mag);
+    for (int e = 0; e < c.E; ++e) {
+      const double s = double(g2[size_t(t) * 2 * c.E + e]) + g2[size_t(t) * 2 * c.E + c.E + e];
+      const double f = g1[size_t(t) * c.E + e];
+      r.split_abs = std::max(r.split_abs, std::fabs(s - l[e]));
+      r.split_rel = std::max(r.split_rel, std::fabs(s - l[e]) / mag[e]);
+      r.f32_abs = std::max(r.f32_abs, std::fabs(f - l[e]));
+      r.f32_rel = std::max(r.f32_rel, std::fabs(f - l[e]) / mag[e]);
+    }
+  }
+  return r;
+}
+
+class CudaRouterPrefill : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaRouterPrefill, SplitBf16MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const int T = GetParam(), H = 3072, E = 256, K = 8;
+  const RouterCase c = make_router_case(T, H, E, K, 100 + T);
+  const LogitErr le = measure_logits(c);
+  std::printf("[router prefill] T=%d logits vs f64: split-bf16 max %.3e abs (%.3e of sum|xw|), f32 GEMM max %.3e abs "
+              "(%.3e)\n",
+              T, le.split_abs, le.split_rel, le.f32_abs, le.f32_rel);
+  EXPECT_LT(le.split_rel, std::ldexp(1.0, -15));
+  // Selection through the backend (default path: split-bf16 GEMM + warp top-k).
+  CudaBackend& b = gpu();
+  ASSERT_TRUE(b.router_split_bf16 && cuda::g_route_topk_warp);
+  MoeWeights moe;
+  moe.gate = to_device(c.gate, DType::F32, {E, H});
+  moe.score_bias = to_device(c.bias, DType::F32, {E});
+  moe.num_experts = E, moe.top_k = K;
+  MoeRouting r;
+  b.moe_route(to_device(c.x, DType::BF16, {T, H}), moe, r);
+  const auto ids = b.download_f32(r.expert_ids), w = b.download_f32(r.weights);
+  // The CPU op (f32) on the same inputs.
+  auto cpu = make_cpu_backend();
+  MoeWeights hm;
+  hm.gate = host_f32(c.gate, {E, H});
+  hm.score_bias = host_f32(c.bias, {E});
+  hm.num_experts = E, hm.top_k = K;
+  MoeRouting hr;
+  hr.expert_ids = Tensor::host(DType::I32, {T, K});
+  hr.weights = Tensor::host(DType::F32, {T, K});
+  cpu->moe_route(host_f32(c.x, {T, H}), hm, hr);
+  const double tol = std::max(2 * 0.25 * le.split_abs, 1e-7);  // score error <= logit error / 4
+  int diff_ref = 0, diff_cpu = 0, checked = 0;
+  double min_gap_diff = INFINITY;
+  std::vector<double> l, mag;
+  for (int t = 0; t < T; t += token_step(T)) {
+    ref_logits(c, t, l, mag);
+    std::vector<double> s(E), cs(E);
+    for (int e = 0; e < E; ++e) s[e] = 1.0 / (1.0 + std::exp(-l[e])), cs[e] = s[e] + c.bias[e];
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b2) { return cs[a] > cs[b2]; });
+    double sum = 0;
+    for (int j = 0; j < K; ++j) sum += s[order[j]];
+    for (int j = 0; j < K; ++j, ++checked) {
+      const int got = int(ids[size_t(t) * K + j]);
+      const int cg = hr.expert_ids.ptr<int32_t>()[size_t(t) * K + j];
+      if (cg != got) ++diff_cpu;
+      if (got != order[j]) {
+        ++diff_ref;
+        const double gap = std::fabs(cs[got] - cs[order[j]]);
+        min_gap_diff = std::min(min_gap_diff, gap);
+        EXPECT_LT(gap, tol) << "token " << t << " slot " << j << ": " << got << " vs " << order[j];
+        continue;
+      }
+      EXPECT_NEAR(w[size_t(t) * K + j], s[order[j]] / sum, 1e-5) << "token " << t << " slot " << j;
+    }
+  }
+  std::printf("[router prefill] T=%d: %d of %d slots differ from f64 (all at gaps < %.2e), %d from the CPU op\n", T,
+              diff_ref, checked, tol, diff_cpu);
+}
+INSTANTIATE_TEST_SUITE_P(Tokens, CudaRouterPrefill, ::testing::Values(128, 1000, 8192));
+
+// The previous prefill router (f32 GEMM + route_kernel) and the new one choose the same
+// experts except where the f64 scores are closer than the two paths' error.
+TEST(CudaRouterPrefill, SameAsF32Path) {
+  SKIP_WITHOUT_GPU();
+  const int T = 512, H = 3072, E = 256, K = 8;
+  const RouterCase c = make_router_case(T, H, E, K, 7);
+  CudaBackend& b = gpu();
+  MoeWeights moe;
+  moe.gate = to_device(c.gate, DType::F32, {E, H});
+  moe.score_bias = to_device(c.bias, DType::F32, {E});
+  moe.num_experts = E, moe.top_k = K;
+  Tensor dx = to_device(c.x, DType::BF16, {T, H});
+  std::vector<float> ids[2], w[2];
+  for (int path = 0; path < 2; ++path) {
+    b.router_split_bf16 = path == 0;
+    cuda::g_route_topk_warp = path == 0;
+    MoeRouting r;
+    b.moe_route(dx, moe, r);
+    ids[path] = b.download_f32(r.expert_ids), w[path] = b.download_f32(r.weights);
+  }
+  b.router_split_bf16 = true;
+  cuda::g_route_topk_warp = true;
+  int diff = 0;
+  std::vector<double> l, mag;
+  for (int t = 0; t < T; ++t) {
+    bool row_diff = false;
+    for (int j = 0; j < K; ++j) row_diff |= ids[0][size_t(t) * K + j] != ids[1][size_t(t) * K + j];
+    if (!row_diff) {
+      for (int j = 0; j < K; ++j) EXPECT_NEAR(w[0][size_t(t) * K + j], w[1][size_t(t) * K + j], 1e-5);
+      continue;
+    }
+    ++diff;
+    ref_logits(c, t, l, mag);
+    for (int j = 0; j < K; ++j) {
+      const int a = int(ids[0][size_t(t) * K + j]), bb = int(ids[1][size_t(t) * K + j]);
+      if (a == bb) continue;
+      const double ca = 1.0 / (1.0 + std::exp(-l[a])) + c.bias[a], cb = 1.0 / (1.0 + std::exp(-l[bb])) + c.bias[bb];
+      EXPECT_LT(std::fabs(ca - cb), 1e-5) << "token " << t << " slot " << j;
+    }
+  }
+  std::printf("[router prefill] split-bf16 + warp top-k vs f32 GEMM + route_kernel: %d of %d tokens differ\n", diff, T);
+}
+
+// Warp top-k vs route_kernel on identical logits: same ids and weights bit for bit, including
+// exact ties (lower id first), -inf / NaN logits, E not a multiple of 32, the split layout.
+TEST(CudaRouterPrefill, WarpTopkSameAsRouteKernel) {
+  SKIP_WITHOUT_GPU();
+  CudaBackend& b = gpu();
+  for (const auto& [T, E, K, split] : {std::tuple{300, 256, 8, false}, std::tuple{77, 200, 6, true},
+                                       std::tuple{64, 64, 32, false}, std::tuple{33, 256, 8, true}}) {
+    std::mt19937 rng(T + E);
+    const int ld = split ? 2 * E : E;
+    auto lg = randn(size_t(T) * ld, rng, 2.f, false);
+    for (int t = 0; t < T; t += 5)  // ties: a token of equal logits, one with a repeated value
+      for (int e = 0; e < ld; ++e) lg[size_t(t) * ld + e] = t % 10 == 0 ? 0.25f : (e % 3 ? lg[size_t(t) * ld + e] : 1.f);
+    lg[size_t(1) * ld + 3] = -INFINITY;
+    lg[size_t(2) * ld + 4] = NAN;
+    auto bias = randn(E, rng, 0.1f, false);
+    Tensor dl = to_device(lg, DType::F32, {T, ld}), db = to_device(bias, DType::F32, {E});
+    std::vector<float> ids[2], w[2];
+    for (int k = 0; k < 2; ++k) {
+      Tensor di = b.alloc(DType::I32, {T, K}), dw = b.alloc(DType::F32, {T, K});
+      cuda::RouteParams p;
+      p.T = T, p.E = E, p.top_k = K, p.bias = db.ptr<float>();
+      p.logits = dl.ptr<float>(), p.logits_split = split;
+      p.ids = di.ptr<int32_t>(), p.weights = dw.ptr<float>();
+      cuda::g_route_topk_warp = k == 0;
+      cuda::launch_moe_route_topk(p, b.stream());
+      ids[k] = b.download_f32(di), w[k] = b.download_f32(dw);
+    }
+    cuda::g_route_topk_warp = true;
+    int bad = 0;
+    for (size_t i = 0; i < ids[0].size(); ++i)
+      bad += ids[0][i] != ids[1][i] || std::memcmp(&w[0][i], &w[1][i], 4) != 0;
+    EXPECT_EQ(bad, 0) << "T=" << T << " E=" << E << " K=" << K << " split=" << split;
+  }
+}
+
+// Fused (add +) RMSNorm + FP8 quantisation vs launch_rms_norm + launch_quant_fp8: bit-identical
+// residual, normed output, e4m3 values and scales, in both scale layouts.
+TEST(CudaNormQuant, SameAsUnfused) {
+  SKIP_WITHOUT_GPU();
+  CudaBackend& b = gpu();
+  for (const auto& [R, K, with_res, kmajor] : {std::tuple{37, 3072, true, false}, std::tuple{64, 3072, false, true},
+                                              std::tuple{9, 384, true, true}, std::tuple{200, 4096, true, false}}) {
+    std::mt19937 rng(R * 31 + K);
+    auto x = randn(size_t(R) * K, rng, 2.f), res = randn(size_t(R) * K, rng), nw = randn(K, rng, 0.5f);
+    for (int i = 0; i < 128; ++i) x[size_t(2) * K + i] = 0.f, res[size_t(2) * K + i] = 0.f;  // a zero group
+    const int G = K / 128;
+    const int64_t s_row = kmajor ? G : 1, s_grp = kmajor ? 1 : R;
+    std::vector<uint8_t> q[2];
+    std::vector<float> s[2], o[2], rs[2];
+    for (int path = 0; path < 2; ++path) {
+      Tensor dx = to_device(x, DType::BF16, {R, K}), dr = to_device(res, DType::BF16, {R, K});
+      Tensor dw = to_device(nw, DType::BF16, {K}), dout = b.alloc(DType::BF16, {R, K});
+      Tensor dq = b.alloc(DType::F8_E4M3, {R, K}), ds = b.alloc(DType::F32, {R * G});
+      if (path == 0) {
+        cuda::NormQuantParams p;
+        p.x = dx.data, p.residual = with_res ? dr.data : nullptr, p.w = dw.data, p.out = dout.data;
+        p.q = static_cast<uint8_t*>(dq.data), p.s = ds.ptr<float>(), p.s_row = s_row, p.s_grp = s_grp;
+        p.R = R, p.K = K, p.eps = 1e-6f;
+        ASSERT_TRUE(cuda::norm_quant_supported(p));
+        cuda::launch_norm_quant_fp8(p, b.stream());
+      } else {
+        cuda::RmsNormParams n;
+        n.x = dx.data, n.residual = with_res ? dr.data : nullptr, n.weight = dw.data, n.out = dout.data;
+        n.rows = R, n.cols = K, n.eps = 1e-6f;
+        cuda::launch_rms_norm(n, b.stream());
+        cuda::QuantParams qp;
+        qp.x = dout.data, qp.ldx = K, qp.R = R, qp.K = K, qp.q = static_cast<uint8_t*>(dq.data), qp.s = ds.ptr<float>();
+        qp.s_row = s_row, qp.s_grp = s_grp;
+        cuda::launch_quant_fp8(qp, b.stream());
+      }
+      q[path].resize(size_t(R) * K);
+      b.synchronize();
+      cudaMemcpy(q[path].data(), dq.data, q[path].size(), cudaMemcpyDeviceToHost);
+      s[path] = b.download_f32(ds), o[path] = b.download_f32(dout), rs[path] = b.download_f32(dr);
+    }
+    EXPECT_EQ(q[0], q[1]) << R << "x" << K;
+    EXPECT_EQ(0, std::memcmp(s[0].data(), s[1].data(), s[0].size() * 4)) << R << "x" << K;
+    EXPECT_EQ(0, std::memcmp(o[0].data(), o[1].data(), o[0].size() * 4)) << R << "x" << K;
+    EXPECT_EQ(0, std::memcmp(rs[0].data(), rs[1].data(), rs[0].size() * 4)) << R << "x" << K;
+  }
+}
+
+// add_rms_norm_linear_multi / linear_multi at prefill sizes: one fused norm + quantisation
+// shared by q/k/v equals the unfused path (norm kernel, one quantisation per weight) bit for bit.
+TEST(CudaNormQuant, NormLinearMultiSameAsUnfused) {
+  SKIP_WITHOUT_GPU();
+  CudaBackend& b = gpu();
+  const int T = 256, K = 3072;
+  const int Ns[3] = {1536, 256, 256};
+  std::mt19937 rng(3);
+  std::vector<HostWeight> w;
+  for (int N : Ns) w.push_back(make_weight(N, K, true, rng));
+  const LinearWeight* ws[3] = {&w[0].dev, &w[1].dev, &w[2].dev};
+  auto x = randn(size_t(T) * K, rng), res = randn(size_t(T) * K, rng), nw = randn(K, rng, 0.5f);
+  Tensor dw = to_device(nw, DType::BF16, {K});
+  for (int norm = 0; norm < 2; ++norm) {
+    std::vector<float> got[2][4];
+    for (int path = 0; path < 2; ++path) {
+      b.prefill_norm_quant = path == 0;
+      Tensor dx = to_device(x, DType::BF16, {T, K}), dr = to_device(res, DType::BF16, {T, K});
+      Tensor out = b.alloc(DType::BF16, {T, K});
+      Tensor o[3] = {b.alloc(DType::BF16, {T, Ns[0]}), b.alloc(DType::BF16, {T, Ns[1]}), b.alloc(DType::BF16, {T, Ns[2]})};
+      Tensor* outs[3] = {&o[0], &o[1], &o[2]};
+      if (norm)
+        b.add_rms_norm_linear_multi(dr, dx, dw, 1e-6f, out, ws, outs, 3);
+      else
+        b.linear_multi(dx, ws, outs, 3);
+      for (int i = 0; i < 3; ++i) got[path][i] = b.download_f32(o[i]);
+      got[path][3] = b.download_f32(norm ? out : dx);
+    }
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(0, std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4)) << "norm " << norm << " out " << i;
+    // And within the FP8 bound of the exact linear of the (normed) input.
+    const auto ref = ref_linear(got[0][3], w[0].deq, T, Ns[0], K);
+    EXPECT_LT(rel_err(got[0][0], ref), 0.0725);
+  }
+  b.prefill_norm_quant = true;
+}
+
+}  // namespace
+}  // namespace moeserve::test
