@@ -229,9 +229,9 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
     }
     ok = g->f32_nt(T, E, H, xf, gate.ptr<float>(), logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
   }
-  if (!ok) return false;  // (the split kernel's output is unused then; the caller's kernels take over)
+  p.logits = logits;  // (the kRouter buffer may have grown: the caller's pointer is stale)
+  if (!ok) return false;  // the split kernel's output is unused then; the caller's kernels take over
   if (capturing_) ++graph_fp8_ops_;
-  p.logits = logits;
   p.logits_split = split;
   return true;
 }
