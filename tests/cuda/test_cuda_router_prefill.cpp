@@ -1,6 +1,6 @@
-// Prefill router and q/k/v input path (pf_router): the split-bf16 router GEMM, the warp top-k
-// and the fused add + RMSNorm + FP8 quantisation, against the f64 / CPU references and the
-// unfused CUDA kernels.
+// Small prefill ops (pf_router): the split-bf16 router GEMM, the warp top-k, the fused add +
+// RMSNorm + FP8 quantisation of the q/k/v input and the vectorised QK-norm + RoPE + KV write,
+// against the f64 / CPU references and the kernels they replace.
 //
 // Router bounds. The split gate hi + lo is within 2^-17 |w| of w per weight, bf16 x bf16
 // products are exact in f32, so |logit - ref| <= 2^-17 sum|x w| + the f32 accumulation error
@@ -309,6 +309,66 @@ TEST(CudaNormQuant, NormLinearMultiSameAsUnfused) {
     EXPECT_LT(rel_err(got[0][0], ref), 0.0725);
   }
   b.prefill_norm_quant = true;
+}
+
+// Vectorised prefill QK-norm + RoPE + KV write vs the generic kernel (same launcher, switch
+// off): outputs within one bf16 rounding step (the row sums are added in another order), the
+// cache rows equal to the returned k rows, and both within the host reference's bound.
+TEST(CudaQkRopePrefill, SameAsGenericKernel) {
+  SKIP_WITHOUT_GPU();
+  CudaBackend& b = gpu();
+  struct C {
+    int T, Hq, Hkv, D, rot;
+    bool sums;
+  };
+  for (const C c : {C{600, 48, 8, 128, 64, false}, C{520, 6, 2, 64, 32, true}, C{512, 8, 4, 128, 128, false}}) {
+    ASSERT_GE(c.T, cuda::kQkRopeVecMinTokens);
+    std::mt19937 rng(c.T + c.D);
+    const int Wq = c.Hq * c.D, Wk = c.Hkv * c.D, slots = c.T + 50;
+    auto q = randn(size_t(c.T) * Wq, rng), k = randn(size_t(c.T) * Wk, rng), v = randn(size_t(c.T) * Wk, rng);
+    auto wq = randn(Wq, rng, 0.5f), wk = randn(Wk, rng, 0.5f);
+    std::vector<float> pos(c.T), slot(c.T), qs(c.T, float(Wq) * 2.6f), ks(c.T, float(Wk) * 1.4f);
+    for (int t = 0; t < c.T; ++t) pos[t] = float(rng() % 8192), slot[t] = t % 7 == 3 ? -1.f : float((t * 37) % slots);
+    Tensor dwq = to_device(wq, DType::BF16, {Wq}), dwk = to_device(wk, DType::BF16, {Wk});
+    Tensor dpos = to_device(pos, DType::I32, {c.T}), dslot = to_device(slot, DType::I32, {c.T});
+    Tensor dqs = to_device(qs, DType::F32, {c.T}), dks = to_device(ks, DType::F32, {c.T});
+    Tensor dv = to_device(v, DType::BF16, {c.T, Wk});
+    std::vector<float> gq[2], gk[2], gkc[2], gvc[2];
+    for (int path = 0; path < 2; ++path) {
+      Tensor dq = to_device(q, DType::BF16, {c.T, Wq}), dk = to_device(k, DType::BF16, {c.T, Wk});
+      Tensor kc = b.alloc(DType::BF16, {slots, Wk}), vc = b.alloc(DType::BF16, {slots, Wk});
+      cuda::QkNormRopeParams p;
+      p.q = dq.data, p.k = dk.data, p.q_w = dwq.data, p.k_w = dwk.data, p.positions = dpos.ptr<int32_t>();
+      p.T = c.T, p.q_width = Wq, p.k_width = Wk, p.q_full = c.sums ? 2 * Wq : Wq, p.k_full = c.sums ? 2 * Wk : Wk;
+      p.q_sumsq = c.sums ? dqs.ptr<float>() : nullptr, p.k_sumsq = c.sums ? dks.ptr<float>() : nullptr;
+      p.head_dim = c.D, p.rotary_dim = c.rot, p.theta = 5e6f, p.eps = 1e-6f;
+      p.v = dv.data, p.kc = kc.data, p.vc = vc.data, p.slots = dslot.ptr<int32_t>(), p.num_slots = slots;
+      cuda::g_qk_rope_vec = path == 0;
+      ASSERT_EQ(cuda::qk_rope_vec_supported(p), path == 0);
+      cuda::launch_qk_norm_rope(p, b.stream());
+      gq[path] = b.download_f32(dq), gk[path] = b.download_f32(dk);
+      gkc[path] = b.download_f32(kc), gvc[path] = b.download_f32(vc);
+    }
+    cuda::g_qk_rope_vec = true;
+    auto close = [](const std::vector<float>& a, const std::vector<float>& r, const char* what) {
+      int off = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (a[i] != r[i]) {
+          ++off;
+          EXPECT_LE(std::fabs(a[i] - r[i]), std::ldexp(std::fabs(r[i]), -7) + 1e-30) << what << " " << i;
+        }
+      std::printf("[qk rope prefill] %s: %d of %zu elements differ by one bf16 step\n", what, off, a.size());
+      EXPECT_LT(off, int(a.size() / 100) + 1) << what;
+    };
+    close(gq[0], gq[1], "q");
+    close(gk[0], gk[1], "k");
+    close(gkc[0], gkc[1], "k cache");
+    EXPECT_EQ(gvc[0], gvc[1]);
+    for (int t = 0; t < c.T; ++t) {
+      if (slot[t] < 0) continue;
+      for (int i = 0; i < Wk; ++i) ASSERT_EQ(gkc[0][size_t(slot[t]) * Wk + i], gk[0][size_t(t) * Wk + i]);
+    }
+  }
 }
 
 }  // namespace

@@ -150,7 +150,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // activations in the FP8 linears and experts, lt = k_gemm_fp8.cu instead of cuBLASLt,
   // attn = k_attn_tc.cu instead of the pipelined kernel, router = router logits on CUDA cores,
   // router_split = the f32 cuBLASLt router GEMM instead of the split-bf16 one, topk = the
-  // shared-memory top-k kernel, norm_quant = q/k/v's norm and per-weight quantisations unfused.
+  // shared-memory top-k kernel, norm_quant = q/k/v's norm and per-weight quantisations unfused,
+  // qk_rope = the generic QK-norm + RoPE kernel at prefill (k_rope_prefill.cu off).
   if (const char* e = std::getenv("MOESERVE_PREFILL_OFF")) {
     const std::string off = std::string(",") + e + ",";
     auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
@@ -161,6 +162,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("router_split")) router_split_bf16 = false;
     if (has("topk")) cuda::g_route_topk_warp = false;
     if (has("norm_quant")) prefill_norm_quant = false;
+    if (has("qk_rope")) cuda::g_qk_rope_vec = false;
   }
 }
 

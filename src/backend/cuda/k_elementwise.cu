@@ -8,6 +8,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_prefill.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
@@ -321,6 +322,10 @@ void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
     return e ? std::atoi(e) : 0;
   }();
   const int slices = p.T < 64 && code_arch() >= 900 ? (env_slices > 0 ? env_slices : 8) : 1;
+  if (p.T >= kQkRopeVecMinTokens && qk_rope_vec_supported(p)) {  // prefill: k_rope_prefill.cu
+    launch_qk_rope_vec(p, s);
+    return;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(p.T, slices);
   cfg.blockDim = dim3(256);

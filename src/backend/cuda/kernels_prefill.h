@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels.h"
+
 namespace moeserve::cuda {
 
 // gate [E, H] f32 -> out [2E, H] bf16: rows [0, E) = bf16(gate), rows [E, 2E) = bf16(gate -
@@ -35,5 +37,15 @@ struct NormQuantParams {
 };
 bool norm_quant_supported(const NormQuantParams& p);
 void launch_norm_quant_fp8(const NormQuantParams& p, cudaStream_t s);
+
+// Vectorised QK-norm + NeoX RoPE (+ KV write) for many tokens (k_rope_prefill.cu): same
+// contract as launch_qk_norm_rope, which takes it for p.T >= kQkRopeVecMinTokens (decode
+// batches stay on the generic / cluster kernel) where supported: bf16 activations, weights
+// and cache, head_dim / 8 a power of two <= 32, rotary_dim / 16 a power of two, q width <=
+// 8192, k width <= 2048, 16-byte aligned rows. MOESERVE_PREFILL_OFF=qk_rope clears g_qk_rope_vec.
+constexpr int kQkRopeVecMinTokens = 512;
+extern bool g_qk_rope_vec;
+bool qk_rope_vec_supported(const QkNormRopeParams& p);
+void launch_qk_rope_vec(const QkNormRopeParams& p, cudaStream_t s);
 
 }  // namespace moeserve::cuda
