@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
@@ -368,6 +369,146 @@ TEST(CudaQkRopePrefill, SameAsGenericKernel) {
       if (slot[t] < 0) continue;
       for (int i = 0; i < Wk; ++i) ASSERT_EQ(gkc[0][size_t(slot[t]) * Wk + i], gk[0][size_t(t) * Wk + i]);
     }
+  }
+}
+
+// Timings of the ops above at M2.5 shapes and 8,192 tokens, previous path vs new (run with
+// MOESERVE_BENCH=1; otherwise skipped). Medians of 7 event-timed runs after a warm-up.
+double med_ms(const std::function<void()>& f, int reps = 7) {
+  cudaStream_t s = gpu().stream();
+  f();
+  gpu().synchronize();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, s);
+    f();
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+TEST(CudaSmallPrefillBench, M25Ops8k) {
+  SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
+  CudaBackend& b = gpu();
+  const int T = 8192, H = 3072, E = 256, K = 8, QW = 6144, KW = 1024;
+  Tensor x = b.alloc(DType::BF16, {T, H}), res = b.alloc(DType::BF16, {T, H}), xn = b.alloc(DType::BF16, {T, H});
+  Tensor nw = b.alloc(DType::BF16, {H});
+  b.fill_random(x, 1, 1.f);
+  b.fill_random(res, 2, 1.f);
+  b.fill_random(nw, 3, 1.f);
+  auto fp8w = [&](int N, int Kd, uint64_t seed) {
+    LinearWeight w;
+    w.weight = b.alloc(DType::F8_E4M3, {N, Kd});
+    w.scale_inv = b.alloc(DType::F32, {(N + 127) / 128, (Kd + 127) / 128});
+    b.fill_random(w.weight, seed, 1.f);
+    b.fill_random(w.scale_inv, seed + 1, 1.f / 64);
+    w.block_out = w.block_in = 128;
+    return w;
+  };
+  auto pr = [](const char* what, double old_ms, double new_ms) {
+    std::printf("[small bench] %-34s old %.4f ms  new %.4f ms  (x30 layers: %.2f -> %.2f ms)\n", what, old_ms, new_ms,
+                30 * old_ms, 30 * new_ms);
+  };
+  // Norms and quantisation alone.
+  {
+    const double norm = med_ms([&] { b.add_rms_norm(res, x, nw, 1e-6f, xn); });
+    Tensor q = b.alloc(DType::F8_E4M3, {T, QW}), sc = b.alloc(DType::F32, {T * (QW / 128)});
+    cuda::QuantParams qp;
+    qp.x = xn.data, qp.ldx = H, qp.R = T, qp.K = H, qp.q = static_cast<uint8_t*>(q.data), qp.s = sc.ptr<float>();
+    qp.s_row = 1, qp.s_grp = T;
+    const double quant = med_ms([&] { cuda::launch_quant_fp8(qp, b.stream()); });
+    cuda::NormQuantParams nq;
+    nq.x = x.data, nq.residual = res.data, nq.w = nw.data, nq.out = xn.data, nq.q = qp.q, nq.s = qp.s;
+    nq.s_row = 1, nq.s_grp = T, nq.R = T, nq.K = H;
+    const double fused = med_ms([&] { cuda::launch_norm_quant_fp8(nq, b.stream()); });
+    pr("add_rms_norm + 3 x quant | fused", norm + 3 * quant, fused);
+    Tensor att = b.alloc(DType::BF16, {T, QW});
+    qp.x = att.data, qp.ldx = QW, qp.K = QW;
+    const double oq = med_ms([&] { cuda::launch_quant_fp8(qp, b.stream()); });
+    std::printf("[small bench] add_rms_norm %.4f ms, quant [T,3072] %.4f ms, quant [T,6144] (o_proj input) %.4f ms\n",
+                norm, quant, oq);
+  }
+  // Router: logits + top-k.
+  {
+    MoeWeights moe;
+    moe.gate = b.alloc(DType::F32, {E, H});
+    moe.score_bias = b.alloc(DType::F32, {E});
+    b.fill_random(moe.gate, 21, 0.02f);
+    b.fill_random(moe.score_bias, 22, 0.1f);
+    moe.num_experts = E, moe.top_k = K;
+    MoeRouting r{b.alloc(DType::I32, {T, K}), b.alloc(DType::F32, {T, K})};
+    b.router_split_bf16 = false;
+    cuda::g_route_topk_warp = false;
+    const double old_ms = med_ms([&] { b.moe_route(xn, moe, r); });
+    b.router_split_bf16 = true;
+    cuda::g_route_topk_warp = true;
+    const double new_ms = med_ms([&] { b.moe_route(xn, moe, r); });
+    pr("router (f32 GEMM+topk | split+warp)", old_ms, new_ms);
+    Tensor l2 = b.alloc(DType::F32, {T, 2 * E}), w2 = b.alloc(DType::BF16, {2 * E, H});
+    Tensor ws = b.alloc(DType::U8, {int64_t(cuda::LtGemm::kWorkspaceBytes)});
+    cuda::LtGemm lt;
+    const double split = med_ms([&] { cuda::launch_split_gate_bf16(moe.gate.ptr<float>(), w2.data, E, H, b.stream()); });
+    const double gemm = med_ms([&] { lt.bf16_nt_f32(T, 2 * E, H, xn.data, w2.data, l2.ptr<float>(), ws.data, ws.nbytes(), b.stream(), false); });
+    cuda::RouteParams p;
+    p.T = T, p.E = E, p.top_k = K, p.bias = moe.score_bias.ptr<float>(), p.logits = l2.ptr<float>(), p.logits_split = true;
+    p.ids = r.expert_ids.ptr<int32_t>(), p.weights = r.weights.ptr<float>();
+    cuda::g_route_topk_warp = false;
+    const double tk_old = med_ms([&] { cuda::launch_moe_route_topk(p, b.stream()); });
+    cuda::g_route_topk_warp = true;
+    const double tk_new = med_ms([&] { cuda::launch_moe_route_topk(p, b.stream()); });
+    std::printf("[small bench] router parts: gate split %.4f ms, bf16 GEMM [%d,%d]x[%d,%d]^T %.4f ms (%.0f TF/s), "
+                "top-k route_kernel %.4f ms, warp %.4f ms\n",
+                split, T, H, 2 * E, H, gemm, 2.0 * T * 2 * E * H / gemm / 1e9, tk_old, tk_new);
+  }
+  // q/k/v with their input norm.
+  {
+    LinearWeight wq = fp8w(QW, H, 31), wk = fp8w(KW, H, 33), wv = fp8w(KW, H, 35);
+    const LinearWeight* ws[3] = {&wq, &wk, &wv};
+    Tensor q = b.alloc(DType::BF16, {T, QW}), k = b.alloc(DType::BF16, {T, KW}), v = b.alloc(DType::BF16, {T, KW});
+    Tensor* outs[3] = {&q, &k, &v};
+    b.prefill_norm_quant = false;
+    const double old_ms = med_ms([&] { b.add_rms_norm_linear_multi(res, x, nw, 1e-6f, xn, ws, outs, 3); });
+    b.prefill_norm_quant = true;
+    const double new_ms = med_ms([&] { b.add_rms_norm_linear_multi(res, x, nw, 1e-6f, xn, ws, outs, 3); });
+    pr("norm + q/k/v (unfused | fused)", old_ms, new_ms);
+    double g[3];
+    for (int i = 0; i < 3; ++i) g[i] = med_ms([&] { b.linear(xn, *ws[i], *outs[i]); });
+    std::printf("[small bench] linear() incl. quant: q %.4f ms, k %.4f, v %.4f\n", g[0], g[1], g[2]);
+    // QK-norm + RoPE + KV write.
+    const int bs = 16, nb = T / bs;
+    KVCacheLayer kv{b.alloc(DType::BF16, {nb, bs, 8, 128}), b.alloc(DType::BF16, {nb, bs, 8, 128})};
+    std::vector<float> pos(T);
+    std::iota(pos.begin(), pos.end(), 0.f);
+    Tensor dpos = to_device(pos, DType::I32, {T}), slots = to_device(pos, DType::I32, {T});
+    Tensor qn = b.alloc(DType::BF16, {QW}), kn = b.alloc(DType::BF16, {KW});
+    b.fill_random(qn, 41, 1.f);
+    b.fill_random(kn, 42, 1.f);
+    QkNormRopeArgs a;
+    a.q = &q, a.k = &k, a.q_norm_weight = &qn, a.k_norm_weight = &kn, a.positions = &dpos;
+    a.rope = {128, 64, 5e6f};
+    AttentionMeta m;
+    m.slot_mapping = slots;
+    cuda::g_qk_rope_vec = false;
+    const double qk_old = med_ms([&] { b.qk_norm_rope_write_kv(a, v, kv, m); });
+    cuda::g_qk_rope_vec = true;
+    const double qk_new = med_ms([&] { b.qk_norm_rope_write_kv(a, v, kv, m); });
+    pr("qk-norm + RoPE + KV write", qk_old, qk_new);
+    // o_proj (quant + GEMM) for reference.
+    LinearWeight wo = fp8w(H, QW, 51);
+    Tensor o = b.alloc(DType::BF16, {T, H});
+    const double op = med_ms([&] { b.linear(q, wo, o); });
+    std::printf("[small bench] o_proj incl. quant %.4f ms (%.0f TF/s)\n", op, 2.0 * T * H * QW / op / 1e9);
   }
 }
 
