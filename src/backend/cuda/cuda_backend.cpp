@@ -151,7 +151,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // attn = k_attn_tc.cu instead of the pipelined kernel, router = router logits on CUDA cores,
   // router_split = the f32 cuBLASLt router GEMM instead of the split-bf16 one, topk = the
   // shared-memory top-k kernel, norm_quant = q/k/v's norm and per-weight quantisations unfused,
-  // qk_rope = the generic QK-norm + RoPE kernel at prefill (k_rope_prefill.cu off).
+  // qk_rope = the generic QK-norm + RoPE kernel at prefill (k_rope_prefill.cu off), quant_vec
+  // = the dense linears' activations on k_quant.cu's kernel, topk_redux = the shuffle top-k.
   if (const char* e = std::getenv("MOESERVE_PREFILL_OFF")) {
     const std::string off = std::string(",") + e + ",";
     auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
@@ -160,9 +161,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("attn")) use_attention_prefill = false;
     if (has("router")) router_gemm_min_tokens = 0;
     if (has("router_split")) router_split_bf16 = false;
-    if (has("topk")) cuda::g_route_topk_warp = false;
+    if (has("topk")) cuda::g_route_topk_warp = 0;
+    if (has("topk_redux")) cuda::g_route_topk_warp = 1;
     if (has("norm_quant")) prefill_norm_quant = false;
     if (has("qk_rope")) cuda::g_qk_rope_vec = false;
+    if (has("quant_vec")) prefill_quant_vec = false;
   }
 }
 

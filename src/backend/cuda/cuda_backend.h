@@ -28,6 +28,7 @@ struct LinParams;
 struct AttnParams;
 struct QkNormRopeParams;
 struct RouteParams;
+struct QuantParams;
 }  // namespace cuda
 
 struct GpuSamplingParams {
@@ -200,6 +201,9 @@ class CudaBackend final : public Backend {
   // (fused with the add + RMSNorm) for all weights instead of once per weight after a separate
   // norm; MOESERVE_PREFILL_OFF=norm_quant.
   bool prefill_norm_quant = true;
+  // The dense prefill linears' activation quantisation on the 16-byte-load kernel
+  // (k_norm_quant.cu; same bits); MOESERVE_PREFILL_OFF=quant_vec.
+  bool prefill_quant_vec = true;
   // Layout of the activation scales handed to cuBLASLt (false: token-fastest [K/128, T]).
   bool lt_act_scale_kmajor = false;
   // The paths above (FP8-activation GEMMs, cuBLASLt, the router GEMM) also inside captured
@@ -246,6 +250,7 @@ class CudaBackend final : public Backend {
   bool linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws, Tensor* const* outs,
                             int n);
   cuda::LtGemm* lt();
+  void quant_dense(const cuda::QuantParams& q);
 
   int device_ = 0;
   int num_sms_ = 0;

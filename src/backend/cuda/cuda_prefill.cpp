@@ -33,6 +33,14 @@ namespace {
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
+// Activation quantisation of the dense linears: the vectorised kernel where it applies.
+void CudaBackend::quant_dense(const QuantParams& q) {
+  if (prefill_quant_vec && quant_vec_supported(q))
+    launch_quant_fp8_vec(q, stream_);
+  else
+    launch_quant_fp8(q, stream_);
+}
+
 LtGemm* CudaBackend::lt() {
   if (!lt_) {
     if (capturing_) return nullptr;
@@ -73,7 +81,7 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
       q.R = T0;
       q.s_row = lt_act_scale_kmajor ? G : 1;
       q.s_grp = lt_act_scale_kmajor ? 1 : T0;
-      launch_quant_fp8(q, stream_);
+      quant_dense(q);
       LtFp8Args a;
       a.T = T0, a.N = p.N, a.K = K, a.xq = xq, a.xs = xs;
       a.w = static_cast<const uint8_t*>(p.w), a.ws = p.s, a.out = p.out;
@@ -92,7 +100,7 @@ bool CudaBackend::linear_fp8_act(const LinParams& p) {
   tail.out = static_cast<char*>(p.out) + size_t(done) * p.ldo * (p.out_f32 ? 4 : 2);
   q.x = static_cast<const char*>(p.x) + size_t(done) * K * 2;
   q.R = T - done, q.s_row = G, q.s_grp = 1;
-  launch_quant_fp8(q, stream_);
+  quant_dense(q);
   launch_gemm_fp8(tail, Fp8Act{xq, xs}, stream_);
   return true;
 }
@@ -172,7 +180,7 @@ bool CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, cons
   } else {
     QuantParams q;
     q.x = x.data, q.ldx = K, q.R = T, q.K = K, q.q = xq, q.s = xs, q.s_row = s_row, q.s_grp = s_grp;
-    launch_quant_fp8(q, stream_);
+    quant_dense(q);
   }
   void* lws = workspace(kLt, LtGemm::kWorkspaceBytes);
   for (int i = 0; i < n; ++i) {

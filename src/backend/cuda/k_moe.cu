@@ -379,49 +379,65 @@ __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int 
 }
 
 // Prefill top-k (E <= 32 * kPer, top_k <= 32): one warp per token with its E scores in
-// registers (lane owns experts lane, lane + 32, ...), kTopkWarps tokens per block. Each of the
-// top_k rounds takes the warp maximum of a 64-bit key (order-preserving bits of the biased
-// score, then 1023 - e so equal scores go to the lower id: route_token's order; 0 = taken),
-// five shuffle steps instead of route_token's shared-memory scan. Weights are renormalised
-// exactly as route_token does (sequential sum in k order, times 1 / sum), so given the same
-// logits both kernels write the same ids and weights.
+// registers (lane owns experts lane, lane + 32, ...), kTopkWarps tokens per block. Order:
+// biased score desc, then id asc (route_token's), with order-preserving score bits (NaN
+// ranks with -inf; 0 = taken). Each of the top_k rounds is either (kRedux = false) the warp
+// maximum of a 64-bit key (score bits, 1023 - id) by five xor-shuffle steps, or (kRedux) two
+// redux.sync instructions: the maximum score bits, then the minimum id among the lanes
+// holding it. Weights are renormalised exactly as route_token does (sequential sum in k
+// order, times 1 / sum), so given the same logits all kernels write the same ids and weights.
 constexpr int kTopkWarps = 4;
 __device__ __forceinline__ uint32_t ordered_bits(float c) {
   if (c != c) c = -INFINITY;  // NaN ranks with -inf (behind every finite score)
   const uint32_t u = __float_as_uint(c);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-template <int kPer>
+template <int kPer, bool kRedux>
 __global__ void __launch_bounds__(kTopkWarps * 32) route_topk_warp_kernel(RouteParams p) {
   pdl_enter();
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kTopkWarps + (threadIdx.x >> 5);
   if (t >= p.T) return;
   float sc[kPer];
-  uint64_t key[kPer];
+  uint32_t key[kPer];  // ordered score bits, 0 = taken / no expert
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = i * 32 + lane;
     sc[i] = 0.f, key[i] = 0;
     if (e < p.E) {
       sc[i] = 1.f / (1.f + expf(-route_logit(p, t, e)));
-      const float c = sc[i] + (p.bias ? p.bias[e] : 0.f);
-      key[i] = (uint64_t(ordered_bits(c)) << 32) | uint32_t(kMaxExperts - 1 - e);
+      key[i] = ordered_bits(sc[i] + (p.bias ? p.bias[e] : 0.f));
     }
   }
   int my_id = 0;
   float my_sc = 0.f, sum = 0.f;
   for (int j = 0; j < p.top_k; ++j) {
-    uint64_t best = 0;
+    int e;
+    if constexpr (kRedux) {
+      uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) best = key[i] > best ? key[i] : best;
+      for (int i = 0; i < kPer; ++i) m = max(m, key[i]);
+      const uint32_t M = __reduce_max_sync(0xffffffffu, m);
+      uint32_t c = kMaxExperts;  // this lane's lowest id holding M
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const uint64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
-      best = ob > best ? ob : best;
+      for (int i = kPer - 1; i >= 0; --i)
+        if (key[i] == M) c = uint32_t(i * 32 + lane);
+      e = int(__reduce_min_sync(0xffffffffu, c));
+    } else {
+      uint64_t best = 0;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const uint64_t k = (uint64_t(key[i]) << 32) | uint32_t(kMaxExperts - 1 - (i * 32 + lane));
+        best = key[i] && k > best ? k : best;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
+        best = ob > best ? ob : best;
+      }
+      e = kMaxExperts - 1 - int(uint32_t(best));
     }
-    // best == 0 only when every expert is taken (top_k > E is rejected on the host).
-    const int e = kMaxExperts - 1 - int(uint32_t(best));
+    // (Every expert taken cannot happen: top_k <= E is checked on the host.)
     const int owner = e & 31, slot = e >> 5;
     float s = 0.f;
 #pragma unroll
@@ -443,25 +459,36 @@ __global__ void __launch_bounds__(kTopkWarps * 32) route_topk_warp_kernel(RouteP
 
 // gate [E, H] f32 -> out [2E, H] bf16: rows [0, E) hi = bf16(w), rows [E, 2E) lo = bf16(w -
 // hi). hi + lo is within 2^-17 |w| of w (each half keeps 8 significant bits), and x . hi +
-// x . lo has no product rounding for bf16 x (8 x 8 bits fit f32's 24).
+// x . lo has no product rounding for bf16 x (8 x 8 bits fit f32's 24). The gate is a weight
+// and `out` a workspace no kernel of the last two launches touches (the previous layer's
+// router GEMM is further back), so the whole split runs before the PDL wait, under the
+// preceding norm kernel. n % 4 == 0.
 __global__ void split_gate_kernel(const float* w, bf16* out, int64_t n) {
-  pdl_enter();
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = w[i];
-    const bf16 hi = f2bf(v);
-    out[i] = hi;
-    out[n + i] = f2bf(v - bf2f(hi));
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n; i += int64_t(gridDim.x) * blockDim.x * 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(w + i));
+    const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
+    const float2 f01 = __bfloat1622float2(h01), f23 = __bfloat1622float2(h23);
+    const __nv_bfloat162 l01 = __floats2bfloat162_rn(v.x - f01.x, v.y - f01.y);
+    const __nv_bfloat162 l23 = __floats2bfloat162_rn(v.z - f23.x, v.w - f23.y);
+    uint2 hi, lo;
+    hi.x = *reinterpret_cast<const uint32_t*>(&h01), hi.y = *reinterpret_cast<const uint32_t*>(&h23);
+    lo.x = *reinterpret_cast<const uint32_t*>(&l01), lo.y = *reinterpret_cast<const uint32_t*>(&l23);
+    *reinterpret_cast<uint2*>(out + i) = hi;
+    *reinterpret_cast<uint2*>(out + n + i) = lo;
   }
+  pdl_enter();
 }
 
 }  // namespace
 
-bool g_route_topk_warp = true;
+int g_route_topk_warp = 2;
 
 void launch_split_gate_bf16(const float* gate, void* out, int E, int H, cudaStream_t s) {
   const int64_t n = int64_t(E) * H;
   if (n == 0) return;
-  launch_pdl(split_gate_kernel, dim3(unsigned(std::min<int64_t>((n + 255) / 256, 4096))), dim3(256), 0, s, gate,
+  CU_REQUIRE(n % 4 == 0 && reinterpret_cast<uintptr_t>(gate) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0,
+             "split_gate_bf16: needs E * H % 4 == 0 and aligned buffers");
+  launch_pdl(split_gate_kernel, dim3(unsigned(std::min<int64_t>((n / 4 + 255) / 256, 2048))), dim3(256), 0, s, gate,
              static_cast<bf16*>(out), n);
   CUDA_CHECK_LAUNCH();
 }
@@ -500,7 +527,8 @@ void launch_moe_route_topk(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E && p.logits != nullptr, "moe_route_topk: bad arguments");
   if (p.T == 0) return;
   if (g_route_topk_warp && p.top_k <= 32 && p.E <= 256) {
-    launch_pdl(route_topk_warp_kernel<8>, dim3(ceil_div(p.T, kTopkWarps)), dim3(kTopkWarps * 32), 0, s, p);
+    launch_pdl(g_route_topk_warp == 2 ? route_topk_warp_kernel<8, true> : route_topk_warp_kernel<8, false>,
+               dim3(ceil_div(p.T, kTopkWarps)), dim3(kTopkWarps * 32), 0, s, p);
   } else {
     route_kernel<<<p.T, 32, 0, s>>>(p);
   }

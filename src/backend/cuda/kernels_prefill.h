@@ -15,9 +15,10 @@ namespace moeserve::cuda {
 // bf16(gate)). x [T, H] bf16 @ out^T (f32 accumulation) gives logits [T, 2E] whose halves sum
 // to the f32 logits within ~2^-17 sum |x w| (RouteParams::logits_split reads them).
 void launch_split_gate_bf16(const float* gate, void* out, int E, int H, cudaStream_t s);
-// launch_moe_route_topk: warp-per-token register top-k for E <= 256 (default) instead of the
-// shared-memory route_kernel (MOESERVE_PREFILL_OFF=topk clears it). Same results.
-extern bool g_route_topk_warp;
+// launch_moe_route_topk: warp-per-token register top-k for E <= 256 (2: redux.sync rounds,
+// default; 1: 64-bit shuffle rounds) instead of the shared-memory route_kernel (0;
+// MOESERVE_PREFILL_OFF=topk). All give the same ids and weights.
+extern int g_route_topk_warp;
 
 // Fused (add +) RMSNorm + FP8 quantisation of bf16 rows [R, K] (K % 128 == 0, K <= 4096):
 // residual != null: residual += x (stored bf16), v = residual; else v = x. out = bf16(rmsnorm(v)
@@ -36,6 +37,11 @@ struct NormQuantParams {
   float eps = 1e-6f;
 };
 bool norm_quant_supported(const NormQuantParams& p);
+// launch_quant_fp8 (kernels_fp8.h) with 16-byte loads, a block per row (K <= 8192, ldx % 8 ==
+// 0, x 16-byte aligned): same bits. Used by the dense prefill linears (cuda_prefill.cpp).
+struct QuantParams;
+bool quant_vec_supported(const QuantParams& p);
+void launch_quant_fp8_vec(const QuantParams& p, cudaStream_t s);
 void launch_norm_quant_fp8(const NormQuantParams& p, cudaStream_t s);
 
 // Vectorised QK-norm + NeoX RoPE (+ KV write) for many tokens (k_rope_prefill.cu): same
