@@ -69,18 +69,16 @@ __device__ __forceinline__ void norm_rope_vec(float* f, const uint4& wv, float r
   }
 }
 
-__global__ void __launch_bounds__(kThreads) qk_rope_vec_kernel(QkNormRopeParams p) {
+// 4 blocks (32 warps) per SM: <= 64 registers, so more of each SM's rows are in flight (the
+// first version, 97 registers and the norm weights held from before the PDL wait, ran 2 blocks
+// per SM at ~1.7 TB/s). The norm weights (12 + 2 KB, L1/L2-resident) are read where used.
+__global__ void __launch_bounds__(kThreads, 4) qk_rope_vec_kernel(QkNormRopeParams p) {
   __shared__ float scratch[32];
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int t = blockIdx.x, tid = threadIdx.x;
   const int nq = p.q_width / 8, nk = p.k_width / 8;
-  uint4 wq[kQV], wk[kKV];
-#pragma unroll
-  for (int i = 0; i < kQV; ++i)
-    if (i * kThreads + tid < nq) wq[i] = __ldg(reinterpret_cast<const uint4*>(p.q_w) + i * kThreads + tid);
-#pragma unroll
-  for (int i = 0; i < kKV; ++i)
-    if (i * kThreads + tid < nk) wk[i] = __ldg(reinterpret_cast<const uint4*>(p.k_w) + i * kThreads + tid);
+  const uint4* wq = reinterpret_cast<const uint4*>(p.q_w);
+  const uint4* wk = reinterpret_cast<const uint4*>(p.k_w);
   const int half = p.rotary_dim / 2;
   pdl_enter();
   const float pos = float(p.positions[t]);
@@ -130,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) qk_rope_vec_kernel(QkNormRopeParams 
   for (int i = 0; i < kQV; ++i) {
     const int v = i * kThreads + tid;
     if (i * kThreads >= nq) break;  // uniform over the block: no lane of the warp is left out
-    norm_rope_vec(fq[i], v < nq ? wq[i] : make_uint4(0, 0, 0, 0), rq, v * 8, p.head_dim, p.rotary_dim, cs, sn);
+    norm_rope_vec(fq[i], v < nq ? __ldg(wq + v) : make_uint4(0, 0, 0, 0), rq, v * 8, p.head_dim, p.rotary_dim, cs, sn);
     if (v < nq) qo[v] = pack8(fq[i]);
   }
   const int64_t slot = p.kc ? p.slots[t] : -1;
@@ -139,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) qk_rope_vec_kernel(QkNormRopeParams 
   for (int i = 0; i < kKV; ++i) {
     const int v = i * kThreads + tid;
     if (i * kThreads >= nk) break;
-    norm_rope_vec(fk[i], v < nk ? wk[i] : make_uint4(0, 0, 0, 0), rk, v * 8, p.head_dim, p.rotary_dim, cs, sn);
+    norm_rope_vec(fk[i], v < nk ? __ldg(wk + v) : make_uint4(0, 0, 0, 0), rk, v * 8, p.head_dim, p.rotary_dim, cs, sn);
     if (v < nk) {
       const uint4 kv = pack8(fk[i]);
       ko[v] = kv;
