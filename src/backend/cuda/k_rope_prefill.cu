@@ -79,24 +79,39 @@ __global__ void __launch_bounds__(kThreads, 4) qk_rope_vec_kernel(QkNormRopePara
   const int nq = p.q_width / 8, nk = p.k_width / 8;
   const uint4* wq = reinterpret_cast<const uint4*>(p.q_w);
   const uint4* wk = reinterpret_cast<const uint4*>(p.k_w);
-  const int half = p.rotary_dim / 2;
+  const int half = p.rotary_dim / 2;  // <= kMaxHalf <= kThreads: thread d owns angle d
+  // inv_freq depends on the launch parameters only: the double pow runs before the PDL wait
+  // (it was on warp 0's path to its first load, and every warp waited for warp 0 at the
+  // block sum).
+  const float inv_freq = tid < half ? float(1.0 / pow(double(p.theta), double(2 * tid) / double(p.rotary_dim))) : 0.f;
   pdl_enter();
-  const float pos = float(p.positions[t]);
-  for (int d = tid; d < half; d += kThreads) {
-    // Same fp32 angle as qk_norm_rope_kernel: inv_freq rounded to f32, the product in f32.
-    const float inv_freq = float(1.0 / pow(double(p.theta), double(2 * d) / double(p.rotary_dim)));
-    sincosf(pos * inv_freq, &sn[d], &cs[d]);
-  }
+  // Every load of the row first (q, k, v, position), then the angles, then the math.
   const uint4* q = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.q) + int64_t(t) * p.q_width);
   const uint4* k = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.k) + int64_t(t) * p.k_width);
+  uint4 rq_[kQV], rk_[kKV], vv[kKV];
+#pragma unroll
+  for (int i = 0; i < kQV; ++i)
+    if (i * kThreads + tid < nq) rq_[i] = q[i * kThreads + tid];
+#pragma unroll
+  for (int i = 0; i < kKV; ++i) {
+    const int v = i * kThreads + tid;
+    if (v < nk) {
+      rk_[i] = k[v];
+      if (p.kc) vv[i] = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.v) + int64_t(t) * p.k_width)[v];
+    }
+  }
+  if (tid < half) {
+    // Same fp32 angle as qk_norm_rope_kernel: inv_freq rounded to f32, the product in f32.
+    const float pos = float(p.positions[t]);
+    sincosf(pos * inv_freq, &sn[tid], &cs[tid]);
+  }
   float fq[kQV][8], fk[kKV][8];
-  uint4 vv[kKV];
   float qs = 0.f, ks = 0.f;
 #pragma unroll
   for (int i = 0; i < kQV; ++i) {
     const int v = i * kThreads + tid;
     if (v < nq) {
-      unpack8(q[v], fq[i]);
+      unpack8(rq_[i], fq[i]);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) fq[i][e] = 0.f;
@@ -108,8 +123,7 @@ __global__ void __launch_bounds__(kThreads, 4) qk_rope_vec_kernel(QkNormRopePara
   for (int i = 0; i < kKV; ++i) {
     const int v = i * kThreads + tid;
     if (v < nk) {
-      unpack8(k[v], fk[i]);
-      if (p.kc) vv[i] = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.v) + int64_t(t) * p.k_width)[v];
+      unpack8(rk_[i], fk[i]);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) fk[i][e] = 0.f;
