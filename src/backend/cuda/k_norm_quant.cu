@@ -8,6 +8,8 @@
 // amax of the stored bf16 values, s = amax / 448, q = rn_e4m3(v / s)), so q, s, out and the
 // residual are bit-identical to the two-kernel path. A 128-column group is 16 consecutive
 // threads (half a warp): the group maximum is four xor-shuffles.
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/kernels_prefill.h"
@@ -116,53 +118,68 @@ __global__ void __launch_bounds__(kThreads) norm_quant_kernel(NormQuantParams p)
 // vectors (up to kQuantV) all loaded before use (quant_fp8_kernel keeps 8 bytes per thread in
 // flight, ~1.1-1.6 TB/s at 8k tokens), a 128-column group per 16 threads.
 constexpr int kQuantV = 4;  // K <= 8 * 256 * 4 = 8192
+// kRows rows per block (g_quant_vec_rows; 2 keeps twice the loads in flight per thread).
+template <int kRows>
 __global__ void __launch_bounds__(kThreads) quant_vec_kernel(QuantParams p) {
   pdl_enter();
   const int C = p.K;
-  const int64_t row = blockIdx.x;
-  const bf16* x = static_cast<const bf16*>(p.x) + row * p.ldx;
-  uint4 xv[kQuantV];
+  uint4 xv[kRows][kQuantV];
 #pragma unroll
-  for (int i = 0; i < kQuantV; ++i) {
-    const int c = (i * kThreads + threadIdx.x) * 8;
-    if (c < C) xv[i] = *reinterpret_cast<const uint4*>(x + c);
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = int64_t(blockIdx.x) * kRows + r;
+    const bf16* x = static_cast<const bf16*>(p.x) + row * p.ldx;
+#pragma unroll
+    for (int i = 0; i < kQuantV; ++i) {
+      const int c = (i * kThreads + threadIdx.x) * 8;
+      if (c < C && row < p.R) xv[r][i] = *reinterpret_cast<const uint4*>(x + c);
+    }
   }
 #pragma unroll
-  for (int i = 0; i < kQuantV; ++i) {
-    if (i * kThreads * 8 >= C) break;  // uniform over the block
-    const int c = (i * kThreads + threadIdx.x) * 8;
-    const bool ok = c < C;  // uniform over each 16-thread group (C % 128 == 0)
-    float o[8];
-    float amax = 0.f;
-    if (ok) {
-      const uint32_t w[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = int64_t(blockIdx.x) * kRows + r;
+    if (row >= p.R) break;  // uniform over the block
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 a = bf16x2_to_f2(w[e]);
-        o[2 * e] = a.x, o[2 * e + 1] = a.y;
-        amax = fmaxf(amax, fmaxf(fabsf(a.x), fabsf(a.y)));
+    for (int i = 0; i < kQuantV; ++i) {
+      if (i * kThreads * 8 >= C) break;  // uniform over the block
+      const int c = (i * kThreads + threadIdx.x) * 8;
+      const bool ok = c < C;  // uniform over each 16-thread group (C % 128 == 0)
+      float o[8];
+      float amax = 0.f;
+      if (ok) {
+        const uint32_t w[4] = {xv[r][i].x, xv[r][i].y, xv[r][i].z, xv[r][i].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 a = bf16x2_to_f2(w[e]);
+          o[2 * e] = a.x, o[2 * e + 1] = a.y;
+          amax = fmaxf(amax, fmaxf(fabsf(a.x), fabsf(a.y)));
+        }
       }
-    }
 #pragma unroll
-    for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    if (ok) {
-      const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
-      uint32_t qw[2];
+      for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+      if (ok) {
+        const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
+        uint32_t qw[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const __nv_fp8x2_storage_t lo =
-            __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h] / sc, o[4 * h + 1] / sc), __NV_SATFINITE, __NV_E4M3);
-        const __nv_fp8x2_storage_t hi =
-            __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h + 2] / sc, o[4 * h + 3] / sc), __NV_SATFINITE, __NV_E4M3);
-        qw[h] = uint32_t(lo) | (uint32_t(hi) << 16);
+        for (int h = 0; h < 2; ++h) {
+          const __nv_fp8x2_storage_t lo =
+              __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h] / sc, o[4 * h + 1] / sc), __NV_SATFINITE, __NV_E4M3);
+          const __nv_fp8x2_storage_t hi =
+              __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h + 2] / sc, o[4 * h + 3] / sc), __NV_SATFINITE, __NV_E4M3);
+          qw[h] = uint32_t(lo) | (uint32_t(hi) << 16);
+        }
+        *reinterpret_cast<uint2*>(p.q + row * C + c) = make_uint2(qw[0], qw[1]);
+        if ((threadIdx.x & 15) == 0) p.s[row * p.s_row + int64_t(c / kQuantGroup) * p.s_grp] = sc;
       }
-      *reinterpret_cast<uint2*>(p.q + row * C + c) = make_uint2(qw[0], qw[1]);
-      if ((threadIdx.x & 15) == 0) p.s[row * p.s_row + int64_t(c / kQuantGroup) * p.s_grp] = sc;
     }
   }
 }
 
 }  // namespace
+
+int g_quant_vec_rows = [] {
+  const char* e = std::getenv("MOESERVE_QUANT_VEC_ROWS");  // A/B: rows per block (1 or 2)
+  return e ? std::atoi(e) : 1;
+}();
 
 bool quant_vec_supported(const QuantParams& p) {
   return p.K % kQuantGroup == 0 && p.K > 0 && p.K <= 8 * kThreads * kQuantV && p.ldx % 8 == 0 &&
@@ -172,7 +189,10 @@ bool quant_vec_supported(const QuantParams& p) {
 void launch_quant_fp8_vec(const QuantParams& p, cudaStream_t s) {
   CU_REQUIRE(quant_vec_supported(p), "quant_fp8_vec: unsupported shape or alignment");
   if (p.R == 0) return;
-  launch_pdl(quant_vec_kernel, dim3(p.R), dim3(kThreads), 0, s, p);
+  if (g_quant_vec_rows == 2)
+    launch_pdl(quant_vec_kernel<2>, dim3(ceil_div(p.R, 2)), dim3(kThreads), 0, s, p);
+  else
+    launch_pdl(quant_vec_kernel<1>, dim3(p.R), dim3(kThreads), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 

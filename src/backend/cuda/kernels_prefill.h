@@ -41,6 +41,7 @@ bool norm_quant_supported(const NormQuantParams& p);
 // 0, x 16-byte aligned): same bits. Used by the dense prefill linears (cuda_prefill.cpp).
 struct QuantParams;
 bool quant_vec_supported(const QuantParams& p);
+extern int g_quant_vec_rows;  // rows per block: 1 (default) or 2 (MOESERVE_QUANT_VEC_ROWS)
 void launch_quant_fp8_vec(const QuantParams& p, cudaStream_t s);
 void launch_norm_quant_fp8(const NormQuantParams& p, cudaStream_t s);
 
