@@ -282,18 +282,30 @@ TEST(CudaPrefillBench, Attention) {
     b.use_attention_wgmma = true;
     std::printf("[bench] attention %d x (q %d, ctx %d): pipelined %.3f ms (%.0f TF/s) | wgmma%s", sh.seqs, sh.qlen,
                 sh.ctx, pipe_ms, flop / pipe_ms / 1e9, cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)");
-    // sequential / overlapped x ping-pong order off / on; mbarrier + ping-pong (opt-in)
-    const int nv = std::getenv("MOESERVE_TEST_NO_MBAR") ? 4 : 5;
-    for (int v = 0; v < nv; ++v) {
-      cuda::g_attn_wgmma_overlap = v == 2 || v == 3;
-      cuda::g_attn_wgmma_order = v & 1 || v == 4;
-      cuda::g_attn_wgmma_mbar = v == 4;
+    // Warp-specialised kernel (default: overlap + ping-pong, 2 stages) and its variants, then
+    // the previous two-warpgroup kernel: sequential / overlapped x ping-pong order off / on;
+    // mbarrier + ping-pong (opt-in).
+    struct V {
+      const char* name;
+      bool ws, ws_ovl, ws_pp;
+      int ws_st;
+      bool ovl, order, mbar;
+    };
+    const V vars[] = {{"ws", true, true, true, 2, false, true, false},      {"ws3", true, true, true, 3, false, true, false},
+                      {"ws_seq", true, false, true, 2, false, true, false}, {"ws_nopp", true, true, false, 2, false, true, false},
+                      {"ws_seq_nopp", true, false, false, 2, false, true, false},
+                      {"old seq+pp", false, true, true, 2, false, true, false}, {"old overlap+pp", false, true, true, 2, true, true, false},
+                      {"old mbar+pp", false, true, true, 2, false, true, true}};
+    for (const V& v : vars) {
+      if (v.mbar && std::getenv("MOESERVE_TEST_NO_MBAR")) continue;
+      cuda::g_attn_ws = v.ws, cuda::g_attn_ws_overlap = v.ws_ovl, cuda::g_attn_ws_pp = v.ws_pp, cuda::g_attn_ws_stages = v.ws_st;
+      cuda::g_attn_wgmma_overlap = v.ovl, cuda::g_attn_wgmma_order = v.order, cuda::g_attn_wgmma_mbar = v.mbar;
       const double ms = median_ms([&] { b.attention(a); });
       const double err = rel_err(b.download_f32(out), ref);
-      std::printf(" | %s%s %.3f ms (%.0f TF/s, diff %.1e)", v == 4 ? "mbar" : v >= 2 ? "overlap" : "seq",
-                  v & 1 || v == 4 ? "+pp" : "", ms, flop / ms / 1e9, err);
-      EXPECT_LT(err, 1e-2) << "variant " << v;
+      std::printf(" | %s %.3f ms (%.0f TF/s, diff %.1e)", v.name, ms, flop / ms / 1e9, err);
+      EXPECT_LT(err, 1e-2) << v.name;
     }
+    cuda::g_attn_ws = true, cuda::g_attn_ws_overlap = true, cuda::g_attn_ws_pp = true, cuda::g_attn_ws_stages = 2;
     std::printf("\n");
     cuda::g_attn_wgmma_overlap = false;
     cuda::g_attn_wgmma_order = true;

@@ -91,16 +91,24 @@ TEST_P(CudaAttention, MatchesReference) {
   meta.context_lens = ints_to_device(ctx, {S});
   meta.block_tables = ints_to_device(table, {S, max_blocks});
   Tensor dq = to_device(q, DType::BF16, {T, c.Hq * c.D});
-  // Mode 0: default (the wgmma kernel on Hopper where it applies), 1: the pipelined
-  // mma.sync prefill kernel, 2: the unpipelined tensor-core kernel, 3: the scalar kernel only,
-  // 4: the wgmma kernel's overlapped variant, 5: its default variant without ping-pong order,
-  // 6: its mbarrier variant (MOESERVE_TEST_NO_MBAR skips it).
-  const int modes = std::getenv("MOESERVE_TEST_NO_MBAR") ? 6 : 7;
-  for (int mode = 0; mode < modes; ++mode) {
+  // Mode 0: default (on Hopper the warp-specialised wgmma kernel, k_attn_ws.cu), 1: the
+  // pipelined mma.sync prefill kernel, 2: the unpipelined tensor-core kernel, 3: the scalar
+  // kernel only; the previous two-warpgroup wgmma kernel (k_attn_wgmma.cu): 4 its overlapped
+  // variant, 5 its default without ping-pong order, 6 its mbarrier variant
+  // (MOESERVE_TEST_NO_MBAR skips it), 7 its default; the warp-specialised kernel's variants:
+  // 8 without intra-warpgroup overlap, 9 without ping-pong, 10 with a 3-deep K/V ring.
+  const bool no_mbar = std::getenv("MOESERVE_TEST_NO_MBAR") != nullptr;
+  for (int mode = 0; mode <= 10; ++mode) {
+    if (mode == 6 && no_mbar) continue;
+    const bool old_wg = mode >= 4 && mode <= 7;
     gpu().use_attention_wgmma = mode == 0 || mode >= 4;
+    cuda::g_attn_ws = !old_wg;
     cuda::g_attn_wgmma_overlap = mode == 4;
     cuda::g_attn_wgmma_order = mode != 5;
     cuda::g_attn_wgmma_mbar = mode == 6;
+    cuda::g_attn_ws_overlap = mode != 8;
+    cuda::g_attn_ws_pp = mode != 9;
+    cuda::g_attn_ws_stages = mode == 10 ? 3 : 2;
     gpu().use_attention_prefill = mode <= 1 || mode >= 4;
     gpu().use_attention_tc = mode < 3 || mode >= 4;
     Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});  // poisoned
@@ -109,6 +117,10 @@ TEST_P(CudaAttention, MatchesReference) {
     EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2) << "mode " << mode;
   }
   gpu().use_attention_wgmma = true;
+  cuda::g_attn_ws = true;
+  cuda::g_attn_ws_overlap = true;
+  cuda::g_attn_ws_pp = true;
+  cuda::g_attn_ws_stages = 2;
   cuda::g_attn_wgmma_overlap = false;
   cuda::g_attn_wgmma_order = true;
   cuda::g_attn_wgmma_mbar = false;
@@ -148,7 +160,13 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{16, 2, 128, 16, {{1500, 1030}, {64, 64}}},             // G = 8, prefix 470
         AttnCase{4, 4, 128, 16, {{1200, 1100}, {300, 200}, {33, 17}}},  // G = 1, prefixes
         AttnCase{6, 2, 128, 32, {{200, 150}, {1000, 65}}},              // G = 3 (single mode)
-        AttnCase{8, 1, 64, 16, {{100, 100}}}));                         // head_dim 64 fallback
+        AttnCase{8, 1, 64, 16, {{100, 100}}},                          // head_dim 64 fallback
+        // Warp-specialised kernel: lengths that are no multiple of the 64-row / 128-key tiles
+        // (a last tile of 1 key, a consumer with no valid row, a block of one tile), several
+        // ring wraps, a cached prefix that is no multiple of the block size, block size 64.
+        AttnCase{48, 8, 128, 16, {{641, 641}, {63, 63}, {129, 1}}},    // G = 6
+        AttnCase{6, 2, 128, 16, {{700, 193}, {65, 65}}},               // G = 3: 128 tokens per block
+        AttnCase{12, 2, 128, 64, {{1281, 1000}, {190, 130}}}));        // G = 6, block size 64
 
 // On a Hopper part the sm_90a build must take the wgmma path (else the cases above would
 // silently test only the fallback).

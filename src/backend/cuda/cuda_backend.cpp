@@ -117,13 +117,21 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // list with "overlap" (softmax under the previous P V), "mbar" (3 buffers, mbarriers), "seq"
   // (the default) or "nopp" (no ping-pong order) picks the wgmma kernel's variant
   // (process-wide; for A/B runs).
+  // The warp-specialised kernel (k_attn_ws.cu) is the default; "old" (or any of the variant
+  // names above) selects the previous two-warpgroup kernel; "ws_seq" (no intra-warpgroup
+  // overlap), "ws_nopp" (no ping-pong) and "ws3" (3-deep K/V ring) pick its variants.
   if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA")) {
     const std::string v = std::string(",") + e + ",";
+    auto has = [&](const char* n) { return v.find(std::string(",") + n + ",") != std::string::npos; };
     if (v == ",0,") use_attention_wgmma = false;
-    if (v.find(",overlap,") != std::string::npos) cuda::g_attn_wgmma_overlap = true;
-    if (v.find(",mbar,") != std::string::npos) cuda::g_attn_wgmma_mbar = true;
-    if (v.find(",seq,") != std::string::npos) cuda::g_attn_wgmma_overlap = false;
-    if (v.find(",nopp,") != std::string::npos) cuda::g_attn_wgmma_order = false;
+    if (has("old") || has("overlap") || has("mbar") || has("seq") || has("nopp")) cuda::g_attn_ws = false;
+    if (has("overlap")) cuda::g_attn_wgmma_overlap = true;
+    if (has("mbar")) cuda::g_attn_wgmma_mbar = true;
+    if (has("seq")) cuda::g_attn_wgmma_overlap = false;
+    if (has("nopp")) cuda::g_attn_wgmma_order = false;
+    if (has("ws_seq")) cuda::g_attn_ws_overlap = false;
+    if (has("ws_nopp")) cuda::g_attn_ws_pp = false;
+    if (has("ws3")) cuda::g_attn_ws_stages = 3;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
