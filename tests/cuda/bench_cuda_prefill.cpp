@@ -289,16 +289,24 @@ TEST(CudaPrefillBench, Attention) {
       const char* name;
       bool ws, ws_ovl, ws_pp;
       int ws_st;
+      bool persist;
       bool ovl, order, mbar;
     };
-    const V vars[] = {{"ws", true, true, true, 2, false, true, false},      {"ws3", true, true, true, 3, false, true, false},
-                      {"ws_seq", true, false, true, 2, false, true, false}, {"ws_nopp", true, true, false, 2, false, true, false},
-                      {"ws_seq_nopp", true, false, false, 2, false, true, false},
-                      {"old seq+pp", false, true, true, 2, false, true, false}, {"old overlap+pp", false, true, true, 2, true, true, false},
-                      {"old mbar+pp", false, true, true, 2, false, true, true}};
+    const V vars[] = {{"ws", true, true, true, 2, false, false, true, false},
+                      {"ws3", true, true, true, 3, false, false, true, false},
+                      {"ws_seq", true, false, true, 2, false, false, true, false},
+                      {"ws_nopp", true, true, false, 2, false, false, true, false},
+                      {"ws_seq_nopp", true, false, false, 2, false, false, true, false},
+                      {"ws_persist", true, true, true, 2, true, false, true, false},
+                      {"ws3_persist", true, true, true, 3, true, false, true, false},
+                      {"ws_seq_persist", true, false, true, 2, true, false, true, false},
+                      {"old seq+pp", false, true, true, 2, false, false, true, false},
+                      {"old overlap+pp", false, true, true, 2, false, true, true, false},
+                      {"old mbar+pp", false, true, true, 2, false, false, true, true}};
     for (const V& v : vars) {
       if (v.mbar && std::getenv("MOESERVE_TEST_NO_MBAR")) continue;
       cuda::g_attn_ws = v.ws, cuda::g_attn_ws_overlap = v.ws_ovl, cuda::g_attn_ws_pp = v.ws_pp, cuda::g_attn_ws_stages = v.ws_st;
+      cuda::g_attn_ws_persistent = v.persist;
       cuda::g_attn_wgmma_overlap = v.ovl, cuda::g_attn_wgmma_order = v.order, cuda::g_attn_wgmma_mbar = v.mbar;
       const double ms = median_ms([&] { b.attention(a); });
       const double err = rel_err(b.download_f32(out), ref);
@@ -306,6 +314,7 @@ TEST(CudaPrefillBench, Attention) {
       EXPECT_LT(err, 1e-2) << v.name;
     }
     cuda::g_attn_ws = true, cuda::g_attn_ws_overlap = true, cuda::g_attn_ws_pp = true, cuda::g_attn_ws_stages = 2;
+    cuda::g_attn_ws_persistent = false;
     std::printf("\n");
     cuda::g_attn_wgmma_overlap = false;
     cuda::g_attn_wgmma_order = true;

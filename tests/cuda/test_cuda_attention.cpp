@@ -96,9 +96,10 @@ TEST_P(CudaAttention, MatchesReference) {
   // kernel only; the previous two-warpgroup wgmma kernel (k_attn_wgmma.cu): 4 its overlapped
   // variant, 5 its default without ping-pong order, 6 its mbarrier variant
   // (MOESERVE_TEST_NO_MBAR skips it), 7 its default; the warp-specialised kernel's variants:
-  // 8 without intra-warpgroup overlap, 9 without ping-pong, 10 with a 3-deep K/V ring.
+  // 8 without intra-warpgroup overlap, 9 without ping-pong, 10 with a 3-deep K/V ring, 11 on a
+  // persistent grid (one block per SM walking the work items), 12 persistent without overlap.
   const bool no_mbar = std::getenv("MOESERVE_TEST_NO_MBAR") != nullptr;
-  for (int mode = 0; mode <= 10; ++mode) {
+  for (int mode = 0; mode <= 12; ++mode) {
     if (mode == 6 && no_mbar) continue;
     const bool old_wg = mode >= 4 && mode <= 7;
     gpu().use_attention_wgmma = mode == 0 || mode >= 4;
@@ -106,7 +107,8 @@ TEST_P(CudaAttention, MatchesReference) {
     cuda::g_attn_wgmma_overlap = mode == 4;
     cuda::g_attn_wgmma_order = mode != 5;
     cuda::g_attn_wgmma_mbar = mode == 6;
-    cuda::g_attn_ws_overlap = mode != 8;
+    cuda::g_attn_ws_overlap = mode != 8 && mode != 12;
+    cuda::g_attn_ws_persistent = mode >= 11;
     cuda::g_attn_ws_pp = mode != 9;
     cuda::g_attn_ws_stages = mode == 10 ? 3 : 2;
     gpu().use_attention_prefill = mode <= 1 || mode >= 4;
@@ -121,6 +123,7 @@ TEST_P(CudaAttention, MatchesReference) {
   cuda::g_attn_ws_overlap = true;
   cuda::g_attn_ws_pp = true;
   cuda::g_attn_ws_stages = 2;
+  cuda::g_attn_ws_persistent = false;
   cuda::g_attn_wgmma_overlap = false;
   cuda::g_attn_wgmma_order = true;
   cuda::g_attn_wgmma_mbar = false;

@@ -40,37 +40,33 @@ __device__ __forceinline__ void pp_sync(int id) { asm volatile("bar.sync %0, 256
 __device__ __forceinline__ void pp_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 #endif
 
-// hp: query heads per block (2: GQA pair mode, 1: one head, 128 tokens). pp: ping-pong order.
+// Work item w (of nhg * num_seqs * qtiles): head group w % nhg, query tile w / nhg (per
+// sequence, longest first). The grid walks the items with stride gridDim.x; a persistent
+// grid (one block per SM) lets the producer load the next item's Q and K/V while the
+// consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
+// 128 tokens). pp: ping-pong order.
 template <bool kOverlap, int kStages>
 __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp) {
 #ifdef MS_WGMMA_ATTN
-  // bars: [0] Q full, [1 + s] K full, [1 + S + s] V full, [1 + 2S + s] K empty, [1 + 3S + s] V empty.
-  __shared__ __align__(8) uint64_t bars[1 + 4 * kStages];
+  // bars: [0] Q full, [1] Q empty, [2 + s] K full, [2 + S + s] V full, [2 + 2S + s] K empty,
+  // [2 + 3S + s] V empty.
+  __shared__ __align__(8) uint64_t bars[2 + 4 * kStages];
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const uint32_t sQ = sbase, sK = sbase + kConsumers * kQBytes, sV = sK + kStages * kKVBytes;
   const uint32_t bar0 = uint32_t(__cvta_generic_to_shared(&bars[0]));
-  auto qfull = [&] { return bar0; };
-  auto kfull = [&](int s) { return bar0 + 8 * (1 + s); };
-  auto vfull = [&](int s) { return bar0 + 8 * (1 + kStages + s); };
-  auto kempty = [&](int s) { return bar0 + 8 * (1 + 2 * kStages + s); };
-  auto vempty = [&](int s) { return bar0 + 8 * (1 + 3 * kStages + s); };
+  const uint32_t qfull = bar0, qempty = bar0 + 8;
+  auto kfull = [&](int s) { return bar0 + 8 * (2 + s); };
+  auto vfull = [&](int s) { return bar0 + 8 * (2 + kStages + s); };
+  auto kempty = [&](int s) { return bar0 + 8 * (2 + 2 * kStages + s); };
+  auto vempty = [&](int s) { return bar0 + 8 * (2 + 3 * kStages + s); };
 
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int tile_id = blockIdx.y;
-  const int seq = tile_id / qtiles, qt = qtiles - 1 - tile_id % qtiles;  // longest tiles first
-  const int q0 = p.query_start[seq], qlen = p.query_start[seq + 1] - q0;
-  const int rows_blk = kRows * (kConsumers / hp);
-  const int tok0 = qt * rows_blk;
-  if (tok0 >= qlen) return;  // whole block, before any barrier
-  const int ctx = p.context_lens[seq], off = ctx - qlen;
-  const int h0 = blockIdx.x * hp;
-  const int kvh = h0 / (p.Hq / p.Hkv);  // hp divides the group size
-  const int kend = off + min(qlen, tok0 + rows_blk);  // keys [0, kend) are visible to some row
-  const int ntiles = (kend + kN - 1) / kN;
-
+  const int nhg = p.Hq / hp, rows_blk = kRows * (kConsumers / hp);
+  const int total = nhg * p.num_seqs * qtiles;
   if (tid == 0) {
-    mbar_init(qfull(), 128);
+    mbar_init(qfull, 128);
+    mbar_init(qempty, 128 * kConsumers);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(kfull(s), 128);
       mbar_init(vfull(s), 128);
@@ -81,51 +77,80 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncthreads();
 
+  // Item geometry, the same in every warpgroup (so all skip the same empty items).
+  struct Item {
+    int seq, q0, qlen, off, tok0, h0, kvh, kend, ntiles;
+  };
+  auto item = [&](int w, Item& it) {
+    const int hg = w % nhg, tile_id = w / nhg;
+    it.seq = tile_id / qtiles;
+    const int qt = qtiles - 1 - tile_id % qtiles;
+    it.q0 = p.query_start[it.seq];
+    it.qlen = p.query_start[it.seq + 1] - it.q0;
+    it.tok0 = qt * rows_blk;
+    if (it.tok0 >= it.qlen) return false;
+    it.off = p.context_lens[it.seq] - it.qlen;
+    it.h0 = hg * hp;
+    it.kvh = it.h0 / (p.Hq / p.Hkv);  // hp divides the group size
+    it.kend = it.off + min(it.qlen, it.tok0 + rows_blk);  // keys [0, kend) are visible to some row
+    it.ntiles = (it.kend + kN - 1) / kN;
+    return true;
+  };
+
   if (wg == 0) {
     // ---------------- producer ----------------
     sm90::setmaxnreg_dec<40>();
     const int c = tid & 15;  // 16-byte chunk of a 256-byte row
-    {
-      const bf16* qb = static_cast<const bf16*>(p.q);
-#pragma unroll
-      for (int cw = 0; cw < kConsumers; ++cw) {
-        const int h = h0 + cw % hp, tw = tok0 + kRows * (cw / hp);
-#pragma unroll
-        for (int j = 0; j < kRows / 8; ++j) {
-          const int r = (tid >> 4) + 8 * j, tok = tw + r;
-          const bool ok = tok < qlen;
-          const bf16* src = qb + (ok ? (int64_t(q0 + tok) * p.Hq + h) * kD + c * 8 : 0);
-          cp_async16(sQ + cw * kQBytes + (c >> 3) * (kRows * 128) + swz(r, c & 7), src, ok);
-        }
-      }
-      mbar_arrive_cp(qfull());
-    }
-    const int row_stride = p.Hkv * kD;
-    const bf16* kc = static_cast<const bf16*>(p.k_cache) + kvh * kD + c * 8;
-    const bf16* vc = static_cast<const bf16*>(p.v_cache) + kvh * kD + c * 8;
-    const int32_t* table = p.block_tables + int64_t(seq) * p.max_blocks_per_seq;
-    const int bs_shift = __ffs(p.block_size) - 1, bs_mask = p.block_size - 1;
     const uint32_t cofs = (c >> 3) * (kN * 128);
-    // Keys (tid >> 4) + 8 j, j < 16, of a tile; keys >= kend are zero-filled (their P is 0,
-    // and 0 * garbage could be NaN).
-    auto load = [&](const bf16* cache, uint32_t dst, int k0) {
-#pragma unroll 4
-      for (int j = 0; j < kN / 8; ++j) {
-        const int kk = (tid >> 4) + 8 * j, key = k0 + kk;
-        const bool ok = key < kend;
-        const int64_t o = ok ? (int64_t(table[key >> bs_shift]) * p.block_size + (key & bs_mask)) * row_stride : 0;
-        cp_async16(dst + cofs + swz(kk, c & 7), cache + o, ok);
+    const int row_stride = p.Hkv * kD;
+    const int bs_shift = __ffs(p.block_size) - 1, bs_mask = p.block_size - 1;
+    int items = 0, r = 0;  // items and K/V tiles loaded so far (ring position)
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      Item it;
+      if (!item(w, it)) continue;
+      // Q of both consumers, once the previous item's last S products are done.
+      mbar_wait(qempty, (items & 1) ^ 1);  // a fresh barrier passes parity 1
+      {
+        const bf16* qb = static_cast<const bf16*>(p.q);
+#pragma unroll
+        for (int cw = 0; cw < kConsumers; ++cw) {
+          const int h = it.h0 + cw % hp, tw = it.tok0 + kRows * (cw / hp);
+#pragma unroll
+          for (int j = 0; j < kRows / 8; ++j) {
+            const int rr = (tid >> 4) + 8 * j, tok = tw + rr;
+            const bool ok = tok < it.qlen;
+            const bf16* src = qb + (ok ? (int64_t(it.q0 + tok) * p.Hq + h) * kD + c * 8 : 0);
+            cp_async16(sQ + cw * kQBytes + (c >> 3) * (kRows * 128) + swz(rr, c & 7), src, ok);
+          }
+        }
+        mbar_arrive_cp(qfull);
       }
-    };
-    for (int t = 0; t < ntiles; ++t) {
-      const int s = t % kStages;
-      const uint32_t par = ((t / kStages) & 1) ^ 1;  // a fresh barrier passes parity 1
-      mbar_wait(kempty(s), par);
-      load(kc, sK + s * kKVBytes, t * kN);
-      mbar_arrive_cp(kfull(s));
-      mbar_wait(vempty(s), par);
-      load(vc, sV + s * kKVBytes, t * kN);
-      mbar_arrive_cp(vfull(s));
+      ++items;
+      const bf16* kc = static_cast<const bf16*>(p.k_cache) + it.kvh * kD + c * 8;
+      const bf16* vc = static_cast<const bf16*>(p.v_cache) + it.kvh * kD + c * 8;
+      const int32_t* table = p.block_tables + int64_t(it.seq) * p.max_blocks_per_seq;
+      for (int t = 0; t < it.ntiles; ++t, ++r) {
+        const int s = r % kStages;
+        const uint32_t par = ((r / kStages) & 1) ^ 1;
+        // Keys (tid >> 4) + 8 j, j < 16, of the tile (the block table is read again for V:
+        // keeping the 16 block ids for it made the producer spill); keys >= kend are
+        // zero-filled (their P is 0, and 0 * garbage could be NaN).
+        auto load = [&](const bf16* cache, uint32_t dst) {
+#pragma unroll 4
+          for (int j = 0; j < kN / 8; ++j) {
+            const int kk = (tid >> 4) + 8 * j, key = t * kN + kk;
+            const bool ok = key < it.kend;
+            const int64_t o = ok ? (int64_t(table[key >> bs_shift]) * p.block_size + (key & bs_mask)) * row_stride : 0;
+            cp_async16(dst + cofs + swz(kk, c & 7), cache + o, ok);
+          }
+        };
+        mbar_wait(kempty(s), par);
+        load(kc, sK + s * kKVBytes);
+        mbar_arrive_cp(kfull(s));
+        mbar_wait(vempty(s), par);
+        load(vc, sV + s * kKVBytes);
+        mbar_arrive_cp(vfull(s));
+      }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
@@ -135,113 +160,126 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
   sm90::setmaxnreg_inc<232>();
   const int cw = wg - 1, ltid = tid & 127;
   const int lane = tid & 31, wl = ltid >> 5, g = lane >> 2, tig = lane & 3;
-  const int h = h0 + cw % hp, tw = tok0 + kRows * (cw / hp);
   const float sl2 = p.scale * 1.4426950408889634f;
-  const int wg_min_pos = off + tw;
-  const bool wg_has_pad = tw + kRows > qlen;
   const int r_lo = wl * 16 + g, r_hi = r_lo + 8;
-  const int pos_lo = tw + r_lo < qlen ? off + tw + r_lo : -1;
-  const int pos_hi = tw + r_hi < qlen ? off + tw + r_hi : -1;
   const uint32_t sq = sQ + cw * kQBytes;
   const int my_bar = 1 + cw, other_bar = 1 + (cw ^ 1);
+  auto wait_k = [&](int r) { mbar_wait(kfull(r % kStages), (r / kStages) & 1); };
+  auto wait_v = [&](int r) { mbar_wait(vfull(r % kStages), (r / kStages) & 1); };
+  auto free_k = [&](int r) { mbar_arrive(kempty(r % kStages)); };
+  auto free_v = [&](int r) { mbar_arrive(vempty(r % kStages)); };
+  int items = 0, r0 = 0;  // items done, ring position of this item's tile 0
+  for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    Item it;
+    if (!item(w, it)) continue;
+    const int ntiles = it.ntiles;
+    const int h = it.h0 + cw % hp, tw = it.tok0 + kRows * (cw / hp);
+    const int wg_min_pos = it.off + tw;
+    const bool wg_has_pad = tw + kRows > it.qlen;
+    const int pos_lo = tw + r_lo < it.qlen ? it.off + tw + r_lo : -1;
+    const int pos_hi = tw + r_hi < it.qlen ? it.off + tw + r_hi : -1;
+    auto need_mask = [&](int t) { return t * kN + kN - 1 > wg_min_pos || wg_has_pad; };
 
-  float o[64];
+    float o[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  RowState st;
-  float s[64];
-  uint32_t pa[8][4];
-  auto need_mask = [&](int t) { return t * kN + kN - 1 > wg_min_pos || wg_has_pad; };
-  auto wait_k = [&](int t) { mbar_wait(kfull(t % kStages), (t / kStages) & 1); };
-  auto wait_v = [&](int t) { mbar_wait(vfull(t % kStages), (t / kStages) & 1); };
-  auto free_k = [&](int t) { mbar_arrive(kempty(t % kStages)); };
-  auto free_v = [&](int t) { mbar_arrive(vempty(t % kStages)); };
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    RowState st;
+    float s[64];
+    uint32_t pa[8][4];
 
-  mbar_wait(qfull(), 0);
-  if (pp && cw == 1) pp_arrive(1);  // consumer 0 issues first
-  // Step 0: S_0 only.
-  wait_k(0);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
-  if (pp) pp_sync(my_bar);
-  wg_fence();
-  issue_s(s, sq, sK);
-  wg_commit();
-  if (pp) pp_arrive(other_bar);
-  wg_wait0();
-  fence_acc(s);
-  free_k(0);
-  softmax_tile(s, st, need_mask(0), 0, tig, pos_lo, pos_hi, sl2);
-  pack_p(s, pa);
-  // Steps 1 .. ntiles - 1: S_t and P_{t-1} V_{t-1}.
-  for (int t = 1; t < ntiles; ++t) {
-    wait_k(t);
-    wait_v(t - 1);
+    mbar_wait(qfull, items & 1);
+    if (pp && cw == 1) pp_arrive(1);  // consumer 0 issues first
+    // Step 0: S_0 only.
+    wait_k(r0);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+    if (pp) pp_sync(my_bar);
+    wg_fence();
+    issue_s(s, sq, sK + (r0 % kStages) * kKVBytes);
+    wg_commit();
+    if (pp) pp_arrive(other_bar);
+    wg_wait0();
+    fence_acc(s);
+    free_k(r0);
+    if (ntiles == 1) mbar_arrive(qempty);
+    softmax_tile(s, st, need_mask(0), 0, tig, pos_lo, pos_hi, sl2);
+    pack_p(s, pa);
+    // Steps 1 .. ntiles - 1: S_t and P_{t-1} V_{t-1}.
+    for (int t = 1; t < ntiles; ++t) {
+      const int r = r0 + t;
+      wait_k(r);
+      wait_v(r - 1);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      rescale_o(o, st);  // by tile t - 1's factor, before P_{t-1} V_{t-1} accumulates
+      if (pp) pp_sync(my_bar);
+      wg_fence();
+      fence_acc(o);
+      const uint32_t kb = sK + (r % kStages) * kKVBytes, vb = sV + ((r - 1) % kStages) * kKVBytes;
+      if constexpr (kOverlap) {
+        issue_s(s, sq, kb);
+        wg_commit();
+        issue_pv(o, pa, vb);
+        wg_commit();
+      } else {
+        issue_pv(o, pa, vb);
+        issue_s(s, sq, kb);
+        wg_commit();
+      }
+      if (pp) pp_arrive(other_bar);
+      if constexpr (kOverlap) {
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_t done; P V runs on
+        fence_acc(s);
+        free_k(r);
+        if (t == ntiles - 1) mbar_arrive(qempty);
+        softmax_tile(s, st, need_mask(t), t * kN, tig, pos_lo, pos_hi, sl2);
+        wg_wait0();  // P_{t-1} V_{t-1} done: pa and V_{t-1} free
+        fence_acc(o);
+        free_v(r - 1);
+      } else {
+        wg_wait0();
+        fence_acc(s);
+        fence_acc(o);
+        free_k(r);
+        free_v(r - 1);
+        if (t == ntiles - 1) mbar_arrive(qempty);
+        softmax_tile(s, st, need_mask(t), t * kN, tig, pos_lo, pos_hi, sl2);
+      }
+      pack_p(s, pa);
+    }
+    // Last step: P_{n-1} V_{n-1}.
+    const int rl = r0 + ntiles - 1;
+    wait_v(rl);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    rescale_o(o, st);  // by tile t - 1's factor, before P_{t-1} V_{t-1} accumulates
+    rescale_o(o, st);
     if (pp) pp_sync(my_bar);
     wg_fence();
     fence_acc(o);
-    const uint32_t kb = sK + (t % kStages) * kKVBytes, vb = sV + ((t - 1) % kStages) * kKVBytes;
-    if constexpr (kOverlap) {
-      issue_s(s, sq, kb);
-      wg_commit();
-      issue_pv(o, pa, vb);
-      wg_commit();
-    } else {
-      issue_pv(o, pa, vb);
-      issue_s(s, sq, kb);
-      wg_commit();
-    }
-    if (pp) pp_arrive(other_bar);
-    if constexpr (kOverlap) {
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_t done; P V runs on
-      fence_acc(s);
-      free_k(t);
-      softmax_tile(s, st, need_mask(t), t * kN, tig, pos_lo, pos_hi, sl2);
-      wg_wait0();  // P_{t-1} V_{t-1} done: pa and V_{t-1} free
-      fence_acc(o);
-      free_v(t - 1);
-    } else {
-      wg_wait0();
-      fence_acc(s);
-      fence_acc(o);
-      free_k(t);
-      free_v(t - 1);
-      softmax_tile(s, st, need_mask(t), t * kN, tig, pos_lo, pos_hi, sl2);
-    }
-    pack_p(s, pa);
-  }
-  // Last step: P_{n-1} V_{n-1}.
-  wait_v(ntiles - 1);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  rescale_o(o, st);
-  if (pp) pp_sync(my_bar);
-  wg_fence();
-  fence_acc(o);
-  issue_pv(o, pa, sV + ((ntiles - 1) % kStages) * kKVBytes);
-  wg_commit();
-  if (pp && cw == 0) pp_arrive(other_bar);  // consumer 1 arrived once at the start instead
-  wg_wait0();
-  fence_acc(o);
-  free_v(ntiles - 1);
+    issue_pv(o, pa, sV + (rl % kStages) * kKVBytes);
+    wg_commit();
+    if (pp && cw == 0) pp_arrive(other_bar);  // consumer 1 arrived once at the start instead
+    wg_wait0();
+    fence_acc(o);
+    free_v(rl);
+    ++items;
+    r0 += ntiles;
 
-  float l_lo = st.l_lo, l_hi = st.l_hi;
+    float l_lo = st.l_lo, l_hi = st.l_hi;
 #pragma unroll
-  for (int x = 1; x <= 2; x <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
-  }
-  bf16* out = static_cast<bf16*>(p.out);
-  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+    for (int x = 1; x <= 2; x <<= 1) {
+      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
+      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
+    }
+    bf16* out = static_cast<bf16*>(p.out);
+    const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int col = 8 * i + 2 * tig;
-    if (pos_lo >= 0)
-      *reinterpret_cast<uint32_t*>(out + (int64_t(q0 + tw + r_lo) * p.Hq + h) * kD + col) =
-          pack2(o[4 * i] * inv_lo, o[4 * i + 1] * inv_lo);
-    if (pos_hi >= 0)
-      *reinterpret_cast<uint32_t*>(out + (int64_t(q0 + tw + r_hi) * p.Hq + h) * kD + col) =
-          pack2(o[4 * i + 2] * inv_hi, o[4 * i + 3] * inv_hi);
+    for (int i = 0; i < 16; ++i) {
+      const int col = 8 * i + 2 * tig;
+      if (pos_lo >= 0)
+        *reinterpret_cast<uint32_t*>(out + (int64_t(it.q0 + tw + r_lo) * p.Hq + h) * kD + col) =
+            pack2(o[4 * i] * inv_lo, o[4 * i + 1] * inv_lo);
+      if (pos_hi >= 0)
+        *reinterpret_cast<uint32_t*>(out + (int64_t(it.q0 + tw + r_hi) * p.Hq + h) * kD + col) =
+            pack2(o[4 * i + 2] * inv_hi, o[4 * i + 3] * inv_hi);
+    }
   }
 #endif  // MS_WGMMA_ATTN
 }
@@ -257,7 +295,14 @@ void launch_ws(const AttnParams& p, cudaStream_t s) {
   const int group = p.Hq / p.Hkv;
   const int hp = group % 2 == 0 ? 2 : 1;
   const int qtiles = ceil_div(p.max_query_len, kRows * (kConsumers / hp));
-  const dim3 grid(p.Hq / hp, p.num_seqs * qtiles);
+  const int total = p.Hq / hp * p.num_seqs * qtiles;
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  const int grid = g_attn_ws_persistent ? std::min(total, sms) : total;
   attn_ws_kernel<kOverlap, kStages>
       <<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(p, qtiles, hp, g_attn_ws_pp ? 1 : 0);
   CUDA_CHECK_LAUNCH();
@@ -269,6 +314,7 @@ bool g_attn_ws = true;
 bool g_attn_ws_overlap = true;
 bool g_attn_ws_pp = true;
 int g_attn_ws_stages = 2;
+bool g_attn_ws_persistent = false;
 
 void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");

@@ -80,11 +80,13 @@ extern bool g_attn_wgmma_mbar;
 // warpgroups. g_attn_ws (default true) makes launch_attention_wgmma run it instead of the
 // two-warpgroup kernel above (whose variant flags then do not apply); its own variants:
 // intra-warpgroup overlap of softmax and P V (g_attn_ws_overlap), ping-pong order of the
-// consumers (g_attn_ws_pp), K/V ring depth (g_attn_ws_stages, 2 or 3).
+// consumers (g_attn_ws_pp), K/V ring depth (g_attn_ws_stages, 2 or 3), persistent grid of
+// one block per SM walking the work items (g_attn_ws_persistent).
 extern bool g_attn_ws;
 extern bool g_attn_ws_overlap;
 extern bool g_attn_ws_pp;
 extern int g_attn_ws_stages;
+extern bool g_attn_ws_persistent;
 void launch_attention_ws(const AttnParams& p, cudaStream_t s);
 
 }  // namespace moeserve::cuda
