@@ -41,7 +41,7 @@ __device__ __forceinline__ void pp_arrive(int id) { asm volatile("bar.arrive %0,
 #endif
 
 // Work item w (of nhg * num_seqs * qtiles): head group w % nhg, query tile w / nhg (per
-// sequence, longest first). The grid walks the items with stride gridDim.x; a persistent
+// sequence, longest first). The grid walks the items in rounds of gridDim.x; a persistent
 // grid (one block per SM) lets the producer load the next item's Q and K/V while the
 // consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
 // 128 tokens). pp: ping-pong order.
@@ -77,6 +77,10 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncthreads();
 
+  // Round i of a persistent grid: blocks take items i G .. i G + G - 1 (G = gridDim.x), in
+  // reverse block order on odd rounds, so that each block's sum of item lengths (longest
+  // first) stays close to the others'.
+  auto next_item = [&](int i) { return i * int(gridDim.x) + (i & 1 ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x)); };
   // Item geometry, the same in every warpgroup (so all skip the same empty items).
   struct Item {
     int seq, q0, qlen, off, tok0, h0, kvh, kend, ntiles;
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
     const int row_stride = p.Hkv * kD;
     const int bs_shift = __ffs(p.block_size) - 1, bs_mask = p.block_size - 1;
     int items = 0, r = 0;  // items and K/V tiles loaded so far (ring position)
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    for (int round = 0, w = blockIdx.x; w < total; w = next_item(++round)) {
       Item it;
       if (!item(w, it)) continue;
       // Q of both consumers, once the previous item's last S products are done.
@@ -169,7 +173,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
   auto free_k = [&](int r) { mbar_arrive(kempty(r % kStages)); };
   auto free_v = [&](int r) { mbar_arrive(vempty(r % kStages)); };
   int items = 0, r0 = 0;  // items done, ring position of this item's tile 0
-  for (int w = blockIdx.x; w < total; w += gridDim.x) {
+  for (int round = 0, w = blockIdx.x; w < total; w = next_item(++round)) {
     Item it;
     if (!item(w, it)) continue;
     const int ntiles = it.ntiles;
