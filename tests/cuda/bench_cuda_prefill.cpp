@@ -254,8 +254,12 @@ TEST(CudaPrefillBench, Attention) {
     int seqs, qlen, ctx;  // per sequence
   };
   const int Hq = 48, Hkv = 8, D = 128, bs = 16;
+  // MOESERVE_BENCH_ATTN_SHAPE=i: only shape i (e.g. 1 = 8k causal, for a profiler run).
+  const char* only = std::getenv("MOESERVE_BENCH_ATTN_SHAPE");
+  int shape_idx = -1;
   for (const AShape sh : {AShape{1, 1024, 1024}, AShape{1, 8192, 8192}, AShape{2, 4096, 4096}, AShape{1, 2048, 8192},
                           AShape{1, 16384, 16384}}) {
+    if (only && std::atoi(only) != ++shape_idx) continue;
     const int T = sh.seqs * sh.qlen, per = (sh.ctx + bs - 1) / bs, nb = per * sh.seqs;
     Tensor q = b.alloc(DType::BF16, {T, Hq * D}), out = b.alloc(DType::BF16, {T, Hq * D});
     b.fill_random(q, 41, 1.f);
