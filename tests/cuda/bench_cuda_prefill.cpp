@@ -295,6 +295,7 @@ TEST(CudaPrefillBench, Attention) {
       int ws_st;
       bool persist;
       bool ovl, order, mbar;
+      bool genload = false;
     };
     const V vars[] = {{"ws", true, true, true, 2, false, false, true, false},
                       {"ws3", true, true, true, 3, false, false, true, false},
@@ -304,6 +305,7 @@ TEST(CudaPrefillBench, Attention) {
                       {"ws_persist", true, true, true, 2, true, false, true, false},
                       {"ws3_persist", true, true, true, 3, true, false, true, false},
                       {"ws_seq_persist", true, false, true, 2, true, false, true, false},
+                      {"ws_genload", true, true, true, 2, false, false, true, false, true},
                       {"old seq+pp", false, true, true, 2, false, false, true, false},
                       {"old overlap+pp", false, true, true, 2, false, true, true, false},
                       {"old mbar+pp", false, true, true, 2, false, false, true, true}};
@@ -311,6 +313,7 @@ TEST(CudaPrefillBench, Attention) {
       if (v.mbar && std::getenv("MOESERVE_TEST_NO_MBAR")) continue;
       cuda::g_attn_ws = v.ws, cuda::g_attn_ws_overlap = v.ws_ovl, cuda::g_attn_ws_pp = v.ws_pp, cuda::g_attn_ws_stages = v.ws_st;
       cuda::g_attn_ws_persistent = v.persist;
+      cuda::g_attn_ws_page_loader = !v.genload;
       cuda::g_attn_wgmma_overlap = v.ovl, cuda::g_attn_wgmma_order = v.order, cuda::g_attn_wgmma_mbar = v.mbar;
       const double ms = median_ms([&] { b.attention(a); });
       const double err = rel_err(b.download_f32(out), ref);
@@ -319,6 +322,7 @@ TEST(CudaPrefillBench, Attention) {
     }
     cuda::g_attn_ws = true, cuda::g_attn_ws_overlap = true, cuda::g_attn_ws_pp = true, cuda::g_attn_ws_stages = 2;
     cuda::g_attn_ws_persistent = false;
+    cuda::g_attn_ws_page_loader = true;
     std::printf("\n");
     cuda::g_attn_wgmma_overlap = false;
     cuda::g_attn_wgmma_order = true;

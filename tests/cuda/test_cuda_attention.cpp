@@ -97,9 +97,10 @@ TEST_P(CudaAttention, MatchesReference) {
   // variant, 5 its default without ping-pong order, 6 its mbarrier variant
   // (MOESERVE_TEST_NO_MBAR skips it), 7 its default; the warp-specialised kernel's variants:
   // 8 without intra-warpgroup overlap, 9 without ping-pong, 10 with a 3-deep K/V ring, 11 on a
-  // persistent grid (one block per SM walking the work items), 12 persistent without overlap.
+  // persistent grid (one block per SM walking the work items), 12 persistent without overlap,
+  // 13 with the generic K/V loader (one block-table read per key).
   const bool no_mbar = std::getenv("MOESERVE_TEST_NO_MBAR") != nullptr;
-  for (int mode = 0; mode <= 12; ++mode) {
+  for (int mode = 0; mode <= 13; ++mode) {
     if (mode == 6 && no_mbar) continue;
     const bool old_wg = mode >= 4 && mode <= 7;
     gpu().use_attention_wgmma = mode == 0 || mode >= 4;
@@ -108,7 +109,8 @@ TEST_P(CudaAttention, MatchesReference) {
     cuda::g_attn_wgmma_order = mode != 5;
     cuda::g_attn_wgmma_mbar = mode == 6;
     cuda::g_attn_ws_overlap = mode != 8 && mode != 12;
-    cuda::g_attn_ws_persistent = mode >= 11;
+    cuda::g_attn_ws_persistent = mode == 11 || mode == 12;
+    cuda::g_attn_ws_page_loader = mode != 13;
     cuda::g_attn_ws_pp = mode != 9;
     cuda::g_attn_ws_stages = mode == 10 ? 3 : 2;
     gpu().use_attention_prefill = mode <= 1 || mode >= 4;
@@ -124,6 +126,7 @@ TEST_P(CudaAttention, MatchesReference) {
   cuda::g_attn_ws_pp = true;
   cuda::g_attn_ws_stages = 2;
   cuda::g_attn_ws_persistent = false;
+  cuda::g_attn_ws_page_loader = true;
   cuda::g_attn_wgmma_overlap = false;
   cuda::g_attn_wgmma_order = true;
   cuda::g_attn_wgmma_mbar = false;
@@ -169,7 +172,9 @@ INSTANTIATE_TEST_SUITE_P(
         // ring wraps, a cached prefix that is no multiple of the block size, block size 64.
         AttnCase{48, 8, 128, 16, {{641, 641}, {63, 63}, {129, 1}}},    // G = 6
         AttnCase{6, 2, 128, 16, {{700, 193}, {65, 65}}},               // G = 3: 128 tokens per block
-        AttnCase{12, 2, 128, 64, {{1281, 1000}, {190, 130}}}));        // G = 6, block size 64
+        AttnCase{12, 2, 128, 64, {{1281, 1000}, {190, 130}}},          // G = 6, block size 64
+        AttnCase{16, 2, 128, 8, {{300, 200}, {90, 1}}},                // block size 8: generic loader
+        AttnCase{8, 2, 128, 256, {{600, 600}, {260, 70}}}));           // block size 256: generic loader
 
 // On a Hopper part the sm_90a build must take the wgmma path (else the cases above would
 // silently test only the fallback).

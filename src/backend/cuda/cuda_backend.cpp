@@ -120,7 +120,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The warp-specialised kernel (k_attn_ws.cu) is the default; "old" (or any of the variant
   // names above) selects the previous two-warpgroup kernel; "ws_seq" (no intra-warpgroup
   // overlap), "ws_nopp" (no ping-pong), "ws3" (3-deep K/V ring), "ws_persist" / "ws_grid"
-  // (persistent grid or one block per work item) pick its variants.
+  // (persistent grid or one block per work item), "ws_genload" (per-key table reads) pick its
+  // variants.
   if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA")) {
     const std::string v = std::string(",") + e + ",";
     auto has = [&](const char* n) { return v.find(std::string(",") + n + ",") != std::string::npos; };
@@ -135,6 +136,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("ws3")) cuda::g_attn_ws_stages = 3;
     if (has("ws_persist")) cuda::g_attn_ws_persistent = true;
     if (has("ws_grid")) cuda::g_attn_ws_persistent = false;
+    if (has("ws_genload")) cuda::g_attn_ws_page_loader = false;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);

@@ -5,13 +5,13 @@
 // table.
 //
 // Block = 3 warpgroups (384 threads):
-// - warpgroup 0, producer (40 registers after setmaxnreg): copies Q once, then every K and V
+// - warpgroup 0, producer (96 registers after setmaxnreg; fewer made it spill): copies Q once, then every K and V
 //   tile (128 keys x 128 dims, 32 KB each) global -> shared with cp.async (one 16-byte copy per
 //   (key, 8 dims); the block table is read per key, so any block size works) into a ring of
 //   kStages K buffers and kStages V buffers. Completion: cp.async.mbarrier.arrive on the
 //   buffer's "full" mbarrier; the consumers free a buffer through its "empty" mbarrier. K and V
 //   have separate barriers, so S of tile t can start before V of tile t has landed.
-// - warpgroups 1, 2, consumers (232 registers): 64 query rows each. Even GQA groups: two query
+// - warpgroups 1, 2, consumers (208 registers): 64 query rows each. Even GQA groups: two query
 //   heads of one KV head over the same 64 tokens; otherwise one head over 128 tokens. Both
 //   consumers walk the same key tiles (the block's causal range; tiles past a consumer's own
 //   diagonal are fully masked, which only the odd-group case has), so the schedules match.
@@ -46,7 +46,7 @@ __device__ __forceinline__ void pp_arrive(int id) { asm volatile("bar.arrive %0,
 // consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
 // 128 tokens). pp: ping-pong order.
 template <bool kOverlap, int kStages>
-__global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp) {
+__global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp, int page_loader) {
 #ifdef MS_WGMMA_ATTN
   // bars: [0] Q full, [1] Q empty, [2 + s] K full, [2 + S + s] V full, [2 + 2S + s] K empty,
   // [2 + 3S + s] V empty.
@@ -103,11 +103,13 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    sm90::setmaxnreg_dec<40>();
+    sm90::setmaxnreg_dec<96>();
     const int c = tid & 15;  // 16-byte chunk of a 256-byte row
     const uint32_t cofs = (c >> 3) * (kN * 128);
     const int row_stride = p.Hkv * kD;
     const int bs_shift = __ffs(p.block_size) - 1, bs_mask = p.block_size - 1;
+    const bool paged16 = page_loader && p.block_size >= 16 && p.block_size <= kN;
+    const int64_t page_elems = int64_t(p.block_size) * row_stride;
     int items = 0, r = 0;  // items and K/V tiles loaded so far (ring position)
     for (int round = 0, w = blockIdx.x; w < total; w = next_item(++round)) {
       Item it;
@@ -136,24 +138,52 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
       for (int t = 0; t < it.ntiles; ++t, ++r) {
         const int s = r % kStages;
         const uint32_t par = ((r / kStages) & 1) ^ 1;
-        // Keys (tid >> 4) + 8 j, j < 16, of the tile (the block table is read again for V:
-        // keeping the 16 block ids for it made the producer spill); keys >= kend are
-        // zero-filled (their P is 0, and 0 * garbage could be NaN).
-        auto load = [&](const bf16* cache, uint32_t dst) {
-#pragma unroll 4
-          for (int j = 0; j < kN / 8; ++j) {
-            const int kk = (tid >> 4) + 8 * j, key = t * kN + kk;
-            const bool ok = key < it.kend;
-            const int64_t o = ok ? (int64_t(table[key >> bs_shift]) * p.block_size + (key & bs_mask)) * row_stride : 0;
-            cp_async16(dst + cofs + swz(kk, c & 7), cache + o, ok);
+        const int k0 = t * kN;
+        if (paged16) {
+          // Block size 16 .. 128: keys 16 m + (tid >> 4) and that + 8 share a KV block, whose
+          // id is read once for K and V (8 table reads per tile instead of 32), and a key's
+          // row inside its block does not depend on the tile (k0 is a multiple of 128).
+          int blk[kN / 16];
+#pragma unroll
+          for (int m = 0; m < kN / 16; ++m) {
+            const int key = k0 + 16 * m + (tid >> 4);
+            blk[m] = key < it.kend ? table[key >> bs_shift] : 0;
           }
-        };
-        mbar_wait(kempty(s), par);
-        load(kc, sK + s * kKVBytes);
-        mbar_arrive_cp(kfull(s));
-        mbar_wait(vempty(s), par);
-        load(vc, sV + s * kKVBytes);
-        mbar_arrive_cp(vfull(s));
+          auto load = [&](const bf16* cache, uint32_t dst) {
+#pragma unroll
+            for (int m = 0; m < kN / 16; ++m) {
+              const bf16* page = cache + int64_t(blk[m]) * page_elems;
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int kk = 16 * m + (tid >> 4) + 8 * e;
+                cp_async16(dst + cofs + swz(kk, c & 7), page + (kk & bs_mask) * row_stride, k0 + kk < it.kend);
+              }
+            }
+          };
+          mbar_wait(kempty(s), par);
+          load(kc, sK + s * kKVBytes);
+          mbar_arrive_cp(kfull(s));
+          mbar_wait(vempty(s), par);
+          load(vc, sV + s * kKVBytes);
+          mbar_arrive_cp(vfull(s));
+        } else {
+          // Any other power of two: keys (tid >> 4) + 8 j, j < 16, the table read per key.
+          auto load = [&](const bf16* cache, uint32_t dst) {
+#pragma unroll 4
+            for (int j = 0; j < kN / 8; ++j) {
+              const int kk = (tid >> 4) + 8 * j, key = k0 + kk;
+              const bool ok = key < it.kend;
+              const int64_t o = ok ? (int64_t(table[key >> bs_shift]) * p.block_size + (key & bs_mask)) * row_stride : 0;
+              cp_async16(dst + cofs + swz(kk, c & 7), cache + o, ok);
+            }
+          };
+          mbar_wait(kempty(s), par);
+          load(kc, sK + s * kKVBytes);
+          mbar_arrive_cp(kfull(s));
+          mbar_wait(vempty(s), par);
+          load(vc, sV + s * kKVBytes);
+          mbar_arrive_cp(vfull(s));
+        }
       }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -161,7 +191,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
   }
 
   // ---------------- consumers ----------------
-  sm90::setmaxnreg_inc<232>();
+  sm90::setmaxnreg_inc<208>();
   const int cw = wg - 1, ltid = tid & 127;
   const int lane = tid & 31, wl = ltid >> 5, g = lane >> 2, tig = lane & 3;
   const float sl2 = p.scale * 1.4426950408889634f;
@@ -308,7 +338,7 @@ void launch_ws(const AttnParams& p, cudaStream_t s) {
   }
   const int grid = g_attn_ws_persistent ? std::min(total, sms) : total;
   attn_ws_kernel<kOverlap, kStages>
-      <<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(p, qtiles, hp, g_attn_ws_pp ? 1 : 0);
+      <<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -319,6 +349,7 @@ bool g_attn_ws_overlap = true;
 bool g_attn_ws_pp = true;
 int g_attn_ws_stages = 2;
 bool g_attn_ws_persistent = false;
+bool g_attn_ws_page_loader = true;
 
 void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");

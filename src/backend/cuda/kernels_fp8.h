@@ -87,6 +87,9 @@ extern bool g_attn_ws_overlap;
 extern bool g_attn_ws_pp;
 extern int g_attn_ws_stages;
 extern bool g_attn_ws_persistent;
+// K/V loader for block sizes 16 .. 128 that reads each block id once per tile for K and V
+// (default true; false: the generic loader, one table read per key per K and per V tile).
+extern bool g_attn_ws_page_loader;
 void launch_attention_ws(const AttnParams& p, cudaStream_t s);
 
 }  // namespace moeserve::cuda
