@@ -40,8 +40,8 @@ __device__ __forceinline__ void pp_sync(int id) { asm volatile("bar.sync %0, 256
 __device__ __forceinline__ void pp_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 #endif
 
-// Work item w (of nhg * num_seqs * qtiles): head group w % nhg, query tile w / nhg (per
-// sequence, longest first). The grid walks the items in rounds of gridDim.x; a persistent
+// Work item w (of nhg * num_seqs * qtiles): head group w % nhg, then sequence, then query
+// tile (last tiles of every sequence first: they see the most keys). The grid walks the items in rounds of gridDim.x; a persistent
 // grid (one block per SM) lets the producer load the next item's Q and K/V while the
 // consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
 // 128 tokens). pp: ping-pong order.
@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
   };
   auto item = [&](int w, Item& it) {
     const int hg = w % nhg, tile_id = w / nhg;
-    it.seq = tile_id / qtiles;
-    const int qt = qtiles - 1 - tile_id % qtiles;
+    it.seq = tile_id % p.num_seqs;
+    const int qt = qtiles - 1 - tile_id / p.num_seqs;
     it.q0 = p.query_start[it.seq];
     it.qlen = p.query_start[it.seq + 1] - it.q0;
     it.tok0 = qt * rows_blk;
