@@ -41,9 +41,9 @@ __device__ __forceinline__ void pp_arrive(int id) { asm volatile("bar.arrive %0,
 #endif
 
 // Work item w (of nhg * num_seqs * qtiles): head group w % nhg, then sequence, then query
-// tile (last tiles of every sequence first: they see the most keys). The grid walks the items in rounds of gridDim.x; a persistent
-// grid (one block per SM) lets the producer load the next item's Q and K/V while the
-// consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
+// tile (last tiles of every sequence first: they see the most keys). The grid walks the
+// items in rounds of gridDim.x; a persistent grid (one block per SM) lets the producer load
+// the next item's Q and K/V while the consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
 // 128 tokens). pp: ping-pong order.
 template <bool kOverlap, int kStages>
 __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp, int page_loader) {
