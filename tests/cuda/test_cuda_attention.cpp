@@ -100,8 +100,10 @@ TEST_P(CudaAttention, MatchesReference) {
   // persistent grid (one block per SM walking the work items), 12 persistent without overlap,
   // 13 with the generic K/V loader (one block-table read per key).
   const bool no_mbar = std::getenv("MOESERVE_TEST_NO_MBAR") != nullptr;
+  // MOESERVE_TEST_ATTN_MODE=m: only mode m (diagnostics).
+  const char* only = std::getenv("MOESERVE_TEST_ATTN_MODE");
   for (int mode = 0; mode <= 13; ++mode) {
-    if (mode == 6 && no_mbar) continue;
+    if ((mode == 6 && no_mbar) || (only && std::atoi(only) != mode)) continue;
     const bool old_wg = mode >= 4 && mode <= 7;
     gpu().use_attention_wgmma = mode == 0 || mode >= 4;
     cuda::g_attn_ws = !old_wg;

@@ -5,13 +5,13 @@
 // table.
 //
 // Block = 3 warpgroups (384 threads):
-// - warpgroup 0, producer (96 registers after setmaxnreg; fewer made it spill): copies Q once, then every K and V
+// - warpgroup 0, producer (104 registers after setmaxnreg): copies Q once, then every K and V
 //   tile (128 keys x 128 dims, 32 KB each) global -> shared with cp.async (one 16-byte copy per
 //   (key, 8 dims); the block table is read per key, so any block size works) into a ring of
 //   kStages K buffers and kStages V buffers. Completion: cp.async.mbarrier.arrive on the
 //   buffer's "full" mbarrier; the consumers free a buffer through its "empty" mbarrier. K and V
 //   have separate barriers, so S of tile t can start before V of tile t has landed.
-// - warpgroups 1, 2, consumers (208 registers): 64 query rows each. Even GQA groups: two query
+// - warpgroups 1, 2, consumers (200 registers): 64 query rows each. Even GQA groups: two query
 //   heads of one KV head over the same 64 tokens; otherwise one head over 128 tokens. Both
 //   consumers walk the same key tiles (the block's causal range; tiles past a consumer's own
 //   diagonal are fully masked, which only the odd-group case has), so the schedules match.
@@ -33,6 +33,12 @@ namespace {
 
 using namespace attn_wg;
 constexpr int kConsumers = 2, kThreadsWs = 128 * (kConsumers + 1);
+// Registers per thread after setmaxnreg. The block starts with 168 per thread (the
+// __launch_bounds__ cap for 384 threads, which ptxas uses); the consumers' increase is
+// served only from what the producer gives back, so the sum may not exceed 3 x 168 (with
+// more, setmaxnreg.inc waits forever). The producer needs ~100 without spilling.
+constexpr int kProducerRegs = 104, kConsumerRegs = 200;
+static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * 168, "register budget");
 constexpr int ws_smem_bytes(int stages) { return kConsumers * kQBytes + 2 * stages * kKVBytes + 1024; }
 
 #ifdef MS_WGMMA_ATTN
@@ -103,7 +109,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    sm90::setmaxnreg_dec<96>();
+    sm90::setmaxnreg_dec<kProducerRegs>();
     const int c = tid & 15;  // 16-byte chunk of a 256-byte row
     const uint32_t cofs = (c >> 3) * (kN * 128);
     const int row_stride = p.Hkv * kD;
@@ -191,7 +197,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
   }
 
   // ---------------- consumers ----------------
-  sm90::setmaxnreg_inc<208>();
+  sm90::setmaxnreg_inc<kConsumerRegs>();
   const int cw = wg - 1, ltid = tid & 127;
   const int lane = tid & 31, wl = ltid >> 5, g = lane >> 2, tig = lane & 3;
   const float sl2 = p.scale * 1.4426950408889634f;
