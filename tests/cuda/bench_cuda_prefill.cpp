@@ -286,43 +286,45 @@ TEST(CudaPrefillBench, Attention) {
     b.use_attention_wgmma = true;
     std::printf("[bench] attention %d x (q %d, ctx %d): pipelined %.3f ms (%.0f TF/s) | wgmma%s", sh.seqs, sh.qlen,
                 sh.ctx, pipe_ms, flop / pipe_ms / 1e9, cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)");
-    // Warp-specialised kernel (default: overlap + ping-pong, 2 stages) and its variants, then
-    // the previous two-warpgroup kernel: sequential / overlapped x ping-pong order off / on;
-    // mbarrier + ping-pong (opt-in).
+    // Warp-specialised kernel (default: TMA + cp.async edge, overlap, ping-pong, 2 stages,
+    // persistent grid) and its variants, then the previous two-warpgroup kernel: sequential /
+    // overlapped with ping-pong order; mbarrier + ping-pong (opt-in).
     struct V {
       const char* name;
-      bool ws, ws_ovl, ws_pp;
-      int ws_st;
-      bool persist;
-      bool ovl, order, mbar;
-      bool genload = false;
+      bool ws = true, ws_ovl = true, ws_pp = true;
+      int ws_st = 2;
+      bool persist = true, page = true, tma = true;
+      bool ovl = false, mbar = false;
     };
-    const V vars[] = {{"ws", true, true, true, 2, false, false, true, false},
-                      {"ws3", true, true, true, 3, false, false, true, false},
-                      {"ws_seq", true, false, true, 2, false, false, true, false},
-                      {"ws_nopp", true, true, false, 2, false, false, true, false},
-                      {"ws_seq_nopp", true, false, false, 2, false, false, true, false},
-                      {"ws_persist", true, true, true, 2, true, false, true, false},
-                      {"ws3_persist", true, true, true, 3, true, false, true, false},
-                      {"ws_seq_persist", true, false, true, 2, true, false, true, false},
-                      {"ws_genload", true, true, true, 2, false, false, true, false, true},
-                      {"old seq+pp", false, true, true, 2, false, false, true, false},
-                      {"old overlap+pp", false, true, true, 2, false, true, true, false},
-                      {"old mbar+pp", false, true, true, 2, false, false, true, true}};
+    auto mk = [](const char* n, auto f) {
+      V v;
+      v.name = n;
+      f(v);
+      return v;
+    };
+    const V vars[] = {mk("ws", [](V&) {}),
+                      mk("ws_notma", [](V& v) { v.tma = false; }),
+                      mk("ws3", [](V& v) { v.ws_st = 3; }),
+                      mk("ws_seq", [](V& v) { v.ws_ovl = false; }),
+                      mk("ws_nopp", [](V& v) { v.ws_pp = false; }),
+                      mk("ws_grid", [](V& v) { v.persist = false; }),
+                      mk("ws_notma_grid", [](V& v) { v.tma = false, v.persist = false; }),
+                      mk("ws_genload", [](V& v) { v.page = false; }),
+                      mk("old seq+pp", [](V& v) { v.ws = false; }),
+                      mk("old overlap+pp", [](V& v) { v.ws = false, v.ovl = true; }),
+                      mk("old mbar+pp", [](V& v) { v.ws = false, v.mbar = true; })};
     for (const V& v : vars) {
       if (v.mbar && std::getenv("MOESERVE_TEST_NO_MBAR")) continue;
       cuda::g_attn_ws = v.ws, cuda::g_attn_ws_overlap = v.ws_ovl, cuda::g_attn_ws_pp = v.ws_pp, cuda::g_attn_ws_stages = v.ws_st;
-      cuda::g_attn_ws_persistent = v.persist;
-      cuda::g_attn_ws_page_loader = !v.genload;
-      cuda::g_attn_wgmma_overlap = v.ovl, cuda::g_attn_wgmma_order = v.order, cuda::g_attn_wgmma_mbar = v.mbar;
+      cuda::g_attn_ws_persistent = v.persist, cuda::g_attn_ws_page_loader = v.page, cuda::g_attn_ws_tma = v.tma;
+      cuda::g_attn_wgmma_overlap = v.ovl, cuda::g_attn_wgmma_order = true, cuda::g_attn_wgmma_mbar = v.mbar;
       const double ms = median_ms([&] { b.attention(a); });
       const double err = rel_err(b.download_f32(out), ref);
       std::printf(" | %s %.3f ms (%.0f TF/s, diff %.1e)", v.name, ms, flop / ms / 1e9, err);
       EXPECT_LT(err, 1e-2) << v.name;
     }
     cuda::g_attn_ws = true, cuda::g_attn_ws_overlap = true, cuda::g_attn_ws_pp = true, cuda::g_attn_ws_stages = 2;
-    cuda::g_attn_ws_persistent = false;
-    cuda::g_attn_ws_page_loader = true;
+    cuda::g_attn_ws_persistent = true, cuda::g_attn_ws_page_loader = true, cuda::g_attn_ws_tma = true;
     std::printf("\n");
     cuda::g_attn_wgmma_overlap = false;
     cuda::g_attn_wgmma_order = true;

@@ -24,6 +24,9 @@
 // Ping-pong (pp): named barriers 1 and 2 make the consumers issue their steps' products in
 // turn, so one consumer's softmax runs while the other's products occupy the tensor cores.
 // Shared layout as in k_attn_wgmma.cu (128-byte swizzle, two 64-dim halves per operand).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "backend/cuda/attn_wgmma.cuh"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/wgmma.cuh"
@@ -44,6 +47,17 @@ constexpr int ws_smem_bytes(int stages) { return kConsumers * kQBytes + 2 * stag
 #ifdef MS_WGMMA_ATTN
 __device__ __forceinline__ void pp_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void pp_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+// Arrive on `bar` and expect `bytes` more from bulk copies in this phase.
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// TMA: box {64 dims, 16 rows} at (x, y) of a cache tensor map -> dst (2 KB, 128-byte swizzle).
+__device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
 #endif
 
 // Work item w (of nhg * num_seqs * qtiles): head group w % nhg, then sequence, then query
@@ -52,7 +66,9 @@ __device__ __forceinline__ void pp_arrive(int id) { asm volatile("bar.arrive %0,
 // the next item's Q and K/V while the consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
 // 128 tokens). pp: ping-pong order.
 template <bool kOverlap, int kStages>
-__global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp, int page_loader) {
+__global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp, int page_loader,
+                                                                const __grid_constant__ CUtensorMap kmap,
+                                                                const __grid_constant__ CUtensorMap vmap, int use_tma) {
 #ifdef MS_WGMMA_ATTN
   // bars: [0] Q full, [1] Q empty, [2 + s] K full, [2 + S + s] V full, [2 + 2S + s] K empty,
   // [2 + 3S + s] V empty.
@@ -74,8 +90,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
     mbar_init(qfull, 128);
     mbar_init(qempty, 128 * kConsumers);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(kfull(s), 128);
-      mbar_init(vfull(s), 128);
+      mbar_init(kfull(s), use_tma ? 129 : 128);  // TMA: + thread 0's arrive.expect_tx
+      mbar_init(vfull(s), use_tma ? 129 : 128);
       mbar_init(kempty(s), 128 * kConsumers);
       mbar_init(vempty(s), 128 * kConsumers);
     }
@@ -149,15 +165,31 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
           // Block size 16 .. 128: keys 16 m + (tid >> 4) and that + 8 share a KV block, whose
           // id is read once for K and V (8 table reads per tile instead of 32), and a key's
           // row inside its block does not depend on the tile (k0 is a multiple of 128).
+          // With TMA (use_tma), groups of 16 keys that are all < kend come as one box per
+          // 64-dim half, issued by lanes 0 .. 2 nfull - 1 of warp 0 (lane l: group l / 2,
+          // half l % 2); the rest (the causal edge) by cp.async with zero-fill.
+          const int nfull = use_tma ? max(0, min(kN / 16, (it.kend - k0) / 16)) : 0;
+          int box_y = 0;
+          if (tid < 2 * nfull) {
+            const int key = k0 + 16 * (tid >> 1);
+            box_y = table[key >> bs_shift] * p.block_size + (key & bs_mask);
+          }
           int blk[kN / 16];
 #pragma unroll
           for (int m = 0; m < kN / 16; ++m) {
             const int key = k0 + 16 * m + (tid >> 4);
-            blk[m] = key < it.kend ? table[key >> bs_shift] : 0;
+            blk[m] = m >= nfull && key < it.kend ? table[key >> bs_shift] : 0;
           }
-          auto load = [&](const bf16* cache, uint32_t dst) {
+          auto load = [&](const bf16* cache, const CUtensorMap* map, uint32_t dst, uint32_t bar) {
+            if (use_tma && tid < 32) {
+              if (tid == 0) mbar_arrive_tx(bar, uint32_t(nfull) * 4096u);
+              __syncwarp();
+              if (tid < 2 * nfull)
+                tma_box(dst + (tid & 1) * (kN * 128) + (tid >> 1) * 2048, map, it.kvh * kD + (tid & 1) * 64, box_y, bar);
+            }
 #pragma unroll
             for (int m = 0; m < kN / 16; ++m) {
+              if (m < nfull) continue;
               const bf16* page = cache + int64_t(blk[m]) * page_elems;
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
@@ -167,10 +199,10 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
             }
           };
           mbar_wait(kempty(s), par);
-          load(kc, sK + s * kKVBytes);
+          load(kc, &kmap, sK + s * kKVBytes, kfull(s));
           mbar_arrive_cp(kfull(s));
           mbar_wait(vempty(s), par);
-          load(vc, sV + s * kKVBytes);
+          load(vc, &vmap, sV + s * kKVBytes, vfull(s));
           mbar_arrive_cp(vfull(s));
         } else {
           // Any other power of two: keys (tid >> 4) + 8 j, j < 16, the table read per key.
@@ -324,6 +356,26 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
 #endif  // MS_WGMMA_ATTN
 }
 
+// Tensor map of one cache tensor [rows, Hkv * 128] bf16 with 64 x 16 boxes (128-byte
+// swizzle); false when the driver entry point or the encoding is unavailable.
+bool make_kv_map(CUtensorMap* map, const void* base, int64_t rows, int Hkv) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode || rows <= 0 || rows >= (int64_t(1) << 31) || (reinterpret_cast<uintptr_t>(base) & 15)) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(Hkv) * kD, cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(Hkv) * kD * 2};
+  const cuuint32_t box[2] = {64, 16}, estr[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, estr,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <bool kOverlap, int kStages>
 void launch_ws(const AttnParams& p, cudaStream_t s) {
   static bool attr_set = false;
@@ -343,8 +395,13 @@ void launch_ws(const AttnParams& p, cudaStream_t s) {
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   }
   const int grid = g_attn_ws_persistent ? std::min(total, sms) : total;
-  attn_ws_kernel<kOverlap, kStages>
-      <<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0);
+  // TMA needs the page loader's block sizes (16-key groups inside one block).
+  CUtensorMap kmap{}, vmap{};
+  const bool page = g_attn_ws_page_loader && p.block_size >= 16 && p.block_size <= kN;
+  const bool tma = page && g_attn_ws_tma && make_kv_map(&kmap, p.k_cache, p.kv_rows, p.Hkv) &&
+                   make_kv_map(&vmap, p.v_cache, p.kv_rows, p.Hkv);
+  attn_ws_kernel<kOverlap, kStages><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
+      p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap, tma ? 1 : 0);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -354,8 +411,9 @@ bool g_attn_ws = true;
 bool g_attn_ws_overlap = true;
 bool g_attn_ws_pp = true;
 int g_attn_ws_stages = 2;
-bool g_attn_ws_persistent = false;
+bool g_attn_ws_persistent = true;  // measured faster at every bench shape
 bool g_attn_ws_page_loader = true;
+bool g_attn_ws_tma = true;
 
 void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");
