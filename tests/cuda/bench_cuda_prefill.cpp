@@ -286,14 +286,14 @@ TEST(CudaPrefillBench, Attention) {
     b.use_attention_wgmma = true;
     std::printf("[bench] attention %d x (q %d, ctx %d): pipelined %.3f ms (%.0f TF/s) | wgmma%s", sh.seqs, sh.qlen,
                 sh.ctx, pipe_ms, flop / pipe_ms / 1e9, cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)");
-    // Warp-specialised kernel (default: TMA + cp.async edge, overlap, ping-pong, 2 stages,
-    // persistent grid) and its variants, then the previous two-warpgroup kernel: sequential /
+    // Warp-specialised kernel (default: cp.async page loader, overlap, ping-pong, 2 stages,
+    // persistent grid; opt-in TMA) and its variants, then the previous two-warpgroup kernel: sequential /
     // overlapped with ping-pong order; mbarrier + ping-pong (opt-in).
     struct V {
       const char* name;
       bool ws = true, ws_ovl = true, ws_pp = true;
       int ws_st = 2;
-      bool persist = true, page = true, tma = true;
+      bool persist = true, page = true, tma = false;
       bool ovl = false, mbar = false;
     };
     auto mk = [](const char* n, auto f) {
@@ -303,12 +303,12 @@ TEST(CudaPrefillBench, Attention) {
       return v;
     };
     const V vars[] = {mk("ws", [](V&) {}),
-                      mk("ws_notma", [](V& v) { v.tma = false; }),
+                      mk("ws_tma", [](V& v) { v.tma = true; }),
                       mk("ws3", [](V& v) { v.ws_st = 3; }),
                       mk("ws_seq", [](V& v) { v.ws_ovl = false; }),
                       mk("ws_nopp", [](V& v) { v.ws_pp = false; }),
                       mk("ws_grid", [](V& v) { v.persist = false; }),
-                      mk("ws_notma_grid", [](V& v) { v.tma = false, v.persist = false; }),
+                      mk("ws_tma_grid", [](V& v) { v.tma = true, v.persist = false; }),
                       mk("ws_genload", [](V& v) { v.page = false; }),
                       mk("old seq+pp", [](V& v) { v.ws = false; }),
                       mk("old overlap+pp", [](V& v) { v.ws = false, v.ovl = true; }),
@@ -324,7 +324,7 @@ TEST(CudaPrefillBench, Attention) {
       EXPECT_LT(err, 1e-2) << v.name;
     }
     cuda::g_attn_ws = true, cuda::g_attn_ws_overlap = true, cuda::g_attn_ws_pp = true, cuda::g_attn_ws_stages = 2;
-    cuda::g_attn_ws_persistent = true, cuda::g_attn_ws_page_loader = true, cuda::g_attn_ws_tma = true;
+    cuda::g_attn_ws_persistent = true, cuda::g_attn_ws_page_loader = true, cuda::g_attn_ws_tma = false;
     std::printf("\n");
     cuda::g_attn_wgmma_overlap = false;
     cuda::g_attn_wgmma_order = true;

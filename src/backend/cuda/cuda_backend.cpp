@@ -121,7 +121,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // names above) selects the previous two-warpgroup kernel; "ws_seq" (no intra-warpgroup
   // overlap), "ws_nopp" (no ping-pong), "ws3" (3-deep K/V ring), "ws_persist" / "ws_grid"
   // (persistent grid or one block per work item), "ws_genload" (per-key table reads),
-  // "ws_notma" (K/V by cp.async only) pick its variants.
+  // "ws_tma" (K/V groups inside the causal range by TMA) pick its variants.
   if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA")) {
     const std::string v = std::string(",") + e + ",";
     auto has = [&](const char* n) { return v.find(std::string(",") + n + ",") != std::string::npos; };
@@ -137,7 +137,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("ws_persist")) cuda::g_attn_ws_persistent = true;
     if (has("ws_grid")) cuda::g_attn_ws_persistent = false;
     if (has("ws_genload")) cuda::g_attn_ws_page_loader = false;
-    if (has("ws_notma")) cuda::g_attn_ws_tma = false;
+    if (has("ws_tma")) cuda::g_attn_ws_tma = true;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);

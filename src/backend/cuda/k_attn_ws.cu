@@ -65,10 +65,10 @@ __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap* map, in
 // items in rounds of gridDim.x; a persistent grid (one block per SM) lets the producer load
 // the next item's Q and K/V while the consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
 // 128 tokens). pp: ping-pong order.
-template <bool kOverlap, int kStages>
+template <bool kOverlap, int kStages, bool kTma>
 __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp, int page_loader,
                                                                 const __grid_constant__ CUtensorMap kmap,
-                                                                const __grid_constant__ CUtensorMap vmap, int use_tma) {
+                                                                const __grid_constant__ CUtensorMap vmap) {
 #ifdef MS_WGMMA_ATTN
   // bars: [0] Q full, [1] Q empty, [2 + s] K full, [2 + S + s] V full, [2 + 2S + s] K empty,
   // [2 + 3S + s] V empty.
@@ -90,8 +90,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
     mbar_init(qfull, 128);
     mbar_init(qempty, 128 * kConsumers);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(kfull(s), use_tma ? 129 : 128);  // TMA: + thread 0's arrive.expect_tx
-      mbar_init(vfull(s), use_tma ? 129 : 128);
+      mbar_init(kfull(s), kTma ? 129 : 128);  // TMA: + thread 0's arrive.expect_tx
+      mbar_init(vfull(s), kTma ? 129 : 128);
       mbar_init(kempty(s), 128 * kConsumers);
       mbar_init(vempty(s), 128 * kConsumers);
     }
@@ -165,31 +165,38 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
           // Block size 16 .. 128: keys 16 m + (tid >> 4) and that + 8 share a KV block, whose
           // id is read once for K and V (8 table reads per tile instead of 32), and a key's
           // row inside its block does not depend on the tile (k0 is a multiple of 128).
-          // With TMA (use_tma), groups of 16 keys that are all < kend come as one box per
+          // With TMA (kTma), groups of 16 keys that are all < kend come as one box per
           // 64-dim half, issued by lanes 0 .. 2 nfull - 1 of warp 0 (lane l: group l / 2,
           // half l % 2); the rest (the causal edge) by cp.async with zero-fill.
-          const int nfull = use_tma ? max(0, min(kN / 16, (it.kend - k0) / 16)) : 0;
+          const int nfull = kTma ? max(0, min(kN / 16, (it.kend - k0) / 16)) : 0;
           int box_y = 0;
-          if (tid < 2 * nfull) {
-            const int key = k0 + 16 * (tid >> 1);
-            box_y = table[key >> bs_shift] * p.block_size + (key & bs_mask);
+          if constexpr (kTma) {
+            if (tid < 2 * nfull) {
+              const int key = k0 + 16 * (tid >> 1);
+              box_y = table[key >> bs_shift] * p.block_size + (key & bs_mask);
+            }
           }
           int blk[kN / 16];
 #pragma unroll
           for (int m = 0; m < kN / 16; ++m) {
             const int key = k0 + 16 * m + (tid >> 4);
-            blk[m] = m >= nfull && key < it.kend ? table[key >> bs_shift] : 0;
+            if constexpr (kTma)
+              blk[m] = m >= nfull && key < it.kend ? table[key >> bs_shift] : 0;
+            else
+              blk[m] = key < it.kend ? table[key >> bs_shift] : 0;
           }
           auto load = [&](const bf16* cache, const CUtensorMap* map, uint32_t dst, uint32_t bar) {
-            if (use_tma && tid < 32) {
-              if (tid == 0) mbar_arrive_tx(bar, uint32_t(nfull) * 4096u);
-              __syncwarp();
-              if (tid < 2 * nfull)
-                tma_box(dst + (tid & 1) * (kN * 128) + (tid >> 1) * 2048, map, it.kvh * kD + (tid & 1) * 64, box_y, bar);
+            if constexpr (kTma) {
+              if (tid < 32) {
+                if (tid == 0) mbar_arrive_tx(bar, uint32_t(nfull) * 4096u);
+                __syncwarp();
+                if (tid < 2 * nfull)
+                  tma_box(dst + (tid & 1) * (kN * 128) + (tid >> 1) * 2048, map, it.kvh * kD + (tid & 1) * 64, box_y, bar);
+              }
             }
 #pragma unroll
             for (int m = 0; m < kN / 16; ++m) {
-              if (m < nfull) continue;
+              if (kTma && m < nfull) continue;
               const bf16* page = cache + int64_t(blk[m]) * page_elems;
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
@@ -376,14 +383,45 @@ bool make_kv_map(CUtensorMap* map, const void* base, int64_t rows, int Hkv) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool kOverlap, int kStages>
-void launch_ws(const AttnParams& p, cudaStream_t s) {
+template <bool kOverlap, int kStages, bool kTma>
+void launch_ws(const AttnParams& p, int qtiles, int hp, int grid, const CUtensorMap& kmap, const CUtensorMap& vmap,
+               cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_ws_kernel<kOverlap, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    ws_smem_bytes(kStages)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_ws_kernel<kOverlap, kStages, kTma>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem_bytes(kStages)));
     attr_set = true;
   }
+  attn_ws_kernel<kOverlap, kStages, kTma><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
+      p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <bool kOverlap>
+void launch_ws_stages(const AttnParams& p, int qtiles, int hp, int grid, bool tma, const CUtensorMap& kmap,
+                      const CUtensorMap& vmap, cudaStream_t s) {
+  const bool three = g_attn_ws_stages >= 3;
+  if (tma)
+    three ? launch_ws<kOverlap, 3, true>(p, qtiles, hp, grid, kmap, vmap, s)
+          : launch_ws<kOverlap, 2, true>(p, qtiles, hp, grid, kmap, vmap, s);
+  else
+    three ? launch_ws<kOverlap, 3, false>(p, qtiles, hp, grid, kmap, vmap, s)
+          : launch_ws<kOverlap, 2, false>(p, qtiles, hp, grid, kmap, vmap, s);
+}
+
+}  // namespace
+
+bool g_attn_ws = true;
+bool g_attn_ws_overlap = true;
+bool g_attn_ws_pp = true;
+int g_attn_ws_stages = 2;
+bool g_attn_ws_persistent = true;  // measured faster at every bench shape
+bool g_attn_ws_page_loader = true;
+bool g_attn_ws_tma = false;  // opt-in: measured slower than cp.async (docs/benchmarks.md)
+
+void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
+  CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");
+  if (p.T == 0 || p.num_seqs == 0) return;
   const int group = p.Hq / p.Hkv;
   const int hp = group % 2 == 0 ? 2 : 1;
   const int qtiles = ceil_div(p.max_query_len, kRows * (kConsumers / hp));
@@ -400,29 +438,10 @@ void launch_ws(const AttnParams& p, cudaStream_t s) {
   const bool page = g_attn_ws_page_loader && p.block_size >= 16 && p.block_size <= kN;
   const bool tma = page && g_attn_ws_tma && make_kv_map(&kmap, p.k_cache, p.kv_rows, p.Hkv) &&
                    make_kv_map(&vmap, p.v_cache, p.kv_rows, p.Hkv);
-  attn_ws_kernel<kOverlap, kStages><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
-      p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap, tma ? 1 : 0);
-  CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace
-
-bool g_attn_ws = true;
-bool g_attn_ws_overlap = true;
-bool g_attn_ws_pp = true;
-int g_attn_ws_stages = 2;
-bool g_attn_ws_persistent = true;  // measured faster at every bench shape
-bool g_attn_ws_page_loader = true;
-bool g_attn_ws_tma = true;
-
-void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
-  CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");
-  if (p.T == 0 || p.num_seqs == 0) return;
-  const bool three = g_attn_ws_stages >= 3;
   if (g_attn_ws_overlap)
-    three ? launch_ws<true, 3>(p, s) : launch_ws<true, 2>(p, s);
+    launch_ws_stages<true>(p, qtiles, hp, grid, tma, kmap, vmap, s);
   else
-    three ? launch_ws<false, 3>(p, s) : launch_ws<false, 2>(p, s);
+    launch_ws_stages<false>(p, qtiles, hp, grid, tma, kmap, vmap, s);
 }
 
 }  // namespace moeserve::cuda

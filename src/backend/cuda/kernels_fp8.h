@@ -91,7 +91,8 @@ extern bool g_attn_ws_persistent;
 // (default true; false: the generic loader, one table read per key per K and per V tile).
 extern bool g_attn_ws_page_loader;
 // With the page loader: groups of 16 keys inside the causal range come by TMA (one 64 x 16
-// box per 64-dim half, tensor maps over the cache), the causal edge by cp.async (default true).
+// box per 64-dim half, tensor maps over the cache), the causal edge by cp.async (default false:
+// measured slower than cp.async alone).
 extern bool g_attn_ws_tma;
 void launch_attention_ws(const AttnParams& p, cudaStream_t s);
 
