@@ -254,8 +254,12 @@ TEST(CudaPrefillBench, Attention) {
     int seqs, qlen, ctx;  // per sequence
   };
   const int Hq = 48, Hkv = 8, D = 128, bs = 16;
+  // MOESERVE_BENCH_ATTN_SHAPE=i: only shape i (e.g. 1 = 8k causal, for a profiler run).
+  const char* only = std::getenv("MOESERVE_BENCH_ATTN_SHAPE");
+  int shape_idx = -1;
   for (const AShape sh : {AShape{1, 1024, 1024}, AShape{1, 8192, 8192}, AShape{2, 4096, 4096}, AShape{1, 2048, 8192},
                           AShape{1, 16384, 16384}}) {
+    if (only && std::atoi(only) != ++shape_idx) continue;
     const int T = sh.seqs * sh.qlen, per = (sh.ctx + bs - 1) / bs, nb = per * sh.seqs;
     Tensor q = b.alloc(DType::BF16, {T, Hq * D}), out = b.alloc(DType::BF16, {T, Hq * D});
     b.fill_random(q, 41, 1.f);
@@ -282,18 +286,45 @@ TEST(CudaPrefillBench, Attention) {
     b.use_attention_wgmma = true;
     std::printf("[bench] attention %d x (q %d, ctx %d): pipelined %.3f ms (%.0f TF/s) | wgmma%s", sh.seqs, sh.qlen,
                 sh.ctx, pipe_ms, flop / pipe_ms / 1e9, cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)");
-    // sequential / overlapped x ping-pong order off / on; mbarrier + ping-pong (opt-in)
-    const int nv = std::getenv("MOESERVE_TEST_NO_MBAR") ? 4 : 5;
-    for (int v = 0; v < nv; ++v) {
-      cuda::g_attn_wgmma_overlap = v == 2 || v == 3;
-      cuda::g_attn_wgmma_order = v & 1 || v == 4;
-      cuda::g_attn_wgmma_mbar = v == 4;
+    // Warp-specialised kernel (default: cp.async page loader, overlap, ping-pong, 2 stages,
+    // persistent grid; opt-in TMA) and its variants, then the previous two-warpgroup kernel: sequential /
+    // overlapped with ping-pong order; mbarrier + ping-pong (opt-in).
+    struct V {
+      const char* name;
+      bool ws = true, ws_ovl = true, ws_pp = true;
+      int ws_st = 2;
+      bool persist = true, page = true, tma = false;
+      bool ovl = false, mbar = false;
+    };
+    auto mk = [](const char* n, auto f) {
+      V v;
+      v.name = n;
+      f(v);
+      return v;
+    };
+    const V vars[] = {mk("ws", [](V&) {}),
+                      mk("ws_tma", [](V& v) { v.tma = true; }),
+                      mk("ws3", [](V& v) { v.ws_st = 3; }),
+                      mk("ws_seq", [](V& v) { v.ws_ovl = false; }),
+                      mk("ws_nopp", [](V& v) { v.ws_pp = false; }),
+                      mk("ws_grid", [](V& v) { v.persist = false; }),
+                      mk("ws_tma_grid", [](V& v) { v.tma = true, v.persist = false; }),
+                      mk("ws_genload", [](V& v) { v.page = false; }),
+                      mk("old seq+pp", [](V& v) { v.ws = false; }),
+                      mk("old overlap+pp", [](V& v) { v.ws = false, v.ovl = true; }),
+                      mk("old mbar+pp", [](V& v) { v.ws = false, v.mbar = true; })};
+    for (const V& v : vars) {
+      if (v.mbar && std::getenv("MOESERVE_TEST_NO_MBAR")) continue;
+      cuda::g_attn_ws = v.ws, cuda::g_attn_ws_overlap = v.ws_ovl, cuda::g_attn_ws_pp = v.ws_pp, cuda::g_attn_ws_stages = v.ws_st;
+      cuda::g_attn_ws_persistent = v.persist, cuda::g_attn_ws_page_loader = v.page, cuda::g_attn_ws_tma = v.tma;
+      cuda::g_attn_wgmma_overlap = v.ovl, cuda::g_attn_wgmma_order = true, cuda::g_attn_wgmma_mbar = v.mbar;
       const double ms = median_ms([&] { b.attention(a); });
       const double err = rel_err(b.download_f32(out), ref);
-      std::printf(" | %s%s %.3f ms (%.0f TF/s, diff %.1e)", v == 4 ? "mbar" : v >= 2 ? "overlap" : "seq",
-                  v & 1 || v == 4 ? "+pp" : "", ms, flop / ms / 1e9, err);
-      EXPECT_LT(err, 1e-2) << "variant " << v;
+      std::printf(" | %s %.3f ms (%.0f TF/s, diff %.1e)", v.name, ms, flop / ms / 1e9, err);
+      EXPECT_LT(err, 1e-2) << v.name;
     }
+    cuda::g_attn_ws = true, cuda::g_attn_ws_overlap = true, cuda::g_attn_ws_pp = true, cuda::g_attn_ws_stages = 2;
+    cuda::g_attn_ws_persistent = true, cuda::g_attn_ws_page_loader = true, cuda::g_attn_ws_tma = false;
     std::printf("\n");
     cuda::g_attn_wgmma_overlap = false;
     cuda::g_attn_wgmma_order = true;

@@ -118,13 +118,27 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // list with "overlap" (softmax under the previous P V), "mbar" (3 buffers, mbarriers), "seq"
   // (the default) or "nopp" (no ping-pong order) picks the wgmma kernel's variant
   // (process-wide; for A/B runs).
+  // The warp-specialised kernel (k_attn_ws.cu) is the default; "old" (or any of the variant
+  // names above) selects the previous two-warpgroup kernel; "ws_seq" (no intra-warpgroup
+  // overlap), "ws_nopp" (no ping-pong), "ws3" (3-deep K/V ring), "ws_persist" / "ws_grid"
+  // (persistent grid or one block per work item), "ws_genload" (per-key table reads),
+  // "ws_tma" (K/V groups inside the causal range by TMA) pick its variants.
   if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA")) {
     const std::string v = std::string(",") + e + ",";
+    auto has = [&](const char* n) { return v.find(std::string(",") + n + ",") != std::string::npos; };
     if (v == ",0,") use_attention_wgmma = false;
-    if (v.find(",overlap,") != std::string::npos) cuda::g_attn_wgmma_overlap = true;
-    if (v.find(",mbar,") != std::string::npos) cuda::g_attn_wgmma_mbar = true;
-    if (v.find(",seq,") != std::string::npos) cuda::g_attn_wgmma_overlap = false;
-    if (v.find(",nopp,") != std::string::npos) cuda::g_attn_wgmma_order = false;
+    if (has("old") || has("overlap") || has("mbar") || has("seq") || has("nopp")) cuda::g_attn_ws = false;
+    if (has("overlap")) cuda::g_attn_wgmma_overlap = true;
+    if (has("mbar")) cuda::g_attn_wgmma_mbar = true;
+    if (has("seq")) cuda::g_attn_wgmma_overlap = false;
+    if (has("nopp")) cuda::g_attn_wgmma_order = false;
+    if (has("ws_seq")) cuda::g_attn_ws_overlap = false;
+    if (has("ws_nopp")) cuda::g_attn_ws_pp = false;
+    if (has("ws3")) cuda::g_attn_ws_stages = 3;
+    if (has("ws_persist")) cuda::g_attn_ws_persistent = true;
+    if (has("ws_grid")) cuda::g_attn_ws_persistent = false;
+    if (has("ws_genload")) cuda::g_attn_ws_page_loader = false;
+    if (has("ws_tma")) cuda::g_attn_ws_tma = true;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
@@ -618,6 +632,7 @@ AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   p.num_seqs = m.num_seqs, p.T = m.num_tokens, p.max_query_len = m.max_query_len;
   p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = m.block_size;
   p.Hq = a.num_q_heads, p.Hkv = a.num_kv_heads, p.D = a.head_dim, p.scale = a.scale;
+  p.kv_rows = a.kv->v.numel() == a.kv->k.numel() ? a.kv->k.dim(0) * a.kv->k.dim(1) : 0;
   static_assert(AttnParams::kMaxPf == AttentionArgs::kMaxPrefetch);
   for (int i = 0; i < std::min(attn_l2_prefetch, AttnParams::kMaxPf); ++i)
     if (a.prefetch[i] && a.prefetch[i]->device == Device::CUDA && a.prefetch[i]->data) {

@@ -242,6 +242,7 @@ struct AttnParams {
   int num_seqs = 0, T = 0, max_query_len = 0, max_blocks_per_seq = 0, block_size = 0;
   int Hq = 0, Hkv = 0, D = 0;
   float scale = 1.f;
+  int64_t kv_rows = 0;  // rows of each cache tensor (blocks x block_size; 0: unknown), for TMA maps
   int splits = 1;  // > 1: split-KV partials in `part_o` [splits, T, Hq, D] and `part_ml` [splits, T, Hq, 2]
   float* part_o = nullptr;
   float* part_ml = nullptr;

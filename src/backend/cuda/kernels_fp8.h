@@ -76,5 +76,24 @@ extern bool g_attn_wgmma_order;
 // Opt-in: 3 K/V buffers with per-buffer mbarriers instead of the per-tile block barrier
 // (sequential softmax; takes precedence over g_attn_wgmma_overlap).
 extern bool g_attn_wgmma_mbar;
+// Warp-specialised wgmma kernel (k_attn_ws.cu): a cp.async producer warpgroup, two consumer
+// warpgroups. g_attn_ws (default true) makes launch_attention_wgmma run it instead of the
+// two-warpgroup kernel above (whose variant flags then do not apply); its own variants:
+// intra-warpgroup overlap of softmax and P V (g_attn_ws_overlap), ping-pong order of the
+// consumers (g_attn_ws_pp), K/V ring depth (g_attn_ws_stages, 2 or 3), persistent grid of
+// one block per SM walking the work items (g_attn_ws_persistent).
+extern bool g_attn_ws;
+extern bool g_attn_ws_overlap;
+extern bool g_attn_ws_pp;
+extern int g_attn_ws_stages;
+extern bool g_attn_ws_persistent;
+// K/V loader for block sizes 16 .. 128 that reads each block id once per tile for K and V
+// (default true; false: the generic loader, one table read per key per K and per V tile).
+extern bool g_attn_ws_page_loader;
+// With the page loader: groups of 16 keys inside the causal range come by TMA (one 64 x 16
+// box per 64-dim half, tensor maps over the cache), the causal edge by cp.async (default false:
+// measured slower than cp.async alone).
+extern bool g_attn_ws_tma;
+void launch_attention_ws(const AttnParams& p, cudaStream_t s);
 
 }  // namespace moeserve::cuda
