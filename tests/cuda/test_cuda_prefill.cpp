@@ -217,27 +217,56 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
 
   MoeRouting r{ints_to_device(ids, {c.T, c.K}), to_device(wts, DType::F32, {c.T, c.K})};
   Tensor dx = to_device(x, DType::BF16, {c.T, c.H});
-  // mode 3: FP8 wgmma 128 x 192 tiles (128-row tile table), 2: FP8 wgmma 64 x 256 tiles (both
-  // fall back to mma.sync off sm_90a), 1: FP8 mma.sync 64 x 128, 0: bf16 activations.
-  for (int mode = 3; mode >= 0; --mode) {
+  // mode 3: FP8 wgmma 128 x 192 tiles (128-row tile table), 2: FP8 wgmma 64 x 256 tiles with
+  // the fused SiLU * up quantisation (default; both fall back to mma.sync off sm_90a), 1: FP8
+  // mma.sync 64 x 128, 0: bf16 activations; 4: as 2 with the separate quantisation kernel
+  // (MOESERVE_MOE_FUSED_QUANT=0), 5: as 2 with bf16 pair rows (moe_ypair_bf16), 6: as 2 with
+  // the scalar combine kernel. 4 and 6 compute the same values as 2 in the same order, so
+  // must match it exactly; 5 adds one bf16 rounding per pair row (<= 2^-9 relative).
+  std::vector<float> out2;
+  // Every case on the grouped GEMMs (decode-sized T would otherwise take the GEMV tiles).
+  const int saved_gemv = gpu().moe_gemv_max_tokens;
+  gpu().moe_gemv_max_tokens = 0;
+  for (int mode : {3, 2, 1, 0, 4, 5, 6}) {
     gpu().use_fp8_act_gemm = mode > 0;
     cuda::g_fp8_gemm_wgmma = mode >= 2;
     cuda::g_fp8_wgmma_tile_m = mode == 3 ? 128 : 64;
+    gpu().moe_fused_quant = mode != 4;
+    gpu().moe_ypair_bf16 = mode == 5;
+    gpu().moe_combine_vec = mode != 6;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
-    const double e = rel_err(gpu().download_f32(out), ref);
-    std::printf("[prefill experts] T=%d H=%d I=%d E=%d k=%d skew=%d mode=%d: vs CPU op %.2e\n", c.T, c.H, c.I, c.E,
-                c.K, c.skew, mode, e);
+    const std::vector<float> got = gpu().download_f32(out);
+    const double e = rel_err(got, ref);
+    double d2 = 0;
+    if (mode == 2) out2 = got;
+    if (mode >= 4) d2 = rel_err(got, out2);
+    std::printf("[prefill experts] T=%d H=%d I=%d E=%d k=%d skew=%d mode=%d: vs CPU op %.2e, vs mode 2 %.2e\n", c.T,
+                c.H, c.I, c.E, c.K, c.skew, mode, e, d2);
     EXPECT_LT(e, mode > 0 ? 2 * kLinQuantBound : 2e-2) << "mode " << mode;
+    if (mode == 4 || mode == 6) {
+      EXPECT_EQ(d2, 0.0) << "mode " << mode;
+    }
+    if (mode == 5) {
+      EXPECT_LT(d2, 1e-2) << "mode " << mode;
+    }
   }
   gpu().use_fp8_act_gemm = true;
   cuda::g_fp8_gemm_wgmma = true;
   cuda::g_fp8_wgmma_tile_m = 64;
+  gpu().moe_fused_quant = true;
+  gpu().moe_ypair_bf16 = false;
+  gpu().moe_combine_vec = true;
+  gpu().moe_gemv_max_tokens = saved_gemv;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillExperts,
                          ::testing::Values(ECase{130, 256, 128, 8, 2, 0},     // just above the threshold
                                            ECase{300, 384, 256, 16, 4, 1},    // half the experts get 0 tokens
-                                           ECase{160, 3072, 1536, 32, 4, 0}));  // M2.5 expert shapes
+                                           ECase{160, 3072, 1536, 32, 4, 0},   // M2.5 expert shapes
+                                           // 258 pairs over 96 experts: many with 0, 1 or 2 rows
+                                           ECase{129, 256, 384, 96, 2, 0},
+                                           // 8 experts x ~500 rows: several 64-row tiles each, tails
+                                           ECase{1000, 384, 256, 8, 4, 0}));
 
 }  // namespace
 }  // namespace moeserve::test

@@ -183,6 +183,51 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     std::printf("[fp8 grouped] %s vs mma.sync %.2e\n", names[i], d);
     EXPECT_LT(d, 1e-2);
   }
+
+  // Fused quantising epilogue (kSwiglu, wgmma 64 x 256 tiles, N % 128 == 0): out_q / out_qs
+  // against launch_quant_fp8 of the bf16 output of the same kernel (the unfused path). Both
+  // quantise the same bf16-rounded values with the same arithmetic, so bytes and scales must
+  // be identical; and the dequantised values against the host reference (bound: the bf16
+  // bound above plus e4m3 rounding, 2^-4 relative per element: 5e-2).
+  if (wgmma && swiglu && table && c.N % 128 == 0) {
+    use_table(t64, n64, 64);
+    const int Pm = std::max(P, 1), Gq = c.N / 128;
+    Tensor bout = to_device(std::vector<float>(size_t(Pm) * c.N, NAN), DType::BF16, {Pm, c.N});
+    p.out = bout.data, p.out_q = nullptr, p.out_qs = nullptr;
+    cuda::launch_gemm_fp8_wgmma(p, act, gpu().stream());
+    Tensor uq = gpu().alloc(DType::F8_E4M3, {Pm, c.N}), us = gpu().alloc(DType::F32, {Pm, Gq});
+    cuda::QuantParams qu;
+    qu.x = bout.data, qu.ldx = c.N, qu.R = P, qu.K = c.N, qu.q = static_cast<uint8_t*>(uq.data), qu.s = us.ptr<float>();
+    qu.s_row = Gq, qu.s_grp = 1;
+    cuda::launch_quant_fp8(qu, gpu().stream());
+    Tensor fq = gpu().alloc(DType::F8_E4M3, {Pm, c.N});
+    Tensor fs = to_device(std::vector<float>(size_t(Pm) * Gq, NAN), DType::F32, {Pm, Gq});
+    cudaMemset(fq.data, 0xff, size_t(Pm) * c.N);  // 0xff is e4m3 NaN: unwritten bytes show
+    cuda::LinParams pq = p;
+    pq.out = nullptr, pq.out_q = static_cast<uint8_t*>(fq.data), pq.out_qs = fs.ptr<float>();
+    ASSERT_TRUE(cuda::gemm_fp8_wgmma_supported(pq));
+    cuda::launch_gemm_fp8_wgmma(pq, act, gpu().stream());
+    gpu().synchronize();
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<uint8_t> hu(size_t(P) * c.N), hf(size_t(P) * c.N);
+    cudaMemcpy(hu.data(), uq.data, hu.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(hf.data(), fq.data, hf.size(), cudaMemcpyDeviceToHost);
+    auto hsu = gpu().download_f32(us), hsf = gpu().download_f32(fs);
+    size_t bad_q = 0, bad_s = 0;
+    for (size_t i = 0; i < hu.size(); ++i) bad_q += hu[i] != hf[i];
+    for (size_t i = 0; i < size_t(P) * Gq; ++i) bad_s += !(hsu[i] == hsf[i]);
+    std::vector<float> deq(size_t(P) * c.N);
+    for (size_t i = 0; i < deq.size(); ++i) deq[i] = fp8_e4m3_to_f32(hf[i]) * hsf[(i / c.N) * Gq + (i % c.N) / 128];
+    const double e = rel_err(deq, ref);
+    std::printf("[fp8 grouped] fused quant K=%d N=%d P=%d: %zu / %zu bytes and %zu / %zu scales differ from the "
+                "unfused path; dequantised vs host %.2e\n",
+                c.K, c.N, P, bad_q, hu.size(), bad_s, size_t(P) * Gq, e);
+    EXPECT_EQ(bad_q, 0u);
+    EXPECT_EQ(bad_s, 0u);
+    if (P > 0) {
+      EXPECT_LT(e, 5e-2);
+    }
+  }
   cudaFree(d_ptrs);
 }
 

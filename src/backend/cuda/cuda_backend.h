@@ -141,6 +141,17 @@ class CudaBackend final : public Backend {
   // Up to this many tokens moe_experts skips the align step (direct pair tiles, tensor-core
   // GEMV only) and folds the combine into the down GEMV; 0: off.
   int moe_direct_max_tokens = 1;
+  // FP8 prefill experts on the wgmma 64 x 256 tiles: SiLU * up and its per-128-column FP8
+  // quantisation in the gate/up GEMM's epilogue (no bf16 intermediate, no quantisation
+  // kernel; bit-identical result). MOESERVE_MOE_FUSED_QUANT=0: the separate kernel.
+  bool moe_fused_quant = true;
+  // Grouped-GEMM experts: the down GEMM stores each pair's weighted row as bf16 instead of
+  // f32 (half the [P, H] round trip into the combine; adds one bf16 rounding per pair before
+  // the sum, as vLLM's MoE does). MOESERVE_MOE_YPAIR_BF16=1/0.
+  bool moe_ypair_bf16 = false;
+  // Combine of the pair rows with 4 columns per thread (MOESERVE_MOE_COMBINE_VEC=0: the
+  // scalar kernel; f32 pair rows only).
+  bool moe_combine_vec = true;
   // Router logits + top-k in one kernel (T <= 8).
   bool fuse_router = true;
   // add_rms_norm_route as that one kernel (T <= 4, H <= 3072). Off by default: the first

@@ -224,7 +224,10 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   down.mode = LinMode::kDown;
   down.x = act, down.ldx = et.I, down.x_rows = nullptr;
   down.N = H, down.K = et.I, down.s_cols = et.s_cols_down;
-  down.out = ypair, down.ldo = H, down.out_f32 = true, down.row_scale = a.sorted_weight;
+  // Grouped GEMMs may store the per-pair rows as bf16 (moe_ypair_bf16); the GEMVs keep f32.
+  const bool vec_ok = H % 4 == 0 && aligned16({ypair, out.data});
+  const bool y_bf16 = !gemv && moe_ypair_bf16 && vec_ok;
+  down.out = ypair, down.ldo = H, down.out_f32 = !y_bf16, down.row_scale = a.sorted_weight;
   if (gemv) {
     launch_gemv(up, stream_);
     launch_gemv(down, stream_);
@@ -234,7 +237,10 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);
   }
-  launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
+  if (vec_ok && (moe_combine_vec || y_bf16))
+    launch_moe_combine4(ypair, y_bf16, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
+  else
+    launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
 }
 
 // Decode at very few tokens: no align step and no combine kernel. Tile t of both GEMVs is

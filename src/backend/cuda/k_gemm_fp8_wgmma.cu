@@ -61,7 +61,10 @@ struct Cfg {
   // per consumer the weight scales {W1 lo, W1 hi, W3 lo, W3 hi} block at float 128 + 4 cw.
   static constexpr int kABytes = BM * BK, kBBytes = BNW * BK, kScaleOff = kABytes + kBBytes;
   static constexpr int kStageBytes = kScaleOff + 1024;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8;
+  // After the ring: the full / empty mbarriers, then (fused quantising epilogue) per-row
+  // |max| exchange between the two consumers, double-buffered by tile parity [2][2][64].
+  static constexpr int kBarOff = kStages * kStageBytes, kRedOff = kBarOff + 128;
+  static constexpr int kSmemBytes = kRedOff + 2 * 2 * 64 * 4 + 1024 /* alignment */;
   static_assert(kStageBytes % 1024 == 0 && kABytes % 1024 == 0, "swizzle atoms need 1024-byte alignment");
   // Output columns per tile (kSwiglu: half the weight rows are W1, half W3).
   static constexpr int cols(bool swiglu) { return swiglu ? BNW / 2 : BNW; }
@@ -108,15 +111,20 @@ __device__ __forceinline__ constexpr int b_half(int i) {
 }
 #endif
 
-template <int MODE, bool PAIR>
+// QOUT (kSwiglu, 64 x 256 tiles only): the epilogue quantises silu(g) * u to e4m3 per 128
+// columns (p.out_q / p.out_qs) instead of storing bf16. A tile's 128 output columns are one
+// quantisation group, split 64 / 64 between the consumers, so each row's |max| is reduced
+// over the lane quad, then exchanged with the other consumer through shared memory.
+template <int MODE, bool PAIR, bool QOUT = false>
 __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p, Fp8Act act) {
 #ifdef MOESERVE_SM90A_DEVICE
   using C = Cfg<PAIR>;
   constexpr bool kSwiglu = MODE == int(LinMode::kSwiglu);
+  static_assert(!QOUT || (kSwiglu && !PAIR && C::cols(true) == 128), "fused quantisation: 64 x 256 swiglu tiles");
   constexpr int BM = C::BM, BNW = C::BNW, NJ = C::NJ, kCols = C::cols(kSwiglu);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
   uint64_t* empty = full + kStages;
   const int tid = threadIdx.x, wg = tid / 128;
   if (tid == 0) {
@@ -195,8 +203,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
   sm90::setmaxnreg_inc<232>();
   const int cw = wg - 1;  // consumer index 0 / 1
   const int lt = tid % 128, warp = lt / 32, lane = lt % 32;
-  uint32_t it = 0;
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+  uint32_t it = 0, tile_iter = 0;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x, ++tile_iter) {
     const Tile tl = tile_of(p, tile, ncol, BM);
     const int r0 = tl.row_begin + (PAIR ? 64 * cw : 0);
     const bool active = r0 < tl.row_end;  // PAIR: the second consumer may have no rows
@@ -260,6 +268,51 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
     if (!active) continue;
 
     // ---- epilogue: straight from registers (lane holds 2 adjacent columns per 8) ----
+    if constexpr (QOUT) {
+      // v = bf16(silu(g) * u) (the unfused path's stored value), amax over the row's 128
+      // columns: lane quad (16 values each) -> consumer's 64 columns -> both consumers.
+      float v[2][NJ];  // [h][2 j + c], j < NJ / 2
+      float am[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m = 0.f;
+#pragma unroll
+        for (int j = 0; j < NJ / 2; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float g = acc[4 * j + 2 * h + c], u = acc[4 * (j + NJ / 2) + 2 * h + c];
+            const float b = __bfloat162float(__float2bfloat16_rn(silu(g) * u));
+            v[h][2 * j + c] = b;
+            m = fmaxf(m, fabsf(b));
+          }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        am[h] = m;
+      }
+      float* red = reinterpret_cast<float*>(smem + C::kRedOff) + (tile_iter & 1) * 128;
+      const int lr = 16 * warp + lane / 4;  // this lane's first row within the tile
+      if (lane % 4 == 0) red[cw * 64 + lr] = am[0], red[cw * 64 + lr + 8] = am[1];
+      // Both consumer warpgroups (256 threads), named barrier 1. The buffer alternates by
+      // tile: a consumer cannot reach the barrier two tiles on before the other passed this one.
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rows[h];
+        const float amax = fmaxf(am[h], red[(1 - cw) * 64 + lr + 8 * h]);
+        if (r >= tl.row_end) continue;
+        // Same arithmetic as quant_fp8_kernel (k_quant.cu): s = amax / 448, q = rn(v / s).
+        const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
+        uint8_t* o = p.out_q + size_t(r) * p.ldo;
+#pragma unroll
+        for (int j = 0; j < NJ / 2; ++j) {
+          const int c = c0 + 8 * j + 2 * (lane % 4);
+          const __nv_fp8x2_storage_t q2 = __nv_cvt_float2_to_fp8x2(
+              make_float2(v[h][2 * j] / sc, v[h][2 * j + 1] / sc), __NV_SATFINITE, __NV_E4M3);
+          *reinterpret_cast<__nv_fp8x2_storage_t*>(o + c) = q2;
+        }
+        if (cw == 0 && lane % 4 == 0) p.out_qs[size_t(r) * (p.N / 128) + c0 / 128] = sc;
+      }
+    } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = rows[h];
@@ -291,6 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
         }
       }
     }
+    }  // !QOUT
   }
 #endif
 }
@@ -325,20 +379,20 @@ bool wgmma_device_ok() {
   return ok;
 }
 
-template <int MODE, bool PAIR>
+template <int MODE, bool PAIR, bool QOUT = false>
 void launch_mode(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
   using C = Cfg<PAIR>;
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_wgmma_kernel<MODE, PAIR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    C::kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_wgmma_kernel<MODE, PAIR, QOUT>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
     attr_set = true;
   }
   const int ncol = ceil_div(p.N, C::cols(MODE == int(LinMode::kSwiglu)));
   const int64_t tiles = int64_t(p.tile_expert ? p.max_tiles : ceil_div(p.M, C::BM)) * ncol;
   if (tiles == 0) return;
   const int grid = int(std::min<int64_t>(tiles, sm_count()));
-  gemm_fp8_wgmma_kernel<MODE, PAIR><<<grid, kThreads, C::kSmemBytes, s>>>(p, a);
+  gemm_fp8_wgmma_kernel<MODE, PAIR, QOUT><<<grid, kThreads, C::kSmemBytes, s>>>(p, a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -346,7 +400,11 @@ template <bool PAIR>
 void launch_variant(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
   switch (p.mode) {
     case LinMode::kStore: launch_mode<int(LinMode::kStore), PAIR>(p, a, s); break;
-    case LinMode::kSwiglu: launch_mode<int(LinMode::kSwiglu), PAIR>(p, a, s); break;
+    case LinMode::kSwiglu:
+      if constexpr (!PAIR)
+        if (p.out_q) return launch_mode<int(LinMode::kSwiglu), false, true>(p, a, s);
+      launch_mode<int(LinMode::kSwiglu), PAIR>(p, a, s);
+      break;
     case LinMode::kDown: launch_mode<int(LinMode::kDown), PAIR>(p, a, s); break;
   }
 }
@@ -363,7 +421,10 @@ bool gemm_fp8_wgmma_supported(const LinParams& p) {
   // Offsets inside the producer are 32-bit. Gathered rows (x_rows) index tokens, and there
   // are no more tokens than rows M (pairs), so M * K bounds both cases.
   const bool small = int64_t(p.M) * p.K < (int64_t(1) << 31) && int64_t(p.N) * p.K < (int64_t(1) << 31);
-  return small && p.N % 64 == 0 && p.ldo % 2 == 0 && (p.mode != LinMode::kDown || p.row_scale) &&
+  // Fused quantising epilogue: kSwiglu on the 64 x 256 tiles, whole 128-column groups.
+  const bool qout_ok = !p.out_q || (p.mode == LinMode::kSwiglu && !use_pair(p) && p.N % 128 == 0 && p.out_qs &&
+                                    p.ldo % 2 == 0 && int64_t(p.M) * p.ldo < (int64_t(1) << 31));
+  return small && qout_ok && p.N % 64 == 0 && p.ldo % 2 == 0 && (p.mode != LinMode::kDown || p.row_scale) &&
          (p.mode != LinMode::kSwiglu || p.experts) && (!p.tile_expert || p.tile_rows == 64 || p.tile_rows == 128);
 }
 

@@ -1,6 +1,7 @@
 // MoE glue kernels: the fused router (f32 gate GEMV, sigmoid, biased top-k, renormalise),
 // the align step that groups (token, k) pairs by local expert and builds the tile table
 // for the expert GEMV/GEMM kernels, and the ordered combine of per-pair outputs.
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
@@ -369,6 +370,39 @@ __global__ void combine_kernel(const float* ypair, const int32_t* pair_pos, int 
   }
 }
 
+// Vectorised combine: thread i of token t's block owns columns [4 i, 4 i + 4) (H % 4 == 0),
+// reads them from each of the token's pair rows (f32 float4 or bf16 x4), sums in k order.
+template <bool YBF16>
+__global__ void combine4_kernel(const void* ypair, const int32_t* pair_pos, int top_k, int H, void* out,
+                                bool out_bf16) {
+  pdl_enter();
+  const int t = blockIdx.x;
+  for (int h = 4 * threadIdx.x; h < H; h += 4 * blockDim.x) {
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < top_k; ++j) {
+      const int pos = pair_pos[t * top_k + j];
+      if (pos < 0) continue;
+      const int64_t o = int64_t(pos) * H + h;
+      if constexpr (YBF16) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const bf16*>(ypair) + o);
+        const float2 lo = bf16x2_to_f2(raw.x), hi = bf16x2_to_f2(raw.y);
+        a[0] += lo.x, a[1] += lo.y, a[2] += hi.x, a[3] += hi.y;
+      } else {
+        const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(ypair) + o);
+        a[0] += v.x, a[1] += v.y, a[2] += v.z, a[3] += v.w;
+      }
+    }
+    const int64_t o = int64_t(t) * H + h;
+    if (out_bf16) {
+      __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(out) + o);
+      d[0] = __floats2bfloat162_rn(a[0], a[1]);
+      d[1] = __floats2bfloat162_rn(a[2], a[3]);
+    } else {
+      *reinterpret_cast<float4*>(static_cast<float*>(out) + o) = make_float4(a[0], a[1], a[2], a[3]);
+    }
+  }
+}
+
 }  // namespace
 
 bool route_norm_supported(const RouteParams& p) {
@@ -418,6 +452,17 @@ void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int 
                         bool out_bf16, cudaStream_t s) {
   if (T == 0) return;
   launch_pdl(combine_kernel, dim3(T), dim3(256), 0, s, ypair, pair_pos, top_k, H, out, out_bf16);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_combine4(const void* ypair, bool ypair_bf16, const int32_t* pair_pos, int T, int top_k, int H,
+                         void* out, bool out_bf16, cudaStream_t s) {
+  CU_REQUIRE(H % 4 == 0 && reinterpret_cast<uintptr_t>(ypair) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+             "moe_combine4: H % 4 and 16-byte alignment");
+  if (T == 0) return;
+  const int threads = std::min(1024, std::max(32, (H / 4 + 31) / 32 * 32));
+  launch_pdl(ypair_bf16 ? combine4_kernel<true> : combine4_kernel<false>, dim3(T), dim3(threads), 0, s, ypair, pair_pos,
+             top_k, H, out, out_bf16);
   CUDA_CHECK_LAUNCH();
 }
 

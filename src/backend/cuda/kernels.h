@@ -117,6 +117,12 @@ struct LinParams {
   int ldo = 0;
   bool out_f32 = false;
   const float* row_scale = nullptr;  // kDown
+  // kSwiglu on the wgmma 64 x 256 tiles (k_gemm_fp8_wgmma.cu) only: when out_q is set, the
+  // epilogue writes silu(g) * u quantised per (row, 128 columns) to e4m3 out_q [M, ldo] with
+  // f32 scales out_qs [M, N / 128] (row-major), exactly as launch_quant_fp8 would quantise
+  // the bf16 output (same bf16 rounding first, same scale arithmetic), and `out` is unused.
+  uint8_t* out_q = nullptr;
+  float* out_qs = nullptr;
   bool tc = true;  // GEMV: tensor-core FP8 path (k_gemv_tc.cu) where gemv_tc_supported
   // Direct pair tiles (MoE decode at very few tokens; tensor-core GEMV only; no align step):
   // tile t (grid.y = T * top_k) is routing pair t, one row, expert pair_ids[t] - first_local.
@@ -226,6 +232,10 @@ inline int moe_max_tiles(int pairs, int tile_rows, int num_local) {
 // out[t, h] = sum_k ypair[pair_pos[t*k + j], h] (fixed order; missing pairs add 0).
 void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int top_k, int H,
                         void* out, bool out_bf16, cudaStream_t s);
+// Same sum, 4 columns per thread (H % 4 == 0, 16-byte aligned buffers); ypair f32 or bf16
+// (the grouped-GEMM path's moe_ypair_bf16).
+void launch_moe_combine4(const void* ypair, bool ypair_bf16, const int32_t* pair_pos, int T, int top_k, int H,
+                         void* out, bool out_bf16, cudaStream_t s);
 
 // ---- attention (k_attention.cu) ----
 struct AttnParams {
