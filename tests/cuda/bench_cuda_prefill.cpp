@@ -225,17 +225,19 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
   const cuda::Fp8Act xa{static_cast<const uint8_t*>(xq.data), xs.ptr<float>()};
   const cuda::Fp8Act aa{static_cast<const uint8_t*>(aq.data), as.ptr<float>()};
   const double f_up = 2.0 * P * H * 2.0 * I, f_down = 2.0 * P * double(I) * H;
-  double ms[3][2] = {};
+  double ms[4][2] = {};
   const bool wg = cuda::gemm_fp8_wgmma_supported(up) && cuda::gemm_fp8_wgmma_supported(down);
-  for (int path = 0; path < (wg ? 3 : 1); ++path) {  // mma.sync, wgmma 64 x 256, wgmma 128 x 192
+  for (int path = 0; path < (wg ? 4 : 1); ++path) {  // mma.sync, wgmma 64 x 256, 128 x 192, 128 x 256
     cuda::g_fp8_gemm_wgmma = path > 0;
+    cuda::g_fp8_wgmma_wide = path == 3;
     if (path == 2) use_table(up, t128, nt128, 128), use_table(down, t128, nt128, 128);
     ms[path][0] = median_ms([&] { cuda::launch_gemm_fp8(up, xa, b.stream()); });
     ms[path][1] = median_ms([&] { cuda::launch_gemm_fp8(down, aa, b.stream()); });
   }
   cuda::g_fp8_gemm_wgmma = true;
-  const char* names[3] = {"mma.sync", "wgmma 64x256", "wgmma 128x192"};
-  for (int path = 0; path < (wg ? 3 : 1); ++path)
+  cuda::g_fp8_wgmma_wide = false;
+  const char* names[4] = {"mma.sync", "wgmma 64x256", "wgmma 128x192", "wgmma 128x256"};
+  for (int path = 0; path < (wg ? 4 : 1); ++path)
     std::printf("[bench] grouped gemm T=%d E=%d k=%d tiles64=%d tiles128=%d %-14s: up %.3f ms (%.0f TF/s) | down %.3f ms (%.0f) | both %.3f ms (%.0f TF/s)\n",
                 T, E, K, nt, nt128, names[path], ms[path][0], f_up / ms[path][0] / 1e9, ms[path][1], f_down / ms[path][1] / 1e9,
                 ms[path][0] + ms[path][1], (f_up + f_down) / (ms[path][0] + ms[path][1]) / 1e9);
@@ -326,6 +328,32 @@ TEST(CudaPrefillBench, ExpertBreakdown8k) {
   const double t_comb = median_ms([&] { cuda::launch_moe_combine(y.ptr<float>(), pp, T, K, H, out.data, true, st); });
   const double t_comb4 = median_ms([&] { cuda::launch_moe_combine4(y.data, false, pp, T, K, H, out.data, true, st); });
   const double t_comb16 = median_ms([&] { cuda::launch_moe_combine4(y.data, true, pp, T, K, H, out.data, true, st); });
+  // The same GEMMs on 128 x 256 tiles (their own 128-row tile table).
+  const int max_tiles2 = cuda::moe_max_tiles(P, 128, E);
+  Tensor meta2 = b.alloc(DType::I32, {2 * P + 3 * max_tiles2 + 1});
+  Tensor sw2 = b.alloc(DType::F32, {P});
+  cuda::MoeAlignParams a2 = a;
+  int32_t* m2 = meta2.ptr<int32_t>();
+  a2.tile_rows = 128, a2.sorted_token = m2, a2.pair_pos = m2 + P, a2.tile_expert = m2 + 2 * P;
+  a2.tile_begin = a2.tile_expert + max_tiles2, a2.tile_end = a2.tile_begin + max_tiles2;
+  a2.num_tiles = a2.tile_end + max_tiles2, a2.sorted_weight = sw2.ptr<float>();
+  cuda::launch_moe_align(a2, st);
+  auto table2 = [&](cuda::LinParams q) {
+    q.tile_expert = a2.tile_expert, q.tile_begin = a2.tile_begin, q.tile_end = a2.tile_end, q.num_tiles = a2.num_tiles;
+    q.max_tiles = max_tiles2, q.tile_rows = 128;
+    if (q.x_rows) q.x_rows = a2.sorted_token;
+    if (q.row_scale) q.row_scale = a2.sorted_weight;
+    return q;
+  };
+  const cuda::LinParams upq2 = table2(upq), down2 = table2(down);
+  cuda::g_fp8_wgmma_wide = true;
+  const double t_upq2 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(upq2, xa, st); });
+  const double t_down2 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(down2, aa, st); });
+  cuda::g_fp8_wgmma_wide = false;
+  std::printf("[bench] expert GEMMs 128x256 tiles: up fused-quant %.3f ms (%.0f TF/s) | down f32-out %.3f ms (%.0f TF/s) "
+              "| both %.0f TF/s (64x256: %.0f)\n",
+              t_upq2, f_up / t_upq2 / 1e9, t_down2, f_down / t_down2 / 1e9, (f_up + f_down) / (t_upq2 + t_down2) / 1e9,
+              (f_up + f_down) / (t_upq + t_down) / 1e9);
   std::printf("[bench] expert pieces T=%d E=%d k=%d H=%d I=%d: quant x %.3f ms | align %.3f | up bf16-out %.3f (%.0f TF/s) "
               "| quant act %.3f | up fused-quant %.3f (%.0f TF/s) | down f32-out %.3f (%.0f TF/s) | down bf16-out %.3f "
               "(%.0f TF/s) | combine f32 scalar %.3f | combine f32 x4 %.3f | combine bf16 x4 %.3f\n",
@@ -335,16 +363,22 @@ TEST(CudaPrefillBench, ExpertBreakdown8k) {
   // default (fused quantisation, vectorised combine), and + bf16 pair rows.
   struct Cfg {
     const char* name;
-    bool fused, ybf16, vec;
+    bool fused, ybf16, vec, wide;
   };
   const double flop = f_up + f_down;
-  for (const Cfg c : {Cfg{"before", false, false, false}, Cfg{"fused quant", true, false, false},
-                      Cfg{"fused + combine x4 (default)", true, false, true}, Cfg{"+ bf16 pair rows", true, true, true}}) {
+  for (const Cfg c : {Cfg{"before", false, false, false, false}, Cfg{"fused quant", true, false, false, false},
+                      Cfg{"fused + combine x4 (default)", true, false, true, false},
+                      Cfg{"+ bf16 pair rows", true, true, true, false}, Cfg{"128x256 tiles, fused", true, false, true, true},
+                      Cfg{"128x256 tiles, fused, bf16 pairs", true, true, true, true}}) {
     b.moe_fused_quant = c.fused, b.moe_ypair_bf16 = c.ybf16, b.moe_combine_vec = c.vec;
+    cuda::g_fp8_wgmma_tile_m = c.wide ? 128 : 64;
+    cuda::g_fp8_wgmma_wide = c.wide;
     const double ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     std::printf("[bench] moe_experts T=%d %-30s %.3f ms (%.0f TF/s)\n", T, c.name, ms, flop / ms / 1e9);
   }
   b.moe_fused_quant = true, b.moe_ypair_bf16 = false, b.moe_combine_vec = true;
+  cuda::g_fp8_wgmma_tile_m = 64;
+  cuda::g_fp8_wgmma_wide = false;
   cudaFree(d_ptrs);
 }
 

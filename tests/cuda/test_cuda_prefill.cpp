@@ -223,15 +223,18 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
   // (MOESERVE_MOE_FUSED_QUANT=0), 5: as 2 with bf16 pair rows (moe_ypair_bf16), 6: as 2 with
   // the scalar combine kernel. 4 and 6 compute the same values as 2 in the same order, so
   // must match it exactly; 5 adds one bf16 rounding per pair row (<= 2^-9 relative).
-  std::vector<float> out2;
+  // 7: wgmma 128 x 256 tiles (MOESERVE_FP8_WGMMA_TILE=128x256) fused, 8: the same unfused
+  // (must match 7 exactly).
+  std::vector<float> out2, out7;
   // Every case on the grouped GEMMs (decode-sized T would otherwise take the GEMV tiles).
   const int saved_gemv = gpu().moe_gemv_max_tokens;
   gpu().moe_gemv_max_tokens = 0;
-  for (int mode : {3, 2, 1, 0, 4, 5, 6}) {
+  for (int mode : {3, 2, 1, 0, 4, 5, 6, 7, 8}) {
     gpu().use_fp8_act_gemm = mode > 0;
     cuda::g_fp8_gemm_wgmma = mode >= 2;
-    cuda::g_fp8_wgmma_tile_m = mode == 3 ? 128 : 64;
-    gpu().moe_fused_quant = mode != 4;
+    cuda::g_fp8_wgmma_tile_m = mode == 3 || mode >= 7 ? 128 : 64;
+    cuda::g_fp8_wgmma_wide = mode >= 7;
+    gpu().moe_fused_quant = mode != 4 && mode != 8;
     gpu().moe_ypair_bf16 = mode == 5;
     gpu().moe_combine_vec = mode != 6;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
@@ -240,20 +243,22 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
     const double e = rel_err(got, ref);
     double d2 = 0;
     if (mode == 2) out2 = got;
-    if (mode >= 4) d2 = rel_err(got, out2);
-    std::printf("[prefill experts] T=%d H=%d I=%d E=%d k=%d skew=%d mode=%d: vs CPU op %.2e, vs mode 2 %.2e\n", c.T,
+    if (mode == 7) out7 = got;
+    if (mode >= 4) d2 = rel_err(got, mode == 8 ? out7 : out2);
+    std::printf("[prefill experts] T=%d H=%d I=%d E=%d k=%d skew=%d mode=%d: vs CPU op %.2e, vs mode 2 (8: vs 7) %.2e\n", c.T,
                 c.H, c.I, c.E, c.K, c.skew, mode, e, d2);
     EXPECT_LT(e, mode > 0 ? 2 * kLinQuantBound : 2e-2) << "mode " << mode;
-    if (mode == 4 || mode == 6) {
+    if (mode == 4 || mode == 6 || mode == 8) {
       EXPECT_EQ(d2, 0.0) << "mode " << mode;
     }
-    if (mode == 5) {
+    if (mode == 5 || mode == 7) {
       EXPECT_LT(d2, 1e-2) << "mode " << mode;
     }
   }
   gpu().use_fp8_act_gemm = true;
   cuda::g_fp8_gemm_wgmma = true;
   cuda::g_fp8_wgmma_tile_m = 64;
+  cuda::g_fp8_wgmma_wide = false;
   gpu().moe_fused_quant = true;
   gpu().moe_ypair_bf16 = false;
   gpu().moe_combine_vec = true;

@@ -140,13 +140,15 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     EXPECT_TRUE(wgmma) << "sm_90 device but the wgmma kernel is not available";
   }
   std::vector<std::vector<float>> outs;
-  const char* names[3] = {"mma.sync", "wgmma 64x256", "wgmma 128x192"};
-  for (int path = 0; path < (wgmma ? 3 : 1); ++path) {  // 0: mma.sync, 1: wgmma 64-row, 2: wgmma 128-row tiles
+  const char* names[4] = {"mma.sync", "wgmma 64x256", "wgmma 128x192", "wgmma 128x256"};
+  // 0: mma.sync, 1: wgmma 64-row, 2 / 3: wgmma 128-row tiles (128 x 192, 128 x 256)
+  for (int path = 0; path < (wgmma ? 4 : 1); ++path) {
     Tensor out = to_device(std::vector<float>(size_t(std::max(P, 1)) * c.N, NAN),
                            p.out_f32 ? DType::F32 : DType::BF16, {std::max(P, 1), c.N});
     p.out = out.data;
     if (table && path == 2) use_table(t128, n128, 128);
-    cuda::g_fp8_wgmma_tile_m = path == 2 ? 128 : 64;
+    cuda::g_fp8_wgmma_tile_m = path >= 2 ? 128 : 64;
+    cuda::g_fp8_wgmma_wide = path == 3;
     cuda::g_fp8_gemm_wgmma = false;
     if (path == 0)
       cuda::launch_gemm_fp8(p, act, gpu().stream());
@@ -154,6 +156,7 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
       cuda::launch_gemm_fp8_wgmma(p, act, gpu().stream());
     cuda::g_fp8_gemm_wgmma = true;
     cuda::g_fp8_wgmma_tile_m = 64;
+    cuda::g_fp8_wgmma_wide = false;
     gpu().synchronize();
     ASSERT_EQ(cudaGetLastError(), cudaSuccess);
     auto got = gpu().download_f32(out);
@@ -189,8 +192,14 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
   // quantise the same bf16-rounded values with the same arithmetic, so bytes and scales must
   // be identical; and the dequantised values against the host reference (bound: the bf16
   // bound above plus e4m3 rounding, 2^-4 relative per element: 5e-2).
-  if (wgmma && swiglu && table && c.N % 128 == 0) {
-    use_table(t64, n64, 64);
+  for (int wide = 0; wide < 2 && wgmma && swiglu && table && c.N % 128 == 0; ++wide) {
+    // wide 0: 64 x 256 tiles (64-row table); 1: 128 x 256 tiles (128-row table)
+    if (wide) {
+      use_table(t128, n128, 128);
+    } else {
+      use_table(t64, n64, 64);
+    }
+    cuda::g_fp8_wgmma_wide = wide;
     const int Pm = std::max(P, 1), Gq = c.N / 128;
     Tensor bout = to_device(std::vector<float>(size_t(Pm) * c.N, NAN), DType::BF16, {Pm, c.N});
     p.out = bout.data, p.out_q = nullptr, p.out_qs = nullptr;
@@ -219,9 +228,10 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     std::vector<float> deq(size_t(P) * c.N);
     for (size_t i = 0; i < deq.size(); ++i) deq[i] = fp8_e4m3_to_f32(hf[i]) * hsf[(i / c.N) * Gq + (i % c.N) / 128];
     const double e = rel_err(deq, ref);
-    std::printf("[fp8 grouped] fused quant K=%d N=%d P=%d: %zu / %zu bytes and %zu / %zu scales differ from the "
+    std::printf("[fp8 grouped] fused quant %s K=%d N=%d P=%d: %zu / %zu bytes and %zu / %zu scales differ from the "
                 "unfused path; dequantised vs host %.2e\n",
-                c.K, c.N, P, bad_q, hu.size(), bad_s, size_t(P) * Gq, e);
+                wide ? "128x256" : "64x256", c.K, c.N, P, bad_q, hu.size(), bad_s, size_t(P) * Gq, e);
+    cuda::g_fp8_wgmma_wide = false;
     EXPECT_EQ(bad_q, 0u);
     EXPECT_EQ(bad_s, 0u);
     if (P > 0) {

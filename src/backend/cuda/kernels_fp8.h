@@ -49,6 +49,9 @@ void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s);
 constexpr int kFp8PairTileM = 128;
 extern bool g_fp8_gemm_wgmma;
 extern int g_fp8_wgmma_tile_m;
+// With g_fp8_wgmma_tile_m == 128: 128 x 256 tiles (two N halves per consumer) instead of
+// 128 x 192 (MOESERVE_FP8_WGMMA_TILE=128x256).
+extern bool g_fp8_wgmma_wide;
 bool fp8_wgmma_available();
 bool gemm_fp8_wgmma_supported(const LinParams& p);
 void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s);
