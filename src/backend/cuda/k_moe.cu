@@ -312,9 +312,21 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
   const int P = p.T * p.top_k;
   for (int e = threadIdx.x; e < p.num_local; e += blockDim.x) count[e] = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < P; i += blockDim.x) {
-    const int e = p.ids[i] - p.first_local;
-    p.pair_pos[i] = (e >= 0 && e < p.num_local) ? atomicAdd(&count[e], 1) : -1;
+  // Both passes handle kU pairs per thread per iteration with all their loads issued first:
+  // one block walks every pair (65,536 at 8k tokens), so the loop is load-latency bound.
+  constexpr int kU = 4;
+  for (int i0 = threadIdx.x; i0 < P; i0 += kU * blockDim.x) {
+    int e[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      e[u] = i < P ? p.ids[i] - p.first_local : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      if (i < P) p.pair_pos[i] = (e[u] >= 0 && e[u] < p.num_local) ? atomicAdd(&count[e[u]], 1) : -1;
+    }
   }
   __syncthreads();
   // Hillis-Steele inclusive scan over kMaxExperts entries (num_local <= blockDim.x = 1024).
@@ -342,13 +354,24 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
   }
   if (e == kMaxExperts - 1) *p.num_tiles = scan_b[e];
   __syncthreads();
-  for (int i = threadIdx.x; i < P; i += blockDim.x) {
-    const int ex = p.ids[i] - p.first_local;
-    if (ex >= 0 && ex < p.num_local) {
-      const int pos = offset[ex] + p.pair_pos[i];
-      p.pair_pos[i] = pos;
-      p.sorted_token[pos] = i / p.top_k;
-      p.sorted_weight[pos] = p.weights[i];
+  for (int i0 = threadIdx.x; i0 < P; i0 += kU * blockDim.x) {
+    int ex[kU], rank[kU];
+    float w[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      ex[u] = -1;
+      if (i < P) ex[u] = p.ids[i] - p.first_local, rank[u] = p.pair_pos[i], w[u] = p.weights[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      if (ex[u] >= 0 && ex[u] < p.num_local) {
+        const int pos = offset[ex[u]] + rank[u];
+        p.pair_pos[i] = pos;
+        p.sorted_token[pos] = i / p.top_k;
+        p.sorted_weight[pos] = w[u];
+      }
     }
   }
 }
