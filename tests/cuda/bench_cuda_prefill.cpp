@@ -150,10 +150,13 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     cuda::g_fp8_gemm_wgmma = false;
     const double new_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     cuda::g_fp8_gemm_wgmma = true;
+    const int saved_tile_m = cuda::g_fp8_wgmma_tile_m;
+    const bool saved_wide = cuda::g_fp8_wgmma_wide;
+    cuda::g_fp8_wgmma_tile_m = 64, cuda::g_fp8_wgmma_wide = false;
     const double wg_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     cuda::g_fp8_wgmma_tile_m = 128;
     const double wg2_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    cuda::g_fp8_wgmma_tile_m = 64;
+    cuda::g_fp8_wgmma_tile_m = saved_tile_m, cuda::g_fp8_wgmma_wide = saved_wide;
     std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma.sync %.3f ms (%.0f) | "
                 "wgmma 64x256 %.3f ms (%.0f) | wgmma 128x192 %.3f ms (%.0f)\n",
                 T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wg_ms, flop / wg_ms / 1e9, wg2_ms,
@@ -226,6 +229,7 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
   const cuda::Fp8Act aa{static_cast<const uint8_t*>(aq.data), as.ptr<float>()};
   const double f_up = 2.0 * P * H * 2.0 * I, f_down = 2.0 * P * double(I) * H;
   double ms[4][2] = {};
+  const bool saved_wide = cuda::g_fp8_wgmma_wide;
   const bool wg = cuda::gemm_fp8_wgmma_supported(up) && cuda::gemm_fp8_wgmma_supported(down);
   for (int path = 0; path < (wg ? 4 : 1); ++path) {  // mma.sync, wgmma 64 x 256, 128 x 192, 128 x 256
     cuda::g_fp8_gemm_wgmma = path > 0;
@@ -235,7 +239,7 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
     ms[path][1] = median_ms([&] { cuda::launch_gemm_fp8(down, aa, b.stream()); });
   }
   cuda::g_fp8_gemm_wgmma = true;
-  cuda::g_fp8_wgmma_wide = false;
+  cuda::g_fp8_wgmma_wide = saved_wide;
   const char* names[4] = {"mma.sync", "wgmma 64x256", "wgmma 128x192", "wgmma 128x256"};
   for (int path = 0; path < (wg ? 4 : 1); ++path)
     std::printf("[bench] grouped gemm T=%d E=%d k=%d tiles64=%d tiles128=%d %-14s: up %.3f ms (%.0f TF/s) | down %.3f ms (%.0f) | both %.3f ms (%.0f TF/s)\n",
@@ -346,10 +350,12 @@ TEST(CudaPrefillBench, ExpertBreakdown8k) {
     return q;
   };
   const cuda::LinParams upq2 = table2(upq), down2 = table2(down);
+  const bool saved_wide = cuda::g_fp8_wgmma_wide;
+  const int saved_tile_m = cuda::g_fp8_wgmma_tile_m;
   cuda::g_fp8_wgmma_wide = true;
   const double t_upq2 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(upq2, xa, st); });
   const double t_down2 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(down2, aa, st); });
-  cuda::g_fp8_wgmma_wide = false;
+  cuda::g_fp8_wgmma_wide = saved_wide;
   std::printf("[bench] expert GEMMs 128x256 tiles: up fused-quant %.3f ms (%.0f TF/s) | down f32-out %.3f ms (%.0f TF/s) "
               "| both %.0f TF/s (64x256: %.0f)\n",
               t_upq2, f_up / t_upq2 / 1e9, t_down2, f_down / t_down2 / 1e9, (f_up + f_down) / (t_upq2 + t_down2) / 1e9,
@@ -377,8 +383,8 @@ TEST(CudaPrefillBench, ExpertBreakdown8k) {
     std::printf("[bench] moe_experts T=%d %-30s %.3f ms (%.0f TF/s)\n", T, c.name, ms, flop / ms / 1e9);
   }
   b.moe_fused_quant = true, b.moe_ypair_bf16 = false, b.moe_combine_vec = true;
-  cuda::g_fp8_wgmma_tile_m = 64;
-  cuda::g_fp8_wgmma_wide = false;
+  cuda::g_fp8_wgmma_tile_m = saved_tile_m;
+  cuda::g_fp8_wgmma_wide = saved_wide;
   cudaFree(d_ptrs);
 }
 

@@ -227,7 +227,8 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
   // (must match 7 exactly).
   std::vector<float> out2, out7;
   // Every case on the grouped GEMMs (decode-sized T would otherwise take the GEMV tiles).
-  const int saved_gemv = gpu().moe_gemv_max_tokens;
+  const int saved_gemv = gpu().moe_gemv_max_tokens, saved_tile_m = cuda::g_fp8_wgmma_tile_m;
+  const bool saved_wide = cuda::g_fp8_wgmma_wide;
   gpu().moe_gemv_max_tokens = 0;
   for (int mode : {3, 2, 1, 0, 4, 5, 6, 7, 8}) {
     gpu().use_fp8_act_gemm = mode > 0;
@@ -257,8 +258,8 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
   }
   gpu().use_fp8_act_gemm = true;
   cuda::g_fp8_gemm_wgmma = true;
-  cuda::g_fp8_wgmma_tile_m = 64;
-  cuda::g_fp8_wgmma_wide = false;
+  cuda::g_fp8_wgmma_tile_m = saved_tile_m;
+  cuda::g_fp8_wgmma_wide = saved_wide;
   gpu().moe_fused_quant = true;
   gpu().moe_ypair_bf16 = false;
   gpu().moe_combine_vec = true;

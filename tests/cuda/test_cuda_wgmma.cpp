@@ -140,6 +140,8 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     EXPECT_TRUE(wgmma) << "sm_90 device but the wgmma kernel is not available";
   }
   std::vector<std::vector<float>> outs;
+  const int saved_tile_m = cuda::g_fp8_wgmma_tile_m;
+  const bool saved_wide = cuda::g_fp8_wgmma_wide;
   const char* names[4] = {"mma.sync", "wgmma 64x256", "wgmma 128x192", "wgmma 128x256"};
   // 0: mma.sync, 1: wgmma 64-row, 2 / 3: wgmma 128-row tiles (128 x 192, 128 x 256)
   for (int path = 0; path < (wgmma ? 4 : 1); ++path) {
@@ -155,8 +157,8 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     else
       cuda::launch_gemm_fp8_wgmma(p, act, gpu().stream());
     cuda::g_fp8_gemm_wgmma = true;
-    cuda::g_fp8_wgmma_tile_m = 64;
-    cuda::g_fp8_wgmma_wide = false;
+    cuda::g_fp8_wgmma_tile_m = saved_tile_m;
+    cuda::g_fp8_wgmma_wide = saved_wide;
     gpu().synchronize();
     ASSERT_EQ(cudaGetLastError(), cudaSuccess);
     auto got = gpu().download_f32(out);
@@ -231,7 +233,7 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     std::printf("[fp8 grouped] fused quant %s K=%d N=%d P=%d: %zu / %zu bytes and %zu / %zu scales differ from the "
                 "unfused path; dequantised vs host %.2e\n",
                 wide ? "128x256" : "64x256", c.K, c.N, P, bad_q, hu.size(), bad_s, size_t(P) * Gq, e);
-    cuda::g_fp8_wgmma_wide = false;
+    cuda::g_fp8_wgmma_wide = saved_wide;
     EXPECT_EQ(bad_q, 0u);
     EXPECT_EQ(bad_s, 0u);
     if (P > 0) {
