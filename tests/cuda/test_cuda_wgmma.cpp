@@ -189,11 +189,13 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     EXPECT_LT(d, 1e-2);
   }
 
-  // Fused quantising epilogue (kSwiglu, wgmma 64 x 256 tiles, N % 128 == 0): out_q / out_qs
-  // against launch_quant_fp8 of the bf16 output of the same kernel (the unfused path). Both
-  // quantise the same bf16-rounded values with the same arithmetic, so bytes and scales must
-  // be identical; and the dequantised values against the host reference (bound: the bf16
-  // bound above plus e4m3 rounding, 2^-4 relative per element: 5e-2).
+  // Fused quantising epilogue (kSwiglu, wgmma 64 x 256 and 128 x 256 tiles, N % 128 == 0):
+  // out_q / out_qs against launch_quant_fp8 of the bf16 output of the same kernel (the unfused
+  // path). Both quantise the same bf16-rounded values with the same scale, so scales must be
+  // identical; bytes too, except that the epilogue multiplies by 1 / s where the kernel divides
+  // by s (<= 1.5 f32 ulp apart): a byte may then sit one e4m3 step away, rarely (bound: 1e-3
+  // of the bytes, and every difference exactly one step). And the dequantised values against
+  // the host reference (bound: the bf16 bound above plus e4m3 rounding, 2^-4 relative: 5e-2).
   for (int wide = 0; wide < 2 && wgmma && swiglu && table && c.N % 128 == 0; ++wide) {
     // wide 0: 64 x 256 tiles (64-row table); 1: 128 x 256 tiles (128-row table)
     if (wide) {
@@ -224,8 +226,13 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     cudaMemcpy(hu.data(), uq.data, hu.size(), cudaMemcpyDeviceToHost);
     cudaMemcpy(hf.data(), fq.data, hf.size(), cudaMemcpyDeviceToHost);
     auto hsu = gpu().download_f32(us), hsf = gpu().download_f32(fs);
-    size_t bad_q = 0, bad_s = 0;
-    for (size_t i = 0; i < hu.size(); ++i) bad_q += hu[i] != hf[i];
+    size_t bad_q = 0, bad_s = 0, far_q = 0;
+    for (size_t i = 0; i < hu.size(); ++i)
+      if (hu[i] != hf[i]) {
+        ++bad_q;
+        const bool same_sign = (hu[i] & 0x80) == (hf[i] & 0x80);
+        far_q += !(same_sign && std::abs(int(hu[i] & 0x7f) - int(hf[i] & 0x7f)) == 1);
+      }
     for (size_t i = 0; i < size_t(P) * Gq; ++i) bad_s += !(hsu[i] == hsf[i]);
     std::vector<float> deq(size_t(P) * c.N);
     for (size_t i = 0; i < deq.size(); ++i) deq[i] = fp8_e4m3_to_f32(hf[i]) * hsf[(i / c.N) * Gq + (i % c.N) / 128];
@@ -234,7 +241,8 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
                 "unfused path; dequantised vs host %.2e\n",
                 wide ? "128x256" : "64x256", c.K, c.N, P, bad_q, hu.size(), bad_s, size_t(P) * Gq, e);
     cuda::g_fp8_wgmma_wide = saved_wide;
-    EXPECT_EQ(bad_q, 0u);
+    EXPECT_LE(double(bad_q), 1e-3 * double(hu.size()));
+    EXPECT_EQ(far_q, 0u);
     EXPECT_EQ(bad_s, 0u);
     if (P > 0) {
       EXPECT_LT(e, 5e-2);

@@ -152,6 +152,9 @@ class CudaBackend final : public Backend {
   // Combine of the pair rows with 4 columns per thread (MOESERVE_MOE_COMBINE_VEC=0: the
   // scalar kernel; f32 pair rows only).
   bool moe_combine_vec = true;
+  // MoE align as three multi-block kernels from kAlignMultiMinPairs (token, k) pairs (the
+  // single-block kernel took ~156 us at 8k tokens); MOESERVE_MOE_ALIGN_MULTI=0: one block.
+  bool moe_align_multi = true;
   // Router logits + top-k in one kernel (T <= 8).
   bool fuse_router = true;
   // add_rms_norm_route as that one kernel (T <= 4, H <= 3072). Off by default: the first

@@ -209,6 +209,10 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   a.sorted_weight = reinterpret_cast<float*>(meta + meta_words);
   void* act = workspace(kMoeAct, size_t(P) * et.I * 2);
   float* ypair = static_cast<float*>(workspace(kMoeY, size_t(P) * H * 4));
+  if (moe_align_multi) {  // the pair rows are not written before the down GEMM
+    a.scratch = reinterpret_cast<int32_t*>(ypair);
+    a.scratch_bytes = size_t(P) * H * 4;
+  }
   launch_moe_align(a, stream_);
 
   LinParams up;

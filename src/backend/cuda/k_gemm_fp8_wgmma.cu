@@ -127,26 +127,32 @@ __device__ __forceinline__ constexpr int b_half(int i) {
 
 // Consumer of the 128 x 256 tiles (kShapeWide). The B tile is laid out as for kShapeN (rows
 // [128 hf, 128 hf + 128) are what kShapeN's consumer hf multiplies: for kSwiglu 64 W1 rows then
-// the same 64 rows of W3), so the producer is shared; here consumer cw takes A rows
-// [64 cw, 64 cw + 64) and both halves hf, one after the other, into one partial tile.
+// the same 64 rows of W3), so the producer is shared. A tile of more than 64 rows is split by
+// rows: consumer cw takes A rows [64 cw, 64 cw + 64) and both halves hf, one after the other,
+// into one partial tile. A tile of <= 64 rows (an expert's last, or only, tile) is split by
+// columns as kShapeN does: both consumers take A rows [0, 64), consumer cw half cw, so neither
+// idles. `red` (fused quantisation, split-column tiles only): per-row |max| exchange, as in
+// the kernel below.
 template <int MODE, bool QOUT>
 __device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
                                               int total, int ncol, int cw, int warp, int lane) {
   using C = Cfg<kShapeWide>;
   constexpr bool kSwiglu = MODE == int(LinMode::kSwiglu);
   constexpr int BM = C::BM, NJ = C::NJ, kCols = C::cols(kSwiglu), kStages = C::kStages;
-  const uint8_t* a_tile = smem + cw * 64 * BK;
   const uint8_t* b_tile = smem + C::kABytes;
-  uint32_t it = 0;
+  // qbar: split-column tiles so far (the same count in both consumers), the `red` buffer parity.
+  uint32_t it = 0, qbar = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const Tile tl = tile_of(p, tile, ncol, BM);
-    const int r0 = tl.row_begin + 64 * cw;
-    const bool active = r0 < tl.row_end;  // the second consumer may have no rows
+    const bool splitn = tl.row_end - tl.row_begin <= 64;  // same for both consumers
+    const int r0 = tl.row_begin + (splitn ? 0 : 64 * cw);
+    const bool active = r0 < tl.row_end;  // split by rows: the second consumer may have none
+    const uint8_t* a_tile = smem + (splitn ? 0 : cw * 64 * BK);
     int rows[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) rows[h] = r0 + 16 * warp + lane / 4 + 8 * h;
     const int sa_idx = rows[0] - tl.row_begin;
-    // Half hf covers output columns c0[hf] + 8 (j mod NJ') (NJ' = NJ / 2 for kSwiglu).
+    // Half hf covers output columns c0 + hw hf + 8 (j mod NJ') (NJ' = NJ / 2 for kSwiglu).
     const int c00 = tl.ct * kCols, hw = kSwiglu ? 64 : 128;
     float acc[2][4 * NJ], part[4 * NJ];
 #pragma unroll
@@ -166,6 +172,7 @@ __device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem,
         const uint64_t da = sm90::smem_desc_sw128(a_tile + s * C::kStageBytes);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
+          if (splitn && hf != cw) continue;
           const uint64_t db = sm90::smem_desc_sw128(b_tile + s * C::kStageBytes + hf * 128 * BK);
 #pragma unroll
           for (int i = 0; i < 4 * NJ; ++i) sm90::reg_fence(part[i]);
@@ -176,7 +183,7 @@ __device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem,
           sm90::wgmma_wait0();
 #pragma unroll
           for (int i = 0; i < 4 * NJ; ++i) sm90::reg_fence(part[i]);
-          if (hf == 1 && lane == 0) sm90::mbar_arrive(empty + s);
+          if ((hf == 1 || splitn) && lane == 0) sm90::mbar_arrive(empty + s);
           const int jsplit = (128 - ((c00 + hw * hf) & 127)) / 8;
 #pragma unroll
           for (int j = 0; j < NJ; ++j) {
@@ -198,12 +205,13 @@ __device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem,
     if (!active) continue;
 
     // ---- epilogue (lane holds 2 adjacent columns per 8-column group) ----
+    if constexpr (QOUT) {
+      // |max| of each row over its 128 columns: both halves here (split by rows), or this
+      // consumer's half and the other's through shared memory (split by columns).
+      float v[2][2][NJ];  // [h][hf][2 j + c]
+      float am[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = rows[h];
-      if constexpr (QOUT) {
-        // One row's 128 columns are this consumer's (both halves): |max| over the lane quad.
-        float v[2][NJ];
+      for (int h = 0; h < 2; ++h) {
         float m = 0.f;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
@@ -213,27 +221,49 @@ __device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem,
             for (int c = 0; c < 2; ++c) {
               const float g = acc[hf][4 * j + 2 * h + c], u = acc[hf][4 * (j + NJ / 2) + 2 * h + c];
               const float b = __bfloat162float(__float2bfloat16_rn(silu(g) * u));
-              v[hf][2 * j + c] = b;
-              m = fmaxf(m, fabsf(b));
+              v[h][hf][2 * j + c] = b;
+              if (!splitn || hf == cw) m = fmaxf(m, fabsf(b));
             }
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        am[h] = m;
+      }
+      if (splitn) {
+        float* red = reinterpret_cast<float*>(smem + C::kRedOff) + (qbar++ & 1) * 128;
+        const int lr = 16 * warp + lane / 4;
+        if (lane % 4 == 0) red[cw * 64 + lr] = am[0], red[cw * 64 + lr + 8] = am[1];
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+        for (int h = 0; h < 2; ++h) am[h] = fmaxf(am[h], red[(1 - cw) * 64 + lr + 8 * h]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rows[h];
         if (r >= tl.row_end) continue;
-        const float sc = m > 0.f ? m / kFp8Max : 1.f;  // as quant_fp8_kernel
+        // The scale as quant_fp8_kernel computes it; the elements are multiplied by its
+        // reciprocal (one division per row: 64 IEEE divisions per row cost ~1 us per tile).
+        const float sc = am[h] > 0.f ? am[h] / kFp8Max : 1.f, inv = 1.f / sc;
         uint8_t* o = p.out_q + size_t(r) * p.ldo;
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
+        for (int hf = 0; hf < 2; ++hf) {
+          if (splitn && hf != cw) continue;
 #pragma unroll
           for (int j = 0; j < NJ / 2; ++j) {
             const int c = c00 + hw * hf + 8 * j + 2 * (lane % 4);
             *reinterpret_cast<__nv_fp8x2_storage_t*>(o + c) = __nv_cvt_float2_to_fp8x2(
-                make_float2(v[hf][2 * j] / sc, v[hf][2 * j + 1] / sc), __NV_SATFINITE, __NV_E4M3);
+                make_float2(v[h][hf][2 * j] * inv, v[h][hf][2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
           }
-        if (lane % 4 == 0) p.out_qs[size_t(r) * (p.N / 128) + c00 / 128] = sc;
-      } else {
+        }
+        if ((!splitn || cw == 0) && lane % 4 == 0) p.out_qs[size_t(r) * (p.N / 128) + c00 / 128] = sc;
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rows[h];
         if (r >= tl.row_end) continue;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
+          if (splitn && hf != cw) continue;
           const int c0 = c00 + hw * hf;
           if (kSwiglu) {
             bf16* o = static_cast<bf16*>(p.out) + size_t(r) * p.ldo;
@@ -268,8 +298,8 @@ __device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem,
 }
 #endif
 
-// QOUT (kSwiglu, 64 x 256 tiles only): the epilogue quantises silu(g) * u to e4m3 per 128
-// columns (p.out_q / p.out_qs) instead of storing bf16. A tile's 128 output columns are one
+// QOUT (kSwiglu, 256-weight-row tiles): the epilogue quantises bf16(silu(g) * u) to e4m3 per
+// 128 columns (p.out_q / p.out_qs) instead of storing bf16. A tile's 128 output columns are one
 // quantisation group, split 64 / 64 between the consumers, so each row's |max| is reduced
 // over the lane quad, then exchanged with the other consumer through shared memory.
 template <int MODE, int SHAPE, bool QOUT = false>
@@ -463,14 +493,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
         const int r = rows[h];
         const float amax = fmaxf(am[h], red[(1 - cw) * 64 + lr + 8 * h]);
         if (r >= tl.row_end) continue;
-        // Same arithmetic as quant_fp8_kernel (k_quant.cu): s = amax / 448, q = rn(v / s).
-        const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
+        // The scale as quant_fp8_kernel (k_quant.cu) computes it, s = amax / 448; q = rn(v * (1 / s))
+        // (that kernel divides: the product differs from the quotient by <= 1.5 ulp of f32, so
+        // a byte differs by one e4m3 step only where v / s lies that close to a rounding boundary).
+        const float sc = amax > 0.f ? amax / kFp8Max : 1.f, inv = 1.f / sc;
         uint8_t* o = p.out_q + size_t(r) * p.ldo;
 #pragma unroll
         for (int j = 0; j < NJ / 2; ++j) {
           const int c = c0 + 8 * j + 2 * (lane % 4);
           const __nv_fp8x2_storage_t q2 = __nv_cvt_float2_to_fp8x2(
-              make_float2(v[h][2 * j] / sc, v[h][2 * j + 1] / sc), __NV_SATFINITE, __NV_E4M3);
+              make_float2(v[h][2 * j] * inv, v[h][2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
           *reinterpret_cast<__nv_fp8x2_storage_t*>(o + c) = q2;
         }
         if (cw == 0 && lane % 4 == 0) p.out_qs[size_t(r) * (p.N / 128) + c0 / 128] = sc;
