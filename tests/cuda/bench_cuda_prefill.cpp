@@ -374,6 +374,7 @@ TEST(CudaPrefillBench, ExpertBreakdown8k) {
   // The whole op: before (separate quantisation, f32 pair rows, scalar combine), the new
   // default (fused quantisation, vectorised combine), and + bf16 pair rows.
   // Configurations interleaved, 3 rounds, best median each (GPU clocks drift under load).
+  const bool saved_fused = b.moe_fused_quant;
   struct Cfg {
     const char* name;
     bool fused, ybf16, vec, multi, wide;
@@ -400,7 +401,7 @@ TEST(CudaPrefillBench, ExpertBreakdown8k) {
     }
   for (int i = 0; i < kCfgs; ++i)
     std::printf("[bench] moe_experts T=%d %-30s %.3f ms (%.0f TF/s)\n", T, cfgs[i].name, best[i], flop / best[i] / 1e9);
-  b.moe_fused_quant = true, b.moe_ypair_bf16 = false, b.moe_combine_vec = true, b.moe_align_multi = true;
+  b.moe_fused_quant = saved_fused, b.moe_ypair_bf16 = false, b.moe_combine_vec = true, b.moe_align_multi = true;
   cuda::g_fp8_wgmma_tile_m = saved_tile_m;
   cuda::g_fp8_wgmma_wide = saved_wide;
   cudaFree(d_ptrs);

@@ -218,21 +218,20 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
   MoeRouting r{ints_to_device(ids, {c.T, c.K}), to_device(wts, DType::F32, {c.T, c.K})};
   Tensor dx = to_device(x, DType::BF16, {c.T, c.H});
   // mode 3: FP8 wgmma 128 x 192 tiles (128-row tile table), 2: FP8 wgmma 64 x 256 tiles with
-  // the fused SiLU * up quantisation (default; both fall back to mma.sync off sm_90a), 1: FP8
-  // mma.sync 64 x 128, 0: bf16 activations; 4: as 2 with the separate quantisation kernel
-  // (MOESERVE_MOE_FUSED_QUANT=0), 5: as 2 with bf16 pair rows (moe_ypair_bf16), 6: as 2 with
-  // the scalar combine kernel. 6 computes the same values as 2 in the same order, so must
-  // match it exactly; 4 differs only where an intermediate's e4m3 byte rounds one step apart
-  // (x * (1/s) against x / s, see test_cuda_wgmma.cpp): 1e-3; 5 adds one bf16 rounding per
-  // pair row (<= 2^-9 relative): 1e-2.
-  // 7: wgmma 128 x 256 tiles (MOESERVE_FP8_WGMMA_TILE=128x256) fused, 8: the same unfused
-  // (as 4 against 2: 1e-3). 9: as 2 with the single-block align (from 8,192 pairs the default
+  // the fused SiLU * up quantisation (opt-in; both fall back to mma.sync off sm_90a), 1: FP8
+  // mma.sync 64 x 128, 0: bf16 activations; 4: as 2 with the separate quantisation kernel,
+  // 5: as 2 with bf16 pair rows (moe_ypair_bf16), 6: as 2 with the scalar combine kernel.
+  // 6 computes the same values as 2 in the same order, so must match it exactly; 4 differs
+  // only where an intermediate's e4m3 byte rounds one step (2^-3 relative) apart (x * (1/s)
+  // against x / s; <= 1e-3 of the bytes, test_cuda_wgmma.cpp): sqrt(1e-3) x 2^-3 ~ 4e-3,
+  // bound 5e-3; 5 adds one bf16 rounding per pair row (<= 2^-9 relative): 1e-2.
+  // 7: wgmma 128 x 256 tiles fused, 8: the same unfused (the default path; as 4 against 2). 9: as 2 with the single-block align (from 8,192 pairs the default
   // is the multi-block one; the pair order inside an expert differs, each pair's value does
   // not: must match 2 exactly).
   std::vector<float> out2, out7;
   // Every case on the grouped GEMMs (decode-sized T would otherwise take the GEMV tiles).
   const int saved_gemv = gpu().moe_gemv_max_tokens, saved_tile_m = cuda::g_fp8_wgmma_tile_m;
-  const bool saved_wide = cuda::g_fp8_wgmma_wide;
+  const bool saved_wide = cuda::g_fp8_wgmma_wide, saved_fused = gpu().moe_fused_quant;
   gpu().moe_gemv_max_tokens = 0;
   for (int mode : {3, 2, 1, 0, 4, 5, 6, 7, 8, 9}) {
     gpu().use_fp8_act_gemm = mode > 0;
@@ -258,7 +257,7 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
       EXPECT_EQ(d2, 0.0) << "mode " << mode;
     }
     if (mode == 4 || mode == 8) {
-      EXPECT_LT(d2, 1e-3) << "mode " << mode;
+      EXPECT_LT(d2, 5e-3) << "mode " << mode;
     }
     if (mode == 5 || mode == 7) {
       EXPECT_LT(d2, 1e-2) << "mode " << mode;
@@ -268,7 +267,7 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
   cuda::g_fp8_gemm_wgmma = true;
   cuda::g_fp8_wgmma_tile_m = saved_tile_m;
   cuda::g_fp8_wgmma_wide = saved_wide;
-  gpu().moe_fused_quant = true;
+  gpu().moe_fused_quant = saved_fused;
   gpu().moe_ypair_bf16 = false;
   gpu().moe_combine_vec = true;
   gpu().moe_align_multi = true;

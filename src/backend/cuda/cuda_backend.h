@@ -141,10 +141,12 @@ class CudaBackend final : public Backend {
   // Up to this many tokens moe_experts skips the align step (direct pair tiles, tensor-core
   // GEMV only) and folds the combine into the down GEMV; 0: off.
   int moe_direct_max_tokens = 1;
-  // FP8 prefill experts on the wgmma 64 x 256 tiles: SiLU * up and its per-128-column FP8
-  // quantisation in the gate/up GEMM's epilogue (no bf16 intermediate, no quantisation
-  // kernel; bit-identical result). MOESERVE_MOE_FUSED_QUANT=0: the separate kernel.
-  bool moe_fused_quant = true;
+  // FP8 prefill experts on the wgmma 256-weight-row tiles: SiLU * up and its per-128-column
+  // FP8 quantisation in the gate/up GEMM's epilogue (no bf16 intermediate, no quantisation
+  // kernel; same scales, a byte rarely one e4m3 step apart). Off by default: on the H200 the
+  // longer epilogue cost more than the kernel it removes (docs/benchmarks.md);
+  // MOESERVE_MOE_FUSED_QUANT=1 turns it on.
+  bool moe_fused_quant = false;
   // Grouped-GEMM experts: the down GEMM stores each pair's weighted row as bf16 instead of
   // f32 (half the [P, H] round trip into the combine; adds one bf16 rounding per pair before
   // the sum, as vLLM's MoE does). MOESERVE_MOE_YPAIR_BF16=1/0.

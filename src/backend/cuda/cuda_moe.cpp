@@ -181,12 +181,13 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
   if (T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out)) return;
   const bool gemv = T <= moe_gemv_max_tokens;
-  // FP8 prefill on the Hopper wgmma kernel's 128 x 192 tiles (g_fp8_wgmma_tile_m == 128): the
-  // align builds 128-row tiles; same predicate as moe_experts_fp8_act, which must then run and
-  // take that kernel (its 32-bit offset bound is checked here too).
+  // FP8 prefill on the Hopper wgmma kernel's 128-row tiles (128 x 256 by default, 128 x 192
+  // with MOESERVE_FP8_WGMMA_TILE=128x192): the align builds 128-row tiles; same predicate as
+  // moe_experts_fp8_act, which must then run and take that kernel (its 32-bit offset bound is
+  // checked here too).
   const bool fp8_pair = !gemv && prefill_path_allowed() && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
                         et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
-                        g_fp8_wgmma_tile_m == kFp8PairTileM && fp8_wgmma_available() &&
+                        fp8_wgmma_moe_tile_rows() == kFp8PairTileM && fp8_wgmma_available() &&
                         int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31) &&
                         // in a capture its quantisation workspaces must already be there
                         // (moe_experts_fp8_act checks the same; eager steps always fit)

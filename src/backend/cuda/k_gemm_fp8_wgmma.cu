@@ -31,16 +31,25 @@
 
 namespace moeserve::cuda {
 
-// MOESERVE_FP8_WGMMA_TILE_M=128 selects the 128 x 192 tiles for the MoE experts;
-// MOESERVE_FP8_WGMMA_TILE=128x256 the 128 x 256 ones (both 128-row tile tables).
-int g_fp8_wgmma_tile_m = [] {
-  const char* e = std::getenv("MOESERVE_FP8_WGMMA_TILE_M");
+// Tile shapes. Default: MoE expert tables of 128 rows on the 128 x 256 tiles (wide), linears
+// (plain row ranges) on 64 x 256. MOESERVE_FP8_WGMMA_TILE=64x256: both on 64 x 256 (the
+// previous default); =128x192 (or MOESERVE_FP8_WGMMA_TILE_M=128): both on 128 x 192;
+// =128x256: both on 128 x 256.
+namespace {
+const char* tile_env() {
   const char* w = std::getenv("MOESERVE_FP8_WGMMA_TILE");
-  return (e && std::atoi(e) == 128) || (w && std::strcmp(w, "128x256") == 0) ? 128 : 64;
+  const char* m = std::getenv("MOESERVE_FP8_WGMMA_TILE_M");
+  if (w && *w) return w;
+  return m && std::atoi(m) == 128 ? "128x192" : "";
+}
+}  // namespace
+int g_fp8_wgmma_tile_m = [] {
+  const char* w = tile_env();
+  return std::strcmp(w, "128x192") == 0 || std::strcmp(w, "128x256") == 0 ? 128 : 64;
 }();
 bool g_fp8_wgmma_wide = [] {
-  const char* w = std::getenv("MOESERVE_FP8_WGMMA_TILE");
-  return w && std::strcmp(w, "128x256") == 0;
+  const char* w = tile_env();
+  return std::strcmp(w, "64x256") != 0 && std::strcmp(w, "128x192") != 0;
 }();
 // MOESERVE_FP8_WGMMA=0 turns the wgmma path off process-wide (A/B runs of bench-model).
 bool g_fp8_gemm_wgmma = [] {
