@@ -217,27 +217,73 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
 
   MoeRouting r{ints_to_device(ids, {c.T, c.K}), to_device(wts, DType::F32, {c.T, c.K})};
   Tensor dx = to_device(x, DType::BF16, {c.T, c.H});
-  // mode 3: FP8 wgmma 128 x 192 tiles (128-row tile table), 2: FP8 wgmma 64 x 256 tiles (both
-  // fall back to mma.sync off sm_90a), 1: FP8 mma.sync 64 x 128, 0: bf16 activations.
-  for (int mode = 3; mode >= 0; --mode) {
+  // mode 3: FP8 wgmma 128 x 192 tiles (128-row tile table), 2: FP8 wgmma 64 x 256 tiles with
+  // the fused SiLU * up quantisation (opt-in; both fall back to mma.sync off sm_90a), 1: FP8
+  // mma.sync 64 x 128, 0: bf16 activations; 4: as 2 with the separate quantisation kernel,
+  // 5: as 2 with bf16 pair rows (moe_ypair_bf16), 6: as 2 with the scalar combine kernel.
+  // 6 computes the same values as 2 in the same order, so must match it exactly; 4 differs
+  // only where an intermediate's e4m3 byte rounds one step (2^-3 relative) apart (x * (1/s)
+  // against x / s; <= 1e-3 of the bytes, test_cuda_wgmma.cpp): sqrt(1e-3) x 2^-3 ~ 4e-3,
+  // bound 5e-3; 5 adds one bf16 rounding per pair row (<= 2^-9 relative): 1e-2.
+  // 7: wgmma 128 x 256 tiles fused, 8: the same unfused (the default path; as 4 against 2). 9: as 2 with the single-block align (from 8,192 pairs the default
+  // is the multi-block one; the pair order inside an expert differs, each pair's value does
+  // not: must match 2 exactly).
+  std::vector<float> out2, out7;
+  // Every case on the grouped GEMMs (decode-sized T would otherwise take the GEMV tiles).
+  const int saved_gemv = gpu().moe_gemv_max_tokens, saved_tile_m = cuda::g_fp8_wgmma_tile_m;
+  const bool saved_wide = cuda::g_fp8_wgmma_wide, saved_fused = gpu().moe_fused_quant;
+  gpu().moe_gemv_max_tokens = 0;
+  for (int mode : {3, 2, 1, 0, 4, 5, 6, 7, 8, 9}) {
     gpu().use_fp8_act_gemm = mode > 0;
     cuda::g_fp8_gemm_wgmma = mode >= 2;
-    cuda::g_fp8_wgmma_tile_m = mode == 3 ? 128 : 64;
+    cuda::g_fp8_wgmma_tile_m = mode == 3 || mode >= 7 ? 128 : 64;
+    cuda::g_fp8_wgmma_wide = mode >= 7;
+    gpu().moe_fused_quant = mode != 4 && mode != 8;
+    gpu().moe_ypair_bf16 = mode == 5;
+    gpu().moe_combine_vec = mode != 6;
+    gpu().moe_align_multi = mode != 9;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
-    const double e = rel_err(gpu().download_f32(out), ref);
-    std::printf("[prefill experts] T=%d H=%d I=%d E=%d k=%d skew=%d mode=%d: vs CPU op %.2e\n", c.T, c.H, c.I, c.E,
-                c.K, c.skew, mode, e);
+    const std::vector<float> got = gpu().download_f32(out);
+    const double e = rel_err(got, ref);
+    double d2 = 0;
+    if (mode == 2) out2 = got;
+    if (mode == 7) out7 = got;
+    if (mode >= 4) d2 = rel_err(got, mode == 8 ? out7 : out2);
+    std::printf("[prefill experts] T=%d H=%d I=%d E=%d k=%d skew=%d mode=%d: vs CPU op %.2e, vs mode 2 (8: vs 7) %.2e\n", c.T,
+                c.H, c.I, c.E, c.K, c.skew, mode, e, d2);
     EXPECT_LT(e, mode > 0 ? 2 * kLinQuantBound : 2e-2) << "mode " << mode;
+    if (mode == 6 || mode == 9) {
+      EXPECT_EQ(d2, 0.0) << "mode " << mode;
+    }
+    if (mode == 4 || mode == 8) {
+      EXPECT_LT(d2, 5e-3) << "mode " << mode;
+    }
+    if (mode == 5 || mode == 7) {
+      EXPECT_LT(d2, 1e-2) << "mode " << mode;
+    }
   }
   gpu().use_fp8_act_gemm = true;
   cuda::g_fp8_gemm_wgmma = true;
-  cuda::g_fp8_wgmma_tile_m = 64;
+  cuda::g_fp8_wgmma_tile_m = saved_tile_m;
+  cuda::g_fp8_wgmma_wide = saved_wide;
+  gpu().moe_fused_quant = saved_fused;
+  gpu().moe_ypair_bf16 = false;
+  gpu().moe_combine_vec = true;
+  gpu().moe_align_multi = true;
+  gpu().moe_gemv_max_tokens = saved_gemv;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillExperts,
                          ::testing::Values(ECase{130, 256, 128, 8, 2, 0},     // just above the threshold
                                            ECase{300, 384, 256, 16, 4, 1},    // half the experts get 0 tokens
-                                           ECase{160, 3072, 1536, 32, 4, 0}));  // M2.5 expert shapes
+                                           ECase{160, 3072, 1536, 32, 4, 0},   // M2.5 expert shapes
+                                           // 258 pairs over 96 experts: many with 0, 1 or 2 rows
+                                           ECase{129, 256, 384, 96, 2, 0},
+                                           // 8 experts x ~500 rows: several 64-row tiles each, tails
+                                           ECase{1000, 384, 256, 8, 4, 0},
+                                           // 8,400 pairs: the multi-block align (9 blocks), half
+                                           // the experts without rows
+                                           ECase{2100, 256, 128, 64, 4, 1}));
 
 }  // namespace
 }  // namespace moeserve::test

@@ -148,6 +148,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* e = std::getenv("MOESERVE_GRAPH_PREFILL_PATHS"); e && std::strcmp(e, "0") == 0)
     prefill_paths_in_graphs = false;
   if (const char* e = std::getenv("MOESERVE_MOE_GEMV_MAX"); e && *e) moe_gemv_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_MOE_FUSED_QUANT"); e && *e) moe_fused_quant = std::atoi(e) != 0;
+  if (const char* e = std::getenv("MOESERVE_MOE_YPAIR_BF16"); e && *e) moe_ypair_bf16 = std::atoi(e) != 0;
+  if (const char* e = std::getenv("MOESERVE_MOE_COMBINE_VEC"); e && *e) moe_combine_vec = std::atoi(e) != 0;
+  if (const char* e = std::getenv("MOESERVE_MOE_ALIGN_MULTI"); e && *e) moe_align_multi = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
     moe_direct_max_tokens = 0;
     fuse_router = false;

@@ -143,6 +143,22 @@ class CudaBackend final : public Backend {
   // Up to this many tokens moe_experts skips the align step (direct pair tiles, tensor-core
   // GEMV only) and folds the combine into the down GEMV; 0: off.
   int moe_direct_max_tokens = 1;
+  // FP8 prefill experts on the wgmma 256-weight-row tiles: SiLU * up and its per-128-column
+  // FP8 quantisation in the gate/up GEMM's epilogue (no bf16 intermediate, no quantisation
+  // kernel; same scales, a byte rarely one e4m3 step apart). Off by default: on the H200 the
+  // longer epilogue cost more than the kernel it removes (docs/benchmarks.md);
+  // MOESERVE_MOE_FUSED_QUANT=1 turns it on.
+  bool moe_fused_quant = false;
+  // Grouped-GEMM experts: the down GEMM stores each pair's weighted row as bf16 instead of
+  // f32 (half the [P, H] round trip into the combine; adds one bf16 rounding per pair before
+  // the sum, as vLLM's MoE does). MOESERVE_MOE_YPAIR_BF16=1/0.
+  bool moe_ypair_bf16 = false;
+  // Combine of the pair rows with 4 columns per thread (MOESERVE_MOE_COMBINE_VEC=0: the
+  // scalar kernel; f32 pair rows only).
+  bool moe_combine_vec = true;
+  // MoE align as three multi-block kernels from kAlignMultiMinPairs (token, k) pairs (the
+  // single-block kernel took ~156 us at 8k tokens); MOESERVE_MOE_ALIGN_MULTI=0: one block.
+  bool moe_align_multi = true;
   // Router logits + top-k in one kernel (T <= 8).
   bool fuse_router = true;
   // add_rms_norm_route as that one kernel (T <= 4, H <= 3072). Off by default: the first

@@ -181,12 +181,13 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
   if (T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out)) return;
   const bool gemv = T <= moe_gemv_max_tokens;
-  // FP8 prefill on the Hopper wgmma kernel's 128 x 192 tiles (g_fp8_wgmma_tile_m == 128): the
-  // align builds 128-row tiles; same predicate as moe_experts_fp8_act, which must then run and
-  // take that kernel (its 32-bit offset bound is checked here too).
+  // FP8 prefill on the Hopper wgmma kernel's 128-row tiles (128 x 256 by default, 128 x 192
+  // with MOESERVE_FP8_WGMMA_TILE=128x192): the align builds 128-row tiles; same predicate as
+  // moe_experts_fp8_act, which must then run and take that kernel (its 32-bit offset bound is
+  // checked here too).
   const bool fp8_pair = !gemv && prefill_path_allowed() && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
                         et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
-                        g_fp8_wgmma_tile_m == kFp8PairTileM && fp8_wgmma_available() &&
+                        fp8_wgmma_moe_tile_rows() == kFp8PairTileM && fp8_wgmma_available() &&
                         int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31) &&
                         // in a capture its quantisation workspaces must already be there
                         // (moe_experts_fp8_act checks the same; eager steps always fit)
@@ -209,6 +210,10 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   a.sorted_weight = reinterpret_cast<float*>(meta + meta_words);
   void* act = workspace(kMoeAct, size_t(P) * et.I * 2);
   float* ypair = static_cast<float*>(workspace(kMoeY, size_t(P) * H * 4));
+  if (moe_align_multi) {  // the pair rows are not written before the down GEMM
+    a.scratch = reinterpret_cast<int32_t*>(ypair);
+    a.scratch_bytes = size_t(P) * H * 4;
+  }
   launch_moe_align(a, stream_);
 
   LinParams up;
@@ -224,7 +229,10 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   down.mode = LinMode::kDown;
   down.x = act, down.ldx = et.I, down.x_rows = nullptr;
   down.N = H, down.K = et.I, down.s_cols = et.s_cols_down;
-  down.out = ypair, down.ldo = H, down.out_f32 = true, down.row_scale = a.sorted_weight;
+  // Grouped GEMMs may store the per-pair rows as bf16 (moe_ypair_bf16); the GEMVs keep f32.
+  const bool vec_ok = H % 4 == 0 && aligned16({ypair, out.data});
+  const bool y_bf16 = !gemv && moe_ypair_bf16 && vec_ok;
+  down.out = ypair, down.ldo = H, down.out_f32 = !y_bf16, down.row_scale = a.sorted_weight;
   if (gemv) {
     launch_gemv(up, stream_);
     launch_gemv(down, stream_);
@@ -234,7 +242,10 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);
   }
-  launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
+  if (vec_ok && (moe_combine_vec || y_bf16))
+    launch_moe_combine4(ypair, y_bf16, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
+  else
+    launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
 }
 
 // Decode at very few tokens: no align step and no combine kernel. Tile t of both GEMVs is

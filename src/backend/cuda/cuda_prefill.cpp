@@ -127,15 +127,24 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   QuantParams q;
   q.x = up.x, q.ldx = H, q.R = T, q.K = H, q.q = xq, q.s = xs, q.s_row = H / kQuantGroup, q.s_grp = 1;
   launch_quant_fp8(q, stream_);
-  // launch_gemm_fp8 picks the kernel (wgmma on sm_90a) and, from up.tile_rows, its tile shape.
-  launch_gemm_fp8(up, Fp8Act{xq, xs}, stream_);
-  // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
   const size_t abytes = round_up(size_t(P) * I, 256);
   uint8_t* aq = static_cast<uint8_t*>(workspace(kQuantAct, abytes + size_t(P) * (I / kQuantGroup) * 4));
   float* as = reinterpret_cast<float*>(aq + abytes);
-  QuantParams qa;
-  qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
-  launch_quant_fp8(qa, stream_);
+  // Fused (default on the wgmma 64 x 256 tiles): the gate/up GEMM's epilogue writes
+  // SiLU(gate) * up already quantised (e4m3 + per-128-column scales, bit-identical to the
+  // quantisation kernel below), so the bf16 [P, I] intermediate never exists.
+  LinParams upq = up;
+  upq.out_q = aq, upq.out_qs = as, upq.ldo = I;
+  if (moe_fused_quant && g_fp8_gemm_wgmma && gemm_fp8_wgmma_supported(upq)) {
+    launch_gemm_fp8_wgmma(upq, Fp8Act{xq, xs}, stream_);
+  } else {
+    // launch_gemm_fp8 picks the kernel (wgmma on sm_90a) and, from up.tile_rows, its tile shape.
+    launch_gemm_fp8(up, Fp8Act{xq, xs}, stream_);
+    // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
+    QuantParams qa;
+    qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
+    launch_quant_fp8(qa, stream_);
+  }
   launch_gemm_fp8(down, Fp8Act{aq, as}, stream_);
   return true;
 }

@@ -232,6 +232,7 @@ void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
   if (g_fp8_gemm_wgmma && (p.tile_expert || p.M >= 128) && gemm_fp8_wgmma_supported(p))
     return launch_gemm_fp8_wgmma(p, a, s);
   CU_REQUIRE(!p.tile_expert || p.tile_rows <= BM, "gemm_fp8: tile table taller than the 64-row kernel's tiles");
+  CU_REQUIRE(!p.out_q, "gemm_fp8: the quantising epilogue (out_q) exists only in the wgmma kernel");
   switch (p.mode) {
     case LinMode::kStore: launch_mode<int(LinMode::kStore)>(p, a, s); break;
     case LinMode::kSwiglu: launch_mode<int(LinMode::kSwiglu)>(p, a, s); break;

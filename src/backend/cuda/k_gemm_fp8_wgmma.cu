@@ -27,13 +27,29 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 namespace moeserve::cuda {
 
-// MOESERVE_FP8_WGMMA_TILE_M=128 selects the 128 x 192 tiles for the MoE experts.
+// Tile shapes. Default: MoE expert tables of 128 rows on the 128 x 256 tiles (wide), linears
+// (plain row ranges) on 64 x 256. MOESERVE_FP8_WGMMA_TILE=64x256: both on 64 x 256 (the
+// previous default); =128x192 (or MOESERVE_FP8_WGMMA_TILE_M=128): both on 128 x 192;
+// =128x256: both on 128 x 256.
+namespace {
+const char* tile_env() {
+  const char* w = std::getenv("MOESERVE_FP8_WGMMA_TILE");
+  const char* m = std::getenv("MOESERVE_FP8_WGMMA_TILE_M");
+  if (w && *w) return w;
+  return m && std::atoi(m) == 128 ? "128x192" : "";
+}
+}  // namespace
 int g_fp8_wgmma_tile_m = [] {
-  const char* e = std::getenv("MOESERVE_FP8_WGMMA_TILE_M");
-  return e && std::atoi(e) == 128 ? 128 : 64;
+  const char* w = tile_env();
+  return std::strcmp(w, "128x192") == 0 || std::strcmp(w, "128x256") == 0 ? 128 : 64;
+}();
+bool g_fp8_wgmma_wide = [] {
+  const char* w = tile_env();
+  return std::strcmp(w, "64x256") != 0 && std::strcmp(w, "128x192") != 0;
 }();
 // MOESERVE_FP8_WGMMA=0 turns the wgmma path off process-wide (A/B runs of bench-model).
 bool g_fp8_gemm_wgmma = [] {
@@ -43,25 +59,36 @@ bool g_fp8_gemm_wgmma = [] {
 
 namespace wgmma_detail {  // named: the sm_80 device pass does not use every member
 
-constexpr int BK = 128, kStages = 5, kThreads = 384;
+constexpr int BK = 128, kThreads = 384;
 
-// Two tile shapes (PAIR = false / true):
-//  - 64 rows x 256 weight rows: both consumers multiply the same A [64 x 128] by their own
-//    128 weight rows (wgmma N = 128); 64-row tile table.
-//  - 128 rows x 192 weight rows: consumer w multiplies A rows [64 w, 64 w + 64) by the shared
-//    B [192 x 128] (wgmma N = 192); 128-row tile table (p.tile_rows == 128). Fewer bytes per
-//    flop from L2 (1/128 + 1/192 against 1/64 + 1/256); a consumer without rows idles.
-template <bool PAIR>
+// Three tile shapes (SHAPE):
+//  - kShapeN, 64 rows x 256 weight rows: both consumers multiply the same A [64 x 128] by
+//    their own 128 weight rows (wgmma N = 128); 64-row tile table.
+//  - kShapePair, 128 rows x 192 weight rows: consumer w multiplies A rows [64 w, 64 w + 64)
+//    by the shared B [192 x 128] (wgmma N = 192); 128-row tile table (p.tile_rows == 128).
+//    Fewer bytes per flop from L2 (1/128 + 1/192 against 1/64 + 1/256); a consumer without
+//    rows idles.
+//  - kShapeWide, 128 rows x 256 weight rows: consumer w multiplies A rows [64 w, 64 w + 64)
+//    by the shared B [256 x 128] in two halves of 128 weight rows (wgmma N = 128 each, one
+//    partial tile reused, so the registers hold acc 2 x 64 + part 64); 128-row tile table;
+//    1/128 + 1/256 bytes per flop (40% less L2 traffic than kShapeN); 4 stages.
+constexpr int kShapeN = 0, kShapePair = 1, kShapeWide = 2;
+template <int SHAPE>
 struct Cfg {
-  static constexpr int BM = PAIR ? 128 : 64;
+  static constexpr bool PAIR = SHAPE == kShapePair, WIDE = SHAPE == kShapeWide;
+  static constexpr int kStages = WIDE ? 4 : 5;
+  static constexpr int BM = PAIR || WIDE ? 128 : 64;
   static constexpr int BNW = PAIR ? 192 : 256;  // weight rows per tile
-  static constexpr int NW = PAIR ? 192 : 128;   // wgmma N per consumer
-  static constexpr int NJ = NW / 8;             // 8-column accumulator groups per consumer
+  static constexpr int NW = PAIR ? 192 : 128;   // wgmma N per consumer (per half for WIDE)
+  static constexpr int NJ = NW / 8;             // 8-column accumulator groups per consumer (half)
   // Stage = A tile, B tile, scales: the A rows' activation scales (BM floats) at +0 and
   // per consumer the weight scales {W1 lo, W1 hi, W3 lo, W3 hi} block at float 128 + 4 cw.
   static constexpr int kABytes = BM * BK, kBBytes = BNW * BK, kScaleOff = kABytes + kBBytes;
   static constexpr int kStageBytes = kScaleOff + 1024;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8;
+  // After the ring: the full / empty mbarriers, then (fused quantising epilogue) per-row
+  // |max| exchange between the two consumers, double-buffered by tile parity [2][2][64].
+  static constexpr int kBarOff = kStages * kStageBytes, kRedOff = kBarOff + 128;
+  static constexpr int kSmemBytes = kRedOff + 2 * 2 * 64 * 4 + 1024 /* alignment */;
   static_assert(kStageBytes % 1024 == 0 && kABytes % 1024 == 0, "swizzle atoms need 1024-byte alignment");
   // Output columns per tile (kSwiglu: half the weight rows are W1, half W3).
   static constexpr int cols(bool swiglu) { return swiglu ? BNW / 2 : BNW; }
@@ -106,17 +133,196 @@ template <bool PAIR, bool SWIGLU>
 __device__ __forceinline__ constexpr int b_half(int i) {
   return !SWIGLU ? 0 : PAIR ? (i >= 6) : (i / 4) & 1;
 }
+
+// Consumer of the 128 x 256 tiles (kShapeWide). The B tile is laid out as for kShapeN (rows
+// [128 hf, 128 hf + 128) are what kShapeN's consumer hf multiplies: for kSwiglu 64 W1 rows then
+// the same 64 rows of W3), so the producer is shared. A tile of more than 64 rows is split by
+// rows: consumer cw takes A rows [64 cw, 64 cw + 64) and both halves hf, one after the other,
+// into one partial tile. A tile of <= 64 rows (an expert's last, or only, tile) is split by
+// columns as kShapeN does: both consumers take A rows [0, 64), consumer cw half cw, so neither
+// idles. `red` (fused quantisation, split-column tiles only): per-row |max| exchange, as in
+// the kernel below.
+template <int MODE, bool QOUT>
+__device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                              int total, int ncol, int cw, int warp, int lane) {
+  using C = Cfg<kShapeWide>;
+  constexpr bool kSwiglu = MODE == int(LinMode::kSwiglu);
+  constexpr int BM = C::BM, NJ = C::NJ, kCols = C::cols(kSwiglu), kStages = C::kStages;
+  const uint8_t* b_tile = smem + C::kABytes;
+  // qbar: split-column tiles so far (the same count in both consumers), the `red` buffer parity.
+  uint32_t it = 0, qbar = 0;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const Tile tl = tile_of(p, tile, ncol, BM);
+    const bool splitn = tl.row_end - tl.row_begin <= 64;  // same for both consumers
+    const int r0 = tl.row_begin + (splitn ? 0 : 64 * cw);
+    const bool active = r0 < tl.row_end;  // split by rows: the second consumer may have none
+    const uint8_t* a_tile = smem + (splitn ? 0 : cw * 64 * BK);
+    int rows[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rows[h] = r0 + 16 * warp + lane / 4 + 8 * h;
+    const int sa_idx = rows[0] - tl.row_begin;
+    // Half hf covers output columns c0 + hw hf + 8 (j mod NJ') (NJ' = NJ / 2 for kSwiglu).
+    const int c00 = tl.ct * kCols, hw = kSwiglu ? 64 : 128;
+    float acc[2][4 * NJ], part[4 * NJ];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; ++i) acc[hf][i] = 0.f;
+    for (int kt = 0; kt < p.K / BK; ++kt, ++it) {
+      const int s = int(it % kStages);
+      sm90::mbar_wait(full + s, (it / kStages) & 1);
+      const float* ss = reinterpret_cast<const float*>(smem + s * C::kStageBytes + C::kScaleOff);
+      const float sa0 = ss[sa_idx], sa1 = ss[sa_idx + 8];
+      float ws[8];  // per half {W1 lo, W1 hi, W3 lo, W3 hi}
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ws[i] = ss[128 + i];
+      if (active) {
+        sm90::fence_proxy_async();
+        const uint64_t da = sm90::smem_desc_sw128(a_tile + s * C::kStageBytes);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          if (splitn && hf != cw) continue;
+          const uint64_t db = sm90::smem_desc_sw128(b_tile + s * C::kStageBytes + hf * 128 * BK);
+#pragma unroll
+          for (int i = 0; i < 4 * NJ; ++i) sm90::reg_fence(part[i]);
+          sm90::wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < BK / 32; ++k) sm90::wgmma_m64n128k32_e4m3(part, da + 2 * k, db + 2 * k, k > 0);
+          sm90::wgmma_commit();
+          sm90::wgmma_wait0();
+#pragma unroll
+          for (int i = 0; i < 4 * NJ; ++i) sm90::reg_fence(part[i]);
+          if ((hf == 1 || splitn) && lane == 0) sm90::mbar_arrive(empty + s);
+          const int jsplit = (128 - ((c00 + hw * hf) & 127)) / 8;
+#pragma unroll
+          for (int j = 0; j < NJ; ++j) {
+            const bool up = kSwiglu && j >= NJ / 2;
+            const int jj = kSwiglu ? j % (NJ / 2) : j;
+            const bool hi = jj >= jsplit;
+            const float sb = ws[4 * hf + (up ? 2 : 0) + (hi ? 1 : 0)];
+            const float f0 = sa0 * sb, f1 = sa1 * sb;
+            acc[hf][4 * j + 0] = fmaf(part[4 * j + 0], f0, acc[hf][4 * j + 0]);
+            acc[hf][4 * j + 1] = fmaf(part[4 * j + 1], f0, acc[hf][4 * j + 1]);
+            acc[hf][4 * j + 2] = fmaf(part[4 * j + 2], f1, acc[hf][4 * j + 2]);
+            acc[hf][4 * j + 3] = fmaf(part[4 * j + 3], f1, acc[hf][4 * j + 3]);
+          }
+        }
+      } else if (lane == 0) {
+        sm90::mbar_arrive(empty + s);
+      }
+    }
+    if (!active) continue;
+
+    // ---- epilogue (lane holds 2 adjacent columns per 8-column group) ----
+    if constexpr (QOUT) {
+      // |max| of each row over its 128 columns: both halves here (split by rows), or this
+      // consumer's half and the other's through shared memory (split by columns).
+      float v[2][2][NJ];  // [h][hf][2 j + c]
+      float am[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m = 0.f;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+          for (int j = 0; j < NJ / 2; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const float g = acc[hf][4 * j + 2 * h + c], u = acc[hf][4 * (j + NJ / 2) + 2 * h + c];
+              const float b = __bfloat162float(__float2bfloat16_rn(silu(g) * u));
+              v[h][hf][2 * j + c] = b;
+              if (!splitn || hf == cw) m = fmaxf(m, fabsf(b));
+            }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        am[h] = m;
+      }
+      if (splitn) {
+        float* red = reinterpret_cast<float*>(smem + C::kRedOff) + (qbar++ & 1) * 128;
+        const int lr = 16 * warp + lane / 4;
+        if (lane % 4 == 0) red[cw * 64 + lr] = am[0], red[cw * 64 + lr + 8] = am[1];
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+        for (int h = 0; h < 2; ++h) am[h] = fmaxf(am[h], red[(1 - cw) * 64 + lr + 8 * h]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rows[h];
+        if (r >= tl.row_end) continue;
+        // The scale as quant_fp8_kernel computes it; the elements are multiplied by its
+        // reciprocal (one division per row: 64 IEEE divisions per row cost ~1 us per tile).
+        const float sc = am[h] > 0.f ? am[h] / kFp8Max : 1.f, inv = 1.f / sc;
+        uint8_t* o = p.out_q + size_t(r) * p.ldo;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          if (splitn && hf != cw) continue;
+#pragma unroll
+          for (int j = 0; j < NJ / 2; ++j) {
+            const int c = c00 + hw * hf + 8 * j + 2 * (lane % 4);
+            *reinterpret_cast<__nv_fp8x2_storage_t*>(o + c) = __nv_cvt_float2_to_fp8x2(
+                make_float2(v[h][hf][2 * j] * inv, v[h][hf][2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+          }
+        }
+        if ((!splitn || cw == 0) && lane % 4 == 0) p.out_qs[size_t(r) * (p.N / 128) + c00 / 128] = sc;
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rows[h];
+        if (r >= tl.row_end) continue;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          if (splitn && hf != cw) continue;
+          const int c0 = c00 + hw * hf;
+          if (kSwiglu) {
+            bf16* o = static_cast<bf16*>(p.out) + size_t(r) * p.ldo;
+#pragma unroll
+            for (int j = 0; j < NJ / 2; ++j) {
+              const int c = c0 + 8 * j + 2 * (lane % 4);
+              if (c < p.N) {
+                const float ga = acc[hf][4 * j + 2 * h], gb = acc[hf][4 * j + 2 * h + 1];
+                const float ua = acc[hf][4 * (j + NJ / 2) + 2 * h], ub = acc[hf][4 * (j + NJ / 2) + 2 * h + 1];
+                *reinterpret_cast<__nv_bfloat162*>(o + c) = __floats2bfloat162_rn(silu(ga) * ua, silu(gb) * ub);
+              }
+            }
+          } else {
+            const float scale = MODE == int(LinMode::kDown) ? p.row_scale[r] : 1.f;
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+              const int c = c0 + 8 * j + 2 * (lane % 4);
+              if (c < p.N) {
+                const float va = acc[hf][4 * j + 2 * h] * scale, vb = acc[hf][4 * j + 2 * h + 1] * scale;
+                const size_t o = size_t(r) * p.ldo + c;
+                if (p.out_f32)
+                  *reinterpret_cast<float2*>(static_cast<float*>(p.out) + o) = make_float2(va, vb);
+                else
+                  *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.out) + o) = __floats2bfloat162_rn(va, vb);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
 #endif
 
-template <int MODE, bool PAIR>
+// QOUT (kSwiglu, 256-weight-row tiles): the epilogue quantises bf16(silu(g) * u) to e4m3 per
+// 128 columns (p.out_q / p.out_qs) instead of storing bf16. A tile's 128 output columns are one
+// quantisation group, split 64 / 64 between the consumers, so each row's |max| is reduced
+// over the lane quad, then exchanged with the other consumer through shared memory.
+template <int MODE, int SHAPE, bool QOUT = false>
 __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p, Fp8Act act) {
 #ifdef MOESERVE_SM90A_DEVICE
-  using C = Cfg<PAIR>;
+  using C = Cfg<SHAPE>;
+  constexpr bool PAIR = C::PAIR, WIDE = C::WIDE;
+  constexpr int kStages = C::kStages;
   constexpr bool kSwiglu = MODE == int(LinMode::kSwiglu);
+  static_assert(!QOUT || (kSwiglu && !PAIR && C::cols(true) == 128), "fused quantisation: 256-weight-row swiglu tiles");
   constexpr int BM = C::BM, BNW = C::BNW, NJ = C::NJ, kCols = C::cols(kSwiglu);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * C::kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
   uint64_t* empty = full + kStages;
   const int tid = threadIdx.x, wg = tid / 128;
   if (tid == 0) {
@@ -195,8 +401,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
   sm90::setmaxnreg_inc<232>();
   const int cw = wg - 1;  // consumer index 0 / 1
   const int lt = tid % 128, warp = lt / 32, lane = lt % 32;
-  uint32_t it = 0;
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+  if constexpr (WIDE) {
+    wide_consumer<MODE, QOUT>(p, smem, full, empty, total, ncol, cw, warp, lane);
+    return;
+  }
+  uint32_t it = 0, tile_iter = 0;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x, ++tile_iter) {
     const Tile tl = tile_of(p, tile, ncol, BM);
     const int r0 = tl.row_begin + (PAIR ? 64 * cw : 0);
     const bool active = r0 < tl.row_end;  // PAIR: the second consumer may have no rows
@@ -260,6 +470,53 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
     if (!active) continue;
 
     // ---- epilogue: straight from registers (lane holds 2 adjacent columns per 8) ----
+    if constexpr (QOUT) {
+      // v = bf16(silu(g) * u) (the unfused path's stored value), amax over the row's 128
+      // columns: lane quad (16 values each) -> consumer's 64 columns -> both consumers.
+      float v[2][NJ];  // [h][2 j + c], j < NJ / 2
+      float am[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m = 0.f;
+#pragma unroll
+        for (int j = 0; j < NJ / 2; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float g = acc[4 * j + 2 * h + c], u = acc[4 * (j + NJ / 2) + 2 * h + c];
+            const float b = __bfloat162float(__float2bfloat16_rn(silu(g) * u));
+            v[h][2 * j + c] = b;
+            m = fmaxf(m, fabsf(b));
+          }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        am[h] = m;
+      }
+      float* red = reinterpret_cast<float*>(smem + C::kRedOff) + (tile_iter & 1) * 128;
+      const int lr = 16 * warp + lane / 4;  // this lane's first row within the tile
+      if (lane % 4 == 0) red[cw * 64 + lr] = am[0], red[cw * 64 + lr + 8] = am[1];
+      // Both consumer warpgroups (256 threads), named barrier 1. The buffer alternates by
+      // tile: a consumer cannot reach the barrier two tiles on before the other passed this one.
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rows[h];
+        const float amax = fmaxf(am[h], red[(1 - cw) * 64 + lr + 8 * h]);
+        if (r >= tl.row_end) continue;
+        // The scale as quant_fp8_kernel (k_quant.cu) computes it, s = amax / 448; q = rn(v * (1 / s))
+        // (that kernel divides: the product differs from the quotient by <= 1.5 ulp of f32, so
+        // a byte differs by one e4m3 step only where v / s lies that close to a rounding boundary).
+        const float sc = amax > 0.f ? amax / kFp8Max : 1.f, inv = 1.f / sc;
+        uint8_t* o = p.out_q + size_t(r) * p.ldo;
+#pragma unroll
+        for (int j = 0; j < NJ / 2; ++j) {
+          const int c = c0 + 8 * j + 2 * (lane % 4);
+          const __nv_fp8x2_storage_t q2 = __nv_cvt_float2_to_fp8x2(
+              make_float2(v[h][2 * j] * inv, v[h][2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+          *reinterpret_cast<__nv_fp8x2_storage_t*>(o + c) = q2;
+        }
+        if (cw == 0 && lane % 4 == 0) p.out_qs[size_t(r) * (p.N / 128) + c0 / 128] = sc;
+      }
+    } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = rows[h];
@@ -291,6 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
         }
       }
     }
+    }  // !QOUT
   }
 #endif
 }
@@ -316,7 +574,7 @@ bool wgmma_device_ok() {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major != 9 || minor != 0) return false;
     cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, gemm_fp8_wgmma_kernel<int(LinMode::kStore), false>) != cudaSuccess) return false;
+    if (cudaFuncGetAttributes(&a, gemm_fp8_wgmma_kernel<int(LinMode::kStore), kShapeN>) != cudaSuccess) return false;
     return a.binaryVersion == 90;
 #else
     return false;
@@ -325,34 +583,42 @@ bool wgmma_device_ok() {
   return ok;
 }
 
-template <int MODE, bool PAIR>
+template <int MODE, int SHAPE, bool QOUT = false>
 void launch_mode(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
-  using C = Cfg<PAIR>;
+  using C = Cfg<SHAPE>;
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_wgmma_kernel<MODE, PAIR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    C::kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_wgmma_kernel<MODE, SHAPE, QOUT>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
     attr_set = true;
   }
   const int ncol = ceil_div(p.N, C::cols(MODE == int(LinMode::kSwiglu)));
   const int64_t tiles = int64_t(p.tile_expert ? p.max_tiles : ceil_div(p.M, C::BM)) * ncol;
   if (tiles == 0) return;
   const int grid = int(std::min<int64_t>(tiles, sm_count()));
-  gemm_fp8_wgmma_kernel<MODE, PAIR><<<grid, kThreads, C::kSmemBytes, s>>>(p, a);
+  gemm_fp8_wgmma_kernel<MODE, SHAPE, QOUT><<<grid, kThreads, C::kSmemBytes, s>>>(p, a);
   CUDA_CHECK_LAUNCH();
 }
 
-template <bool PAIR>
+template <int SHAPE>
 void launch_variant(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
   switch (p.mode) {
-    case LinMode::kStore: launch_mode<int(LinMode::kStore), PAIR>(p, a, s); break;
-    case LinMode::kSwiglu: launch_mode<int(LinMode::kSwiglu), PAIR>(p, a, s); break;
-    case LinMode::kDown: launch_mode<int(LinMode::kDown), PAIR>(p, a, s); break;
+    case LinMode::kStore: launch_mode<int(LinMode::kStore), SHAPE>(p, a, s); break;
+    case LinMode::kSwiglu:
+      if constexpr (SHAPE != kShapePair)
+        if (p.out_q) return launch_mode<int(LinMode::kSwiglu), SHAPE, true>(p, a, s);
+      launch_mode<int(LinMode::kSwiglu), SHAPE>(p, a, s);
+      break;
+    case LinMode::kDown: launch_mode<int(LinMode::kDown), SHAPE>(p, a, s); break;
   }
 }
 
-// 128-row tiles: the table's height, or for plain row ranges the process-wide choice.
-bool use_pair(const LinParams& p) { return p.tile_expert ? p.tile_rows == 128 : g_fp8_wgmma_tile_m == 128; }
+// 128-row tiles: the table's height, or for plain row ranges the process-wide choice; then
+// 128 x 256 (g_fp8_wgmma_wide) or 128 x 192.
+int shape_of(const LinParams& p) {
+  const bool tall = p.tile_expert ? p.tile_rows == 128 : g_fp8_wgmma_tile_m == 128;
+  return !tall ? kShapeN : g_fp8_wgmma_wide ? kShapeWide : kShapePair;
+}
 
 }  // namespace
 
@@ -363,16 +629,20 @@ bool gemm_fp8_wgmma_supported(const LinParams& p) {
   // Offsets inside the producer are 32-bit. Gathered rows (x_rows) index tokens, and there
   // are no more tokens than rows M (pairs), so M * K bounds both cases.
   const bool small = int64_t(p.M) * p.K < (int64_t(1) << 31) && int64_t(p.N) * p.K < (int64_t(1) << 31);
-  return small && p.N % 64 == 0 && p.ldo % 2 == 0 && (p.mode != LinMode::kDown || p.row_scale) &&
+  // Fused quantising epilogue: kSwiglu on the 256-weight-row tiles, whole 128-column groups.
+  const bool qout_ok = !p.out_q || (p.mode == LinMode::kSwiglu && shape_of(p) != kShapePair && p.N % 128 == 0 &&
+                                    p.out_qs && p.ldo % 2 == 0 && int64_t(p.M) * p.ldo < (int64_t(1) << 31));
+  return small && qout_ok && p.N % 64 == 0 && p.ldo % 2 == 0 && (p.mode != LinMode::kDown || p.row_scale) &&
          (p.mode != LinMode::kSwiglu || p.experts) && (!p.tile_expert || p.tile_rows == 64 || p.tile_rows == 128);
 }
 
 void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
   CU_REQUIRE(gemm_fp8_wgmma_supported(p), "gemm_fp8_wgmma: unsupported shape or device (needs sm_90a, N % 64 == 0)");
-  if (use_pair(p))
-    launch_variant<true>(p, a, s);
-  else
-    launch_variant<false>(p, a, s);
+  switch (shape_of(p)) {
+    case kShapeN: launch_variant<kShapeN>(p, a, s); break;
+    case kShapePair: launch_variant<kShapePair>(p, a, s); break;
+    default: launch_variant<kShapeWide>(p, a, s); break;
+  }
 }
 
 }  // namespace moeserve::cuda

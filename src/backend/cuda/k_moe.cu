@@ -320,9 +320,21 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
   const int P = p.T * p.top_k;
   for (int e = threadIdx.x; e < p.num_local; e += blockDim.x) count[e] = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < P; i += blockDim.x) {
-    const int e = p.ids[i] - p.first_local;
-    p.pair_pos[i] = (e >= 0 && e < p.num_local) ? atomicAdd(&count[e], 1) : -1;
+  // Both passes handle kU pairs per thread per iteration with all their loads issued first:
+  // one block walks every pair (65,536 at 8k tokens), so the loop is load-latency bound.
+  constexpr int kU = 4;
+  for (int i0 = threadIdx.x; i0 < P; i0 += kU * blockDim.x) {
+    int e[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      e[u] = i < P ? p.ids[i] - p.first_local : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      if (i < P) p.pair_pos[i] = (e[u] >= 0 && e[u] < p.num_local) ? atomicAdd(&count[e[u]], 1) : -1;
+    }
   }
   __syncthreads();
   // Hillis-Steele inclusive scan over kMaxExperts entries (num_local <= blockDim.x = 1024).
@@ -350,10 +362,94 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
   }
   if (e == kMaxExperts - 1) *p.num_tiles = scan_b[e];
   __syncthreads();
-  for (int i = threadIdx.x; i < P; i += blockDim.x) {
-    const int ex = p.ids[i] - p.first_local;
-    if (ex >= 0 && ex < p.num_local) {
-      const int pos = offset[ex] + p.pair_pos[i];
+  for (int i0 = threadIdx.x; i0 < P; i0 += kU * blockDim.x) {
+    int ex[kU], rank[kU];
+    float w[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      ex[u] = -1;
+      if (i < P) ex[u] = p.ids[i] - p.first_local, rank[u] = p.pair_pos[i], w[u] = p.weights[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      if (ex[u] >= 0 && ex[u] < p.num_local) {
+        const int pos = offset[ex[u]] + rank[u];
+        p.pair_pos[i] = pos;
+        p.sorted_token[pos] = i / p.top_k;
+        p.sorted_weight[pos] = w[u];
+      }
+    }
+  }
+}
+
+// Multi-block align (large P, with a scratch buffer): the single block above walks every
+// pair twice and took ~156 us at 65,536 pairs on the H200. Here pairs are cut into chunks of
+// `chunk` (one block each): count (per-block histogram, rank within the block's chunk) ->
+// scan (one block: per expert, exclusive prefix over blocks, then the expert offsets and the
+// tile table as above) -> scatter. scratch: [nb][num_local] block prefixes, then
+// [num_local] expert offsets.
+__global__ void __launch_bounds__(1024) align_count_kernel(MoeAlignParams p, int chunk) {
+  __shared__ int count[kMaxExperts];
+  pdl_enter();
+  const int P = p.T * p.top_k, b = blockIdx.x, i0 = b * chunk, i1 = min(P, i0 + chunk);
+  for (int e = threadIdx.x; e < p.num_local; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    const int e = p.ids[i] - p.first_local;
+    p.pair_pos[i] = (e >= 0 && e < p.num_local) ? atomicAdd(&count[e], 1) : -1;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < p.num_local; e += blockDim.x) p.scratch[size_t(b) * p.num_local + e] = count[e];
+}
+
+__global__ void __launch_bounds__(1024) align_scan_kernel(MoeAlignParams p, int nb) {
+  __shared__ int scan_a[kMaxExperts], scan_b[kMaxExperts];
+  pdl_enter();
+  const int e = threadIdx.x, L = p.num_local;
+  int my_cnt = 0;
+  if (e < L) {
+    // Exclusive prefix over blocks; loads batched 8 at a time (independent of the sum).
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+      int c[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) c[u] = b0 + u < nb ? p.scratch[size_t(b0 + u) * L + e] : 0;
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (b0 + u < nb) p.scratch[size_t(b0 + u) * L + e] = my_cnt, my_cnt += c[u];
+    }
+  }
+  const int my_tiles = (my_cnt + p.tile_rows - 1) / p.tile_rows;
+  scan_a[e] = my_cnt;
+  scan_b[e] = my_tiles;
+  __syncthreads();
+  for (int d = 1; d < kMaxExperts; d <<= 1) {
+    const int va = e >= d ? scan_a[e - d] : 0, vb = e >= d ? scan_b[e - d] : 0;
+    __syncthreads();
+    scan_a[e] += va;
+    scan_b[e] += vb;
+    __syncthreads();
+  }
+  if (e < L) {
+    const int off = scan_a[e] - my_cnt, t0 = scan_b[e] - my_tiles;
+    p.scratch[size_t(nb) * L + e] = off;
+    for (int j = 0; j < my_tiles; ++j) {
+      p.tile_expert[t0 + j] = e;
+      p.tile_begin[t0 + j] = off + j * p.tile_rows;
+      p.tile_end[t0 + j] = off + min(my_cnt, (j + 1) * p.tile_rows);
+    }
+  }
+  if (e == kMaxExperts - 1) *p.num_tiles = scan_b[e];
+}
+
+__global__ void __launch_bounds__(1024) align_scatter_kernel(MoeAlignParams p, int chunk, int nb) {
+  pdl_enter();
+  const int P = p.T * p.top_k, b = blockIdx.x, i0 = b * chunk, i1 = min(P, i0 + chunk), L = p.num_local;
+  for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    const int e = p.ids[i] - p.first_local;
+    if (e >= 0 && e < L) {
+      const int pos = p.scratch[size_t(nb) * L + e] + p.scratch[size_t(b) * L + e] + p.pair_pos[i];
       p.pair_pos[i] = pos;
       p.sorted_token[pos] = i / p.top_k;
       p.sorted_weight[pos] = p.weights[i];
@@ -479,6 +575,40 @@ __global__ void split_gate_kernel(const float* w, bf16* out, int64_t n) {
   pdl_enter();
 }
 
+
+// Vectorised combine: thread i of token t's block owns columns [4 i, 4 i + 4) (H % 4 == 0),
+// reads them from each of the token's pair rows (f32 float4 or bf16 x4), sums in k order.
+template <bool YBF16>
+__global__ void combine4_kernel(const void* ypair, const int32_t* pair_pos, int top_k, int H, void* out,
+                                bool out_bf16) {
+  pdl_enter();
+  const int t = blockIdx.x;
+  for (int h = 4 * threadIdx.x; h < H; h += 4 * blockDim.x) {
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < top_k; ++j) {
+      const int pos = pair_pos[t * top_k + j];
+      if (pos < 0) continue;
+      const int64_t o = int64_t(pos) * H + h;
+      if constexpr (YBF16) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const bf16*>(ypair) + o);
+        const float2 lo = bf16x2_to_f2(raw.x), hi = bf16x2_to_f2(raw.y);
+        a[0] += lo.x, a[1] += lo.y, a[2] += hi.x, a[3] += hi.y;
+      } else {
+        const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(ypair) + o);
+        a[0] += v.x, a[1] += v.y, a[2] += v.z, a[3] += v.w;
+      }
+    }
+    const int64_t o = int64_t(t) * H + h;
+    if (out_bf16) {
+      __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(out) + o);
+      d[0] = __floats2bfloat162_rn(a[0], a[1]);
+      d[1] = __floats2bfloat162_rn(a[2], a[3]);
+    } else {
+      *reinterpret_cast<float4*>(static_cast<float*>(out) + o) = make_float4(a[0], a[1], a[2], a[3]);
+    }
+  }
+}
+
 }  // namespace
 
 int g_route_topk_warp = 2;
@@ -537,6 +667,19 @@ void launch_moe_route_topk(const RouteParams& p, cudaStream_t s) {
 
 void launch_moe_align(const MoeAlignParams& p, cudaStream_t s) {
   CU_REQUIRE(p.num_local <= kMaxExperts, "moe_align: " + std::to_string(p.num_local) + " local experts unsupported");
+  const int64_t P = int64_t(p.T) * p.top_k;
+  // Chunks of >= 1024 pairs, at most 128 blocks.
+  const int chunk = int(std::max<int64_t>(1024, (P + 127) / 128));
+  const int nb = int((P + chunk - 1) / chunk);
+  if (p.scratch && P >= kAlignMultiMinPairs && size_t(nb + 1) * p.num_local * 4 <= p.scratch_bytes) {
+    launch_pdl(align_count_kernel, dim3(nb), dim3(1024), 0, s, p, chunk);
+    CUDA_CHECK_LAUNCH();
+    launch_pdl(align_scan_kernel, dim3(1), dim3(1024), 0, s, p, nb);
+    CUDA_CHECK_LAUNCH();
+    launch_pdl(align_scatter_kernel, dim3(nb), dim3(1024), 0, s, p, chunk, nb);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   launch_pdl(align_kernel, dim3(1), dim3(1024), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
@@ -545,6 +688,17 @@ void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int 
                         bool out_bf16, cudaStream_t s) {
   if (T == 0) return;
   launch_pdl(combine_kernel, dim3(T), dim3(256), 0, s, ypair, pair_pos, top_k, H, out, out_bf16);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_combine4(const void* ypair, bool ypair_bf16, const int32_t* pair_pos, int T, int top_k, int H,
+                         void* out, bool out_bf16, cudaStream_t s) {
+  CU_REQUIRE(H % 4 == 0 && reinterpret_cast<uintptr_t>(ypair) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+             "moe_combine4: H % 4 and 16-byte alignment");
+  if (T == 0) return;
+  const int threads = std::min(1024, std::max(32, (H / 4 + 31) / 32 * 32));
+  launch_pdl(ypair_bf16 ? combine4_kernel<true> : combine4_kernel<false>, dim3(T), dim3(threads), 0, s, ypair, pair_pos,
+             top_k, H, out, out_bf16);
   CUDA_CHECK_LAUNCH();
 }
 

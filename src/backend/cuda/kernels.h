@@ -117,6 +117,14 @@ struct LinParams {
   int ldo = 0;
   bool out_f32 = false;
   const float* row_scale = nullptr;  // kDown
+  // kSwiglu on the wgmma 64 x 256 / 128 x 256 tiles (k_gemm_fp8_wgmma.cu) only: when out_q
+  // is set, the epilogue writes silu(g) * u quantised per (row, 128 columns) to e4m3 out_q
+  // [M, ldo] with f32 scales out_qs [M, N / 128] (row-major), as launch_quant_fp8 quantises
+  // the bf16 output (same bf16 rounding first, identical scales; elements multiplied by the
+  // scale's reciprocal instead of divided by it: a byte may differ by one e4m3 step where the
+  // quotient lies within ~1 f32 ulp of a rounding boundary), and `out` is unused.
+  uint8_t* out_q = nullptr;
+  float* out_qs = nullptr;
   bool tc = true;  // GEMV: tensor-core FP8 path (k_gemv_tc.cu) where gemv_tc_supported
   // Direct pair tiles (MoE decode at very few tokens; tensor-core GEMV only; no align step):
   // tile t (grid.y = T * top_k) is routing pair t, one row, expert pair_ids[t] - first_local.
@@ -218,7 +226,13 @@ struct MoeAlignParams {
   int32_t* tile_begin = nullptr;
   int32_t* tile_end = nullptr;
   int32_t* num_tiles = nullptr;
+  // Optional scratch (any workspace free until the align is done; moe_experts passes the
+  // per-pair output rows): from kAlignMultiMinPairs pairs, when it holds (blocks + 1) x
+  // num_local ints, the align runs as three multi-block kernels instead of one block.
+  int32_t* scratch = nullptr;
+  size_t scratch_bytes = 0;
 };
+constexpr int64_t kAlignMultiMinPairs = 8192;
 void launch_moe_align(const MoeAlignParams& p, cudaStream_t s);
 // Tiles of <= tile_rows pairs, one expert each: sum_e ceil(c_e / R) <= ceil(P / R) + (experts
 // with c_e > 0) <= ceil(P / R) + min(P, E_local). The min matters for decode: batch 1 has 9
@@ -229,6 +243,10 @@ inline int moe_max_tiles(int pairs, int tile_rows, int num_local) {
 // out[t, h] = sum_k ypair[pair_pos[t*k + j], h] (fixed order; missing pairs add 0).
 void launch_moe_combine(const float* ypair, const int32_t* pair_pos, int T, int top_k, int H,
                         void* out, bool out_bf16, cudaStream_t s);
+// Same sum, 4 columns per thread (H % 4 == 0, 16-byte aligned buffers); ypair f32 or bf16
+// (the grouped-GEMM path's moe_ypair_bf16).
+void launch_moe_combine4(const void* ypair, bool ypair_bf16, const int32_t* pair_pos, int T, int top_k, int H,
+                         void* out, bool out_bf16, cudaStream_t s);
 
 // ---- attention (k_attention.cu) ----
 struct AttnParams {

@@ -49,6 +49,11 @@ void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s);
 constexpr int kFp8PairTileM = 128;
 extern bool g_fp8_gemm_wgmma;
 extern int g_fp8_wgmma_tile_m;
+// 128-row tiles are 128 x 256 (two N halves per consumer) rather than 128 x 192; the MoE
+// align builds 128-row tables when either g_fp8_wgmma_tile_m == 128 or this is set (default:
+// set, tile_m 64: experts on 128 x 256, linears on 64 x 256; MOESERVE_FP8_WGMMA_TILE).
+extern bool g_fp8_wgmma_wide;
+inline int fp8_wgmma_moe_tile_rows() { return g_fp8_wgmma_tile_m == 128 || g_fp8_wgmma_wide ? 128 : 64; }
 bool fp8_wgmma_available();
 bool gemm_fp8_wgmma_supported(const LinParams& p);
 void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s);
