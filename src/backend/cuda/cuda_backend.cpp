@@ -126,6 +126,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (v.find(",nopp,") != std::string::npos) cuda::g_attn_wgmma_order = false;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_DECODE_MEGA"); e && std::strcmp(e, "0") == 0) decode_mega = false;
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);
   // MOESERVE_GRAPH_PREFILL_PATHS=0: captured decode graphs keep the pre-FP8-activation kernels
@@ -164,6 +165,7 @@ CudaBackend::~CudaBackend() {
     if (b.ptr) cudaFree(b.ptr);
   if (pinned_) cudaFreeHost(pinned_);
   if (counters_) cudaFree(counters_);
+  if (mega_ws_) cudaFree(mega_ws_);
   expert_tables_.clear();
   lt_.reset();
   if (stream_) cudaStreamDestroy(stream_);

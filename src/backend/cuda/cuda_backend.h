@@ -27,6 +27,7 @@ class LtGemm;
 struct LinParams;
 struct AttnParams;
 struct QkNormRopeParams;
+struct ExpertPtrs;
 }  // namespace cuda
 
 struct GpuSamplingParams {
@@ -107,6 +108,9 @@ class CudaBackend final : public Backend {
                               const AttentionArgs& attn) override;
   void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
                           const MoeWeights& moe, MoeRouting& routing) override;
+  // One token, every linear FP8 128x128, head_dim 128, one rank: one persistent kernel
+  // (k_decode_layer.cu, cuda_decode_layer.cpp); else the default body.
+  void decode_layer(const DecodeLayerArgs& a) override;
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
@@ -173,6 +177,12 @@ class CudaBackend final : public Backend {
   // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint (default), 2 L2 evict_first
   // policy (so the streamed experts do not evict prefetched attention weights; no gain measured).
   int moe_ld_hint = 1;
+  // decode_layer as the persistent one-kernel layer where it applies (MOESERVE_DECODE_MEGA=0: off).
+  bool decode_mega = true;
+  // Layers run by that kernel / refused (default body), and why the last refusal (tests, logs).
+  uint64_t decode_mega_launches() const { return mega_launches_; }
+  uint64_t decode_mega_refusals() const { return mega_refusals_; }
+  const std::string& decode_mega_last_refusal() const { return mega_why_; }
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.
@@ -233,6 +243,15 @@ class CudaBackend final : public Backend {
   bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T);
   bool route_logits_gemm(const void* x, bool x_bf16, const Tensor& gate, int T, int H, int E, float* logits);
   cuda::LtGemm* lt();
+  // The device table of expert pointers (built outside capture); null if the experts are not
+  // FP8 128x128 blocks. *I = intermediate size.
+  const cuda::ExpertPtrs* expert_ptrs_fp8(const MoeWeights& moe, int* I);
+  bool decode_layer_mega(const DecodeLayerArgs& a);
+  void* mega_ws_ = nullptr;  // decode_layer kernel: zeroed accumulators + barrier words
+  size_t mega_ws_bytes_ = 0;
+  int mega_grid_ = -1;
+  uint64_t mega_launches_ = 0, mega_refusals_ = 0;
+  std::string mega_why_;
 
   int device_ = 0;
   int num_sms_ = 0;
