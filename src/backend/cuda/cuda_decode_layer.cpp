@@ -28,6 +28,7 @@ void CudaBackend::decode_layer(const DecodeLayerArgs& a) {
 bool CudaBackend::decode_layer_mega(const DecodeLayerArgs& a) {
   auto refuse = [&](const char* why) {
     ++mega_refusals_;
+    if (mega_why_ != why && a.meta->num_tokens == 1) spdlog::debug("decode_layer: separate ops ({})", why);
     mega_why_ = why;
     return false;
   };
@@ -111,6 +112,9 @@ bool CudaBackend::decode_layer_mega(const DecodeLayerArgs& a) {
     mega_ws_bytes_ = bytes;
     ++ws_generation_;
   }
+  if (mega_launches_ == 0)
+    spdlog::info("decode_layer: persistent kernel, {} blocks (H {}, {}/{} heads, {} experts top-{}, I {})", mega_grid_,
+                 H, Hq, Hkv, p.E, p.top_k, I);
   p.bar = static_cast<unsigned*>(mega_ws_);
   p.ws = reinterpret_cast<float*>(static_cast<char*>(mega_ws_) + 256);
   launch_decode_layer(p, mega_grid_, stream_);
