@@ -47,5 +47,5 @@ for envs in ${BENCH_ENVS:-MOESERVE_DECODE_MEGA=1 MOESERVE_DECODE_MEGA=0}; do
   tag=$(echo "$envs" | tr ',=' '__')
   env $(echo "$envs" | tr ',' ' ') timeout ${BENCH_TIMEOUT:-75} ./moeserve bench-model --synthetic minimax-m2.5 --layers "$LAYERS" \
     --batch-sizes ${BATCHES:-1} --contexts $CONTEXTS --prefill-tokens 0 --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
-  echo "bench $envs rc=$?"; grep -E "^batch|^[0-9]" "$OUT/bench_$tag.log" | head -8; grep -iE "error|what\(\)|refus" "$OUT/bench_$tag.log" | head -3
+  echo "bench $envs rc=$?"; grep -E "^batch|^[0-9]" "$OUT/bench_$tag.log" | head -8; grep -iE "error|what\(\)|refus|decode_layer" "$OUT/bench_$tag.log" | head -3
 done

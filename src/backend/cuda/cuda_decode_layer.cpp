@@ -96,6 +96,11 @@ bool CudaBackend::decode_layer_mega(const DecodeLayerArgs& a) {
     return e && e[0] == '0';
   }();
   p.l2_prefetch = !no_pf;
+  static const bool no_merge = [] {
+    const char* e = std::getenv("MOESERVE_MEGA_MERGE");
+    return e && e[0] == '0';
+  }();
+  p.merge_in_attention = !no_merge;
   if (mega_grid_ < 0) {
     const int per_sm = decode_layer_blocks_per_sm();
     mega_grid_ = per_sm >= 1 ? num_sms_ : 0;  // one block per SM

@@ -50,6 +50,8 @@ struct DecodeLayerParams {
   int max_splits = 16;
   // During attention, prefetch the block's o_proj items and router gate rows into L2.
   bool l2_prefetch = true;
+  // The split merge by the last split block of each kv head (no grid barrier for it).
+  bool merge_in_attention = true;
 };
 
 // Floats of workspace the kernel needs for these shapes.

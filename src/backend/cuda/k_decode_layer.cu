@@ -3,7 +3,8 @@
 //   P1  residual + moe_in, RMSNorm (every block, into shared memory), q/k/v GEMV
 //   P2  QK-norm (full width, each block from the q/k sums) + RoPE + KV write + split-KV
 //       attention over (kv head, split) units -> partial softmax states
-//   P2b split merge -> attn (bf16); the residual add of P1 is stored here
+//   P2b split merge -> attn (bf16) (by default done at the end of P2 instead, by the last split
+//       block of each kv head: one grid barrier less); the residual add of P1 is stored here
 //   P3  o_proj GEMV
 //   P4  residual + o, RMSNorm (every block), router logits (f32 gate, one warp per expert)
 //   P5  top-k (every block, redundantly), expert gate/up GEMV
@@ -56,6 +57,7 @@ struct Smem {
   int sel[32];
   int ids[kMaxK];
   float rw[kMaxK];
+  int flag;
 };
 
 __device__ __forceinline__ float bfr(float v) { return bf2f(f2bf(v)); }
@@ -214,6 +216,7 @@ __device__ __forceinline__ void gemv_run(int i0, int i1, int J, Resolve resolve,
 
 struct Ws {
   float *qkv, *o, *logits, *up, *down, *part_o, *part_ml;
+  int* cnt;  // [Hkv] split arrivals per kv head
 };
 __host__ __device__ inline Ws ws_layout(const DecodeLayerParams& p) {
   Ws w;
@@ -225,6 +228,7 @@ __host__ __device__ inline Ws ws_layout(const DecodeLayerParams& p) {
   w.down = w.up + p.top_k * 2 * p.I;
   w.part_o = w.down + p.H;
   w.part_ml = w.part_o + int64_t(p.Hkv) * kMaxSplits * G * kD;
+  w.cnt = reinterpret_cast<int*>(w.part_ml + int64_t(p.Hkv) * kMaxSplits * G * 2);
   return w;
 }
 
@@ -310,6 +314,23 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
   }
   const int ctx = __ldg(p.context_lens), newest = ctx - 1;
   const int nsplit = num_splits(ctx, p.max_splits);
+  // attn element i (q head i / 128) from the partial softmax states of its kv head's splits.
+  auto merge_out = [&](int i) {
+    const int hq = i / kD, d = i % kD, kvh = hq / G, r = hq % G;
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; ++s) M = fmaxf(M, __ldcg(W.part_ml + ((kvh * nsplit + s) * G + r) * 2));
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY)
+      for (int s = 0; s < nsplit; ++s) {
+        const int u = kvh * nsplit + s;
+        const float ms = __ldcg(W.part_ml + (u * G + r) * 2);
+        if (ms == -INFINITY) continue;
+        const float f = exp2f(ms - M);
+        L += __ldcg(W.part_ml + (u * G + r) * 2 + 1) * f;
+        O += __ldcg(W.part_o + (int64_t(u) * G + r) * kD + d) * f;
+      }
+    static_cast<bf16*>(p.attn)[i] = f2bf(L > 0.f ? O / L : 0.f);
+  };
   {
     float qss = 0.f, kss = 0.f;
     for (int i = tid; i < QW; i += kThreads) {
@@ -450,12 +471,26 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
         W.part_o[(int64_t(unit) * G + r) * kD + d] = O;
         if (d == 0) W.part_ml[(unit * G + r) * 2] = M, W.part_ml[(unit * G + r) * 2 + 1] = L;
       }
+      if (p.merge_in_attention) {
+        // The kv head's last split block to finish merges its G x 128 outputs (threadfence
+        // reduction; the counter is back to 0 afterwards).
+        __syncthreads();
+        if (tid == 0) {
+          __threadfence();
+          const int last = atomicAdd(W.cnt + kvh, 1) == nsplit - 1;
+          if (last) atomicExch(W.cnt + kvh, 0);
+          S.flag = last;
+        }
+        __syncthreads();
+        if (S.flag) {
+          __threadfence();
+          for (int i = tid; i < G * kD; i += kThreads) merge_out(kvh * G * kD + i);
+        }
+      }
       __syncthreads();  // smem reused by the next unit
     }
   }
-  grid_barrier(p.bar);
-
-  // ---------------- P2b: split merge; residual store; q/k/v accumulators cleared ----------------
+  // o_proj items of this block; the first one's loads go out before the barrier.
   const int Jq = items_per_row(QW), nch_q = item_chunks(QW);
   item_range(H / 16 * Jq, i0, i1);
   auto o_item = [&](int it, int slot) {
@@ -470,27 +505,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
     load_item(o_item(i0 + warp, 0), pre);
     have_pre = true;
   }
-  for (int i = gtid; i < QW; i += gthreads) {
-    const int hq = i / kD, d = i % kD, kvh = hq / G, r = hq % G;
-    float M = -INFINITY;
-    for (int s = 0; s < nsplit; ++s) M = fmaxf(M, __ldcg(W.part_ml + ((kvh * nsplit + s) * G + r) * 2));
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY)
-      for (int s = 0; s < nsplit; ++s) {
-        const int u = kvh * nsplit + s;
-        const float ms = __ldcg(W.part_ml + (u * G + r) * 2);
-        if (ms == -INFINITY) continue;
-        const float f = exp2f(ms - M);
-        L += __ldcg(W.part_ml + (u * G + r) * 2 + 1) * f;
-        O += __ldcg(W.part_o + (int64_t(u) * G + r) * kD + d) * f;
-      }
-    static_cast<bf16*>(p.attn)[i] = f2bf(L > 0.f ? O / L : 0.f);
+  grid_barrier(p.bar);
+
+  // ---------------- P2b: split merge (unless done in P2); residual store; q/k/v cleared ----------------
+  if (!p.merge_in_attention) {
+    for (int i = gtid; i < QW; i += gthreads) merge_out(i);
+    grid_barrier(p.bar);
   }
   for (int i = gtid; i < QW + 2 * KW; i += gthreads) W.qkv[i] = 0.f;
   if (p.moe_in)
     for (int i = gtid; i < H; i += gthreads)
       static_cast<bf16*>(p.residual)[i] = f2bf(bf2f(__ldcg(resid + i)) + bf2f(__ldcg(static_cast<const bf16*>(p.moe_in) + i)));
-  grid_barrier(p.bar);
 
   // ---------------- P3: o_proj ----------------
   for (int i = tid; i < QW; i += kThreads) S.xh[i] = to_h(bf2f(__ldcg(static_cast<const bf16*>(p.attn) + i)));
@@ -640,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
 int64_t decode_layer_ws_floats(const DecodeLayerParams& p) {
   const int G = p.Hkv > 0 ? p.Hq / p.Hkv : 1;
   return int64_t(p.Hq + 2 * p.Hkv) * kD + p.H + (p.E + 3) / 4 * 4 + int64_t(p.top_k) * 2 * p.I + p.H +
-         int64_t(p.Hkv) * kMaxSplits * G * (kD + 2);
+         int64_t(p.Hkv) * kMaxSplits * G * (kD + 2) + p.Hkv;
 }
 
 const char* decode_layer_unsupported(const DecodeLayerParams& p, int grid) {
