@@ -27,7 +27,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   fi
   # The golden fixtures through `moeserve generate` (none of them takes the kernel: head_dim < 128)
   # and the generated head_dim-128 FP8 model (takes it at batch 1) against the kernel-off run.
-  BIN=./moeserve OUT="$OUT/golden" timeout 60 scripts/golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
+  BIN=./moeserve OUT="$OUT/golden" timeout 40 scripts/golden_cuda_check.sh > "$OUT/golden_script.log" 2>&1
   echo "golden_cuda_check rc=$?"; tail -7 "$OUT/golden_script.log"
   for m in 1 0; do
     MOESERVE_DECODE_MEGA=$m timeout 30 ./moeserve generate --device cuda --model fx/tests/fixtures/golden/tiny_d128_fp8 \
