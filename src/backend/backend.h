@@ -250,6 +250,11 @@ class Backend {
     add_rms_norm_route(*a.residual, *a.o, *a.post_attention_norm, a.eps, *a.x, *a.moe, *a.routing);
     moe_experts(*a.x, *a.moe, *a.routing, *a.moe_out);
   }
+  // decode_layer(layers[i]) for i < n: consecutive layers of one step (layers[i + 1] reads
+  // layers[i]'s residual and moe_out). CUDA may run them all as one kernel.
+  virtual void decode_layers(const DecodeLayerArgs* layers, int n) {
+    for (int i = 0; i < n; ++i) decode_layer(layers[i]);
+  }
 };
 
 }  // namespace moeserve

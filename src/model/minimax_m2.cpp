@@ -348,6 +348,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   // separate ops.
   static const bool any_repeat = std::getenv("MOESERVE_OP_REPEAT") != nullptr;
   const bool single_layer_op = par_.world == 1 && !any_repeat && !op_hook_;
+  std::vector<DecodeLayerArgs> layer_ops;  // all layers, handed over at once (one kernel on CUDA at batch 1)
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     MiniMaxM2Layer& L = w_.layers[l];
     QkNormRopeArgs qa;
@@ -375,7 +376,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       aa.prefetch[4] = &w_.layers[l + 1].v.weight;
     }
     if (single_layer_op) {
-      // The whole layer as one backend op (one persistent kernel on CUDA at batch-1 decode).
+      // The whole layer as one backend op (decode_layers after the loop).
       DecodeLayerArgs da;
       da.first = l == 0;
       da.residual = &residual, da.moe_out = &moe_out;
@@ -384,8 +385,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       da.wq = &L.q, da.wk = &L.k, da.wv = &L.v, da.wo = &L.o;
       da.moe = &L.moe, da.routing = &routing;
       da.qk = qa, da.attn_args = aa, da.kv = &kv[l], da.meta = &meta;
-      be_.decode_layer(da);
-      mark("decode_layer");
+      layer_ops.push_back(da);
       continue;
     }
     // Attention block.
@@ -427,6 +427,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     mark("moe_experts");
     all_reduce(moe_out);
   }
+  if (!layer_ops.empty()) be_.decode_layers(layer_ops.data(), int(layer_ops.size()));
   be_.add_rms_norm(residual, moe_out, w_.final_norm, eps, x);
   mark("norm");
   if (R == 0) return {};

@@ -142,11 +142,13 @@ Step make_step(Backend& b, const Case& c, int layers, int top_k, const std::vect
   return s;
 }
 
-// x = rmsnorm(residual) then every layer as decode_layer (the model's loop at world 1).
-// after_layer(l) runs after each layer (eager reference: downloads x for the tie check).
+// x = rmsnorm(residual) then every layer as decode_layer (the model's loop at world 1), or all
+// layers in one decode_layers call (multi). after_layer(l) runs after each layer (eager
+// reference: downloads x for the tie check; not with multi).
 template <class After>
-void run_step(Backend& b, std::vector<Layer>& layers, Step& s, After after_layer) {
+void run_step(Backend& b, std::vector<Layer>& layers, Step& s, After after_layer, bool multi = false) {
   b.rms_norm(s.residual, layers[0].in_norm, kEps, s.x);
+  std::vector<DecodeLayerArgs> all;
   for (size_t l = 0; l < layers.size(); ++l) {
     Layer& L = layers[l];
     DecodeLayerArgs a;
@@ -158,7 +160,14 @@ void run_step(Backend& b, std::vector<Layer>& layers, Step& s, After after_layer
     a.qk.positions = &s.meta.positions, a.qk.rope = {kD, kRot, kTheta}, a.qk.eps = kEps;
     a.attn_args = AttentionArgs{&s.q, &s.kv[l], &s.meta, kHq, kHkv, kD, 1.f / std::sqrt(float(kD)), &s.attn};
     a.kv = &s.kv[l], a.meta = &s.meta;
-    b.decode_layer(a);
+    all.push_back(a);
+  }
+  if (multi) {
+    b.decode_layers(all.data(), int(all.size()));
+    return;
+  }
+  for (size_t l = 0; l < all.size(); ++l) {
+    b.decode_layer(all[l]);
     after_layer(int(l));
   }
 }
@@ -266,20 +275,34 @@ void run_cases(int E, int top_k, int layers_n, const std::vector<int>& ctxs, boo
     run_step(b, layers, fs, [](int) {});
     ASSERT_EQ(b.decode_mega_launches() - n0, uint64_t(layers_n)) << "refused: " << b.decode_mega_last_refusal();
     if (!compare(collect(b, fs, c.slot()), ref, gaps, "fused eager", 2e-2)) continue;
-    Step gs = make_step(b, c, layers_n, top_k, res, moe_in, kc, vc);
-    b.begin_capture();
-    run_step(b, layers, gs, [](int) {});
-    CudaGraph graph = b.end_capture();
-    for (int rep = 0; rep < 3; ++rep) {
-      auto up = [&](Tensor& t, const std::vector<float>& v) {
-        std::vector<uint16_t> h(v.size());
-        for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
-        b.copy_from_host(t, h.data(), h.size() * 2);
-      };
-      up(gs.residual, res), up(gs.moe_out, moe_in);
-      graph.replay(b.stream());
-      b.synchronize();
-      compare(collect(b, gs, c.slot()), ref, gaps, "fused graph replay", 2e-2);
+    auto up = [&](Tensor& t, const std::vector<float>& v) {
+      std::vector<uint16_t> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+      b.copy_from_host(t, h.data(), h.size() * 2);
+    };
+    for (const bool multi : {false, true}) {
+      b.decode_mega_multi = multi;
+      const char* name = multi ? "all layers in one kernel, graph replay" : "kernel per layer, graph replay";
+      Step gs = make_step(b, c, layers_n, top_k, res, moe_in, kc, vc);
+      if (multi) {  // eagerly first (uploads the layer table), then from the same state again
+        const uint64_t m0 = b.decode_mega_multi_launches();
+        run_step(b, layers, gs, [](int) {}, true);
+        ASSERT_EQ(b.decode_mega_multi_launches() - m0, 1u) << "refused: " << b.decode_mega_last_refusal();
+        compare(collect(b, gs, c.slot()), ref, gaps, "all layers in one kernel, eager", 2e-2);
+        up(gs.residual, res), up(gs.moe_out, moe_in);
+      }
+      const uint64_t m0 = b.decode_mega_multi_launches(), n0 = b.decode_mega_launches();
+      b.begin_capture();
+      run_step(b, layers, gs, [](int) {}, multi);
+      CudaGraph graph = b.end_capture();
+      EXPECT_EQ(b.decode_mega_multi_launches() - m0, multi ? 1u : 0u);
+      EXPECT_EQ(b.decode_mega_launches() - n0, uint64_t(layers_n));
+      for (int rep = 0; rep < 3; ++rep) {
+        up(gs.residual, res), up(gs.moe_out, moe_in);
+        graph.replay(b.stream());
+        b.synchronize();
+        compare(collect(b, gs, c.slot()), ref, gaps, name, 2e-2);
+      }
     }
     if (vs_cpu) {
       std::vector<double> cgaps;

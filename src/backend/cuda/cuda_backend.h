@@ -28,6 +28,7 @@ struct LinParams;
 struct AttnParams;
 struct QkNormRopeParams;
 struct ExpertPtrs;
+struct DecodeLayerParams;
 }  // namespace cuda
 
 struct GpuSamplingParams {
@@ -111,6 +112,8 @@ class CudaBackend final : public Backend {
   // One token, every linear FP8 128x128, head_dim 128, one rank: one persistent kernel
   // (k_decode_layer.cu, cuda_decode_layer.cpp); else the default body.
   void decode_layer(const DecodeLayerArgs& a) override;
+  // ... and every layer of the step in ONE such kernel where all qualify (decode_mega_multi).
+  void decode_layers(const DecodeLayerArgs* layers, int n) override;
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
@@ -179,6 +182,11 @@ class CudaBackend final : public Backend {
   int moe_ld_hint = 1;
   // decode_layer as the persistent one-kernel layer where it applies (MOESERVE_DECODE_MEGA=0: off).
   bool decode_mega = true;
+  // decode_layers as one kernel for all layers (MOESERVE_MEGA_MULTI=1), else one kernel per
+  // layer. Off by default: the layer loop makes ptxas spill ~1.3 KB per thread (not measured yet).
+  bool decode_mega_multi = false;
+  // Steps run as one multi-layer kernel (tests).
+  uint64_t decode_mega_multi_launches() const { return mega_multi_launches_; }
   // Layers run by that kernel / refused (default body), and why the last refusal (tests, logs).
   uint64_t decode_mega_launches() const { return mega_launches_; }
   uint64_t decode_mega_refusals() const { return mega_refusals_; }
@@ -247,6 +255,9 @@ class CudaBackend final : public Backend {
   // FP8 128x128 blocks. *I = intermediate size.
   const cuda::ExpertPtrs* expert_ptrs_fp8(const MoeWeights& moe, int* I);
   bool decode_layer_mega(const DecodeLayerArgs& a);
+  // Fills *p for the kernel (workspace included); false (why in mega_why_) if it does not apply.
+  bool mega_params(const DecodeLayerArgs& a, cuda::DecodeLayerParams* p);
+  uint64_t mega_multi_launches_ = 0;
   void* mega_ws_ = nullptr;  // decode_layer kernel: zeroed accumulators + barrier words
   size_t mega_ws_bytes_ = 0;
   int mega_grid_ = -1;

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 #include <initializer_list>
 
 #include "backend/cuda/cuda_backend.h"
@@ -26,6 +29,35 @@ void CudaBackend::decode_layer(const DecodeLayerArgs& a) {
 
 // Returns false (nothing launched, reason in mega_why_) where the kernel does not apply.
 bool CudaBackend::decode_layer_mega(const DecodeLayerArgs& a) {
+  DecodeLayerParams p;
+  if (!mega_params(a, &p)) return false;
+  launch_decode_layer(p, mega_grid_, stream_);
+  return true;
+}
+
+void CudaBackend::decode_layers(const DecodeLayerArgs* layers, int n) {
+  if (n <= 1 || !decode_mega || !decode_mega_multi) return Backend::decode_layers(layers, n);
+  std::vector<DecodeLayerParams> ps(static_cast<size_t>(n));
+  bool ok = true;
+  for (int i = 0; i < n && ok; ++i) {
+    ok = mega_params(layers[i], &ps[size_t(i)]);
+    if (ok && i > 0) {
+      // One launch: the same shapes, workspace and activations in every layer; layer i reads
+      // layer i - 1's outputs.
+      const DecodeLayerParams &a = ps[0], &b = ps[size_t(i)];
+      ok = b.H == a.H && b.Hq == a.Hq && b.Hkv == a.Hkv && b.I == a.I && b.E == a.E && b.top_k == a.top_k &&
+           b.rotary_dim == a.rotary_dim && b.theta == a.theta && b.residual == a.residual &&
+           b.moe_out == a.moe_out && b.moe_in == a.moe_out && b.ws == a.ws && b.bar == a.bar;
+      if (!ok) mega_why_ = "layers differ in shape or buffers";
+    }
+  }
+  if (!ok) return Backend::decode_layers(layers, n);
+  launch_decode_layers(ps.data(), n, mega_grid_, stream_);
+  mega_launches_ += uint64_t(n);
+  ++mega_multi_launches_;
+}
+
+bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) {
   auto refuse = [&](const char* why) {
     ++mega_refusals_;
     if (mega_why_ != why && a.meta->num_tokens == 1) spdlog::debug("decode_layer: separate ops ({})", why);
@@ -67,7 +99,8 @@ bool CudaBackend::decode_layer_mega(const DecodeLayerArgs& a) {
   const ExpertPtrs* ep = expert_ptrs_fp8(moe, &I);
   if (!ep) return refuse("experts not FP8 128x128");
 
-  DecodeLayerParams p;
+  DecodeLayerParams& p = *out;
+  p = DecodeLayerParams{};
   p.residual = a.residual->data;
   p.moe_in = a.first ? nullptr : a.moe_out->data;
   p.x_in = a.x->data;
@@ -117,12 +150,11 @@ bool CudaBackend::decode_layer_mega(const DecodeLayerArgs& a) {
     mega_ws_bytes_ = bytes;
     ++ws_generation_;
   }
-  if (mega_launches_ == 0)
+  if (mega_launches_ == 0 && mega_multi_launches_ == 0)
     spdlog::info("decode_layer: persistent kernel, {} blocks (H {}, {}/{} heads, {} experts top-{}, I {})", mega_grid_,
                  H, Hq, Hkv, p.E, p.top_k, I);
   p.bar = static_cast<unsigned*>(mega_ws_);
   p.ws = reinterpret_cast<float*>(static_cast<char*>(mega_ws_) + 256);
-  launch_decode_layer(p, mega_grid_, stream_);
   return true;
 }
 

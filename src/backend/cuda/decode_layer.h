@@ -62,5 +62,8 @@ const char* decode_layer_unsupported(const DecodeLayerParams& p, int grid);
 int decode_layer_blocks_per_sm();
 // Cooperative launch (co-residency checked by the runtime), capture-safe.
 void launch_decode_layer(const DecodeLayerParams& p, int grid, cudaStream_t s);
+// n consecutive layers (same shapes, workspace and barrier; layer i + 1 reads layer i's
+// outputs) in one launch per 64 layers; the parameters travel by value (capture-safe).
+void launch_decode_layers(const DecodeLayerParams* layers, int n, int grid, cudaStream_t s);
 
 }  // namespace moeserve::cuda

@@ -22,6 +22,7 @@
 // loads (q/k/v, o_proj, router gate rows, the first down item) before the barrier before it.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "backend/cuda/common.cuh"
@@ -58,6 +59,7 @@ struct Smem {
   int ids[kMaxK];
   float rw[kMaxK];
   int flag;
+  __align__(8) DecodeLayerParams prm;  // the current layer's
 };
 
 __device__ __forceinline__ float bfr(float v) { return bf2f(f2bf(v)); }
@@ -177,11 +179,11 @@ __device__ __forceinline__ void item_range(int n, int& i0, int& i1) {
   i1 = int(int64_t(blockIdx.x + 1) * n / gridDim.x);
 }
 
-// Runs the block's items [i0, i1) (warp w: i0 + w, + kWarps, ...; the first one may already be
-// in `b0` when `pre`), then adds the shared row sums into gout (row of unit u = rowmap(u) * 16).
-template <class Resolve, class RowMap>
+// Runs the block's items [i0, i1) (warp w: i0 + w, + kWarps, ...; with kPre the caller has
+// loaded each warp's first item into `b0` already), then adds the shared row sums into gout (row of unit u = rowmap(u) * 16).
+template <bool kPre, class Resolve, class RowMap>
 __device__ __forceinline__ void gemv_run(int i0, int i1, int J, Resolve resolve, RowMap rowmap, Smem& S, float* gout,
-                                         WBuf& b0, bool pre) {
+                                         WBuf& b0) {
   const int warp = threadIdx.x >> 5;
   const int u0 = i0 / J;
   int it = i0 + warp;
@@ -189,7 +191,7 @@ __device__ __forceinline__ void gemv_run(int i0, int i1, int J, Resolve resolve,
   WBuf b1;
   if (it < i1) {
     r0 = resolve(it, it / J - u0);
-    if (!pre) load_item(r0, b0);
+    if (!kPre) load_item(r0, b0);
   }
   for (; it < i1; it += 2 * kWarps) {
     const int it2 = it + kWarps, it3 = it2 + kWarps;
@@ -236,52 +238,85 @@ __device__ __forceinline__ int num_splits(int ctx, int max_splits) {
   return max(1, min(max_splits, (ctx + 255) / 256));
 }
 
-__global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerParams p) {
+// q/k/v item `it` of a layer (rows: q, then k, then v).
+__device__ __forceinline__ Item qkv_item_of(const DecodeLayerParams& p, int it, int slot) {
+  const int H = p.H, QW = p.Hq * kD, KW = p.Hkv * kD;
+  const int Jh = items_per_row(H), nch_h = item_chunks(H);
+  const int gr = it / Jh, j = it % Jh, r0 = gr * 16;
+  Item x;
+  const uint8_t* w;
+  const float* s;
+  int r;
+  if (r0 < QW) w = p.wq, s = p.sq, r = r0;
+  else if (r0 < QW + KW) w = p.wk, s = p.sk, r = r0 - QW;
+  else w = p.wv, s = p.sv, r = r0 - QW - KW;
+  x.w = w + int64_t(r) * H, x.s = s + (r / 128) * (H / 128), x.K = H, x.c0 = j * nch_h, x.nch = nch_h, x.xoff = 0;
+  x.slot = slot, x.wf = 1.f;
+  return x;
+}
+
+// Layer parameters passed by value (kernel parameter space, up to 32 KB on sm_70+ with CUDA
+// 12.1+): read through the constant cache, so the per-layer pointers cost no registers, and a
+// captured graph node carries its own copy.
+template <int kL>
+struct LayerTable {
+  DecodeLayerParams layer[kL];
+  int n;
+};
+constexpr int kMaxTableLayers = 64;
+
+// Runs layers 0 .. T.n - 1. Between layers of one launch the expert output stays in the f32
+// accumulator: the next layer's P1 reads it (rounded to bf16 as moe_out would be) and clears it
+// later; only the last layer stores moe_out.
+template <int kL>
+__global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_constant__ LayerTable<kL> T) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(smem_raw);
-  const Ws W = ws_layout(p);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = gridDim.x;
   const int gtid = blockIdx.x * kThreads + tid, gthreads = nb * kThreads;
-  const int H = p.H, QW = p.Hq * kD, KW = p.Hkv * kD, G = p.Hq / p.Hkv;
-  const bf16* resid = static_cast<const bf16*>(p.residual);
+  const int nlayers = kL == 1 ? 1 : T.n;
 
   for (int i = tid; i < kSlots * 16; i += kThreads) S.gacc[i] = 0.f;
-  for (int d = tid; d < p.rotary_dim / 2; d += kThreads)
-    S.inv_freq[d] = float(1.0 / pow(double(p.theta), double(2 * d) / double(p.rotary_dim)));
+  for (int d = tid; d < T.layer[0].rotary_dim / 2; d += kThreads)
+    S.inv_freq[d] = float(1.0 / pow(double(T.layer[0].theta), double(2 * d) / double(T.layer[0].rotary_dim)));
+  WBuf pre;
+#pragma unroll 1
+  for (int layer = 0; layer < nlayers; ++layer) {
+  // This layer's parameters in shared memory, read through a volatile reference: every use
+  // is a fresh shared load, so the ~40 fields are not all held in registers across a phase
+  // (which spilled ~1.3 KB per thread with a dynamically indexed parameter table).
+  __syncthreads();
+  {
+    const int* src = reinterpret_cast<const int*>(&T.layer[layer]);
+    int* dst = reinterpret_cast<int*>(&S.prm);
+    for (int i = tid; i < int(sizeof(DecodeLayerParams) / 4); i += kThreads) dst[i] = src[i];
+  }
+  __syncthreads();
+  const volatile DecodeLayerParams& p = S.prm;
+  const DecodeLayerParams& pn = const_cast<const DecodeLayerParams&>(p);  // for helpers (short reads)
+  const Ws W = ws_layout(pn);
+  const int H = p.H, QW = p.Hq * kD, KW = p.Hkv * kD, G = p.Hq / p.Hkv;
+  const bf16* resid = static_cast<const bf16*>(p.residual);
+  const bool acc_in = layer > 0;  // moe_in = the previous layer's f32 expert accumulator
 
   // ---------------- P1: norm + q/k/v ----------------
   const int Jh = items_per_row(H), nch_h = item_chunks(H);  // items per 16-row group for K = H
   int i0, i1;
   item_range((QW + 2 * KW) / 16 * Jh, i0, i1);
-  auto qkv_item = [&](int it, int slot) {
-    const int gr = it / Jh, j = it % Jh, r0 = gr * 16;
-    Item x;
-    const uint8_t* w;
-    const float* s;
-    int r;
-    if (r0 < QW) w = p.wq, s = p.sq, r = r0;
-    else if (r0 < QW + KW) w = p.wk, s = p.sk, r = r0 - QW;
-    else w = p.wv, s = p.sv, r = r0 - QW - KW;
-    x.w = w + int64_t(r) * H, x.s = s + (r / 128) * (H / 128), x.K = H, x.c0 = j * nch_h, x.nch = nch_h, x.xoff = 0;
-    x.slot = slot, x.wf = 1.f;
-    return x;
-  };
-  WBuf pre;
-  bool have_pre = false;
-  if (i0 + warp < i1) {  // weights only: before the dependency wait
-    load_item(qkv_item(i0 + warp, 0), pre);
-    have_pre = true;
-  }
+  const int i0q = i0, i1q = i1;
+  auto qkv_item = [&](int it, int slot) { return qkv_item_of(pn, it, slot); };
+  if (layer == 0 && i0 + warp < i1) load_item(qkv_item(i0 + warp, 0), pre);  // (later layers: at the previous one's end)
   pdl_wait();
   {
     // v = bf16(residual + moe_in) (or x_in as given on the first layer); x = bf16(v * r * w).
     const bf16* w = static_cast<const bf16*>(p.in_norm);
     float ss = 0.f;
-    if (p.moe_in) {
+    if (acc_in || p.moe_in) {
       const bf16* m = static_cast<const bf16*>(p.moe_in);
       for (int i = tid; i < H; i += kThreads) {
-        const float v = bfr(bf2f(__ldcg(resid + i)) + bf2f(__ldcg(m + i)));
+        const float mi = acc_in ? bfr(__ldcg(W.down + i)) : bf2f(__ldcg(m + i));
+        const float v = bfr(bf2f(__ldcg(resid + i)) + mi);
         S.u.xf[i] = v;
         ss += v * v;
       }
@@ -293,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
     }
     __syncthreads();
   }
-  gemv_run(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre, have_pre);
+  gemv_run<true>(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre);
   grid_barrier(p.bar);
 
   // ---------------- P2: QK-norm, RoPE, KV write, split-KV attention ----------------
@@ -500,11 +535,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
     x.nch = nch_q, x.xoff = 0, x.slot = slot, x.wf = 1.f;
     return x;
   };
-  have_pre = false;
-  if (i0 + warp < i1) {
-    load_item(o_item(i0 + warp, 0), pre);
-    have_pre = true;
-  }
+  if (i0 + warp < i1) load_item(o_item(i0 + warp, 0), pre);
   grid_barrier(p.bar);
 
   // ---------------- P2b: split merge (unless done in P2); residual store; q/k/v cleared ----------------
@@ -513,14 +544,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
     grid_barrier(p.bar);
   }
   for (int i = gtid; i < QW + 2 * KW; i += gthreads) W.qkv[i] = 0.f;
-  if (p.moe_in)
+  if (acc_in) {
+    for (int i = gtid; i < H; i += gthreads) {
+      static_cast<bf16*>(p.residual)[i] = f2bf(bf2f(__ldcg(resid + i)) + bfr(__ldcg(W.down + i)));
+      W.down[i] = 0.f;
+    }
+    for (int i = gtid; i < p.top_k * 2 * p.I; i += gthreads) W.up[i] = 0.f;
+  } else if (p.moe_in) {
     for (int i = gtid; i < H; i += gthreads)
       static_cast<bf16*>(p.residual)[i] = f2bf(bf2f(__ldcg(resid + i)) + bf2f(__ldcg(static_cast<const bf16*>(p.moe_in) + i)));
+  }
 
   // ---------------- P3: o_proj ----------------
   for (int i = tid; i < QW; i += kThreads) S.xh[i] = to_h(bf2f(__ldcg(static_cast<const bf16*>(p.attn) + i)));
   __syncthreads();
-  gemv_run(i0, i1, Jq, o_item, [](int u) { return u; }, S, W.o, pre, have_pre);
+  gemv_run<true>(i0, i1, Jq, o_item, [](int u) { return u; }, S, W.o, pre);
   // Router gate row of this warp (weights: before the barrier).
   const int ge = warp * nb + blockIdx.x;
   float4 gw[kGateV];
@@ -615,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
       x.K = H, x.c0 = j * nch_h, x.nch = nch_h, x.xoff = 0, x.slot = slot, x.wf = 1.f;
       return x;
     };
-    gemv_run(i0, i1, Jh, up_item, [](int u) { return u; }, S, W.up, pre, false);
+    gemv_run<false>(i0, i1, Jh, up_item, [](int u) { return u; }, S, W.up, pre);
   }
   // First down item (experts known): before the barrier.
   const int Ji = items_per_row(p.I), nch_i = item_chunks(p.I), gH = H / 16;
@@ -630,11 +668,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
     x.K = p.I, x.c0 = cs * nch_i, x.nch = nch_i, x.xoff = (k - k_lo) * p.I, x.slot = slot, x.wf = S.rw[k];
     return x;
   };
-  have_pre = false;
-  if (i0 + warp < i1) {
-    load_item(down_item(i0 + warp, 0), pre);
-    have_pre = true;
-  }
+  if (i0 + warp < i1) load_item(down_item(i0 + warp, 0), pre);
   grid_barrier(p.bar);
 
   // ---------------- P6: SiLU * up, down ----------------
@@ -648,15 +682,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(DecodeLayerPa
     }
   }
   __syncthreads();
-  gemv_run(i0, i1, Ji, down_item, [gH](int u) { return u % gH; }, S, W.down, pre, have_pre);
+  gemv_run<true>(i0, i1, Ji, down_item, [gH](int u) { return u % gH; }, S, W.down, pre);
+  if (layer + 1 < nlayers) {
+    // The next layer's first q/k/v item (its weights only; same shapes, so the same item range)
+    // before the barrier.
+    if (i0q + warp < i1q) load_item(qkv_item_of(T.layer[layer + 1], i0q + warp, 0), pre);
+  }
   grid_barrier(p.bar);
+  if (layer + 1 < nlayers) continue;
 
-  // ---------------- P7: moe_out, accumulators cleared ----------------
+  // ---------------- P7 (last layer): moe_out, accumulators cleared ----------------
   for (int i = gtid; i < H; i += gthreads) {
     static_cast<bf16*>(p.moe_out)[i] = f2bf(__ldcg(W.down + i));
     W.down[i] = 0.f;
   }
   for (int i = gtid; i < p.top_k * 2 * p.I; i += gthreads) W.up[i] = 0.f;
+  }  // layers
 #endif
 }
 
@@ -700,15 +741,21 @@ int decode_layer_blocks_per_sm() {
   CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(attr_set.load() & bit)) {
-    CUDA_CHECK(cudaFuncSetAttribute(decode_layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_layer_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_layer_kernel<kMaxTableLayers>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(sizeof(Smem))));
     attr_set.fetch_or(bit);
   }
-  int n = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_layer_kernel, kThreads, sizeof(Smem)));
-  return n;
+  int n = 0, m = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_layer_kernel<1>, kThreads, sizeof(Smem)));
+  CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&m, decode_layer_kernel<kMaxTableLayers>, kThreads, sizeof(Smem)));
+  return std::min(n, m);
 }
 
-void launch_decode_layer(const DecodeLayerParams& p, int grid, cudaStream_t s) {
+namespace {
+template <int kL>
+void launch_table(const LayerTable<kL>& t, int grid, cudaStream_t s) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
@@ -719,7 +766,24 @@ void launch_decode_layer(const DecodeLayerParams& p, int grid, cudaStream_t s) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_layer_kernel, p));
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_layer_kernel<kL>, t));
+}
+}  // namespace
+
+void launch_decode_layer(const DecodeLayerParams& p, int grid, cudaStream_t s) {
+  LayerTable<1> t;
+  t.layer[0] = p;
+  t.n = 1;
+  launch_table(t, grid, s);
+}
+
+void launch_decode_layers(const DecodeLayerParams* layers, int n, int grid, cudaStream_t s) {
+  static thread_local LayerTable<kMaxTableLayers> t;  // 20 KB: not on the stack
+  for (int b = 0; b < n; b += kMaxTableLayers) {
+    t.n = std::min(kMaxTableLayers, n - b);
+    for (int i = 0; i < t.n; ++i) t.layer[i] = layers[b + i];
+    launch_table(t, grid, s);
+  }
 }
 
 }  // namespace moeserve::cuda
