@@ -162,11 +162,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  print_mega_timing();
+  if (mega_timing_) cudaFree(mega_timing_);
   for (auto& b : ws_)
     if (b.ptr) cudaFree(b.ptr);
   if (pinned_) cudaFreeHost(pinned_);
   if (counters_) cudaFree(counters_);
-  if (mega_ws_) cudaFree(mega_ws_);
+  for (auto& w : mega_ws_) cudaFree(w.second);
   expert_tables_.clear();
   lt_.reset();
   if (stream_) cudaStreamDestroy(stream_);

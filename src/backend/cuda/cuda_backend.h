@@ -258,10 +258,12 @@ class CudaBackend final : public Backend {
   // Fills *p for the kernel (workspace included); false (why in mega_why_) if it does not apply.
   bool mega_params(const DecodeLayerArgs& a, cuda::DecodeLayerParams* p);
   uint64_t mega_multi_launches_ = 0;
-  void* mega_ws_ = nullptr;  // decode_layer kernel: zeroed accumulators + barrier words
-  size_t mega_ws_bytes_ = 0;
+  // decode_layer kernel workspaces (zeroed accumulators + barrier words) by shape.
+  std::unordered_map<std::string, void*> mega_ws_;
   int mega_grid_ = -1;
   uint64_t mega_launches_ = 0, mega_refusals_ = 0;
+  void* mega_timing_ = nullptr;  // MOESERVE_MEGA_TIMING=1: phase times, printed at destruction
+  void print_mega_timing();
   std::string mega_why_;
 
   int device_ = 0;

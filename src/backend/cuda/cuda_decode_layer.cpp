@@ -134,28 +134,55 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
     return e && e[0] == '0';
   }();
   p.merge_in_attention = !no_merge;
+  static const bool timing = [] {
+    const char* e = std::getenv("MOESERVE_MEGA_TIMING");
+    return e && e[0] == '1';
+  }();
+  if (timing) {
+    if (!mega_timing_) {
+      if (capturing_) return refuse("timing buffer not made before capture");
+      CUDA_CHECK(cudaMalloc(&mega_timing_, 32 * sizeof(unsigned long long)));
+      CUDA_CHECK(cudaMemset(mega_timing_, 0, 32 * sizeof(unsigned long long)));
+    }
+    p.timing = static_cast<unsigned long long*>(mega_timing_);
+  }
   if (mega_grid_ < 0) {
     const int per_sm = decode_layer_blocks_per_sm();
     mega_grid_ = per_sm >= 1 ? num_sms_ : 0;  // one block per SM
   }
   if (const char* why = decode_layer_unsupported(p, mega_grid_); *why) return refuse(why);
-  const size_t bytes = size_t(decode_layer_ws_floats(p)) * sizeof(float) + 256;
-  if (mega_ws_bytes_ < bytes) {
-    if (capturing_) return refuse("workspace not sized before capture");
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (mega_ws_) CUDA_CHECK(cudaFree(mega_ws_));
-    mega_ws_ = nullptr;
-    CUDA_CHECK(cudaMalloc(&mega_ws_, bytes));
-    CUDA_CHECK(cudaMemset(mega_ws_, 0, bytes));
-    mega_ws_bytes_ = bytes;
-    ++ws_generation_;
+  // One zeroed workspace per shape: the kernel leaves its accumulators zero, but the layout
+  // moves with the shapes, so another shape's leftovers (logits, partials) would sit in them.
+  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}", H, Hq, Hkv, I, p.E, p.top_k);
+  auto it = mega_ws_.find(key);
+  if (it == mega_ws_.end()) {
+    if (capturing_) return refuse("workspace not made before capture");
+    const size_t bytes = size_t(decode_layer_ws_floats(p)) * sizeof(float) + 256;
+    void* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, bytes));
+    CUDA_CHECK(cudaMemset(d, 0, bytes));
+    it = mega_ws_.emplace(key, d).first;
   }
   if (mega_launches_ == 0 && mega_multi_launches_ == 0)
     spdlog::info("decode_layer: persistent kernel, {} blocks (H {}, {}/{} heads, {} experts top-{}, I {})", mega_grid_,
                  H, Hq, Hkv, p.E, p.top_k, I);
-  p.bar = static_cast<unsigned*>(mega_ws_);
-  p.ws = reinterpret_cast<float*>(static_cast<char*>(mega_ws_) + 256);
+  p.bar = static_cast<unsigned*>(it->second);
+  p.ws = reinterpret_cast<float*>(static_cast<char*>(it->second) + 256);
   return true;
+}
+
+void CudaBackend::print_mega_timing() {
+  if (!mega_timing_) return;
+  unsigned long long t[32] = {};
+  if (cudaMemcpy(t, mega_timing_, sizeof(t), cudaMemcpyDeviceToHost) != cudaSuccess || t[15] == 0) return;
+  static const char* names[13] = {"P1 norm+qkv",  "B1",     "P2 attention", "B2",        "P3 o_proj", "gate+B4", "P4 norm+logits",
+                                  "B5",           "top-k",  "P5 up",        "B6",        "P6 down",   "B7"};
+  std::string line;
+  double total = 0;
+  for (int i = 0; i < 13; ++i) total += double(t[i]) / t[15];
+  for (int i = 0; i < 13; ++i) line += fmt::format(" {} {:.1f}", names[i], double(t[i]) / t[15] / 1000.0);
+  spdlog::info("decode_layer timing (block 0, us per layer over {} layers, total {:.1f}):{}", t[15], total / 1000.0,
+               line);
 }
 
 }  // namespace moeserve

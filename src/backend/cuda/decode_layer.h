@@ -52,6 +52,8 @@ struct DecodeLayerParams {
   bool l2_prefetch = true;
   // The split merge by the last split block of each kv head (no grid barrier for it).
   bool merge_in_attention = true;
+  // Diagnostics (MOESERVE_MEGA_TIMING=1): [0, 13) summed ns of each phase in block 0, [15] count.
+  unsigned long long* timing = nullptr;
 };
 
 // Floats of workspace the kernel needs for these shapes.

@@ -46,6 +46,9 @@ struct Smem {
   float scratch[32];
   union {
     struct {
+      float qraw[kMaxG][kD];  // this kv head's q rows, k and v rows (f32 sums) staged from L2
+      float kraw[kD], vraw[kD];
+      float mls[kMaxSplits * kMaxG * 2];  // merge: the kv head's (max, sum) per split and row
       float qs[kMaxG][kD];
       float knew[kD], vnew[kD];
       float po[kWarps][kMaxG][kD];
@@ -59,6 +62,8 @@ struct Smem {
   int ids[kMaxK];
   float rw[kMaxK];
   int flag;
+  ExpertPtrs ep[kMaxK];  // the chosen experts' pointers
+  unsigned long long ts[16];
   __align__(8) DecodeLayerParams prm;  // the current layer's
 };
 
@@ -83,6 +88,15 @@ __device__ __forceinline__ uint4 ld_w(const void* ptr) {
                : "l"(ptr));
   return v;
 }
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// Phase timestamps of block 0 (DecodeLayerParams::timing; diagnostics only).
+#define STAMP(i) \
+  if (p.timing && blockIdx.x == 0 && threadIdx.x == 0) S.ts[i] = globaltimer()
+
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -128,6 +142,7 @@ __host__ __device__ inline int item_chunks(int K) {
 __host__ __device__ inline int items_per_row(int K) { return K / 128 / item_chunks(K); }
 struct WBuf {
   uint4 v[kCpi][2][2];  // [chunk][64-column step][row g / g + 8]
+  float sc[kCpi];       // block scale of each chunk (loaded with the weights: no dependent load later)
 };
 
 __device__ __forceinline__ void load_item(const Item& it, WBuf& b) {
@@ -139,6 +154,9 @@ __device__ __forceinline__ void load_item(const Item& it, WBuf& b) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (c < it.nch) b.v[c][s][h] = ld_w(it.w + int64_t(g + 8 * h) * it.K + (it.c0 + c) * 128 + s * 64 + q * 16);
+#pragma unroll
+  for (int c = 0; c < kCpi; ++c)
+    if (c < it.nch) b.sc[c] = __ldg(it.s + it.c0 + c);
 }
 
 __device__ __forceinline__ void compute_item(const Item& it, const WBuf& b, const __half* xh, float* gacc) {
@@ -162,14 +180,101 @@ __device__ __forceinline__ void compute_item(const Item& it, const WBuf& b, cons
         mma_f16(part, a, xw[2 * i], xw[2 * i + 1]);
       }
     }
-    const float sc = __ldg(it.s + it.c0 + c);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] = fmaf(part[e], sc, acc[e]);
+    for (int e = 0; e < 4; ++e) acc[e] = fmaf(part[e], b.sc[c], acc[e]);
   }
   // Every column of the mma is the same token: lanes with q == 0 hold rows g (acc[0]) and g + 8 (acc[2]).
   if (q == 0) {
     atomicAdd(&gacc[it.slot * 16 + g], acc[0] * it.wf);
     atomicAdd(&gacc[it.slot * 16 + g + 8], acc[2] * it.wf);
+  }
+}
+
+// v[i] = bf16(a[i] + b[i]) for the block's rows of 8 columns (i = 8 * (tid + j * kThreads) + e):
+// a is bf16 (the residual), b bf16 or f32 (rounded to bf16 first); every load is issued before
+// the first use (one L2 round trip). Returns the thread's sum of v^2; v goes to out (smem).
+template <int kMaxJ>
+__device__ __forceinline__ float add_rows(const bf16* a, const void* b, bool b_f32, int n, float* out) {
+  uint4 ra[kMaxJ], rb[kMaxJ];
+  float4 fb[kMaxJ][2];
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 < n) {
+      ra[j] = __ldcg(reinterpret_cast<const uint4*>(a) + g);
+      if (b_f32) {
+        fb[j][0] = __ldcg(reinterpret_cast<const float4*>(b) + 2 * g);
+        fb[j][1] = __ldcg(reinterpret_cast<const float4*>(b) + 2 * g + 1);
+      } else {
+        rb[j] = __ldcg(reinterpret_cast<const uint4*>(b) + g);
+      }
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 >= n) continue;
+    const uint32_t aw[4] = {ra[j].x, ra[j].y, ra[j].z, ra[j].w};
+    float bv[8];
+    if (b_f32) {
+      const float t[8] = {fb[j][0].x, fb[j][0].y, fb[j][0].z, fb[j][0].w, fb[j][1].x, fb[j][1].y, fb[j][1].z, fb[j][1].w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) bv[e] = bfr(t[e]);
+    } else {
+      const uint32_t bw[4] = {rb[j].x, rb[j].y, rb[j].z, rb[j].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = bf16x2_to_f2(bw[e]);
+        bv[2 * e] = f.x, bv[2 * e + 1] = f.y;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = bf16x2_to_f2(aw[e]);
+      const float v0 = bfr(f.x + bv[2 * e]), v1 = bfr(f.y + bv[2 * e + 1]);
+      out[g * 8 + 2 * e] = v0, out[g * 8 + 2 * e + 1] = v1;
+      ss += v0 * v0 + v1 * v1;
+    }
+  }
+  return ss;
+}
+
+// dst[i] = src[i] (n floats, n % 4 == 0) by the block, all loads in flight first.
+template <int kMaxJ>
+__device__ __forceinline__ void stage_f32(const float* src, float* dst, int n) {
+  float4 v[kMaxJ];
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 4 < n) v[j] = __ldcg(reinterpret_cast<const float4*>(src) + g);
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 4 < n) reinterpret_cast<float4*>(dst)[g] = v[j];
+  }
+}
+
+// xh[i] = f16(src[i]) for n bf16 values (n % 8 == 0), all loads in flight first.
+template <int kMaxJ>
+__device__ __forceinline__ void stage_bf16_h(const bf16* src, __half* xh, int n) {
+  uint4 v[kMaxJ];
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 < n) v[j] = __ldcg(reinterpret_cast<const uint4*>(src) + g);
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 >= n) continue;
+    const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = bf16x2_to_f2(w[e]);
+      xh[g * 8 + 2 * e] = to_h(f.x), xh[g * 8 + 2 * e + 1] = to_h(f.y);
+    }
   }
 }
 
@@ -299,6 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   const int H = p.H, QW = p.Hq * kD, KW = p.Hkv * kD, G = p.Hq / p.Hkv;
   const bf16* resid = static_cast<const bf16*>(p.residual);
   const bool acc_in = layer > 0;  // moe_in = the previous layer's f32 expert accumulator
+  STAMP(13);
 
   // ---------------- P1: norm + q/k/v ----------------
   const int Jh = items_per_row(H), nch_h = item_chunks(H);  // items per 16-row group for K = H
@@ -313,23 +419,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     const bf16* w = static_cast<const bf16*>(p.in_norm);
     float ss = 0.f;
     if (acc_in || p.moe_in) {
-      const bf16* m = static_cast<const bf16*>(p.moe_in);
-      for (int i = tid; i < H; i += kThreads) {
-        const float mi = acc_in ? bfr(__ldcg(W.down + i)) : bf2f(__ldcg(m + i));
-        const float v = bfr(bf2f(__ldcg(resid + i)) + mi);
-        S.u.xf[i] = v;
-        ss += v * v;
-      }
+      ss = add_rows<kMaxH / 8 / kThreads + 1>(resid, acc_in ? static_cast<const void*>(W.down) : p.moe_in, acc_in, H,
+                                             S.u.xf);
       ss = block_sum(ss, S.scratch);
       const float r = rsqrtf(ss / H + p.eps);
       for (int i = tid; i < H; i += kThreads) S.xh[i] = to_h(bfr(S.u.xf[i] * r * bf2f(w[i])));
     } else {
-      for (int i = tid; i < H; i += kThreads) S.xh[i] = to_h(bf2f(__ldcg(static_cast<const bf16*>(p.x_in) + i)));
+      stage_bf16_h<kMaxH / 8 / kThreads + 1>(static_cast<const bf16*>(p.x_in), S.xh, H);
     }
     __syncthreads();
   }
   gemv_run<true>(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre);
+  STAMP(0);
   grid_barrier(p.bar);
+  STAMP(1);
 
   // ---------------- P2: QK-norm, RoPE, KV write, split-KV attention ----------------
   // L2 prefetch (a hint; weights only) of what the block reads after attention: its o_proj
@@ -368,13 +471,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   };
   {
     float qss = 0.f, kss = 0.f;
-    for (int i = tid; i < QW; i += kThreads) {
-      const float v = bfr(__ldcg(W.qkv + i));
-      qss += v * v;
-    }
-    for (int i = tid; i < KW; i += kThreads) {
-      const float v = bfr(__ldcg(W.qkv + QW + i));
-      kss += v * v;
+    {
+      constexpr int kJ = (kMaxX + 2048) / 4 / kThreads + 1;  // q (<= 6144) and k (<= 2048 assumed) floats
+      float4 v[kJ];
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        const int g = tid + j * kThreads;
+        if (g * 4 < QW + KW) v[j] = __ldcg(reinterpret_cast<const float4*>(W.qkv) + g);
+      }
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        const int g = tid + j * kThreads;
+        if (g * 4 >= QW + KW) continue;
+        const float a = bfr(v[j].x), b = bfr(v[j].y), c = bfr(v[j].z), d = bfr(v[j].w);
+        const float sq = a * a + b * b + c * c + d * d;
+        if (g * 4 < QW) qss += sq; else kss += sq;
+      }
     }
     qss = block_sum(qss, S.scratch);
     kss = block_sum(kss, S.scratch);
@@ -384,12 +496,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     const float qscale = p.scale * 1.4426950408889634f;
     const bf16* qw = static_cast<const bf16*>(p.q_norm);
     const bf16* kw = static_cast<const bf16*>(p.k_norm);
+    // x: a staged row (shared memory, f32 sums: rounded to bf16 as the q/k/v GEMV would store).
     auto normed = [&](const float* x, const bf16* w, float r, int d) {
-      if (d >= p.rotary_dim) return bfr(bfr(__ldcg(x + d)) * r * bf2f(w[d]));
+      if (d >= p.rotary_dim) return bfr(bfr(x[d]) * r * bf2f(w[d]));
       const int d0 = d < half ? d : d - half;
       float sn, cs;
       sincosf(pos * S.inv_freq[d0], &sn, &cs);
-      const float u = bfr(__ldcg(x + d0)) * r * bf2f(w[d0]), v = bfr(__ldcg(x + d0 + half)) * r * bf2f(w[d0 + half]);
+      const float u = bfr(x[d0]) * r * bf2f(w[d0]), v = bfr(x[d0 + half]) * r * bf2f(w[d0 + half]);
       return bfr(d < half ? u * cs - v * sn : v * cs + u * sn);
     };
     const int64_t row_stride = KW;
@@ -397,14 +510,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       const int kvh = unit / nsplit, split = unit % nsplit;
       const int chunk = ((ctx + nsplit - 1) / nsplit + 31) / 32 * 32;
       const int kbeg = split * chunk, kend = min(ctx, kbeg + chunk);
+      stage_f32<kMaxG * kD / 4 / kThreads>(W.qkv + kvh * G * kD, &S.u.at.qraw[0][0], G * kD);
+      if (tid < kD / 4) {
+        reinterpret_cast<float4*>(S.u.at.kraw)[tid] = __ldcg(reinterpret_cast<const float4*>(W.qkv + QW + kvh * kD) + tid);
+      } else if (tid < kD / 2) {
+        reinterpret_cast<float4*>(S.u.at.vraw)[tid - kD / 4] =
+            __ldcg(reinterpret_cast<const float4*>(W.qkv + QW + KW + kvh * kD) + tid - kD / 4);
+      }
+      __syncthreads();
       for (int i = tid; i < kMaxG * kD; i += kThreads) {
         const int r = i / kD, d = i % kD;
-        S.u.at.qs[r][d] = r < G ? normed(W.qkv + (kvh * G + r) * kD, qw + (kvh * G + r) * kD, rq, d) * qscale : 0.f;
+        S.u.at.qs[r][d] = r < G ? normed(S.u.at.qraw[r], qw + (kvh * G + r) * kD, rq, d) * qscale : 0.f;
       }
       const bool has_new = newest >= kbeg && newest < kend;
       if (has_new && tid < kD) {
-        const float kn = normed(W.qkv + QW + kvh * kD, kw + kvh * kD, rk, tid);
-        const float vn = bfr(__ldcg(W.qkv + QW + KW + kvh * kD + tid));
+        const float kn = normed(S.u.at.kraw, kw + kvh * kD, rk, tid);
+        const float vn = bfr(S.u.at.vraw[tid]);
         S.u.at.knew[tid] = kn, S.u.at.vnew[tid] = vn;
         const int64_t slot = __ldg(p.slots);
         if (slot >= 0 && slot < p.num_slots) {
@@ -461,24 +582,38 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[r][e] *= corr;
         }
+        // V rows of the tile, 16 keys at a time: all 16 loads in flight before the first use.
         const int n = min(32, kend - base);
-        for (int kk = 0; kk < n; ++kk) {
-          const int64_t ok = __shfl_sync(0xffffffffu, off, kk);
-          float v[4];
-          if (base + kk == newest) {
+        const bf16* vcache = static_cast<const bf16*>(p.vc);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) v[e] = S.u.at.vnew[4 * lane + e];
-          } else {
-            const uint2 raw = __ldcg(reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.vc) + ok) + lane);
-            const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
-            v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+        for (int h = 0; h < 2; ++h) {
+          if (h * 16 >= n) break;
+          uint2 vr[16];
+#pragma unroll
+          for (int x = 0; x < 16; ++x) {
+            const int kk = h * 16 + x;
+            const int64_t ok = __shfl_sync(0xffffffffu, off, kk);
+            if (kk < n && base + kk != newest) vr[x] = __ldcg(reinterpret_cast<const uint2*>(vcache + ok) + lane);
           }
 #pragma unroll
-          for (int r = 0; r < kMaxG; ++r) {
-            if (r >= G) continue;
-            const float pk = __shfl_sync(0xffffffffu, pr[r], kk);
+          for (int x = 0; x < 16; ++x) {
+            const int kk = h * 16 + x;
+            if (kk >= n) break;
+            float v[4];
+            if (base + kk == newest) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r][e] = fmaf(pk, v[e], acc[r][e]);
+              for (int e = 0; e < 4; ++e) v[e] = S.u.at.vnew[4 * lane + e];
+            } else {
+              const float2 a = bf16x2_to_f2(vr[x].x), b = bf16x2_to_f2(vr[x].y);
+              v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+            }
+#pragma unroll
+            for (int r = 0; r < kMaxG; ++r) {
+              if (r >= G) continue;
+              const float pk = __shfl_sync(0xffffffffu, pr[r], kk);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[r][e] = fmaf(pk, v[e], acc[r][e]);
+            }
           }
         }
       }
@@ -519,7 +654,30 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
         __syncthreads();
         if (S.flag) {
           __threadfence();
-          for (int i = tid; i < G * kD; i += kThreads) merge_out(kvh * G * kD + i);
+          for (int i = tid; i < nsplit * G * 2; i += kThreads) S.u.at.mls[i] = __ldcg(W.part_ml + kvh * nsplit * G * 2 + i);
+          __syncthreads();
+          for (int i = tid; i < G * kD; i += kThreads) {
+            const int r = i / kD, d = i % kD;
+            float M = -INFINITY;
+            for (int s2 = 0; s2 < nsplit; ++s2) M = fmaxf(M, S.u.at.mls[(s2 * G + r) * 2]);
+            float po[kMaxSplits];
+#pragma unroll
+            for (int s2 = 0; s2 < kMaxSplits; ++s2)
+              if (s2 < nsplit) po[s2] = __ldcg(W.part_o + (int64_t(kvh * nsplit + s2) * G + r) * kD + d);
+            float L = 0.f, O = 0.f;
+            if (M != -INFINITY) {
+#pragma unroll
+              for (int s2 = 0; s2 < kMaxSplits; ++s2) {
+                if (s2 >= nsplit) break;
+                const float ms = S.u.at.mls[(s2 * G + r) * 2];
+                if (ms == -INFINITY) continue;
+                const float f = exp2f(ms - M);
+                L += S.u.at.mls[(s2 * G + r) * 2 + 1] * f;
+                O += po[s2] * f;
+              }
+            }
+            static_cast<bf16*>(p.attn)[(kvh * G + r) * kD + d] = f2bf(L > 0.f ? O / L : 0.f);
+          }
         }
       }
       __syncthreads();  // smem reused by the next unit
@@ -536,7 +694,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     return x;
   };
   if (i0 + warp < i1) load_item(o_item(i0 + warp, 0), pre);
+  STAMP(2);
   grid_barrier(p.bar);
+  STAMP(3);
 
   // ---------------- P2b: split merge (unless done in P2); residual store; q/k/v cleared ----------------
   if (!p.merge_in_attention) {
@@ -556,9 +716,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   }
 
   // ---------------- P3: o_proj ----------------
-  for (int i = tid; i < QW; i += kThreads) S.xh[i] = to_h(bf2f(__ldcg(static_cast<const bf16*>(p.attn) + i)));
+  stage_bf16_h<kMaxX / 8 / kThreads>(static_cast<const bf16*>(p.attn), S.xh, QW);
   __syncthreads();
   gemv_run<true>(i0, i1, Jq, o_item, [](int u) { return u; }, S, W.o, pre);
+  STAMP(4);
   // Router gate row of this warp (weights: before the barrier).
   const int ge = warp * nb + blockIdx.x;
   float4 gw[kGateV];
@@ -569,16 +730,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       if (i < H / 128) gw[i] = __ldg(g + i * 32 + lane);
   }
   grid_barrier(p.bar);
+  STAMP(5);
 
   // ---------------- P4: residual + o, RMSNorm, router logits ----------------
   {
     const bf16* w = static_cast<const bf16*>(p.post_norm);
-    float ss = 0.f;
-    for (int i = tid; i < H; i += kThreads) {
-      const float v = bfr(bf2f(__ldcg(resid + i)) + bfr(__ldcg(W.o + i)));
-      S.u.xf[i] = v;
-      ss += v * v;
-    }
+    float ss = add_rows<kMaxH / 8 / kThreads + 1>(resid, W.o, true, H, S.u.xf);
     ss = block_sum(ss, S.scratch);
     const float r = rsqrtf(ss / H + p.eps);
     for (int i = tid; i < H; i += kThreads) S.u.xf[i] = bfr(S.u.xf[i] * r * bf2f(w[i]));
@@ -595,7 +752,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       if (lane == 0) W.logits[ge] = acc;
     }
   }
+  STAMP(6);
   grid_barrier(p.bar);
+  STAMP(7);
 
   // ---------------- P5: top-k (every block), residual store, gate/up ----------------
   {
@@ -630,6 +789,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       if (lane < p.top_k) {
         const float wgt = sc * (sum > 0.f ? 1.f / sum : 0.f);
         S.ids[lane] = id, S.rw[lane] = wgt;
+        S.ep[lane] = p.experts[id];
         if (blockIdx.x == 0) p.ids[lane] = id, p.rw[lane] = wgt;
       }
     }
@@ -646,14 +806,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     auto up_item = [&](int it, int slot) {
       const int u = it / Jh, j = it % Jh;
       const int k = u / (2 * gI), mtx = (u / gI) % 2, ig = u % gI;
-      const ExpertPtrs& e = p.experts[S.ids[k]];
+      const ExpertPtrs& e = S.ep[k];
       Item x;
       x.w = static_cast<const uint8_t*>(mtx ? e.w3 : e.w1) + int64_t(ig) * 16 * H;
       x.s = (mtx ? e.s3 : e.s1) + (ig * 16 / 128) * (H / 128);
       x.K = H, x.c0 = j * nch_h, x.nch = nch_h, x.xoff = 0, x.slot = slot, x.wf = 1.f;
       return x;
     };
+    STAMP(8);
     gemv_run<false>(i0, i1, Jh, up_item, [](int u) { return u; }, S, W.up, pre);
+    STAMP(9);
   }
   // First down item (experts known): before the barrier.
   const int Ji = items_per_row(p.I), nch_i = item_chunks(p.I), gH = H / 16;
@@ -661,7 +823,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   const int k_lo = i0 / (gH * Ji);
   auto down_item = [&](int it, int slot) {
     const int u = it / Ji, cs = it % Ji, k = u / gH, gr = u % gH;
-    const ExpertPtrs& e = p.experts[S.ids[k]];
+    const ExpertPtrs& e = S.ep[k];
     Item x;
     x.w = static_cast<const uint8_t*>(e.w2) + int64_t(gr) * 16 * p.I;
     x.s = e.s2 + (gr * 16 / 128) * (p.I / 128);
@@ -670,25 +832,49 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   };
   if (i0 + warp < i1) load_item(down_item(i0 + warp, 0), pre);
   grid_barrier(p.bar);
+  STAMP(10);
 
   // ---------------- P6: SiLU * up, down ----------------
   for (int i = gtid; i < H; i += gthreads) W.o[i] = 0.f;
   if (i1 > i0) {
     const int k_hi = (i1 - 1) / (gH * Ji);
-    for (int i = tid; i < (k_hi - k_lo + 1) * p.I; i += kThreads) {
-      const int k = k_lo + i / p.I, c = i % p.I;
-      const float g = __ldcg(W.up + (2 * k) * p.I + c), u = __ldcg(W.up + (2 * k + 1) * p.I + c);
-      S.xh[i] = to_h(bfr(silu(g) * u));
+    // act of experts k_lo..k_hi (<= 2 x I <= kMaxX values), 4 at a time, all loads in flight first.
+    constexpr int kJ = kMaxX / 4 / kThreads;
+    const int n4 = (k_hi - k_lo + 1) * p.I / 4, I4 = p.I / 4;
+    float4 gv[kJ], uv[kJ];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int g4 = tid + j * kThreads;
+      if (g4 < n4) {
+        const int k = k_lo + g4 / I4, c4 = g4 % I4;
+        gv[j] = __ldcg(reinterpret_cast<const float4*>(W.up + (2 * k) * p.I) + c4);
+        uv[j] = __ldcg(reinterpret_cast<const float4*>(W.up + (2 * k + 1) * p.I) + c4);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int g4 = tid + j * kThreads;
+      if (g4 >= n4) continue;
+      S.xh[4 * g4] = to_h(bfr(silu(gv[j].x) * uv[j].x));
+      S.xh[4 * g4 + 1] = to_h(bfr(silu(gv[j].y) * uv[j].y));
+      S.xh[4 * g4 + 2] = to_h(bfr(silu(gv[j].z) * uv[j].z));
+      S.xh[4 * g4 + 3] = to_h(bfr(silu(gv[j].w) * uv[j].w));
     }
   }
   __syncthreads();
   gemv_run<true>(i0, i1, Ji, down_item, [gH](int u) { return u % gH; }, S, W.down, pre);
+  STAMP(11);
   if (layer + 1 < nlayers) {
     // The next layer's first q/k/v item (its weights only; same shapes, so the same item range)
     // before the barrier.
     if (i0q + warp < i1q) load_item(qkv_item_of(T.layer[layer + 1], i0q + warp, 0), pre);
   }
   grid_barrier(p.bar);
+  STAMP(12);
+  if (p.timing && blockIdx.x == 0 && tid == 0) {  // phase durations of block 0, summed over launches
+    for (int i = 0; i <= 12; ++i) p.timing[i] += S.ts[i] - S.ts[i == 0 ? 13 : i - 1];
+    p.timing[15] += 1;
+  }
   if (layer + 1 < nlayers) continue;
 
   // ---------------- P7 (last layer): moe_out, accumulators cleared ----------------
@@ -715,6 +901,7 @@ const char* decode_layer_unsupported(const DecodeLayerParams& p, int grid) {
   if (p.Hkv <= 0 || p.Hq % p.Hkv || p.Hq / p.Hkv > kMaxG) return "GQA group > 8";
   if (p.H % 128 || p.H > kMaxH) return "hidden size";
   if (p.Hq * kD > kMaxX) return "q width";
+  if (p.Hkv * kD > 2048) return "kv width";
   if (p.I % 128 || 2 * p.I > kMaxX) return "expert intermediate size";
   if (p.E < 1 || p.E > kMaxE || p.top_k < 1 || p.top_k > kMaxK || p.top_k > p.E) return "experts / top_k";
   if (p.rotary_dim % 2 || p.rotary_dim > kD) return "rotary_dim";
