@@ -134,6 +134,11 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
     return e && e[0] == '0';
   }();
   p.merge_in_attention = !no_merge;
+  static const bool use_pdl = [] {
+    const char* e = std::getenv("MOESERVE_MEGA_PDL");
+    return e && e[0] == '1';
+  }();
+  p.pdl = use_pdl;
   static const bool timing = [] {
     const char* e = std::getenv("MOESERVE_MEGA_TIMING");
     return e && e[0] == '1';

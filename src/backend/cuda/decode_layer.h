@@ -54,6 +54,9 @@ struct DecodeLayerParams {
   bool merge_in_attention = true;
   // Diagnostics (MOESERVE_MEGA_TIMING=1): [0, 13) summed ns of each phase in block 0, [15] count.
   unsigned long long* timing = nullptr;
+  // Launch with programmatic dependent launch (MOESERVE_MEGA_PDL=1): this kernel's blocks may
+  // be scheduled while the previous kernel drains (they wait before reading activations).
+  bool pdl = false;
 };
 
 // Floats of workspace the kernel needs for these shapes.

@@ -878,6 +878,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   if (layer + 1 < nlayers) continue;
 
   // ---------------- P7 (last layer): moe_out, accumulators cleared ----------------
+  // PDL (DecodeLayerParams::pdl): the next kernel may be scheduled from here; it waits for
+  // this grid's completion (griddepcontrol.wait) before touching anything this one writes.
+  if (p.pdl) pdl_trigger();
   for (int i = gtid; i < H; i += gthreads) {
     static_cast<bf16*>(p.moe_out)[i] = f2bf(__ldcg(W.down + i));
     W.down[i] = 0.f;
@@ -948,11 +951,17 @@ void launch_table(const LayerTable<kL>& t, int grid, cudaStream_t s) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = sizeof(Smem);
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
+  int na = 1;
+  if (t.layer[0].pdl && pdl_enabled()) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = na;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_layer_kernel<kL>, t));
 }
 }  // namespace
