@@ -38,6 +38,7 @@ constexpr int kSlots = 32;          // 16-row accumulators per block and phase
 constexpr int kMaxX = 6144;         // f16 GEMV input entries in shared memory
 constexpr int kMaxH = 3072, kMaxE = 256, kMaxK = 8;
 constexpr int kGateV = kMaxH / 128;  // float4 per lane of a gate row
+constexpr int kMaxBtab = 1024;       // staged block-table entries per attention unit
 
 struct Smem {
   __align__(16) __half xh[kMaxX];
@@ -49,6 +50,9 @@ struct Smem {
       float qraw[kMaxG][kD];  // this kv head's q rows, k and v rows (f32 sums) staged from L2
       float kraw[kD], vraw[kD];
       float mls[kMaxSplits * kMaxG * 2];  // merge: the kv head's (max, sum) per split and row
+      __align__(16) bf16 qnw[kMaxG * kD];  // the kv head's q/k norm weights
+      __align__(16) bf16 knw[kD];
+      int btab[kMaxBtab];  // block table entries of the unit's key range
       float qs[kMaxG][kD];
       float knew[kD], vnew[kD];
       float po[kWarps][kMaxG][kD];
@@ -190,18 +194,21 @@ __device__ __forceinline__ void compute_item(const Item& it, const WBuf& b, cons
   }
 }
 
-// v[i] = bf16(a[i] + b[i]) for the block's rows of 8 columns (i = 8 * (tid + j * kThreads) + e):
-// a is bf16 (the residual), b bf16 or f32 (rounded to bf16 first); every load is issued before
-// the first use (one L2 round trip). Returns the thread's sum of v^2; v goes to out (smem).
+// Fused add + RMSNorm of one row by the block: v = bf16(a + b) (b bf16, or f32 rounded to bf16
+// first), x = bf16(v * rsqrt(mean(v^2) + eps) * w), written as f16 to out_h or as f32 to
+// out_f. Every load (a, b and the norm weight w) is issued before the first use.
+// tmp: n floats of shared memory for v (may be out_f).
 template <int kMaxJ>
-__device__ __forceinline__ float add_rows(const bf16* a, const void* b, bool b_f32, int n, float* out) {
-  uint4 ra[kMaxJ], rb[kMaxJ];
+__device__ __forceinline__ void add_norm_rows(const bf16* a, const void* b, bool b_f32, const bf16* w, int n, float eps,
+                                              float* scratch, float* tmp, __half* out_h, float* out_f) {
+  uint4 ra[kMaxJ], rb[kMaxJ], rw[kMaxJ];
   float4 fb[kMaxJ][2];
 #pragma unroll
   for (int j = 0; j < kMaxJ; ++j) {
     const int g = threadIdx.x + j * kThreads;
     if (g * 8 < n) {
       ra[j] = __ldcg(reinterpret_cast<const uint4*>(a) + g);
+      rw[j] = __ldg(reinterpret_cast<const uint4*>(w) + g);
       if (b_f32) {
         fb[j][0] = __ldcg(reinterpret_cast<const float4*>(b) + 2 * g);
         fb[j][1] = __ldcg(reinterpret_cast<const float4*>(b) + 2 * g + 1);
@@ -233,11 +240,28 @@ __device__ __forceinline__ float add_rows(const bf16* a, const void* b, bool b_f
     for (int e = 0; e < 4; ++e) {
       const float2 f = bf16x2_to_f2(aw[e]);
       const float v0 = bfr(f.x + bv[2 * e]), v1 = bfr(f.y + bv[2 * e + 1]);
-      out[g * 8 + 2 * e] = v0, out[g * 8 + 2 * e + 1] = v1;
+      tmp[g * 8 + 2 * e] = v0, tmp[g * 8 + 2 * e + 1] = v1;
       ss += v0 * v0 + v1 * v1;
     }
   }
-  return ss;
+  ss = block_sum(ss, scratch);
+  const float r = rsqrtf(ss / n + eps);
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 >= n) continue;
+    const uint32_t ww[4] = {rw[j].x, rw[j].y, rw[j].z, rw[j].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = bf16x2_to_f2(ww[e]);
+      const float x0 = bfr(tmp[g * 8 + 2 * e] * r * f.x), x1 = bfr(tmp[g * 8 + 2 * e + 1] * r * f.y);
+      if (out_h) {
+        out_h[g * 8 + 2 * e] = to_h(x0), out_h[g * 8 + 2 * e + 1] = to_h(x1);
+      } else {
+        out_f[g * 8 + 2 * e] = x0, out_f[g * 8 + 2 * e + 1] = x1;
+      }
+    }
+  }
 }
 
 // dst[i] = src[i] (n floats, n % 4 == 0) by the block, all loads in flight first.
@@ -416,14 +440,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   pdl_wait();
   {
     // v = bf16(residual + moe_in) (or x_in as given on the first layer); x = bf16(v * r * w).
-    const bf16* w = static_cast<const bf16*>(p.in_norm);
-    float ss = 0.f;
     if (acc_in || p.moe_in) {
-      ss = add_rows<kMaxH / 8 / kThreads + 1>(resid, acc_in ? static_cast<const void*>(W.down) : p.moe_in, acc_in, H,
-                                             S.u.xf);
-      ss = block_sum(ss, S.scratch);
-      const float r = rsqrtf(ss / H + p.eps);
-      for (int i = tid; i < H; i += kThreads) S.xh[i] = to_h(bfr(S.u.xf[i] * r * bf2f(w[i])));
+      add_norm_rows<kMaxH / 8 / kThreads + 1>(resid, acc_in ? static_cast<const void*>(W.down) : p.moe_in, acc_in,
+                                              static_cast<const bf16*>(p.in_norm), H, p.eps, S.scratch, S.u.xf, S.xh, nullptr);
     } else {
       stage_bf16_h<kMaxH / 8 / kThreads + 1>(static_cast<const bf16*>(p.x_in), S.xh, H);
     }
@@ -510,21 +529,59 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       const int kvh = unit / nsplit, split = unit % nsplit;
       const int chunk = ((ctx + nsplit - 1) / nsplit + 31) / 32 * 32;
       const int kbeg = split * chunk, kend = min(ctx, kbeg + chunk);
-      stage_f32<kMaxG * kD / 4 / kThreads>(W.qkv + kvh * G * kD, &S.u.at.qraw[0][0], G * kD);
-      if (tid < kD / 4) {
-        reinterpret_cast<float4*>(S.u.at.kraw)[tid] = __ldcg(reinterpret_cast<const float4*>(W.qkv + QW + kvh * kD) + tid);
-      } else if (tid < kD / 2) {
-        reinterpret_cast<float4*>(S.u.at.vraw)[tid - kD / 4] =
-            __ldcg(reinterpret_cast<const float4*>(W.qkv + QW + KW + kvh * kD) + tid - kD / 4);
+      // One round of loads: q/k/v sums of this kv head, its norm weights, the block table of
+      // the key range (entries b0 .. b0 + nbt - 1).
+      const int b0 = kbeg / p.block_size;
+      const int nbt = kend > kbeg ? (kend - 1) / p.block_size - b0 + 1 : 0;
+      const bool bt_smem = nbt <= kMaxBtab;
+      {
+        float4 qv = make_float4(0.f, 0.f, 0.f, 0.f), kv4 = qv;
+        uint4 qn = make_uint4(0, 0, 0, 0), kn4 = qn;
+        int btv[kMaxBtab / kThreads];
+        const bool hq = tid * 4 < G * kD;
+        if (hq) {
+          qv = __ldcg(reinterpret_cast<const float4*>(W.qkv + kvh * G * kD) + tid);
+        }
+        if (tid < kD / 4) kv4 = __ldcg(reinterpret_cast<const float4*>(W.qkv + QW + kvh * kD) + tid);
+        else if (tid < kD / 2) kv4 = __ldcg(reinterpret_cast<const float4*>(W.qkv + QW + KW + kvh * kD) + tid - kD / 4);
+        if (tid * 8 < G * kD) qn = __ldg(reinterpret_cast<const uint4*>(qw + kvh * G * kD) + tid);
+        else if (tid * 8 < G * kD + kD) kn4 = __ldg(reinterpret_cast<const uint4*>(kw + kvh * kD) + tid - G * kD / 8);
+#pragma unroll
+        for (int j = 0; j < kMaxBtab / kThreads; ++j)
+          if (bt_smem && tid + j * kThreads < nbt) btv[j] = __ldg(p.block_table + b0 + tid + j * kThreads);
+        if (hq) reinterpret_cast<float4*>(&S.u.at.qraw[0][0])[tid] = qv;
+        if (tid < kD / 4) reinterpret_cast<float4*>(S.u.at.kraw)[tid] = kv4;
+        else if (tid < kD / 2) reinterpret_cast<float4*>(S.u.at.vraw)[tid - kD / 4] = kv4;
+        if (tid * 8 < G * kD) reinterpret_cast<uint4*>(S.u.at.qnw)[tid] = qn;
+        else if (tid * 8 < G * kD + kD) reinterpret_cast<uint4*>(S.u.at.knw)[tid - G * kD / 8] = kn4;
+#pragma unroll
+        for (int j = 0; j < kMaxBtab / kThreads; ++j)
+          if (bt_smem && tid + j * kThreads < nbt) S.u.at.btab[tid + j * kThreads] = btv[j];
       }
       __syncthreads();
+      // Cache row offset of key j (elements; this kv head).
+      auto key_off = [&](int j) {
+        const int e = j / p.block_size;
+        const int blk = bt_smem ? S.u.at.btab[e - b0] : __ldg(p.block_table + e);
+        return (int64_t(blk) * p.block_size + j % p.block_size) * row_stride + kvh * kD;
+      };
+      // K rows of a tile of 32 keys (lane = key; zeros past kend and for the newest key).
+      uint4 kr[16];
+      int64_t off = 0;
+      auto issue_k = [&](int base) {
+        const int j = base + lane;
+        off = j < kend ? key_off(j) : 0;
+        const uint4* kp = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.kc) + off);
+#pragma unroll
+        for (int c = 0; c < 16; ++c) kr[c] = (j < kend && j != newest) ? __ldcg(kp + c) : make_uint4(0, 0, 0, 0);
+      };
       for (int i = tid; i < kMaxG * kD; i += kThreads) {
         const int r = i / kD, d = i % kD;
-        S.u.at.qs[r][d] = r < G ? normed(S.u.at.qraw[r], qw + (kvh * G + r) * kD, rq, d) * qscale : 0.f;
+        S.u.at.qs[r][d] = r < G ? normed(S.u.at.qraw[r], S.u.at.qnw + r * kD, rq, d) * qscale : 0.f;
       }
       const bool has_new = newest >= kbeg && newest < kend;
       if (has_new && tid < kD) {
-        const float kn = normed(S.u.at.kraw, kw + kvh * kD, rk, tid);
+        const float kn = normed(S.u.at.kraw, S.u.at.knw, rk, tid);
         const float vn = bfr(S.u.at.vraw[tid]);
         S.u.at.knew[tid] = kn, S.u.at.vnew[tid] = vn;
         const int64_t slot = __ldg(p.slots);
@@ -542,19 +599,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
         for (int e = 0; e < 4; ++e) acc[r][e] = 0.f;
       }
       for (int base = kbeg + warp * 32; base < kend; base += kWarps * 32) {
+        issue_k(base);
         const int j = base + lane;
         const bool valid = j < kend;
-        int64_t off = 0;
-        if (valid) off = (int64_t(__ldg(p.block_table + j / p.block_size)) * p.block_size + j % p.block_size) * row_stride + kvh * kD;
         float s[kMaxG];
 #pragma unroll
         for (int r = 0; r < kMaxG; ++r) s[r] = 0.f;
         if (valid) {
           const bool nw = j == newest;
-          const uint4* kp = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.kc) + off);
-          uint4 kr[16];
-#pragma unroll
-          for (int c = 0; c < 16; ++c) kr[c] = nw ? make_uint4(0, 0, 0, 0) : __ldcg(kp + c);
 #pragma unroll
           for (int c = 0; c < 16; ++c) {
             const uint32_t kwd[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
@@ -734,11 +786,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
 
   // ---------------- P4: residual + o, RMSNorm, router logits ----------------
   {
-    const bf16* w = static_cast<const bf16*>(p.post_norm);
-    float ss = add_rows<kMaxH / 8 / kThreads + 1>(resid, W.o, true, H, S.u.xf);
-    ss = block_sum(ss, S.scratch);
-    const float r = rsqrtf(ss / H + p.eps);
-    for (int i = tid; i < H; i += kThreads) S.u.xf[i] = bfr(S.u.xf[i] * r * bf2f(w[i]));
+    add_norm_rows<kMaxH / 8 / kThreads + 1>(resid, W.o, true, static_cast<const bf16*>(p.post_norm), H, p.eps,
+                                            S.scratch, S.u.xf, nullptr, S.u.xf);
     __syncthreads();
     if (ge < p.E) {
       float acc = 0.f;
