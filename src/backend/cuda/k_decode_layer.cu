@@ -110,20 +110,21 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // Generation-counting grid barrier: bar[0] arrivals (back to 0 when the last block arrives),
 // bar[1] generation. Both return to a consistent state after every barrier, so a later launch
 // (a graph replay) starts from whatever generation the last one left.
+// Release/acquire atomics (no full fences), as CUTLASS's grid barrier: the block's writes are
+// ordered before thread 0's release by bar.sync; the release/acquire pair publishes them.
 __device__ __forceinline__ void grid_barrier(unsigned* bar) {
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned gen = ld_acquire(bar + 1);
-    __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
+    if (old == gridDim.x - 1) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar + 1) : "memory");
     } else {
       while (ld_acquire(bar + 1) == gen) {
       }
     }
-    __threadfence();
   }
   __syncthreads();
 }
@@ -805,7 +806,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   grid_barrier(p.bar);
   STAMP(7);
 
-  // ---------------- P5: top-k (every block), residual store, gate/up ----------------
+  // ---------------- P5: top-k (every block), gate/up ----------------
   {
     const int E4 = (p.E + 3) / 4 * 4;
     for (int x = tid; x < E4; x += kThreads) {
@@ -844,8 +845,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     }
     __syncthreads();
   }
-  for (int i = gtid; i < H; i += gthreads)
-    static_cast<bf16*>(p.residual)[i] = f2bf(bf2f(__ldcg(resid + i)) + bfr(__ldcg(W.o + i)));
   // x = the post-attention norm, as f16 for the GEMV.
   for (int i = tid; i < H; i += kThreads) S.xh[i] = to_h(S.u.xf[i]);
   __syncthreads();
@@ -884,7 +883,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   STAMP(10);
 
   // ---------------- P6: SiLU * up, down ----------------
-  for (int i = gtid; i < H; i += gthreads) W.o[i] = 0.f;
+  // The residual store (residual + o; nothing reads the residual until the next layer's P1)
+  // and o's accumulator cleared.
+  for (int i = gtid; i < H; i += gthreads) {
+    static_cast<bf16*>(p.residual)[i] = f2bf(bf2f(__ldcg(resid + i)) + bfr(__ldcg(W.o + i)));
+    W.o[i] = 0.f;
+  }
   if (i1 > i0) {
     const int k_hi = (i1 - 1) / (gH * Ji);
     // act of experts k_lo..k_hi (<= 2 x I <= kMaxX values), 4 at a time, all loads in flight first.
