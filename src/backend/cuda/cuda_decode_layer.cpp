@@ -139,6 +139,11 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
     return e && e[0] == '1';
   }();
   p.pdl = use_pdl;
+  static const bool fence = [] {
+    const char* e = std::getenv("MOESERVE_MEGA_FENCE");
+    return e && e[0] == '1';
+  }();
+  p.fence_barrier = fence;
   static const bool timing = [] {
     const char* e = std::getenv("MOESERVE_MEGA_TIMING");
     return e && e[0] == '1';

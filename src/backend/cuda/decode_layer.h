@@ -57,6 +57,8 @@ struct DecodeLayerParams {
   // Launch with programmatic dependent launch (MOESERVE_MEGA_PDL=1): this kernel's blocks may
   // be scheduled while the previous kernel drains (they wait before reading activations).
   bool pdl = false;
+  // Grid barrier with full fences (MOESERVE_MEGA_FENCE=1) instead of release/acquire atomics.
+  bool fence_barrier = false;
 };
 
 // Floats of workspace the kernel needs for these shapes.

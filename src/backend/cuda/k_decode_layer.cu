@@ -112,9 +112,22 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // (a graph replay) starts from whatever generation the last one left.
 // Release/acquire atomics (no full fences), as CUTLASS's grid barrier: the block's writes are
 // ordered before thread 0's release by bar.sync; the release/acquire pair publishes them.
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+// strong (DecodeLayerParams::fence_barrier): full fences around plain atomics instead.
+__device__ __forceinline__ void grid_barrier(unsigned* bar, bool strong) {
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && strong) {
+    const unsigned gen = ld_acquire(bar + 1);
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (ld_acquire(bar + 1) == gen) {
+      }
+    }
+    __threadfence();
+  } else if (threadIdx.x == 0) {
     const unsigned gen = ld_acquire(bar + 1);
     unsigned old;
     asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
@@ -451,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   }
   gemv_run<true>(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre);
   STAMP(0);
-  grid_barrier(p.bar);
+  grid_barrier(p.bar, p.fence_barrier);
   STAMP(1);
 
   // ---------------- P2: QK-norm, RoPE, KV write, split-KV attention ----------------
@@ -748,13 +761,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   };
   if (i0 + warp < i1) load_item(o_item(i0 + warp, 0), pre);
   STAMP(2);
-  grid_barrier(p.bar);
+  grid_barrier(p.bar, p.fence_barrier);
   STAMP(3);
 
   // ---------------- P2b: split merge (unless done in P2); residual store; q/k/v cleared ----------------
   if (!p.merge_in_attention) {
     for (int i = gtid; i < QW; i += gthreads) merge_out(i);
-    grid_barrier(p.bar);
+    grid_barrier(p.bar, p.fence_barrier);
   }
   for (int i = gtid; i < QW + 2 * KW; i += gthreads) W.qkv[i] = 0.f;
   if (acc_in) {
@@ -782,7 +795,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     for (int i = 0; i < kGateV; ++i)
       if (i < H / 128) gw[i] = __ldg(g + i * 32 + lane);
   }
-  grid_barrier(p.bar);
+  grid_barrier(p.bar, p.fence_barrier);
   STAMP(5);
 
   // ---------------- P4: residual + o, RMSNorm, router logits ----------------
@@ -803,7 +816,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     }
   }
   STAMP(6);
-  grid_barrier(p.bar);
+  grid_barrier(p.bar, p.fence_barrier);
   STAMP(7);
 
   // ---------------- P5: top-k (every block), gate/up ----------------
@@ -879,7 +892,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     return x;
   };
   if (i0 + warp < i1) load_item(down_item(i0 + warp, 0), pre);
-  grid_barrier(p.bar);
+  grid_barrier(p.bar, p.fence_barrier);
   STAMP(10);
 
   // ---------------- P6: SiLU * up, down ----------------
@@ -922,7 +935,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     // before the barrier.
     if (i0q + warp < i1q) load_item(qkv_item_of(T.layer[layer + 1], i0q + warp, 0), pre);
   }
-  grid_barrier(p.bar);
+  grid_barrier(p.bar, p.fence_barrier);
   STAMP(12);
   if (p.timing && blockIdx.x == 0 && tid == 0) {  // phase durations of block 0, summed over launches
     for (int i = 0; i <= 12; ++i) p.timing[i] += S.ts[i] - S.ts[i == 0 ? 13 : i - 1];
