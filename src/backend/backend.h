@@ -122,6 +122,29 @@ struct AttentionArgs {
   const Tensor* prefetch[kMaxPrefetch] = {};
 };
 
+// One decoder layer of a MiniMax-M2 style model on one rank (no tensor parallelism), in the
+// order the model runs it: [residual += moe_out; x = rmsnorm(residual) * input_norm] (x as
+// given on the first layer), q/k/v = x @ W^T, QK-norm + RoPE + KV write + attention -> attn,
+// o = attn @ Wo^T, residual += o, x = rmsnorm(residual) * post_attention_norm, routing,
+// moe_out = experts(x). Afterwards residual, moe_out, routing and the KV cache hold the
+// layer's results; x, q, k, v, attn and o are workspaces whose contents are unspecified.
+struct DecodeLayerArgs {
+  bool first = false;  // first layer: *x already holds rmsnorm(residual), moe_out is not added
+  Tensor* residual = nullptr;  // [T, H]
+  Tensor* moe_out = nullptr;   // [T, H]: in, the previous layer's expert output; out, this layer's
+  Tensor *x = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *o = nullptr;
+  const Tensor* input_norm = nullptr;
+  const Tensor* post_attention_norm = nullptr;
+  float eps = 1e-6f;
+  const LinearWeight *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+  const MoeWeights* moe = nullptr;
+  MoeRouting* routing = nullptr;
+  QkNormRopeArgs qk;      // qk.q == q, qk.k == k
+  AttentionArgs attn_args;  // attn_args.q == q, .out == attn, .kv == kv, .meta == meta
+  KVCacheLayer* kv = nullptr;
+  const AttentionMeta* meta = nullptr;
+};
+
 // The shape checks of Backend::copy_from_host_2d, shared by the backends.
 inline void check_copy_2d(const Tensor& dst, size_t dst_pitch, size_t src_pitch, size_t row_bytes, size_t rows) {
   MS_CHECK(row_bytes <= dst_pitch && row_bytes <= src_pitch, "copy_from_host_2d: rows of {} bytes, pitches {} / {}",
@@ -212,6 +235,25 @@ class Backend {
                                       const AttentionMeta& meta, const AttentionArgs& attn) {
     qk_norm_rope_write_kv(qk, v, kv, meta);
     attention(attn);
+  }
+  // One decoder layer (DecodeLayerArgs); this body is the reference. CUDA runs a batch-1
+  // decode step's layer as one persistent kernel.
+  virtual void decode_layer(const DecodeLayerArgs& a) {
+    const LinearWeight* w[3] = {a.wq, a.wk, a.wv};
+    Tensor* outs[3] = {a.q, a.k, a.v};
+    if (a.first)
+      linear_multi(*a.x, w, outs, 3);
+    else
+      add_rms_norm_linear_multi(*a.residual, *a.moe_out, *a.input_norm, a.eps, *a.x, w, outs, 3);
+    qk_norm_rope_attention(a.qk, *a.v, *a.kv, *a.meta, a.attn_args);
+    linear(*a.attn, *a.wo, *a.o);
+    add_rms_norm_route(*a.residual, *a.o, *a.post_attention_norm, a.eps, *a.x, *a.moe, *a.routing);
+    moe_experts(*a.x, *a.moe, *a.routing, *a.moe_out);
+  }
+  // decode_layer(layers[i]) for i < n: consecutive layers of one step (layers[i + 1] reads
+  // layers[i]'s residual and moe_out). CUDA may run them all as one kernel.
+  virtual void decode_layers(const DecodeLayerArgs* layers, int n) {
+    for (int i = 0; i < n; ++i) decode_layer(layers[i]);
   }
 };
 

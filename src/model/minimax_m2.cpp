@@ -343,18 +343,14 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   mark("norm");
   static const int rep_qkv = op_repeat("qkv"), rep_qknorm = op_repeat("qknorm"), rep_attn = op_repeat("attn"),
                    rep_oproj = op_repeat("oproj"), rep_route = op_repeat("route"), rep_experts = op_repeat("experts");
+  // Single-rank steps run each layer as Backend::decode_layer; the op-repeat diagnostics, the
+  // per-op profile (op hook) and tensor parallelism (all-reduces between the ops) keep the
+  // separate ops.
+  static const bool any_repeat = std::getenv("MOESERVE_OP_REPEAT") != nullptr;
+  const bool single_layer_op = par_.world == 1 && !any_repeat && !op_hook_;
+  std::vector<DecodeLayerArgs> layer_ops;  // all layers, handed over at once (one kernel on CUDA at batch 1)
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     MiniMaxM2Layer& L = w_.layers[l];
-    // Attention block.
-    const LinearWeight* qkv_w[3] = {&L.q, &L.k, &L.v};  // -> q [T, Hq_local*D], k/v [T, Hkv_local*D]
-    Tensor* qkv_out[3] = {&q, &k, &v};
-    for (int r = 0; r < rep_qkv; ++r) {
-      if (l == 0)
-        be_.linear_multi(x, qkv_w, qkv_out, 3);
-      else  // the previous layer's residual add + this layer's input norm, fused into q/k/v
-        be_.add_rms_norm_linear_multi(residual, moe_out, L.input_norm, eps, x, qkv_w, qkv_out, 3);
-    }
-    mark(l == 0 ? "qkv_proj" : "norm_qkv_proj");
     QkNormRopeArgs qa;
     qa.q = &q;
     qa.k = &k;
@@ -363,17 +359,6 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     qa.positions = &meta.positions;
     qa.rope = RopeParams{cfg_.head_dim, cfg_.rotary_dim, float(cfg_.rope_theta)};
     qa.eps = eps;
-    if (par_.world > 1) {
-      // Full-width QK-norm: the mean of squares covers every rank's heads. A KV head held
-      // by `kv_replicate` ranks is counted that many times, so the width is scaled to match.
-      be_.row_sum_squares(q, q_ss);
-      be_.row_sum_squares(k, k_ss);
-      all_reduce(qk_ss);
-      qa.q_sum_squares = &q_ss;
-      qa.k_sum_squares = &k_ss;
-      qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;
-      qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
-    }
     AttentionArgs aa;
     aa.q = &q;
     aa.kv = &kv[l];
@@ -389,6 +374,40 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
       aa.prefetch[2] = &w_.layers[l + 1].q.weight;
       aa.prefetch[3] = &w_.layers[l + 1].k.weight;
       aa.prefetch[4] = &w_.layers[l + 1].v.weight;
+    }
+    if (single_layer_op) {
+      // The whole layer as one backend op (decode_layers after the loop).
+      DecodeLayerArgs da;
+      da.first = l == 0;
+      da.residual = &residual, da.moe_out = &moe_out;
+      da.x = &x, da.q = &q, da.k = &k, da.v = &v, da.attn = &attn, da.o = &o;
+      da.input_norm = &L.input_norm, da.post_attention_norm = &L.post_attention_norm, da.eps = eps;
+      da.wq = &L.q, da.wk = &L.k, da.wv = &L.v, da.wo = &L.o;
+      da.moe = &L.moe, da.routing = &routing;
+      da.qk = qa, da.attn_args = aa, da.kv = &kv[l], da.meta = &meta;
+      layer_ops.push_back(da);
+      continue;
+    }
+    // Attention block.
+    const LinearWeight* qkv_w[3] = {&L.q, &L.k, &L.v};  // -> q [T, Hq_local*D], k/v [T, Hkv_local*D]
+    Tensor* qkv_out[3] = {&q, &k, &v};
+    for (int r = 0; r < rep_qkv; ++r) {
+      if (l == 0)
+        be_.linear_multi(x, qkv_w, qkv_out, 3);
+      else  // the previous layer's residual add + this layer's input norm, fused into q/k/v
+        be_.add_rms_norm_linear_multi(residual, moe_out, L.input_norm, eps, x, qkv_w, qkv_out, 3);
+    }
+    mark(l == 0 ? "qkv_proj" : "norm_qkv_proj");
+    if (par_.world > 1) {
+      // Full-width QK-norm: the mean of squares covers every rank's heads. A KV head held
+      // by `kv_replicate` ranks is counted that many times, so the width is scaled to match.
+      be_.row_sum_squares(q, q_ss);
+      be_.row_sum_squares(k, k_ss);
+      all_reduce(qk_ss);
+      qa.q_sum_squares = &q_ss;
+      qa.k_sum_squares = &k_ss;
+      qa.q_full_width = int64_t(cfg_.num_attention_heads) * D;
+      qa.k_full_width = int64_t(cfg_.num_key_value_heads) * D * shard_.kv_replicate;
     }
     if (rep_qknorm == 1) {
       // QK-norm + RoPE, the KV write and attention (one kernel on CUDA at decode).
@@ -408,6 +427,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     mark("moe_experts");
     all_reduce(moe_out);
   }
+  if (!layer_ops.empty()) be_.decode_layers(layer_ops.data(), int(layer_ops.size()));
   be_.add_rms_norm(residual, moe_out, w_.final_norm, eps, x);
   mark("norm");
   if (R == 0) return {};

@@ -141,6 +141,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("ws_tma")) cuda::g_attn_ws_tma = true;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_DECODE_MEGA"); e && std::strcmp(e, "0") == 0) decode_mega = false;
+  if (const char* e = std::getenv("MOESERVE_MEGA_MULTI")) decode_mega_multi = std::strcmp(e, "1") == 0;
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);
   // MOESERVE_GRAPH_PREFILL_PATHS=0: captured decode graphs keep the pre-FP8-activation kernels
@@ -189,10 +191,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  print_mega_timing();
+  if (mega_timing_) cudaFree(mega_timing_);
   for (auto& b : ws_)
     if (b.ptr) cudaFree(b.ptr);
   if (pinned_) cudaFreeHost(pinned_);
   if (counters_) cudaFree(counters_);
+  for (auto& w : mega_ws_) cudaFree(w.second);
   expert_tables_.clear();
   lt_.reset();
   if (stream_) cudaStreamDestroy(stream_);

@@ -29,6 +29,8 @@ struct AttnParams;
 struct QkNormRopeParams;
 struct RouteParams;
 struct QuantParams;
+struct ExpertPtrs;
+struct DecodeLayerParams;
 }  // namespace cuda
 
 struct GpuSamplingParams {
@@ -109,6 +111,11 @@ class CudaBackend final : public Backend {
                               const AttentionArgs& attn) override;
   void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
                           const MoeWeights& moe, MoeRouting& routing) override;
+  // One token, every linear FP8 128x128, head_dim 128, one rank: one persistent kernel
+  // (k_decode_layer.cu, cuda_decode_layer.cpp); else the default body.
+  void decode_layer(const DecodeLayerArgs& a) override;
+  // ... and every layer of the step in ONE such kernel where all qualify (decode_mega_multi).
+  void decode_layers(const DecodeLayerArgs* layers, int n) override;
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
@@ -191,6 +198,17 @@ class CudaBackend final : public Backend {
   // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint (default), 2 L2 evict_first
   // policy (so the streamed experts do not evict prefetched attention weights; no gain measured).
   int moe_ld_hint = 1;
+  // decode_layer as the persistent one-kernel layer where it applies (MOESERVE_DECODE_MEGA=0: off).
+  bool decode_mega = true;
+  // decode_layers as one kernel for all layers (MOESERVE_MEGA_MULTI=1), else one kernel per
+  // layer. Off by default: the layer loop makes ptxas spill ~1.3 KB per thread (not measured yet).
+  bool decode_mega_multi = false;
+  // Steps run as one multi-layer kernel (tests).
+  uint64_t decode_mega_multi_launches() const { return mega_multi_launches_; }
+  // Layers run by that kernel / refused (default body), and why the last refusal (tests, logs).
+  uint64_t decode_mega_launches() const { return mega_launches_; }
+  uint64_t decode_mega_refusals() const { return mega_refusals_; }
+  const std::string& decode_mega_last_refusal() const { return mega_why_; }
   // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
   bool use_attention_tc = true;
   // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.
@@ -267,6 +285,20 @@ class CudaBackend final : public Backend {
                             int n);
   cuda::LtGemm* lt();
   void quant_dense(const cuda::QuantParams& q);
+  // The device table of expert pointers (built outside capture); null if the experts are not
+  // FP8 128x128 blocks. *I = intermediate size.
+  const cuda::ExpertPtrs* expert_ptrs_fp8(const MoeWeights& moe, int* I);
+  bool decode_layer_mega(const DecodeLayerArgs& a);
+  // Fills *p for the kernel (workspace included); false (why in mega_why_) if it does not apply.
+  bool mega_params(const DecodeLayerArgs& a, cuda::DecodeLayerParams* p);
+  uint64_t mega_multi_launches_ = 0;
+  // decode_layer kernel workspaces (zeroed accumulators + barrier words) by shape.
+  std::unordered_map<std::string, void*> mega_ws_;
+  int mega_grid_ = -1;
+  uint64_t mega_launches_ = 0, mega_refusals_ = 0;
+  void* mega_timing_ = nullptr;  // MOESERVE_MEGA_TIMING=1: phase times, printed at destruction
+  void print_mega_timing();
+  std::string mega_why_;
 
   int device_ = 0;
   int num_sms_ = 0;

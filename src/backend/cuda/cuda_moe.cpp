@@ -93,6 +93,12 @@ const CudaBackend::ExpertTable& CudaBackend::expert_table(const MoeWeights& moe)
   return *t;
 }
 
+const ExpertPtrs* CudaBackend::expert_ptrs_fp8(const MoeWeights& moe, int* I) {
+  const ExpertTable& et = expert_table(moe);
+  *I = et.I;
+  return et.fp8 && et.bo == 128 && et.bi == 128 ? et.dev : nullptr;
+}
+
 void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) {
   moe_route_impl(x, moe, out, nullptr);
 }

@@ -1,0 +1,1051 @@
+// Persistent batch-1 decode layer: one MiniMax-M2 layer in ONE kernel (1 block of 8 warps per
+// SM, cooperative launch), phases separated by a grid barrier:
+//   P1  residual + moe_in, RMSNorm (every block, into shared memory), q/k/v GEMV
+//   P2  QK-norm (full width, each block from the q/k sums) + RoPE + KV write + split-KV
+//       attention over (kv head, split) units -> partial softmax states
+//   P2b split merge -> attn (bf16) (by default done at the end of P2 instead, by the last split
+//       block of each kv head: one grid barrier less); the residual add of P1 is stored here
+//   P3  o_proj GEMV
+//   P4  residual + o, RMSNorm (every block), router logits (f32 gate, one warp per expert)
+//   P5  top-k (every block, redundantly), expert gate/up GEMV
+//   P6  SiLU(gate) * up -> down GEMV weighted by the routing weights
+//   P7  moe_out = bf16(sum), accumulators cleared
+// GEMVs: the weight rows are cut into items of 16 rows x up to 512 columns (FP8 -> f16 on the fly,
+// mma.sync m16n8k16 with f32 accumulation as in k_gemv_tc.cu; one block scale per 128-column
+// chunk). Each block takes an equal contiguous range of items (perfect balance: no
+// dependence on the row count per block), its warps take items round-robin with the next
+// item's 16 x 16-byte loads per lane in flight while the current one is computed, partial
+// row sums meet in shared memory and each block adds its rows into a global f32 accumulator
+// (red.add). The phase after the next barrier reads the sums (rounded to bf16 where the
+// unfused ops store bf16). So the sum order differs from the unfused kernels (f32 rounding).
+// Weights of the next phase do not depend on this phase: each warp issues its first item's
+// loads (q/k/v, o_proj, router gate rows, the first down item) before the barrier before it.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/decode_layer.h"
+#include "backend/cuda/pdl.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * 32, kD = 128, kMaxG = 8, kMaxSplits = 16;
+constexpr int kCpi = 4;             // 128-column chunks per item (at most)
+constexpr int kSlots = 32;          // 16-row accumulators per block and phase
+constexpr int kMaxX = 6144;         // f16 GEMV input entries in shared memory
+constexpr int kMaxH = 3072, kMaxE = 256, kMaxK = 8;
+constexpr int kGateV = kMaxH / 128;  // float4 per lane of a gate row
+constexpr int kMaxBtab = 1024;       // staged block-table entries per attention unit
+
+struct Smem {
+  __align__(16) __half xh[kMaxX];
+  float gacc[kSlots * 16];
+  float inv_freq[kD / 2];
+  float scratch[32];
+  union {
+    struct {
+      float qraw[kMaxG][kD];  // this kv head's q rows, k and v rows (f32 sums) staged from L2
+      float kraw[kD], vraw[kD];
+      float mls[kMaxSplits * kMaxG * 2];  // merge: the kv head's (max, sum) per split and row
+      __align__(16) bf16 qnw[kMaxG * kD];  // the kv head's q/k norm weights
+      __align__(16) bf16 knw[kD];
+      int btab[kMaxBtab];  // block table entries of the unit's key range
+      float qs[kMaxG][kD];
+      float knew[kD], vnew[kD];
+      float po[kWarps][kMaxG][kD];
+      float pml[kWarps][kMaxG][2];
+    } at;
+    float xf[kMaxH];
+  } u;
+  __align__(16) float score[kMaxE];
+  __align__(16) float choice[kMaxE];
+  int sel[32];
+  int ids[kMaxK];
+  float rw[kMaxK];
+  int flag;
+  ExpertPtrs ep[kMaxK];  // the chosen experts' pointers
+  unsigned long long ts[16];
+  __align__(8) DecodeLayerParams prm;  // the current layer's
+};
+
+__device__ __forceinline__ float bfr(float v) { return bf2f(f2bf(v)); }
+
+__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t v16) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+__device__ __forceinline__ __half to_h(float v) { return __float2half_rn(fminf(fmaxf(v, -65504.f), 65504.f)); }
+__device__ __forceinline__ uint4 ld_w(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// Phase timestamps of block 0 (DecodeLayerParams::timing; diagnostics only).
+#define STAMP(i) \
+  if (p.timing && blockIdx.x == 0 && threadIdx.x == 0) S.ts[i] = globaltimer()
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Generation-counting grid barrier: bar[0] arrivals (back to 0 when the last block arrives),
+// bar[1] generation. Both return to a consistent state after every barrier, so a later launch
+// (a graph replay) starts from whatever generation the last one left.
+// Release/acquire atomics (no full fences), as CUTLASS's grid barrier: the block's writes are
+// ordered before thread 0's release by bar.sync; the release/acquire pair publishes them.
+// strong (DecodeLayerParams::fence_barrier): full fences around plain atomics instead.
+__device__ __forceinline__ void grid_barrier(unsigned* bar, bool strong) {
+  __syncthreads();
+  if (threadIdx.x == 0 && strong) {
+    const unsigned gen = ld_acquire(bar + 1);
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (ld_acquire(bar + 1) == gen) {
+      }
+    }
+    __threadfence();
+  } else if (threadIdx.x == 0) {
+    const unsigned gen = ld_acquire(bar + 1);
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
+    if (old == gridDim.x - 1) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar + 1) : "memory");
+    } else {
+      while (ld_acquire(bar + 1) == gen) {
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// One GEMV item: 16 weight rows (w = row 0 of the group, row stride K bytes) x kCpi chunks from
+// chunk c0; s = the group's row of block scales; x read from xh + xoff; slot = shared
+// accumulator; wf = factor on the result (routing weight).
+struct Item {
+  const uint8_t* w;
+  const float* s;
+  int K, c0, nch, xoff, slot;
+  float wf;
+};
+// Chunks per item for a row of K columns (K % 128 == 0): 4 where K / 128 allows, else 3, 2, 1.
+__host__ __device__ inline int item_chunks(int K) {
+  const int c = K / 128;
+  return c % 4 == 0 ? 4 : c % 3 == 0 ? 3 : c % 2 == 0 ? 2 : 1;
+}
+// Items per 16-row group.
+__host__ __device__ inline int items_per_row(int K) { return K / 128 / item_chunks(K); }
+struct WBuf {
+  uint4 v[kCpi][2][2];  // [chunk][64-column step][row g / g + 8]
+  float sc[kCpi];       // block scale of each chunk (loaded with the weights: no dependent load later)
+};
+
+__device__ __forceinline__ void load_item(const Item& it, WBuf& b) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int c = 0; c < kCpi; ++c)
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (c < it.nch) b.v[c][s][h] = ld_w(it.w + int64_t(g + 8 * h) * it.K + (it.c0 + c) * 128 + s * 64 + q * 16);
+#pragma unroll
+  for (int c = 0; c < kCpi; ++c)
+    if (c < it.nch) b.sc[c] = __ldg(it.s + it.c0 + c);
+}
+
+__device__ __forceinline__ void compute_item(const Item& it, const WBuf& b, const __half* xh, float* gacc) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int c = 0; c < kCpi; ++c) {
+    if (c >= it.nch) break;
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint4* xp = reinterpret_cast<const uint4*>(xh + it.xoff + (it.c0 + c) * 128 + s * 64 + q * 16);
+      const uint4 x0 = xp[0], x1 = xp[1];
+      const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      const uint4 lo = b.v[c][s][0], hi = b.v[c][s][1];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t wl = i == 0 ? lo.x : i == 1 ? lo.y : i == 2 ? lo.z : lo.w;
+        const uint32_t wh = i == 0 ? hi.x : i == 1 ? hi.y : i == 2 ? hi.z : hi.w;
+        const uint32_t a[4] = {fp8x2_to_h2(wl), fp8x2_to_h2(wh), fp8x2_to_h2(wl >> 16), fp8x2_to_h2(wh >> 16)};
+        mma_f16(part, a, xw[2 * i], xw[2 * i + 1]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] = fmaf(part[e], b.sc[c], acc[e]);
+  }
+  // Every column of the mma is the same token: lanes with q == 0 hold rows g (acc[0]) and g + 8 (acc[2]).
+  if (q == 0) {
+    atomicAdd(&gacc[it.slot * 16 + g], acc[0] * it.wf);
+    atomicAdd(&gacc[it.slot * 16 + g + 8], acc[2] * it.wf);
+  }
+}
+
+// Fused add + RMSNorm of one row by the block: v = bf16(a + b) (b bf16, or f32 rounded to bf16
+// first), x = bf16(v * rsqrt(mean(v^2) + eps) * w), written as f16 to out_h or as f32 to
+// out_f. Every load (a, b and the norm weight w) is issued before the first use.
+// tmp: n floats of shared memory for v (may be out_f).
+template <int kMaxJ>
+__device__ __forceinline__ void add_norm_rows(const bf16* a, const void* b, bool b_f32, const bf16* w, int n, float eps,
+                                              float* scratch, float* tmp, __half* out_h, float* out_f) {
+  uint4 ra[kMaxJ], rb[kMaxJ], rw[kMaxJ];
+  float4 fb[kMaxJ][2];
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 < n) {
+      ra[j] = __ldcg(reinterpret_cast<const uint4*>(a) + g);
+      rw[j] = __ldg(reinterpret_cast<const uint4*>(w) + g);
+      if (b_f32) {
+        fb[j][0] = __ldcg(reinterpret_cast<const float4*>(b) + 2 * g);
+        fb[j][1] = __ldcg(reinterpret_cast<const float4*>(b) + 2 * g + 1);
+      } else {
+        rb[j] = __ldcg(reinterpret_cast<const uint4*>(b) + g);
+      }
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 >= n) continue;
+    const uint32_t aw[4] = {ra[j].x, ra[j].y, ra[j].z, ra[j].w};
+    float bv[8];
+    if (b_f32) {
+      const float t[8] = {fb[j][0].x, fb[j][0].y, fb[j][0].z, fb[j][0].w, fb[j][1].x, fb[j][1].y, fb[j][1].z, fb[j][1].w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) bv[e] = bfr(t[e]);
+    } else {
+      const uint32_t bw[4] = {rb[j].x, rb[j].y, rb[j].z, rb[j].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = bf16x2_to_f2(bw[e]);
+        bv[2 * e] = f.x, bv[2 * e + 1] = f.y;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = bf16x2_to_f2(aw[e]);
+      const float v0 = bfr(f.x + bv[2 * e]), v1 = bfr(f.y + bv[2 * e + 1]);
+      tmp[g * 8 + 2 * e] = v0, tmp[g * 8 + 2 * e + 1] = v1;
+      ss += v0 * v0 + v1 * v1;
+    }
+  }
+  ss = block_sum(ss, scratch);
+  const float r = rsqrtf(ss / n + eps);
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 >= n) continue;
+    const uint32_t ww[4] = {rw[j].x, rw[j].y, rw[j].z, rw[j].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = bf16x2_to_f2(ww[e]);
+      const float x0 = bfr(tmp[g * 8 + 2 * e] * r * f.x), x1 = bfr(tmp[g * 8 + 2 * e + 1] * r * f.y);
+      if (out_h) {
+        out_h[g * 8 + 2 * e] = to_h(x0), out_h[g * 8 + 2 * e + 1] = to_h(x1);
+      } else {
+        out_f[g * 8 + 2 * e] = x0, out_f[g * 8 + 2 * e + 1] = x1;
+      }
+    }
+  }
+}
+
+// dst[i] = src[i] (n floats, n % 4 == 0) by the block, all loads in flight first.
+template <int kMaxJ>
+__device__ __forceinline__ void stage_f32(const float* src, float* dst, int n) {
+  float4 v[kMaxJ];
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 4 < n) v[j] = __ldcg(reinterpret_cast<const float4*>(src) + g);
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 4 < n) reinterpret_cast<float4*>(dst)[g] = v[j];
+  }
+}
+
+// xh[i] = f16(src[i]) for n bf16 values (n % 8 == 0), all loads in flight first.
+template <int kMaxJ>
+__device__ __forceinline__ void stage_bf16_h(const bf16* src, __half* xh, int n) {
+  uint4 v[kMaxJ];
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 < n) v[j] = __ldcg(reinterpret_cast<const uint4*>(src) + g);
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int g = threadIdx.x + j * kThreads;
+    if (g * 8 >= n) continue;
+    const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = bf16x2_to_f2(w[e]);
+      xh[g * 8 + 2 * e] = to_h(f.x), xh[g * 8 + 2 * e + 1] = to_h(f.y);
+    }
+  }
+}
+
+// The block's item range of a phase with n items over the grid.
+__device__ __forceinline__ void item_range(int n, int& i0, int& i1) {
+  i0 = int(int64_t(blockIdx.x) * n / gridDim.x);
+  i1 = int(int64_t(blockIdx.x + 1) * n / gridDim.x);
+}
+
+// Runs the block's items [i0, i1) (warp w: i0 + w, + kWarps, ...; with kPre the caller has
+// loaded each warp's first item into `b0` already), then adds the shared row sums into gout (row of unit u = rowmap(u) * 16).
+template <bool kPre, class Resolve, class RowMap>
+__device__ __forceinline__ void gemv_run(int i0, int i1, int J, Resolve resolve, RowMap rowmap, Smem& S, float* gout,
+                                         WBuf& b0) {
+  const int warp = threadIdx.x >> 5;
+  const int u0 = i0 / J;
+  int it = i0 + warp;
+  Item r0, r1;
+  WBuf b1;
+  if (it < i1) {
+    r0 = resolve(it, it / J - u0);
+    if (!kPre) load_item(r0, b0);
+  }
+  for (; it < i1; it += 2 * kWarps) {
+    const int it2 = it + kWarps, it3 = it2 + kWarps;
+    if (it2 < i1) {
+      r1 = resolve(it2, it2 / J - u0);
+      load_item(r1, b1);
+    }
+    compute_item(r0, b0, S.xh, S.gacc);
+    if (it3 < i1) {
+      r0 = resolve(it3, it3 / J - u0);
+      load_item(r0, b0);
+    }
+    if (it2 < i1) compute_item(r1, b1, S.xh, S.gacc);
+  }
+  __syncthreads();
+  if (i1 > i0) {
+    const int nslots = (i1 - 1) / J - u0 + 1;
+    for (int i = threadIdx.x; i < nslots * 16; i += kThreads) {
+      atomicAdd(gout + int64_t(rowmap(u0 + i / 16)) * 16 + i % 16, S.gacc[i]);
+      S.gacc[i] = 0.f;
+    }
+  }
+}
+
+struct Ws {
+  float *qkv, *o, *logits, *up, *down, *part_o, *part_ml;
+  int* cnt;  // [Hkv] split arrivals per kv head
+};
+__host__ __device__ inline Ws ws_layout(const DecodeLayerParams& p) {
+  Ws w;
+  const int G = p.Hkv > 0 ? p.Hq / p.Hkv : 1;
+  w.qkv = p.ws;
+  w.o = w.qkv + (p.Hq + 2 * p.Hkv) * kD;
+  w.logits = w.o + p.H;
+  w.up = w.logits + (p.E + 3) / 4 * 4;
+  w.down = w.up + p.top_k * 2 * p.I;
+  w.part_o = w.down + p.H;
+  w.part_ml = w.part_o + int64_t(p.Hkv) * kMaxSplits * G * kD;
+  w.cnt = reinterpret_cast<int*>(w.part_ml + int64_t(p.Hkv) * kMaxSplits * G * 2);
+  return w;
+}
+
+__device__ __forceinline__ int num_splits(int ctx, int max_splits) {
+  return max(1, min(max_splits, (ctx + 255) / 256));
+}
+
+// q/k/v item `it` of a layer (rows: q, then k, then v).
+__device__ __forceinline__ Item qkv_item_of(const DecodeLayerParams& p, int it, int slot) {
+  const int H = p.H, QW = p.Hq * kD, KW = p.Hkv * kD;
+  const int Jh = items_per_row(H), nch_h = item_chunks(H);
+  const int gr = it / Jh, j = it % Jh, r0 = gr * 16;
+  Item x;
+  const uint8_t* w;
+  const float* s;
+  int r;
+  if (r0 < QW) w = p.wq, s = p.sq, r = r0;
+  else if (r0 < QW + KW) w = p.wk, s = p.sk, r = r0 - QW;
+  else w = p.wv, s = p.sv, r = r0 - QW - KW;
+  x.w = w + int64_t(r) * H, x.s = s + (r / 128) * (H / 128), x.K = H, x.c0 = j * nch_h, x.nch = nch_h, x.xoff = 0;
+  x.slot = slot, x.wf = 1.f;
+  return x;
+}
+
+// Layer parameters passed by value (kernel parameter space, up to 32 KB on sm_70+ with CUDA
+// 12.1+): read through the constant cache, so the per-layer pointers cost no registers, and a
+// captured graph node carries its own copy.
+template <int kL>
+struct LayerTable {
+  DecodeLayerParams layer[kL];
+  int n;
+};
+constexpr int kMaxTableLayers = 64;
+
+// Runs layers 0 .. T.n - 1. Between layers of one launch the expert output stays in the f32
+// accumulator: the next layer's P1 reads it (rounded to bf16 as moe_out would be) and clears it
+// later; only the last layer stores moe_out.
+template <int kL>
+__global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_constant__ LayerTable<kL> T) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& S = *reinterpret_cast<Smem*>(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = gridDim.x;
+  const int gtid = blockIdx.x * kThreads + tid, gthreads = nb * kThreads;
+  const int nlayers = kL == 1 ? 1 : T.n;
+
+  for (int i = tid; i < kSlots * 16; i += kThreads) S.gacc[i] = 0.f;
+  for (int d = tid; d < T.layer[0].rotary_dim / 2; d += kThreads)
+    S.inv_freq[d] = float(1.0 / pow(double(T.layer[0].theta), double(2 * d) / double(T.layer[0].rotary_dim)));
+  WBuf pre;
+#pragma unroll 1
+  for (int layer = 0; layer < nlayers; ++layer) {
+  // This layer's parameters in shared memory, read through a volatile reference: every use
+  // is a fresh shared load, so the ~40 fields are not all held in registers across a phase
+  // (which spilled ~1.3 KB per thread with a dynamically indexed parameter table).
+  __syncthreads();
+  {
+    const int* src = reinterpret_cast<const int*>(&T.layer[layer]);
+    int* dst = reinterpret_cast<int*>(&S.prm);
+    for (int i = tid; i < int(sizeof(DecodeLayerParams) / 4); i += kThreads) dst[i] = src[i];
+  }
+  __syncthreads();
+  const volatile DecodeLayerParams& p = S.prm;
+  const DecodeLayerParams& pn = const_cast<const DecodeLayerParams&>(p);  // for helpers (short reads)
+  const Ws W = ws_layout(pn);
+  const int H = p.H, QW = p.Hq * kD, KW = p.Hkv * kD, G = p.Hq / p.Hkv;
+  const bf16* resid = static_cast<const bf16*>(p.residual);
+  const bool acc_in = layer > 0;  // moe_in = the previous layer's f32 expert accumulator
+  STAMP(13);
+
+  // ---------------- P1: norm + q/k/v ----------------
+  const int Jh = items_per_row(H), nch_h = item_chunks(H);  // items per 16-row group for K = H
+  int i0, i1;
+  item_range((QW + 2 * KW) / 16 * Jh, i0, i1);
+  const int i0q = i0, i1q = i1;
+  auto qkv_item = [&](int it, int slot) { return qkv_item_of(pn, it, slot); };
+  if (layer == 0 && i0 + warp < i1) load_item(qkv_item(i0 + warp, 0), pre);  // (later layers: at the previous one's end)
+  pdl_wait();
+  {
+    // v = bf16(residual + moe_in) (or x_in as given on the first layer); x = bf16(v * r * w).
+    if (acc_in || p.moe_in) {
+      add_norm_rows<kMaxH / 8 / kThreads + 1>(resid, acc_in ? static_cast<const void*>(W.down) : p.moe_in, acc_in,
+                                              static_cast<const bf16*>(p.in_norm), H, p.eps, S.scratch, S.u.xf, S.xh, nullptr);
+    } else {
+      stage_bf16_h<kMaxH / 8 / kThreads + 1>(static_cast<const bf16*>(p.x_in), S.xh, H);
+    }
+    __syncthreads();
+  }
+  gemv_run<true>(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre);
+  STAMP(0);
+  grid_barrier(p.bar, p.fence_barrier);
+  STAMP(1);
+
+  // ---------------- P2: QK-norm, RoPE, KV write, split-KV attention ----------------
+  // L2 prefetch (a hint; weights only) of what the block reads after attention: its o_proj
+  // items and its warps' router gate rows. Attention is latency-bound, HBM otherwise idle.
+  if (p.l2_prefetch) {
+    const int Jq0 = items_per_row(QW), cols = item_chunks(QW) * 128;
+    int o0, o1;
+    item_range(H / 16 * Jq0, o0, o1);
+    for (int i = tid; i < (o1 - o0) * 16; i += kThreads) {
+      const int it = o0 + i / 16, gr = it / Jq0, j = it % Jq0;
+      const uint8_t* src = p.wo + int64_t(gr * 16 + i % 16) * QW + j * cols;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(cols) : "memory");
+    }
+    const int e = warp * nb + blockIdx.x;
+    if (lane == 0 && e < p.E)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.gate + int64_t(e) * H), "r"(H * 4) : "memory");
+  }
+  const int ctx = __ldg(p.context_lens), newest = ctx - 1;
+  const int nsplit = num_splits(ctx, p.max_splits);
+  // attn element i (q head i / 128) from the partial softmax states of its kv head's splits.
+  auto merge_out = [&](int i) {
+    const int hq = i / kD, d = i % kD, kvh = hq / G, r = hq % G;
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; ++s) M = fmaxf(M, __ldcg(W.part_ml + ((kvh * nsplit + s) * G + r) * 2));
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY)
+      for (int s = 0; s < nsplit; ++s) {
+        const int u = kvh * nsplit + s;
+        const float ms = __ldcg(W.part_ml + (u * G + r) * 2);
+        if (ms == -INFINITY) continue;
+        const float f = exp2f(ms - M);
+        L += __ldcg(W.part_ml + (u * G + r) * 2 + 1) * f;
+        O += __ldcg(W.part_o + (int64_t(u) * G + r) * kD + d) * f;
+      }
+    static_cast<bf16*>(p.attn)[i] = f2bf(L > 0.f ? O / L : 0.f);
+  };
+  {
+    float qss = 0.f, kss = 0.f;
+    {
+      constexpr int kJ = (kMaxX + 2048) / 4 / kThreads + 1;  // q (<= 6144) and k (<= 2048 assumed) floats
+      float4 v[kJ];
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        const int g = tid + j * kThreads;
+        if (g * 4 < QW + KW) v[j] = __ldcg(reinterpret_cast<const float4*>(W.qkv) + g);
+      }
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        const int g = tid + j * kThreads;
+        if (g * 4 >= QW + KW) continue;
+        const float a = bfr(v[j].x), b = bfr(v[j].y), c = bfr(v[j].z), d = bfr(v[j].w);
+        const float sq = a * a + b * b + c * c + d * d;
+        if (g * 4 < QW) qss += sq; else kss += sq;
+      }
+    }
+    qss = block_sum(qss, S.scratch);
+    kss = block_sum(kss, S.scratch);
+    const float rq = rsqrtf(qss / QW + p.eps), rk = rsqrtf(kss / KW + p.eps);
+    const float pos = float(__ldg(p.positions));
+    const int half = p.rotary_dim / 2;
+    const float qscale = p.scale * 1.4426950408889634f;
+    const bf16* qw = static_cast<const bf16*>(p.q_norm);
+    const bf16* kw = static_cast<const bf16*>(p.k_norm);
+    // x: a staged row (shared memory, f32 sums: rounded to bf16 as the q/k/v GEMV would store).
+    auto normed = [&](const float* x, const bf16* w, float r, int d) {
+      if (d >= p.rotary_dim) return bfr(bfr(x[d]) * r * bf2f(w[d]));
+      const int d0 = d < half ? d : d - half;
+      float sn, cs;
+      sincosf(pos * S.inv_freq[d0], &sn, &cs);
+      const float u = bfr(x[d0]) * r * bf2f(w[d0]), v = bfr(x[d0 + half]) * r * bf2f(w[d0 + half]);
+      return bfr(d < half ? u * cs - v * sn : v * cs + u * sn);
+    };
+    const int64_t row_stride = KW;
+    for (int unit = blockIdx.x; unit < p.Hkv * nsplit; unit += nb) {
+      const int kvh = unit / nsplit, split = unit % nsplit;
+      const int chunk = ((ctx + nsplit - 1) / nsplit + 31) / 32 * 32;
+      const int kbeg = split * chunk, kend = min(ctx, kbeg + chunk);
+      // One round of loads: q/k/v sums of this kv head, its norm weights, the block table of
+      // the key range (entries b0 .. b0 + nbt - 1).
+      const int b0 = kbeg / p.block_size;
+      const int nbt = kend > kbeg ? (kend - 1) / p.block_size - b0 + 1 : 0;
+      const bool bt_smem = nbt <= kMaxBtab;
+      {
+        float4 qv = make_float4(0.f, 0.f, 0.f, 0.f), kv4 = qv;
+        uint4 qn = make_uint4(0, 0, 0, 0), kn4 = qn;
+        int btv[kMaxBtab / kThreads];
+        const bool hq = tid * 4 < G * kD;
+        if (hq) {
+          qv = __ldcg(reinterpret_cast<const float4*>(W.qkv + kvh * G * kD) + tid);
+        }
+        if (tid < kD / 4) kv4 = __ldcg(reinterpret_cast<const float4*>(W.qkv + QW + kvh * kD) + tid);
+        else if (tid < kD / 2) kv4 = __ldcg(reinterpret_cast<const float4*>(W.qkv + QW + KW + kvh * kD) + tid - kD / 4);
+        if (tid * 8 < G * kD) qn = __ldg(reinterpret_cast<const uint4*>(qw + kvh * G * kD) + tid);
+        else if (tid * 8 < G * kD + kD) kn4 = __ldg(reinterpret_cast<const uint4*>(kw + kvh * kD) + tid - G * kD / 8);
+#pragma unroll
+        for (int j = 0; j < kMaxBtab / kThreads; ++j)
+          if (bt_smem && tid + j * kThreads < nbt) btv[j] = __ldg(p.block_table + b0 + tid + j * kThreads);
+        if (hq) reinterpret_cast<float4*>(&S.u.at.qraw[0][0])[tid] = qv;
+        if (tid < kD / 4) reinterpret_cast<float4*>(S.u.at.kraw)[tid] = kv4;
+        else if (tid < kD / 2) reinterpret_cast<float4*>(S.u.at.vraw)[tid - kD / 4] = kv4;
+        if (tid * 8 < G * kD) reinterpret_cast<uint4*>(S.u.at.qnw)[tid] = qn;
+        else if (tid * 8 < G * kD + kD) reinterpret_cast<uint4*>(S.u.at.knw)[tid - G * kD / 8] = kn4;
+#pragma unroll
+        for (int j = 0; j < kMaxBtab / kThreads; ++j)
+          if (bt_smem && tid + j * kThreads < nbt) S.u.at.btab[tid + j * kThreads] = btv[j];
+      }
+      __syncthreads();
+      // Cache row offset of key j (elements; this kv head).
+      auto key_off = [&](int j) {
+        const int e = j / p.block_size;
+        const int blk = bt_smem ? S.u.at.btab[e - b0] : __ldg(p.block_table + e);
+        return (int64_t(blk) * p.block_size + j % p.block_size) * row_stride + kvh * kD;
+      };
+      // K rows of a tile of 32 keys (lane = key; zeros past kend and for the newest key).
+      uint4 kr[16];
+      int64_t off = 0;
+      auto issue_k = [&](int base) {
+        const int j = base + lane;
+        off = j < kend ? key_off(j) : 0;
+        const uint4* kp = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.kc) + off);
+#pragma unroll
+        for (int c = 0; c < 16; ++c) kr[c] = (j < kend && j != newest) ? __ldcg(kp + c) : make_uint4(0, 0, 0, 0);
+      };
+      for (int i = tid; i < kMaxG * kD; i += kThreads) {
+        const int r = i / kD, d = i % kD;
+        S.u.at.qs[r][d] = r < G ? normed(S.u.at.qraw[r], S.u.at.qnw + r * kD, rq, d) * qscale : 0.f;
+      }
+      const bool has_new = newest >= kbeg && newest < kend;
+      if (has_new && tid < kD) {
+        const float kn = normed(S.u.at.kraw, S.u.at.knw, rk, tid);
+        const float vn = bfr(S.u.at.vraw[tid]);
+        S.u.at.knew[tid] = kn, S.u.at.vnew[tid] = vn;
+        const int64_t slot = __ldg(p.slots);
+        if (slot >= 0 && slot < p.num_slots) {
+          static_cast<bf16*>(p.kc)[slot * row_stride + kvh * kD + tid] = f2bf(kn);
+          static_cast<bf16*>(p.vc)[slot * row_stride + kvh * kD + tid] = f2bf(vn);
+        }
+      }
+      __syncthreads();
+      float m[kMaxG], l[kMaxG], acc[kMaxG][4];
+#pragma unroll
+      for (int r = 0; r < kMaxG; ++r) {
+        m[r] = -INFINITY, l[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][e] = 0.f;
+      }
+      for (int base = kbeg + warp * 32; base < kend; base += kWarps * 32) {
+        issue_k(base);
+        const int j = base + lane;
+        const bool valid = j < kend;
+        float s[kMaxG];
+#pragma unroll
+        for (int r = 0; r < kMaxG; ++r) s[r] = 0.f;
+        if (valid) {
+          const bool nw = j == newest;
+#pragma unroll
+          for (int c = 0; c < 16; ++c) {
+            const uint32_t kwd[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int d = c * 8 + 2 * e;
+              float2 kf = bf16x2_to_f2(kwd[e]);
+              if (nw) kf = make_float2(S.u.at.knew[d], S.u.at.knew[d + 1]);
+#pragma unroll
+              for (int r = 0; r < kMaxG; ++r)
+                if (r < G) s[r] = fmaf(S.u.at.qs[r][d], kf.x, fmaf(S.u.at.qs[r][d + 1], kf.y, s[r]));
+            }
+          }
+        }
+        float pr[kMaxG];
+#pragma unroll
+        for (int r = 0; r < kMaxG; ++r) {
+          if (r >= G) continue;
+          const float sv = valid ? s[r] : -INFINITY;
+          const float mn = fmaxf(m[r], warp_max(sv));  // finite: lane 0 of a tile is valid
+          const float corr = exp2f(m[r] - mn);
+          pr[r] = valid ? exp2f(sv - mn) : 0.f;
+          l[r] = l[r] * corr + warp_sum(pr[r]);
+          m[r] = mn;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[r][e] *= corr;
+        }
+        // V rows of the tile, 16 keys at a time: all 16 loads in flight before the first use.
+        const int n = min(32, kend - base);
+        const bf16* vcache = static_cast<const bf16*>(p.vc);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (h * 16 >= n) break;
+          uint2 vr[16];
+#pragma unroll
+          for (int x = 0; x < 16; ++x) {
+            const int kk = h * 16 + x;
+            const int64_t ok = __shfl_sync(0xffffffffu, off, kk);
+            if (kk < n && base + kk != newest) vr[x] = __ldcg(reinterpret_cast<const uint2*>(vcache + ok) + lane);
+          }
+#pragma unroll
+          for (int x = 0; x < 16; ++x) {
+            const int kk = h * 16 + x;
+            if (kk >= n) break;
+            float v[4];
+            if (base + kk == newest) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) v[e] = S.u.at.vnew[4 * lane + e];
+            } else {
+              const float2 a = bf16x2_to_f2(vr[x].x), b = bf16x2_to_f2(vr[x].y);
+              v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+            }
+#pragma unroll
+            for (int r = 0; r < kMaxG; ++r) {
+              if (r >= G) continue;
+              const float pk = __shfl_sync(0xffffffffu, pr[r], kk);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[r][e] = fmaf(pk, v[e], acc[r][e]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kMaxG; ++r) {
+        if (r >= G) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S.u.at.po[warp][r][4 * lane + e] = acc[r][e];
+        if (lane == 0) S.u.at.pml[warp][r][0] = m[r], S.u.at.pml[warp][r][1] = l[r];
+      }
+      __syncthreads();
+      for (int i = tid; i < G * kD; i += kThreads) {
+        const int r = i / kD, d = i % kD;
+        float M = -INFINITY;
+        for (int w = 0; w < kWarps; ++w) M = fmaxf(M, S.u.at.pml[w][r][0]);
+        float L = 0.f, O = 0.f;
+        if (M != -INFINITY)
+          for (int w = 0; w < kWarps; ++w) {
+            const float mw = S.u.at.pml[w][r][0];
+            if (mw == -INFINITY) continue;
+            const float f = exp2f(mw - M);
+            L += S.u.at.pml[w][r][1] * f;
+            O += S.u.at.po[w][r][d] * f;
+          }
+        W.part_o[(int64_t(unit) * G + r) * kD + d] = O;
+        if (d == 0) W.part_ml[(unit * G + r) * 2] = M, W.part_ml[(unit * G + r) * 2 + 1] = L;
+      }
+      if (p.merge_in_attention) {
+        // The kv head's last split block to finish merges its G x 128 outputs (threadfence
+        // reduction; the counter is back to 0 afterwards).
+        __syncthreads();
+        if (tid == 0) {
+          __threadfence();
+          const int last = atomicAdd(W.cnt + kvh, 1) == nsplit - 1;
+          if (last) atomicExch(W.cnt + kvh, 0);
+          S.flag = last;
+        }
+        __syncthreads();
+        if (S.flag) {
+          __threadfence();
+          for (int i = tid; i < nsplit * G * 2; i += kThreads) S.u.at.mls[i] = __ldcg(W.part_ml + kvh * nsplit * G * 2 + i);
+          __syncthreads();
+          for (int i = tid; i < G * kD; i += kThreads) {
+            const int r = i / kD, d = i % kD;
+            float M = -INFINITY;
+            for (int s2 = 0; s2 < nsplit; ++s2) M = fmaxf(M, S.u.at.mls[(s2 * G + r) * 2]);
+            float po[kMaxSplits];
+#pragma unroll
+            for (int s2 = 0; s2 < kMaxSplits; ++s2)
+              if (s2 < nsplit) po[s2] = __ldcg(W.part_o + (int64_t(kvh * nsplit + s2) * G + r) * kD + d);
+            float L = 0.f, O = 0.f;
+            if (M != -INFINITY) {
+#pragma unroll
+              for (int s2 = 0; s2 < kMaxSplits; ++s2) {
+                if (s2 >= nsplit) break;
+                const float ms = S.u.at.mls[(s2 * G + r) * 2];
+                if (ms == -INFINITY) continue;
+                const float f = exp2f(ms - M);
+                L += S.u.at.mls[(s2 * G + r) * 2 + 1] * f;
+                O += po[s2] * f;
+              }
+            }
+            static_cast<bf16*>(p.attn)[(kvh * G + r) * kD + d] = f2bf(L > 0.f ? O / L : 0.f);
+          }
+        }
+      }
+      __syncthreads();  // smem reused by the next unit
+    }
+  }
+  // o_proj items of this block; the first one's loads go out before the barrier.
+  const int Jq = items_per_row(QW), nch_q = item_chunks(QW);
+  item_range(H / 16 * Jq, i0, i1);
+  auto o_item = [&](int it, int slot) {
+    const int gr = it / Jq, j = it % Jq;
+    Item x;
+    x.w = p.wo + int64_t(gr) * 16 * QW, x.s = p.so + (gr * 16 / 128) * (QW / 128), x.K = QW, x.c0 = j * nch_q;
+    x.nch = nch_q, x.xoff = 0, x.slot = slot, x.wf = 1.f;
+    return x;
+  };
+  if (i0 + warp < i1) load_item(o_item(i0 + warp, 0), pre);
+  STAMP(2);
+  grid_barrier(p.bar, p.fence_barrier);
+  STAMP(3);
+
+  // ---------------- P2b: split merge (unless done in P2); residual store; q/k/v cleared ----------------
+  if (!p.merge_in_attention) {
+    for (int i = gtid; i < QW; i += gthreads) merge_out(i);
+    grid_barrier(p.bar, p.fence_barrier);
+  }
+  for (int i = gtid; i < QW + 2 * KW; i += gthreads) W.qkv[i] = 0.f;
+  if (acc_in) {
+    for (int i = gtid; i < H; i += gthreads) {
+      static_cast<bf16*>(p.residual)[i] = f2bf(bf2f(__ldcg(resid + i)) + bfr(__ldcg(W.down + i)));
+      W.down[i] = 0.f;
+    }
+    for (int i = gtid; i < p.top_k * 2 * p.I; i += gthreads) W.up[i] = 0.f;
+  } else if (p.moe_in) {
+    for (int i = gtid; i < H; i += gthreads)
+      static_cast<bf16*>(p.residual)[i] = f2bf(bf2f(__ldcg(resid + i)) + bf2f(__ldcg(static_cast<const bf16*>(p.moe_in) + i)));
+  }
+
+  // ---------------- P3: o_proj ----------------
+  stage_bf16_h<kMaxX / 8 / kThreads>(static_cast<const bf16*>(p.attn), S.xh, QW);
+  __syncthreads();
+  gemv_run<true>(i0, i1, Jq, o_item, [](int u) { return u; }, S, W.o, pre);
+  STAMP(4);
+  // Router gate row of this warp (weights: before the barrier).
+  const int ge = warp * nb + blockIdx.x;
+  float4 gw[kGateV];
+  if (ge < p.E) {
+    const float4* g = reinterpret_cast<const float4*>(p.gate + int64_t(ge) * H);
+#pragma unroll
+    for (int i = 0; i < kGateV; ++i)
+      if (i < H / 128) gw[i] = __ldg(g + i * 32 + lane);
+  }
+  grid_barrier(p.bar, p.fence_barrier);
+  STAMP(5);
+
+  // ---------------- P4: residual + o, RMSNorm, router logits ----------------
+  {
+    add_norm_rows<kMaxH / 8 / kThreads + 1>(resid, W.o, true, static_cast<const bf16*>(p.post_norm), H, p.eps,
+                                            S.scratch, S.u.xf, nullptr, S.u.xf);
+    __syncthreads();
+    if (ge < p.E) {
+      float acc = 0.f;
+#pragma unroll
+      for (int i = 0; i < kGateV; ++i) {
+        if (i >= H / 128) break;
+        const float4 x = *reinterpret_cast<const float4*>(&S.u.xf[4 * (i * 32 + lane)]);
+        acc = fmaf(x.x, gw[i].x, fmaf(x.y, gw[i].y, fmaf(x.z, gw[i].z, fmaf(x.w, gw[i].w, acc))));
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) W.logits[ge] = acc;
+    }
+  }
+  STAMP(6);
+  grid_barrier(p.bar, p.fence_barrier);
+  STAMP(7);
+
+  // ---------------- P5: top-k (every block), gate/up ----------------
+  {
+    const int E4 = (p.E + 3) / 4 * 4;
+    for (int x = tid; x < E4; x += kThreads) {
+      if (x < p.E) {
+        const float sc = 1.f / (1.f + expf(-__ldcg(W.logits + x)));
+        const float c = sc + (p.bias ? __ldg(p.bias + x) : 0.f);
+        S.score[x] = sc;
+        S.choice[x] = c == c ? c : -INFINITY;
+      } else {
+        S.choice[x] = -INFINITY;
+      }
+    }
+    if (tid < 32) S.sel[tid] = 0;
+    __syncthreads();
+    for (int x = tid; x < p.E; x += kThreads) {
+      const float c = S.choice[x];
+      int rank = 0;
+      for (int j = 0; j < E4; j += 4) {
+        const float4 o = *reinterpret_cast<const float4*>(&S.choice[j]);
+        rank += (o.x > c || (o.x == c && j < x)) + (o.y > c || (o.y == c && j + 1 < x)) +
+                (o.z > c || (o.z == c && j + 2 < x)) + (o.w > c || (o.w == c && j + 3 < x));
+      }
+      if (rank < p.top_k) S.sel[rank] = x;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int id = lane < p.top_k ? S.sel[lane] : 0;
+      const float sc = lane < p.top_k ? S.score[id] : 0.f;
+      const float sum = warp_sum(sc);
+      if (lane < p.top_k) {
+        const float wgt = sc * (sum > 0.f ? 1.f / sum : 0.f);
+        S.ids[lane] = id, S.rw[lane] = wgt;
+        S.ep[lane] = p.experts[id];
+        if (blockIdx.x == 0) p.ids[lane] = id, p.rw[lane] = wgt;
+      }
+    }
+    __syncthreads();
+  }
+  // x = the post-attention norm, as f16 for the GEMV.
+  for (int i = tid; i < H; i += kThreads) S.xh[i] = to_h(S.u.xf[i]);
+  __syncthreads();
+  {
+    const int gI = p.I / 16;  // 16-row groups per matrix
+    item_range(p.top_k * 2 * gI * Jh, i0, i1);
+    auto up_item = [&](int it, int slot) {
+      const int u = it / Jh, j = it % Jh;
+      const int k = u / (2 * gI), mtx = (u / gI) % 2, ig = u % gI;
+      const ExpertPtrs& e = S.ep[k];
+      Item x;
+      x.w = static_cast<const uint8_t*>(mtx ? e.w3 : e.w1) + int64_t(ig) * 16 * H;
+      x.s = (mtx ? e.s3 : e.s1) + (ig * 16 / 128) * (H / 128);
+      x.K = H, x.c0 = j * nch_h, x.nch = nch_h, x.xoff = 0, x.slot = slot, x.wf = 1.f;
+      return x;
+    };
+    STAMP(8);
+    gemv_run<false>(i0, i1, Jh, up_item, [](int u) { return u; }, S, W.up, pre);
+    STAMP(9);
+  }
+  // First down item (experts known): before the barrier.
+  const int Ji = items_per_row(p.I), nch_i = item_chunks(p.I), gH = H / 16;
+  item_range(p.top_k * gH * Ji, i0, i1);
+  const int k_lo = i0 / (gH * Ji);
+  auto down_item = [&](int it, int slot) {
+    const int u = it / Ji, cs = it % Ji, k = u / gH, gr = u % gH;
+    const ExpertPtrs& e = S.ep[k];
+    Item x;
+    x.w = static_cast<const uint8_t*>(e.w2) + int64_t(gr) * 16 * p.I;
+    x.s = e.s2 + (gr * 16 / 128) * (p.I / 128);
+    x.K = p.I, x.c0 = cs * nch_i, x.nch = nch_i, x.xoff = (k - k_lo) * p.I, x.slot = slot, x.wf = S.rw[k];
+    return x;
+  };
+  if (i0 + warp < i1) load_item(down_item(i0 + warp, 0), pre);
+  grid_barrier(p.bar, p.fence_barrier);
+  STAMP(10);
+
+  // ---------------- P6: SiLU * up, down ----------------
+  // The residual store (residual + o; nothing reads the residual until the next layer's P1)
+  // and o's accumulator cleared.
+  for (int i = gtid; i < H; i += gthreads) {
+    static_cast<bf16*>(p.residual)[i] = f2bf(bf2f(__ldcg(resid + i)) + bfr(__ldcg(W.o + i)));
+    W.o[i] = 0.f;
+  }
+  if (i1 > i0) {
+    const int k_hi = (i1 - 1) / (gH * Ji);
+    // act of experts k_lo..k_hi (<= 2 x I <= kMaxX values), 4 at a time, all loads in flight first.
+    constexpr int kJ = kMaxX / 4 / kThreads;
+    const int n4 = (k_hi - k_lo + 1) * p.I / 4, I4 = p.I / 4;
+    float4 gv[kJ], uv[kJ];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int g4 = tid + j * kThreads;
+      if (g4 < n4) {
+        const int k = k_lo + g4 / I4, c4 = g4 % I4;
+        gv[j] = __ldcg(reinterpret_cast<const float4*>(W.up + (2 * k) * p.I) + c4);
+        uv[j] = __ldcg(reinterpret_cast<const float4*>(W.up + (2 * k + 1) * p.I) + c4);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int g4 = tid + j * kThreads;
+      if (g4 >= n4) continue;
+      S.xh[4 * g4] = to_h(bfr(silu(gv[j].x) * uv[j].x));
+      S.xh[4 * g4 + 1] = to_h(bfr(silu(gv[j].y) * uv[j].y));
+      S.xh[4 * g4 + 2] = to_h(bfr(silu(gv[j].z) * uv[j].z));
+      S.xh[4 * g4 + 3] = to_h(bfr(silu(gv[j].w) * uv[j].w));
+    }
+  }
+  __syncthreads();
+  gemv_run<true>(i0, i1, Ji, down_item, [gH](int u) { return u % gH; }, S, W.down, pre);
+  STAMP(11);
+  if (layer + 1 < nlayers) {
+    // The next layer's first q/k/v item (its weights only; same shapes, so the same item range)
+    // before the barrier.
+    if (i0q + warp < i1q) load_item(qkv_item_of(T.layer[layer + 1], i0q + warp, 0), pre);
+  }
+  grid_barrier(p.bar, p.fence_barrier);
+  STAMP(12);
+  if (p.timing && blockIdx.x == 0 && tid == 0) {  // phase durations of block 0, summed over launches
+    for (int i = 0; i <= 12; ++i) p.timing[i] += S.ts[i] - S.ts[i == 0 ? 13 : i - 1];
+    p.timing[15] += 1;
+  }
+  if (layer + 1 < nlayers) continue;
+
+  // ---------------- P7 (last layer): moe_out, accumulators cleared ----------------
+  // PDL (DecodeLayerParams::pdl): the next kernel may be scheduled from here; it waits for
+  // this grid's completion (griddepcontrol.wait) before touching anything this one writes.
+  if (p.pdl) pdl_trigger();
+  for (int i = gtid; i < H; i += gthreads) {
+    static_cast<bf16*>(p.moe_out)[i] = f2bf(__ldcg(W.down + i));
+    W.down[i] = 0.f;
+  }
+  for (int i = gtid; i < p.top_k * 2 * p.I; i += gthreads) W.up[i] = 0.f;
+  }  // layers
+#endif
+}
+
+}  // namespace
+
+int64_t decode_layer_ws_floats(const DecodeLayerParams& p) {
+  const int G = p.Hkv > 0 ? p.Hq / p.Hkv : 1;
+  return int64_t(p.Hq + 2 * p.Hkv) * kD + p.H + (p.E + 3) / 4 * 4 + int64_t(p.top_k) * 2 * p.I + p.H +
+         int64_t(p.Hkv) * kMaxSplits * G * (kD + 2) + p.Hkv;
+}
+
+const char* decode_layer_unsupported(const DecodeLayerParams& p, int grid) {
+  if (code_arch() < 900) return "needs sm_90 code";
+  if (grid < 1) return "no grid";
+  if (p.Hkv <= 0 || p.Hq % p.Hkv || p.Hq / p.Hkv > kMaxG) return "GQA group > 8";
+  if (p.H % 128 || p.H > kMaxH) return "hidden size";
+  if (p.Hq * kD > kMaxX) return "q width";
+  if (p.Hkv * kD > 2048) return "kv width";
+  if (p.I % 128 || 2 * p.I > kMaxX) return "expert intermediate size";
+  if (p.E < 1 || p.E > kMaxE || p.top_k < 1 || p.top_k > kMaxK || p.top_k > p.E) return "experts / top_k";
+  if (p.rotary_dim % 2 || p.rotary_dim > kD) return "rotary_dim";
+  if (p.max_splits < 1 || p.max_splits > kMaxSplits) return "splits";
+  if (int64_t(p.E) > int64_t(kWarps) * grid) return "router rows > warps";
+  // Shared accumulators per phase: ceil(items per block / items per unit) + 1 units.
+  const int H = p.H, QW = p.Hq * kD, KW = p.Hkv * kD;
+  const int jh = items_per_row(H), jq = items_per_row(QW), ji = items_per_row(p.I);
+  const int64_t phases[4][2] = {{int64_t(QW + 2 * KW) / 16 * jh, jh},
+                                {int64_t(H) / 16 * jq, jq},
+                                {int64_t(p.top_k) * 2 * (p.I / 16) * jh, jh},
+                                {int64_t(p.top_k) * (H / 16) * ji, ji}};
+  for (const auto& ph : phases)
+    if ((ph[0] + grid - 1) / grid / ph[1] + 2 > kSlots) return "too many rows per block";
+  // Down: a block's items span at most two experts (the act buffer holds two).
+  if ((int64_t(p.top_k) * (H / 16) * ji + grid - 1) / grid > int64_t(H / 16) * ji)
+    return "grid too small";
+  return "";
+}
+
+int decode_layer_blocks_per_sm() {
+  static std::atomic<uint64_t> attr_set{0};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(attr_set.load() & bit)) {
+    CUDA_CHECK(cudaFuncSetAttribute(decode_layer_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_layer_kernel<kMaxTableLayers>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(sizeof(Smem))));
+    attr_set.fetch_or(bit);
+  }
+  int n = 0, m = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_layer_kernel<1>, kThreads, sizeof(Smem)));
+  CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&m, decode_layer_kernel<kMaxTableLayers>, kThreads, sizeof(Smem)));
+  return std::min(n, m);
+}
+
+namespace {
+template <int kL>
+void launch_table(const LayerTable<kL>& t, int grid, cudaStream_t s) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = sizeof(Smem);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  int na = 1;
+  if (t.layer[0].pdl && pdl_enabled()) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = na;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_layer_kernel<kL>, t));
+}
+}  // namespace
+
+void launch_decode_layer(const DecodeLayerParams& p, int grid, cudaStream_t s) {
+  LayerTable<1> t;
+  t.layer[0] = p;
+  t.n = 1;
+  launch_table(t, grid, s);
+}
+
+void launch_decode_layers(const DecodeLayerParams* layers, int n, int grid, cudaStream_t s) {
+  static thread_local LayerTable<kMaxTableLayers> t;  // 20 KB: not on the stack
+  for (int b = 0; b < n; b += kMaxTableLayers) {
+    t.n = std::min(kMaxTableLayers, n - b);
+    for (int i = 0; i < t.n; ++i) t.layer[i] = layers[b + i];
+    launch_table(t, grid, s);
+  }
+}
+
+}  // namespace moeserve::cuda
