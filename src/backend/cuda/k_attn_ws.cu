@@ -5,12 +5,14 @@
 // table.
 //
 // Block = 3 warpgroups (384 threads):
-// - warpgroup 0, producer (104 registers after setmaxnreg): copies Q once, then every K and V
-//   tile (128 keys x 128 dims, 32 KB each) global -> shared with cp.async (one 16-byte copy per
-//   (key, 8 dims); the block table is read per key, so any block size works) into a ring of
-//   kStages K buffers and kStages V buffers. Completion: cp.async.mbarrier.arrive on the
-//   buffer's "full" mbarrier; the consumers free a buffer through its "empty" mbarrier. K and V
-//   have separate barriers, so S of tile t can start before V of tile t has landed.
+// - warpgroup 0, producer (104 registers after setmaxnreg): copies each work item's Q, then
+//   every K and V tile (128 keys x 128 dims, 32 KB each) global -> shared with cp.async (one
+//   16-byte copy per (key, 8 dims); for block sizes 16 .. 128 each 16-key group's block id is
+//   read once for K and V, other powers of two read the table per key) into a ring of kStages
+//   K buffers and kStages V buffers. Completion: cp.async.mbarrier.arrive on the buffer's
+//   "full" mbarrier; the consumers free a buffer through its "empty" mbarrier. K and V have
+//   separate barriers, so S of tile t can start before V of tile t has landed. Opt-in
+//   (kTma): 16-key groups inside the causal range by TMA boxes instead (measured slower).
 // - warpgroups 1, 2, consumers (200 registers): 64 query rows each. Even GQA groups: two query
 //   heads of one KV head over the same 64 tokens; otherwise one head over 128 tokens. Both
 //   consumers walk the same key tiles (the block's causal range; tiles past a consumer's own
