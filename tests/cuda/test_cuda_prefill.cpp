@@ -57,11 +57,14 @@ TEST(CudaPrefill, QuantMatchesHost) {
   std::vector<float> hs;
   host_quant(x, R, K, &hq, &hs);
   Tensor dx = to_device(x, DType::BF16, {R, K});
-  for (int layout = 0; layout < 2; ++layout) {
+  // layout 0 / 1: row-major / row-fastest scales; 2: row-major with one group per warp
+  // (g_quant_fp8_batch off; 111 groups: the batched kernel's last warp has 3).
+  for (int layout = 0; layout < 3; ++layout) {
+    cuda::g_quant_fp8_batch = layout != 2;
     Tensor q = gpu().alloc(DType::F8_E4M3, {R, K}), s = gpu().alloc(DType::F32, {R * G});
     cuda::QuantParams p;
     p.x = dx.data, p.ldx = K, p.R = R, p.K = K, p.q = static_cast<uint8_t*>(q.data), p.s = s.ptr<float>();
-    p.s_row = layout == 0 ? G : 1, p.s_grp = layout == 0 ? 1 : R;
+    p.s_row = layout != 1 ? G : 1, p.s_grp = layout != 1 ? 1 : R;
     cuda::launch_quant_fp8(p, gpu().stream());
     std::vector<uint8_t> gq(size_t(R) * K);
     gpu().synchronize();
@@ -74,6 +77,7 @@ TEST(CudaPrefill, QuantMatchesHost) {
       for (int g = 0; g < G; ++g)
         EXPECT_EQ(gs[size_t(r) * p.s_row + size_t(g) * p.s_grp], hs[size_t(r) * G + g]) << r << "," << g;
   }
+  cuda::g_quant_fp8_batch = true;
 }
 
 struct PCase {

@@ -4,7 +4,9 @@
 // gate/up with fused SiLU*mul -> down scaled by the routing weight into per-pair f32 rows ->
 // ordered combine over k. Decode-sized batches use the GEMV kernels (tiles of <= 8 pairs of
 // one expert: every active expert's weights are read once per tile), larger ones the
-// tensor-core grouped GEMM (tiles of 64 pairs). Device-side tile tables mean no host sync,
+// tensor-core grouped GEMM (tiles of 64 pairs; 128 for the FP8 wgmma 128 x 256 / 128 x 192
+// tiles). From 8,192 pairs the align runs multi-block with the pair-row buffer as scratch.
+// Device-side tile tables mean no host sync,
 // so the whole op is capture-safe once workspaces are sized.
 #include <algorithm>
 #include <cstring>

@@ -7,7 +7,8 @@
 //   or, where cuBLASLt is unavailable or has no algorithm, k_gemm_fp8.cu (mma.sync e4m3);
 // - experts: gate/up grouped GEMM with fused SiLU * up (bf16 out), that output quantised
 //   the same way, down grouped GEMM scaled by the routing weight (k_gemm_fp8.cu; on sm_90a
-//   the wgmma kernel of k_gemm_fp8_wgmma.cu).
+//   the wgmma kernel of k_gemm_fp8_wgmma.cu, which can also quantise in its epilogue:
+//   moe_fused_quant, opt-in).
 // Capture: with prefill_paths_in_graphs (default) these paths also run inside captured decode
 // graphs (buckets of >= fp8_act_min_tokens rows). Nothing here needs the host to know the
 // data: the MoE tile table comes from the device-side align (fixed worst-case buffers, tiles

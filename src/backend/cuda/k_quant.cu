@@ -4,6 +4,8 @@
 // lane writes 4 e4m3 bytes. Error: e4m3 keeps 3 mantissa bits, so each quantised element is
 // within 2^-4 of its value relatively (round to nearest), subnormals (|x| < 2^-6 s) within
 // 2^-10 s absolutely; see docs/architecture.md for the resulting GEMM bound.
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_fp8.h"
 
@@ -12,23 +14,41 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+// KG groups per warp, all KG loads issued before the first reduction: with one 8-byte load
+// per lane in flight (KG = 1) the kernel was latency-bound (~1.8 TB/s on the H200 for the
+// experts' [65536, 1536] intermediate). Each group's arithmetic is unchanged.
+template <int KG>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) quant_fp8_kernel(QuantParams p) {
   const int groups = p.K / kQuantGroup;
-  const int64_t gid = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (gid >= int64_t(p.R) * groups) return;
+  const int64_t total = int64_t(p.R) * groups;
+  const int64_t gid0 = (int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * KG;
+  if (gid0 >= total) return;
   const int lane = threadIdx.x & 31;
-  const int r = int(gid / groups), g = int(gid % groups);
-  const bf16* src = static_cast<const bf16*>(p.x) + int64_t(r) * p.ldx + g * kQuantGroup + lane * 4;
-  const uint2 raw = *reinterpret_cast<const uint2*>(src);
-  const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
-  float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
-  amax = warp_max(amax);
-  // Same arithmetic as the host emulation in the tests: s = amax / 448, q = rn(x / s).
-  const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
-  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x / sc, a.y / sc), __NV_SATFINITE, __NV_E4M3);
-  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x / sc, b.y / sc), __NV_SATFINITE, __NV_E4M3);
-  *reinterpret_cast<uint32_t*>(p.q + int64_t(r) * p.K + g * kQuantGroup + lane * 4) = uint32_t(lo) | (uint32_t(hi) << 16);
-  if (lane == 0) p.s[int64_t(r) * p.s_row + int64_t(g) * p.s_grp] = sc;
+  uint2 raw[KG];
+#pragma unroll
+  for (int u = 0; u < KG; ++u) {
+    const int64_t gid = gid0 + u;
+    if (gid < total) {
+      const int r = int(gid / groups), g = int(gid % groups);
+      raw[u] = *reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.x) + int64_t(r) * p.ldx + g * kQuantGroup +
+                                               lane * 4);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < KG; ++u) {
+    const int64_t gid = gid0 + u;
+    if (gid >= total) break;  // uniform across the warp
+    const int r = int(gid / groups), g = int(gid % groups);
+    const float2 a = bf16x2_to_f2(raw[u].x), b = bf16x2_to_f2(raw[u].y);
+    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
+    amax = warp_max(amax);
+    // Same arithmetic as the host emulation in the tests: s = amax / 448, q = rn(x / s).
+    const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
+    const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x / sc, a.y / sc), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x / sc, b.y / sc), __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<uint32_t*>(p.q + int64_t(r) * p.K + g * kQuantGroup + lane * 4) = uint32_t(lo) | (uint32_t(hi) << 16);
+    if (lane == 0) p.s[int64_t(r) * p.s_row + int64_t(g) * p.s_grp] = sc;
+  }
 }
 
 __global__ void bf16_to_f32_kernel(const bf16* in, float* out, int64_t n) {
@@ -44,11 +64,23 @@ __global__ void bf16_to_f32_kernel(const bf16* in, float* out, int64_t n) {
 
 }  // namespace
 
+// MOESERVE_QUANT_BATCH=0: one group per warp (the previous kernel).
+bool g_quant_fp8_batch = [] {
+  const char* e = std::getenv("MOESERVE_QUANT_BATCH");
+  return !(e && e[0] == '0');
+}();
+
 void launch_quant_fp8(const QuantParams& p, cudaStream_t s) {
   CU_REQUIRE(p.K % kQuantGroup == 0 && p.ldx % 4 == 0, "quant_fp8: K must be a multiple of 128");
   if (p.R == 0) return;
   const int64_t groups = int64_t(p.R) * (p.K / kQuantGroup);
-  quant_fp8_kernel<<<unsigned((groups + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(p);
+  constexpr int kG = 4;
+  if (g_quant_fp8_batch) {
+    const int64_t warps = (groups + kG - 1) / kG;
+    quant_fp8_kernel<kG><<<unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(p);
+  } else {
+    quant_fp8_kernel<1><<<unsigned((groups + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(p);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
