@@ -59,6 +59,8 @@ struct DecodeLayerParams {
   bool pdl = false;
   // Grid barrier with full fences (MOESERVE_MEGA_FENCE=1) instead of release/acquire atomics.
   bool fence_barrier = false;
+  // GEMV L2 prefetch distance in rounds of 8 items per block (MOESERVE_MEGA_GPF; 0: off).
+  int gemv_pf = 0;
 };
 
 // Floats of workspace the kernel needs for these shapes.

@@ -324,9 +324,20 @@ __device__ __forceinline__ void item_range(int n, int& i0, int& i1) {
 
 // Runs the block's items [i0, i1) (warp w: i0 + w, + kWarps, ...; with kPre the caller has
 // loaded each warp's first item into `b0` already), then adds the shared row sums into gout (row of unit u = rowmap(u) * 16).
+// L2 prefetch of an item's 16 row segments (lanes 0..15 one each; a hint).
+__device__ __forceinline__ void prefetch_item(const Item& it) {
+  const int lane = threadIdx.x & 31;
+  if (lane < 16)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(it.w + int64_t(lane) * it.K + it.c0 * 128),
+                 "r"(it.nch * 128)
+                 : "memory");
+}
+
+// pf: L2 prefetch distance in rounds of kWarps items (0: off), so more of the stream is in
+// flight than the two register buffers per warp hold.
 template <bool kPre, class Resolve, class RowMap>
 __device__ __forceinline__ void gemv_run(int i0, int i1, int J, Resolve resolve, RowMap rowmap, Smem& S, float* gout,
-                                         WBuf& b0) {
+                                         WBuf& b0, int pf = 0) {
   const int warp = threadIdx.x >> 5;
   const int u0 = i0 / J;
   int it = i0 + warp;
@@ -336,8 +347,15 @@ __device__ __forceinline__ void gemv_run(int i0, int i1, int J, Resolve resolve,
     r0 = resolve(it, it / J - u0);
     if (!kPre) load_item(r0, b0);
   }
+  if (pf > 0)  // the first pf rounds after the two in registers
+    for (int k = 2; k < 2 + pf; ++k)
+      if (it + k * kWarps < i1) prefetch_item(resolve(it + k * kWarps, 0));
   for (; it < i1; it += 2 * kWarps) {
     const int it2 = it + kWarps, it3 = it2 + kWarps;
+    if (pf > 0) {
+      if (it + (2 + pf) * kWarps < i1) prefetch_item(resolve(it + (2 + pf) * kWarps, 0));
+      if (it + (3 + pf) * kWarps < i1) prefetch_item(resolve(it + (3 + pf) * kWarps, 0));
+    }
     if (it2 < i1) {
       r1 = resolve(it2, it2 / J - u0);
       load_item(r1, b1);
@@ -462,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     }
     __syncthreads();
   }
-  gemv_run<true>(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre);
+  gemv_run<true>(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre, p.gemv_pf);
   STAMP(0);
   grid_barrier(p.bar, p.fence_barrier);
   STAMP(1);
@@ -522,6 +540,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       }
     }
     qss = block_sum(qss, S.scratch);
+    STAMP(14);
+    if (p.timing && blockIdx.x == 0 && tid == 0) S.ts[15] = S.ts[14];
     kss = block_sum(kss, S.scratch);
     const float rq = rsqrtf(qss / QW + p.eps), rk = rsqrtf(kss / KW + p.eps);
     const float pos = float(__ldg(p.positions));
@@ -593,6 +613,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
         const int r = i / kD, d = i % kD;
         S.u.at.qs[r][d] = r < G ? normed(S.u.at.qraw[r], S.u.at.qnw + r * kD, rq, d) * qscale : 0.f;
       }
+      if (unit == blockIdx.x) STAMP(15);
       const bool has_new = newest >= kbeg && newest < kend;
       if (has_new && tid < kD) {
         const float kn = normed(S.u.at.kraw, S.u.at.knw, rk, tid);
@@ -784,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   // ---------------- P3: o_proj ----------------
   stage_bf16_h<kMaxX / 8 / kThreads>(static_cast<const bf16*>(p.attn), S.xh, QW);
   __syncthreads();
-  gemv_run<true>(i0, i1, Jq, o_item, [](int u) { return u; }, S, W.o, pre);
+  gemv_run<true>(i0, i1, Jq, o_item, [](int u) { return u; }, S, W.o, pre, p.gemv_pf);
   STAMP(4);
   // Router gate row of this warp (weights: before the barrier).
   const int ge = warp * nb + blockIdx.x;
@@ -875,7 +896,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       return x;
     };
     STAMP(8);
-    gemv_run<false>(i0, i1, Jh, up_item, [](int u) { return u; }, S, W.up, pre);
+    gemv_run<false>(i0, i1, Jh, up_item, [](int u) { return u; }, S, W.up, pre, p.gemv_pf);
     STAMP(9);
   }
   // First down item (experts known): before the barrier.
@@ -928,7 +949,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     }
   }
   __syncthreads();
-  gemv_run<true>(i0, i1, Ji, down_item, [gH](int u) { return u % gH; }, S, W.down, pre);
+  gemv_run<true>(i0, i1, Ji, down_item, [gH](int u) { return u % gH; }, S, W.down, pre, p.gemv_pf);
   STAMP(11);
   if (layer + 1 < nlayers) {
     // The next layer's first q/k/v item (its weights only; same shapes, so the same item range)
@@ -940,6 +961,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   if (p.timing && blockIdx.x == 0 && tid == 0) {  // phase durations of block 0, summed over launches
     for (int i = 0; i <= 12; ++i) p.timing[i] += S.ts[i] - S.ts[i == 0 ? 13 : i - 1];
     p.timing[15] += 1;
+    // inside P2: prefetch + q/k sums, staging + normalisation of the first unit, the rest
+    p.timing[16] += S.ts[14] - S.ts[1];
+    p.timing[17] += S.ts[15] - S.ts[14];
+    p.timing[18] += S.ts[2] - S.ts[15];
   }
   if (layer + 1 < nlayers) continue;
 
