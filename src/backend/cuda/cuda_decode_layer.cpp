@@ -124,11 +124,11 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
   p.block_size = int(a.kv->k.dim(1));
   p.num_slots = a.kv->k.dim(0) * a.kv->k.dim(1);
   p.ids = a.routing->expert_ids.ptr<int32_t>(), p.rw = a.routing->weights.ptr<float>();
-  static const bool no_pf = [] {
+  static const bool pf = [] {
     const char* e = std::getenv("MOESERVE_MEGA_PF");
-    return e && e[0] == '0';
+    return e && e[0] == '1';
   }();
-  p.l2_prefetch = !no_pf;
+  p.l2_prefetch = pf;
   static const bool no_merge = [] {
     const char* e = std::getenv("MOESERVE_MEGA_MERGE");
     return e && e[0] == '0';
