@@ -124,11 +124,11 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
   p.block_size = int(a.kv->k.dim(1));
   p.num_slots = a.kv->k.dim(0) * a.kv->k.dim(1);
   p.ids = a.routing->expert_ids.ptr<int32_t>(), p.rw = a.routing->weights.ptr<float>();
-  static const bool no_pf = [] {
+  static const bool pf = [] {
     const char* e = std::getenv("MOESERVE_MEGA_PF");
-    return e && e[0] == '0';
+    return e && e[0] == '1';
   }();
-  p.l2_prefetch = !no_pf;
+  p.l2_prefetch = pf;
   static const bool no_merge = [] {
     const char* e = std::getenv("MOESERVE_MEGA_MERGE");
     return e && e[0] == '0';
@@ -144,6 +144,11 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
     return e && e[0] == '1';
   }();
   p.fence_barrier = fence;
+  static const int gpf = [] {
+    const char* e = std::getenv("MOESERVE_MEGA_GPF");
+    return e ? std::atoi(e) : 0;
+  }();
+  p.gemv_pf = gpf;
   static const bool timing = [] {
     const char* e = std::getenv("MOESERVE_MEGA_TIMING");
     return e && e[0] == '1';
@@ -191,8 +196,10 @@ void CudaBackend::print_mega_timing() {
   double total = 0;
   for (int i = 0; i < 13; ++i) total += double(t[i]) / t[15];
   for (int i = 0; i < 13; ++i) line += fmt::format(" {} {:.1f}", names[i], double(t[i]) / t[15] / 1000.0);
-  spdlog::info("decode_layer timing (block 0, us per layer over {} layers, total {:.1f}):{}", t[15], total / 1000.0,
-               line);
+  spdlog::info("decode_layer timing (block 0, us per layer over {} layers, total {:.1f}):{}; P2 = q/k sums {:.1f} + "
+               "staging/normalise {:.1f} + keys/merge {:.1f}",
+               t[15], total / 1000.0, line, double(t[16]) / t[15] / 1000.0, double(t[17]) / t[15] / 1000.0,
+               double(t[18]) / t[15] / 1000.0);
 }
 
 }  // namespace moeserve

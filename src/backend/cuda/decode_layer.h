@@ -48,8 +48,10 @@ struct DecodeLayerParams {
   float* ws = nullptr;
   unsigned* bar = nullptr;
   int max_splits = 16;
-  // During attention, prefetch the block's o_proj items and router gate rows into L2.
-  bool l2_prefetch = true;
+  // During attention, prefetch the block's o_proj items and router gate rows into L2
+  // (MOESERVE_MEGA_PF=1). Off by default: measured ~5 us per layer slower (issuing ~290 bulk
+  // prefetches per block delays the attention).
+  bool l2_prefetch = false;
   // The split merge by the last split block of each kv head (no grid barrier for it).
   bool merge_in_attention = true;
   // Diagnostics (MOESERVE_MEGA_TIMING=1): [0, 13) summed ns of each phase in block 0, [15] count.
@@ -59,6 +61,8 @@ struct DecodeLayerParams {
   bool pdl = false;
   // Grid barrier with full fences (MOESERVE_MEGA_FENCE=1) instead of release/acquire atomics.
   bool fence_barrier = false;
+  // GEMV L2 prefetch distance in rounds of 8 items per block (MOESERVE_MEGA_GPF; 0: off).
+  int gemv_pf = 0;
 };
 
 // Floats of workspace the kernel needs for these shapes.

@@ -39,6 +39,7 @@ constexpr int kMaxX = 6144;         // f16 GEMV input entries in shared memory
 constexpr int kMaxH = 3072, kMaxE = 256, kMaxK = 8;
 constexpr int kGateV = kMaxH / 128;  // float4 per lane of a gate row
 constexpr int kMaxBtab = 1024;       // staged block-table entries per attention unit
+constexpr int kTileK = kD + 8;       // K tile row (bf16): 272 bytes, conflict-free 16-byte reads
 
 struct Smem {
   __align__(16) __half xh[kMaxX];
@@ -53,6 +54,8 @@ struct Smem {
       __align__(16) bf16 qnw[kMaxG * kD];  // the kv head's q/k norm weights
       __align__(16) bf16 knw[kD];
       int btab[kMaxBtab];  // block table entries of the unit's key range
+      __align__(16) bf16 kt[kWarps][32][kTileK];  // per warp: K rows of its tile (padded rows)
+      __align__(16) bf16 vt[kWarps][32][kD];      // and V rows
       float qs[kMaxG][kD];
       float knew[kD], vnew[kD];
       float po[kWarps][kMaxG][kD];
@@ -92,6 +95,14 @@ __device__ __forceinline__ uint4 ld_w(const void* ptr) {
                : "l"(ptr));
   return v;
 }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
 __device__ __forceinline__ unsigned long long globaltimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -324,9 +335,20 @@ __device__ __forceinline__ void item_range(int n, int& i0, int& i1) {
 
 // Runs the block's items [i0, i1) (warp w: i0 + w, + kWarps, ...; with kPre the caller has
 // loaded each warp's first item into `b0` already), then adds the shared row sums into gout (row of unit u = rowmap(u) * 16).
+// L2 prefetch of an item's 16 row segments (lanes 0..15 one each; a hint).
+__device__ __forceinline__ void prefetch_item(const Item& it) {
+  const int lane = threadIdx.x & 31;
+  if (lane < 16)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(it.w + int64_t(lane) * it.K + it.c0 * 128),
+                 "r"(it.nch * 128)
+                 : "memory");
+}
+
+// pf: L2 prefetch distance in rounds of kWarps items (0: off), so more of the stream is in
+// flight than the two register buffers per warp hold.
 template <bool kPre, class Resolve, class RowMap>
 __device__ __forceinline__ void gemv_run(int i0, int i1, int J, Resolve resolve, RowMap rowmap, Smem& S, float* gout,
-                                         WBuf& b0) {
+                                         WBuf& b0, int pf = 0) {
   const int warp = threadIdx.x >> 5;
   const int u0 = i0 / J;
   int it = i0 + warp;
@@ -336,8 +358,15 @@ __device__ __forceinline__ void gemv_run(int i0, int i1, int J, Resolve resolve,
     r0 = resolve(it, it / J - u0);
     if (!kPre) load_item(r0, b0);
   }
+  if (pf > 0)  // the first pf rounds after the two in registers
+    for (int k = 2; k < 2 + pf; ++k)
+      if (it + k * kWarps < i1) prefetch_item(resolve(it + k * kWarps, 0));
   for (; it < i1; it += 2 * kWarps) {
     const int it2 = it + kWarps, it3 = it2 + kWarps;
+    if (pf > 0) {
+      if (it + (2 + pf) * kWarps < i1) prefetch_item(resolve(it + (2 + pf) * kWarps, 0));
+      if (it + (3 + pf) * kWarps < i1) prefetch_item(resolve(it + (3 + pf) * kWarps, 0));
+    }
     if (it2 < i1) {
       r1 = resolve(it2, it2 / J - u0);
       load_item(r1, b1);
@@ -462,7 +491,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     }
     __syncthreads();
   }
-  gemv_run<true>(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre);
+  gemv_run<true>(i0, i1, Jh, qkv_item, [](int u) { return u; }, S, W.qkv, pre, p.gemv_pf);
   STAMP(0);
   grid_barrier(p.bar, p.fence_barrier);
   STAMP(1);
@@ -522,6 +551,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       }
     }
     qss = block_sum(qss, S.scratch);
+    STAMP(14);
+    if (p.timing && blockIdx.x == 0 && tid == 0) S.ts[15] = S.ts[14];
     kss = block_sum(kss, S.scratch);
     const float rq = rsqrtf(qss / QW + p.eps), rk = rsqrtf(kss / KW + p.eps);
     const float pos = float(__ldg(p.positions));
@@ -579,20 +610,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
         const int blk = bt_smem ? S.u.at.btab[e - b0] : __ldg(p.block_table + e);
         return (int64_t(blk) * p.block_size + j % p.block_size) * row_stride + kvh * kD;
       };
-      // K rows of a tile of 32 keys (lane = key; zeros past kend and for the newest key).
-      uint4 kr[16];
-      int64_t off = 0;
-      auto issue_k = [&](int base) {
-        const int j = base + lane;
-        off = j < kend ? key_off(j) : 0;
-        const uint4* kp = reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.kc) + off);
-#pragma unroll
-        for (int c = 0; c < 16; ++c) kr[c] = (j < kend && j != newest) ? __ldcg(kp + c) : make_uint4(0, 0, 0, 0);
-      };
       for (int i = tid; i < kMaxG * kD; i += kThreads) {
         const int r = i / kD, d = i % kD;
         S.u.at.qs[r][d] = r < G ? normed(S.u.at.qraw[r], S.u.at.qnw + r * kD, rq, d) * qscale : 0.f;
       }
+      if (unit == blockIdx.x) STAMP(15);
       const bool has_new = newest >= kbeg && newest < kend;
       if (has_new && tid < kD) {
         const float kn = normed(S.u.at.kraw, S.u.at.knw, rk, tid);
@@ -612,32 +634,64 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][e] = 0.f;
       }
+      // Tiles of 32 keys per warp: the K and V rows are copied into the warp's shared tiles
+      // (cp.async, 16 bytes per lane and instruction, two rows per instruction), then lane =
+      // key for the scores and lane = 4 dims for P.V. Compact loops: this code runs once per
+      // layer on each SM (cold instruction cache), so it is not unrolled over the tile.
+      bf16(*kt)[kTileK] = S.u.at.kt[warp];
+      bf16(*vt)[kD] = S.u.at.vt[warp];
+      const bf16* kcache = static_cast<const bf16*>(p.kc);
+      const bf16* vcache = static_cast<const bf16*>(p.vc);
       for (int base = kbeg + warp * 32; base < kend; base += kWarps * 32) {
-        issue_k(base);
         const int j = base + lane;
         const bool valid = j < kend;
+        const int64_t off = valid ? key_off(j) : 0;
+        const int n = min(32, kend - base);
+#pragma unroll 4
+        for (int i = 0; i < 16; ++i) {
+          const int row = 2 * i + (lane >> 4), c16 = lane & 15;
+          const int64_t ro = __shfl_sync(0xffffffffu, off, row);
+          if (row < n && base + row != newest) {
+            cp_async16(&kt[row][c16 * 8], kcache + ro + c16 * 8);
+            cp_async16(&vt[row][c16 * 8], vcache + ro + c16 * 8);
+          }
+        }
+        cp_async_wait_all();
+        __syncwarp();
         float s[kMaxG];
 #pragma unroll
         for (int r = 0; r < kMaxG; ++r) s[r] = 0.f;
         if (valid) {
           const bool nw = j == newest;
+#pragma unroll 2
+          for (int c = 0; c < kD / 8; ++c) {
+            float kf[8];
+            if (nw) {
 #pragma unroll
-          for (int c = 0; c < 16; ++c) {
-            const uint32_t kwd[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
+              for (int e = 0; e < 8; ++e) kf[e] = S.u.at.knew[c * 8 + e];
+            } else {
+              const uint4 w = *reinterpret_cast<const uint4*>(&kt[lane][c * 8]);
+              const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int d = c * 8 + 2 * e;
-              float2 kf = bf16x2_to_f2(kwd[e]);
-              if (nw) kf = make_float2(S.u.at.knew[d], S.u.at.knew[d + 1]);
+              for (int e = 0; e < 4; ++e) {
+                const float2 f = bf16x2_to_f2(ww[e]);
+                kf[2 * e] = f.x, kf[2 * e + 1] = f.y;
+              }
+            }
 #pragma unroll
-              for (int r = 0; r < kMaxG; ++r)
-                if (r < G) s[r] = fmaf(S.u.at.qs[r][d], kf.x, fmaf(S.u.at.qs[r][d + 1], kf.y, s[r]));
+            for (int r = 0; r < kMaxG; ++r) {
+              if (r >= G) continue;
+              const float4 q0 = *reinterpret_cast<const float4*>(&S.u.at.qs[r][c * 8]);
+              const float4 q1 = *reinterpret_cast<const float4*>(&S.u.at.qs[r][c * 8 + 4]);
+              s[r] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] + q1.y * kf[5] +
+                      q1.z * kf[6] + q1.w * kf[7];
             }
           }
         }
         float pr[kMaxG];
 #pragma unroll
         for (int r = 0; r < kMaxG; ++r) {
+          pr[r] = 0.f;
           if (r >= G) continue;
           const float sv = valid ? s[r] : -INFINITY;
           const float mn = fmaxf(m[r], warp_max(sv));  // finite: lane 0 of a tile is valid
@@ -648,40 +702,26 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[r][e] *= corr;
         }
-        // V rows of the tile, 16 keys at a time: all 16 loads in flight before the first use.
-        const int n = min(32, kend - base);
-        const bf16* vcache = static_cast<const bf16*>(p.vc);
+#pragma unroll 2
+        for (int kk = 0; kk < n; ++kk) {
+          float v[4];
+          if (base + kk == newest) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (h * 16 >= n) break;
-          uint2 vr[16];
-#pragma unroll
-          for (int x = 0; x < 16; ++x) {
-            const int kk = h * 16 + x;
-            const int64_t ok = __shfl_sync(0xffffffffu, off, kk);
-            if (kk < n && base + kk != newest) vr[x] = __ldcg(reinterpret_cast<const uint2*>(vcache + ok) + lane);
+            for (int e = 0; e < 4; ++e) v[e] = S.u.at.vnew[4 * lane + e];
+          } else {
+            const uint2 raw = *reinterpret_cast<const uint2*>(&vt[kk][4 * lane]);
+            const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
+            v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
           }
 #pragma unroll
-          for (int x = 0; x < 16; ++x) {
-            const int kk = h * 16 + x;
-            if (kk >= n) break;
-            float v[4];
-            if (base + kk == newest) {
+          for (int r = 0; r < kMaxG; ++r) {
+            if (r >= G) continue;
+            const float pk = __shfl_sync(0xffffffffu, pr[r], kk);
 #pragma unroll
-              for (int e = 0; e < 4; ++e) v[e] = S.u.at.vnew[4 * lane + e];
-            } else {
-              const float2 a = bf16x2_to_f2(vr[x].x), b = bf16x2_to_f2(vr[x].y);
-              v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-            }
-#pragma unroll
-            for (int r = 0; r < kMaxG; ++r) {
-              if (r >= G) continue;
-              const float pk = __shfl_sync(0xffffffffu, pr[r], kk);
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[r][e] = fmaf(pk, v[e], acc[r][e]);
-            }
+            for (int e = 0; e < 4; ++e) acc[r][e] = fmaf(pk, v[e], acc[r][e]);
           }
         }
+        __syncwarp();  // the tiles are reused by the warp's next tile
       }
 #pragma unroll
       for (int r = 0; r < kMaxG; ++r) {
@@ -784,7 +824,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   // ---------------- P3: o_proj ----------------
   stage_bf16_h<kMaxX / 8 / kThreads>(static_cast<const bf16*>(p.attn), S.xh, QW);
   __syncthreads();
-  gemv_run<true>(i0, i1, Jq, o_item, [](int u) { return u; }, S, W.o, pre);
+  gemv_run<true>(i0, i1, Jq, o_item, [](int u) { return u; }, S, W.o, pre, p.gemv_pf);
   STAMP(4);
   // Router gate row of this warp (weights: before the barrier).
   const int ge = warp * nb + blockIdx.x;
@@ -875,7 +915,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
       return x;
     };
     STAMP(8);
-    gemv_run<false>(i0, i1, Jh, up_item, [](int u) { return u; }, S, W.up, pre);
+    gemv_run<false>(i0, i1, Jh, up_item, [](int u) { return u; }, S, W.up, pre, p.gemv_pf);
     STAMP(9);
   }
   // First down item (experts known): before the barrier.
@@ -928,7 +968,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
     }
   }
   __syncthreads();
-  gemv_run<true>(i0, i1, Ji, down_item, [gH](int u) { return u % gH; }, S, W.down, pre);
+  gemv_run<true>(i0, i1, Ji, down_item, [gH](int u) { return u % gH; }, S, W.down, pre, p.gemv_pf);
   STAMP(11);
   if (layer + 1 < nlayers) {
     // The next layer's first q/k/v item (its weights only; same shapes, so the same item range)
@@ -940,6 +980,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const __grid_
   if (p.timing && blockIdx.x == 0 && tid == 0) {  // phase durations of block 0, summed over launches
     for (int i = 0; i <= 12; ++i) p.timing[i] += S.ts[i] - S.ts[i == 0 ? 13 : i - 1];
     p.timing[15] += 1;
+    // inside P2: prefetch + q/k sums, staging + normalisation of the first unit, the rest
+    p.timing[16] += S.ts[14] - S.ts[1];
+    p.timing[17] += S.ts[15] - S.ts[14];
+    p.timing[18] += S.ts[2] - S.ts[15];
   }
   if (layer + 1 < nlayers) continue;
 
