@@ -327,11 +327,13 @@ TEST(CudaPrefillBench, ExpertBreakdown8k) {
   am.scratch = static_cast<int32_t*>(y.data), am.scratch_bytes = size_t(P) * H * 4;
   const double t_align_multi = median_ms([&] { cuda::launch_moe_align(am, st); });
   const double t_up = median_ms([&] { cuda::launch_gemm_fp8_wgmma(up, xa, st); });
-  const double t_qa = median_ms([&] { cuda::launch_quant_fp8(qa, st); });
+  const bool saved_batch = cuda::g_quant_fp8_batch;
   cuda::g_quant_fp8_batch = false;
+  const double t_qa = median_ms([&] { cuda::launch_quant_fp8(qa, st); });
+  cuda::g_quant_fp8_batch = true;
   const double t_qa1 = median_ms([&] { cuda::launch_quant_fp8(qa, st); });
   const double t_qx1 = median_ms([&] { cuda::launch_quant_fp8(qx, st); });
-  cuda::g_quant_fp8_batch = true;
+  cuda::g_quant_fp8_batch = saved_batch;
   const double t_upq = median_ms([&] { cuda::launch_gemm_fp8_wgmma(upq, xa, st); });
   const double t_down = median_ms([&] { cuda::launch_gemm_fp8_wgmma(down, aa, st); });
   const double t_down16 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(down16, aa, st); });
@@ -370,7 +372,7 @@ TEST(CudaPrefillBench, ExpertBreakdown8k) {
               "| both %.0f TF/s (64x256: %.0f)\n",
               t_up2, f_up / t_up2 / 1e9, t_upq2, f_up / t_upq2 / 1e9, t_down2, f_down / t_down2 / 1e9, (f_up + f_down) / (t_upq2 + t_down2) / 1e9,
               (f_up + f_down) / (t_upq + t_down) / 1e9);
-  std::printf("[bench] quantisation, one group per warp (MOESERVE_QUANT_BATCH=0): x %.3f ms | act %.3f ms\n", t_qx1, t_qa1);
+  std::printf("[bench] quantisation, 4 groups per warp (MOESERVE_QUANT_BATCH=1): x %.3f ms | act %.3f ms\n", t_qx1, t_qa1);
   std::printf("[bench] expert pieces T=%d E=%d k=%d H=%d I=%d: quant x %.3f ms | align %.3f (multi-block %.3f) | up bf16-out %.3f (%.0f TF/s) "
               "| quant act %.3f | up fused-quant %.3f (%.0f TF/s) | down f32-out %.3f (%.0f TF/s) | down bf16-out %.3f "
               "(%.0f TF/s) | combine f32 scalar %.3f | combine f32 x4 %.3f | combine bf16 x4 %.3f\n",

@@ -57,8 +57,9 @@ TEST(CudaPrefill, QuantMatchesHost) {
   std::vector<float> hs;
   host_quant(x, R, K, &hq, &hs);
   Tensor dx = to_device(x, DType::BF16, {R, K});
-  // layout 0 / 1: row-major / row-fastest scales; 2: row-major with one group per warp
-  // (g_quant_fp8_batch off; 111 groups: the batched kernel's last warp has 3).
+  // layout 0 / 1: row-major / row-fastest scales, 4 groups per warp (g_quant_fp8_batch; 111
+  // groups: the last warp has 3); 2: row-major, one group per warp.
+  const bool saved_batch = cuda::g_quant_fp8_batch;
   for (int layout = 0; layout < 3; ++layout) {
     cuda::g_quant_fp8_batch = layout != 2;
     Tensor q = gpu().alloc(DType::F8_E4M3, {R, K}), s = gpu().alloc(DType::F32, {R * G});
@@ -77,7 +78,7 @@ TEST(CudaPrefill, QuantMatchesHost) {
       for (int g = 0; g < G; ++g)
         EXPECT_EQ(gs[size_t(r) * p.s_row + size_t(g) * p.s_grp], hs[size_t(r) * G + g]) << r << "," << g;
   }
-  cuda::g_quant_fp8_batch = true;
+  cuda::g_quant_fp8_batch = saved_batch;
 }
 
 struct PCase {

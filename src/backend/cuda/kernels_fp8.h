@@ -27,8 +27,8 @@ struct QuantParams {
   int64_t s_row = 0, s_grp = 0;
 };
 void launch_quant_fp8(const QuantParams& p, cudaStream_t s);
-// 4 groups per warp with their loads issued first (default); false (MOESERVE_QUANT_BATCH=0):
-// one group per warp. Same bytes either way.
+// true (MOESERVE_QUANT_BATCH=1): 4 groups per warp with their loads issued first; false
+// (default): one group per warp. Same bytes either way.
 extern bool g_quant_fp8_batch;
 
 // out f32 [n] = bf16 in [n] (router input for the f32 GEMM).
