@@ -126,7 +126,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (v.find(",nopp,") != std::string::npos) cuda::g_attn_wgmma_order = false;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_DECODE_MEGA"); e && std::strcmp(e, "0") == 0) decode_mega = false;
+  if (const char* e = std::getenv("MOESERVE_DECODE_MEGA")) decode_mega = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("MOESERVE_MEGA_MULTI")) decode_mega_multi = std::strcmp(e, "1") == 0;
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);
