@@ -141,7 +141,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("ws_tma")) cuda::g_attn_ws_tma = true;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_DECODE_MEGA")) decode_mega = std::strcmp(e, "1") == 0;
+  if (const char* e = std::getenv("MOESERVE_DECODE_MEGA")) decode_mega = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("MOESERVE_MEGA_MULTI")) decode_mega_multi = std::strcmp(e, "1") == 0;
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);

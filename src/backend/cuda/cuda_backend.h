@@ -198,9 +198,9 @@ class CudaBackend final : public Backend {
   // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint (default), 2 L2 evict_first
   // policy (so the streamed experts do not evict prefetched attention weights; no gain measured).
   int moe_ld_hint = 1;
-  // decode_layer as the persistent one-kernel layer where it applies. Opt-in
-  // (MOESERVE_DECODE_MEGA=1): measured slower than the separate kernels so far (batch 1,
-  // 30 layers: ~4.5 ms vs ~3.25 ms; docs/benchmarks.md).
+  // decode_layer as the persistent one-kernel layer where it applies (MOESERVE_DECODE_MEGA=1).
+  // Off by default: on one H200 it is faster than the separate ops at 8192 context (5.45 vs
+  // 5.73 ms, 30 layers) but slower at 1024 (4.21 vs 3.26 ms); docs/benchmarks.md.
   bool decode_mega = false;
   // decode_layers as one kernel for all layers (MOESERVE_MEGA_MULTI=1), else one kernel per
   // layer. Off by default: the layer loop makes ptxas spill ~1.3 KB per thread (not measured yet).
