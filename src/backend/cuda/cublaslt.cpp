@@ -158,34 +158,30 @@ bool LtGemm::fp8_block(const LtFp8Args& a, void* workspace, size_t ws_bytes, cud
   return true;
 }
 
-bool LtGemm::f32_nt(int T, int N, int K, const float* x, const float* w, float* out, void* workspace, size_t ws_bytes,
-                    cudaStream_t s, bool capturing) {
-  Plan* p = plan(kF32, T, N, K, capturing, nullptr, nullptr);
+// The two non-FP8 kinds (f32 x f32, bf16 x bf16 -> f32): out [T, N] = x [T, K] @ w [N, K]^T.
+bool LtGemm::run_nt(int kind, int T, int N, int K, const void* x, const void* w, float* out, void* workspace,
+                    size_t ws_bytes, cudaStream_t s, bool capturing, const char* what) {
+  Plan* p = plan(kind, T, N, K, capturing, nullptr, nullptr);
   if (!p->ok) return false;
   const float alpha = 1.f, beta = 0.f;
-  tune(p, kF32, T, N, K, s, capturing, [&](const cublasLtMatmulAlgo_t* algo) {
+  tune(p, kind, T, N, K, s, capturing, [&](const cublasLtMatmulAlgo_t* algo) {
     return cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,
                           out, p->lc, algo, workspace, ws_bytes, s);
   });
   lt_check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,
                           out, p->lc, &p->algo, workspace, ws_bytes, s),
-           "f32 matmul");
+           what);
   return true;
+}
+
+bool LtGemm::f32_nt(int T, int N, int K, const float* x, const float* w, float* out, void* workspace, size_t ws_bytes,
+                    cudaStream_t s, bool capturing) {
+  return run_nt(kF32, T, N, K, x, w, out, workspace, ws_bytes, s, capturing, "f32 matmul");
 }
 
 bool LtGemm::bf16_nt_f32(int T, int N, int K, const void* x, const void* w, float* out, void* workspace,
                          size_t ws_bytes, cudaStream_t s, bool capturing) {
-  Plan* p = plan(kBf16F32, T, N, K, capturing, nullptr, nullptr);
-  if (!p->ok) return false;
-  const float alpha = 1.f, beta = 0.f;
-  tune(p, kBf16F32, T, N, K, s, capturing, [&](const cublasLtMatmulAlgo_t* algo) {
-    return cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,
-                          out, p->lc, algo, workspace, ws_bytes, s);
-  });
-  lt_check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,
-                          out, p->lc, &p->algo, workspace, ws_bytes, s),
-           "bf16 matmul");
-  return true;
+  return run_nt(kBf16F32, T, N, K, x, w, out, workspace, ws_bytes, s, capturing, "bf16 matmul");
 }
 
 }  // namespace moeserve::cuda

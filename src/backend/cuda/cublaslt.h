@@ -50,6 +50,8 @@ class LtGemm {
  private:
   struct Plan;
   Plan* plan(int kind, int T, int N, int K, bool capturing, const void* sa, const void* sb);
+  bool run_nt(int kind, int T, int N, int K, const void* x, const void* w, float* out, void* workspace, size_t ws_bytes,
+              cudaStream_t s, bool capturing, const char* what);
   template <typename F>
   void tune(Plan* p, int kind, int T, int N, int K, cudaStream_t s, bool capturing, F&& run);
   void* handle_ = nullptr;
