@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The whole GPU verification of one revision in one device call (~4 minutes on 2 x H200; on one
-# GPU the two lanes share it and the benchmark is perturbed). Prebuilt binaries and scripts from
+# GPU the two lanes share it and the benchmark runs alone after them). Prebuilt binaries and scripts from
 # scripts/gpu_pack.sh in the current directory; FIXTURES = a tests/fixtures/golden directory.
 #   GPU 0: test_cuda_ops shards 0,1 of 4 in parallel with the real-shape HF check (seed 1234),
 #          then test_cuda_golden + golden_cuda_check.sh and test_cuda_graphs
 #   GPU 1: test_cuda_ops shards 2,3, then bench-model alone on the GPU (30 layers, batch 1 8 64,
-#          ctx 1k, 8k prefill, profile of batch 1), test_cuda_device_sampling, serve --device cuda
+#          ctx 1k and 8k, 8k prefill, profile of batch 1; on one GPU: after both lanes), test_cuda_device_sampling, serve --device cuda
 #   both:  test_nccl and serve -tp 2 (+EP) (gpu_multigpu_check.sh nccl serve)
 # Usage: cd .gpubin && OUT=/dir [FIXTURES=/repo/tests/fixtures/golden] ./gpu_final_check.sh
 set -uo pipefail
@@ -28,6 +28,12 @@ shard() {  # gpu index
     > "$OUT/ops_shard$2.log" 2>&1
   echo "test_cuda_ops shard $2/4 rc=$? ($(grep -cE '^\[       OK \]' "$OUT/ops_shard$2.log") OK)"
 }
+# The model benchmark runs alone on its GPU: on a one-GPU machine after both lanes.
+bench() {
+  CUDA_VISIBLE_DEVICES=$G1 timeout 150 ./moeserve bench-model --synthetic minimax-m2.5 --layers 30 --batch-sizes 1 8 64 \
+    --contexts 1024 8192 --profile 1 --json "$OUT/bench30.json" > "$OUT/bench30.log" 2>&1
+  echo "bench-model rc=$?"
+}
 lane0() {
   shard 0 0 & shard 0 1 &
   if [ -x scripts/realshape_check.sh ]; then
@@ -46,9 +52,7 @@ lane0() {
 }
 lane1() {
   shard $G1 2 & shard $G1 3 & wait
-  CUDA_VISIBLE_DEVICES=$G1 timeout 90 ./moeserve bench-model --synthetic minimax-m2.5 --layers 30 --batch-sizes 1 8 64 \
-    --contexts 1024 --profile 1 --json "$OUT/bench30.json" > "$OUT/bench30.log" 2>&1
-  echo "bench-model rc=$?"
+  [ "$NG" -ge 2 ] && bench
   CUDA_VISIBLE_DEVICES=$G1 timeout 60 ./test_cuda_device_sampling --gtest_color=no > "$OUT/device_sampling.log" 2>&1
   echo "test_cuda_device_sampling rc=$?"
   CUDA_VISIBLE_DEVICES=$G1 OUT="$OUT/serve" STEPS=serve timeout 60 ./gpu_prebuilt_check.sh > "$OUT/serve_step.log" 2>&1
@@ -59,6 +63,7 @@ lane1 > "$OUT/lane1.txt" 2>&1 &
 wait
 stamp lanes done
 cat "$OUT/lane0.txt" "$OUT/lane1.txt"
+[ "$NG" -lt 2 ] && bench
 if [ "$NG" -ge 2 ]; then
   OUT="$OUT/multi" STEPS="nccl serve" timeout 90 ./gpu_multigpu_check.sh > "$OUT/multi.log" 2>&1
   echo "multigpu rc=$?"; grep -E "PASSED|FAILED|rc=|answered|refus" "$OUT/multi.log" | head -20
