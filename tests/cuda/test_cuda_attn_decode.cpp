@@ -2,10 +2,12 @@
 // backend's qk_norm_rope_write_kv + attention on the same inputs: the attention output and
 // both caches (the new token's k/v written at its slot, nothing else touched).
 // Threshold: ||out - ref|| / ||ref|| < 1e-2 (bf16 activations and cache).
-// Cases: M2.5 decode (48 q / 8 kv heads, head_dim 128, rotary 64) at contexts 1, 1024 (8
-// splits of one iteration) and 3001 (several iterations, a partial tile), batches of mixed
-// contexts with a padding sequence (slot -1, compared on the caches only), GQA groups 8 and 1,
-// full rotary; each also through the unfused CUDA path (attn_decode_max_tokens = 0).
+// Cases: M2.5 decode (48 q / 8 kv heads, head_dim 128, rotary 64) at contexts 1, 17, 1000,
+// 1024, 3001, 4100 and 8192 (1 to 16 splits, partial 16-key chunks, several chunks per warp),
+// batches of 3 to 8 mixed contexts with a padding sequence (slot -1, compared on the caches
+// only), GQA groups 8 and 1, full rotary. Each case runs the fused kernel version 2
+// (k_attn_decode2.cu, <= 8 and <= 16 splits), version 1 (k_attn_decode.cu) and the unfused
+// CUDA path (attn_decode_max_tokens = 0); version 2 is also compared with version 1.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -93,28 +95,52 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
       if (c.ctx[s] == 0) std::fill(x.begin() + size_t(s) * QW, x.begin() + size_t(s + 1) * QW, 0.f);
     return x;
   };
-  for (int fused = 1; fused >= 0; --fused) {
+  // Variants: 0 version 2 (<= 8 splits), 1 version 2 (<= 16 splits: 16-block clusters where
+  // the device co-schedules them), 2 version 1 (k_attn_decode.cu), 3 unfused.
+  std::vector<float> v1_out, v2_out, v2_cache_k;
+  for (int var = 0; var < 4; ++var) {
+    const int fused = var < 3;
     gpu().attn_decode_max_tokens = fused ? 64 : 0;
+    gpu().attn_decode_version = var < 2 ? 2 : 1;
+    gpu().attn_decode_max_splits = var == 1 ? 16 : 8;
     auto g = run(gpu(), true);
     gpu().attn_l2_prefetch = 0;
-    EXPECT_LT(rel_err(real_rows(g[0]), real_rows(r[0])), 1e-2) << "attention out, fused " << fused;
-    EXPECT_LT(rel_err(g[1], r[1]), 1e-2) << "k cache, fused " << fused;
-    EXPECT_LT(rel_err(g[2], r[2]), 1e-2) << "v cache, fused " << fused;
+    EXPECT_LT(rel_err(real_rows(g[0]), real_rows(r[0])), 1e-2) << "attention out, variant " << var;
+    EXPECT_LT(rel_err(g[1], r[1]), 1e-2) << "k cache, variant " << var;
+    EXPECT_LT(rel_err(g[2], r[2]), 1e-2) << "v cache, variant " << var;
     // The new token's k row itself (a few hundred values inside a large cache).
     for (int s = 0; s < S; ++s) {
       if (slots[s] < 0) continue;
       const size_t o = size_t(slots[s]) * KW;
       std::vector<float> gk(g[1].begin() + o, g[1].begin() + o + KW), rk(r[1].begin() + o, r[1].begin() + o + KW);
-      EXPECT_LT(rel_err(gk, rk), 1e-2) << "new k row of sequence " << s << ", fused " << fused;
+      EXPECT_LT(rel_err(gk, rk), 1e-2) << "new k row of sequence " << s << ", variant " << var;
+      // Both fused versions round the new k to bf16 after norm + RoPE the same way.
+      if (var == 2) {
+        std::vector<float> v2k(v2_cache_k.begin() + o, v2_cache_k.begin() + o + KW);
+        EXPECT_LT(rel_err(v2k, gk), 2e-3) << "new k row of sequence " << s << ": version 2 vs 1";
+      }
     }
+    if (var == 0) v2_out = real_rows(g[0]), v2_cache_k = g[1];
+    if (var == 2) v1_out = real_rows(g[0]);
   }
+  // Version 2 rounds P to bf16 for the tensor-core P V; against version 1 (fp32 P) it stays
+  // within a few bf16 ulps of the output.
+  EXPECT_LT(rel_err(v2_out, v1_out), 5e-3) << "version 2 vs version 1";
+  gpu().attn_decode_version = 2;
+  gpu().attn_decode_max_splits = 8;
   gpu().attn_decode_max_tokens = 64;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaQkNormRopeAttention,
                          ::testing::Values(DecCase{48, 8, 64, {1024}},             // M2.5 batch 1, 8 splits
                                            DecCase{48, 8, 64, {1}},                // first token
+                                           DecCase{48, 8, 64, {17}},               // one partial chunk
+                                           DecCase{48, 8, 64, {1000}},             // partial chunks
+                                           DecCase{48, 8, 64, {4100}},             // several chunks per warp
+                                           DecCase{48, 8, 64, {8192}},             // 16 splits (v2)
                                            DecCase{48, 8, 64, {3001}},             // several iterations
+                                           DecCase{48, 8, 64, {8192, 1, 17}},      // batch 3
+                                           DecCase{48, 8, 64, {129, 4100, 1000, 0, 16, 2047}},  // batch 6
                                            DecCase{48, 8, 64, {3001, 17, 0, 640}},  // mixed + padding
                                            DecCase{48, 8, 64, {200, 129, 64, 65, 1, 300, 1000, 128}},
                                            DecCase{16, 2, 128, {500}},             // G = 8, full rotary

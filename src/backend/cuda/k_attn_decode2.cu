@@ -1,0 +1,473 @@
+// Fused decode attention, version 2 (sm_90+): the same work as k_attn_decode.cu (QK-norm +
+// partial NeoX RoPE of this step's q and k, the paged KV write, split-KV GQA attention, the
+// split merge through distributed shared memory), organised for latency at small batches:
+//
+// * Grid (splits, kv heads, sequences); the `splits` (1..16) blocks of a (sequence, kv head)
+//   form a cluster (16: non-portable size, used only when the device can co-schedule the
+//   clusters). Block: 8 warps. The block's key range is cut into 16-key chunks; warp w owns
+//   chunks w, w + 8, ... and streams them through its OWN 2-stage cp.async ring (8 KB per
+//   stage: 16 K rows + 16 V rows of 128 bf16, 16-byte chunks XOR-swizzled by row), so the key
+//   loop has no block-wide barrier. Both stages are issued before griddepcontrol.wait (block
+//   tables and K/V of positions < ctx - 1 are not written by the step's earlier kernels, as in
+//   k_attn_decode.cu); the newest key (ctx - 1, made here) is never copied: the owning warp
+//   writes it into its staged chunk after the prologue.
+// * Prologue after the wait: ONE round of global loads per thread (the whole q row for the
+//   QK-norm sum of squares in fixed-trip 16-byte loads, one 16-byte chunk of the k row, this
+//   kv head's v, the position); this kv head's raw q/k/v go to shared memory, norm weights and
+//   RoPE frequencies were loaded before the wait.
+// * QK and PV on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate): the G <= 8 q rows are
+//   the A operand's rows 0..7 (rows 8..15 are zero registers), K fragments come from ldmatrix,
+//   V fragments from ldmatrix.trans, P is reused from the S accumulators as bf16. Softmax in
+//   base 2 with fp32 running max / sum (FlashAttention-2 style, row sums per lane, reduced once).
+//   Numerics against version 1: q and k rounded to bf16 after norm + RoPE as before, the
+//   softmax scale applied to the fp32 scores; P rounded to bf16 for the PV product (version 1
+//   kept P in fp32).
+// * Merge: the 8 warps' partial (m, l, o) per row are merged in shared memory into one block
+//   partial, then each block of the cluster merges a slice of the G x 128 outputs from all
+//   blocks' partials, every remote (DSMEM) load issued at once (unrolled over 16 splits).
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kW = 8, kT = kW * 32, kD = 128, kRows = 8, kChunk = 16, kStages = 2, kMaxSplits = 16;
+constexpr int kMaxQ16 = 4;  // 16-byte q chunks per thread: q_width <= 4 * 8 * 256 (Hq <= 64)
+
+struct Smem2 {
+  // Per warp and stage: K rows [16][128] then V rows [16][128] (bf16, swizzled 16-byte chunks).
+  // After the key loop a warp's region holds its partial output [8][128] fp32 (4 KB of 16 KB).
+  __align__(128) bf16 ring[kW][kStages][2][kChunk][kD];
+  float pml[kW][kRows][2];  // per warp: (max, sum) per row, base 2
+  float pb[kRows][kD];      // block partial output (unnormalised), read by the cluster
+  float pmlb[kRows][2];     // block partial (max, sum)
+  __align__(16) bf16 qb[kRows][kD + 8];  // normed, rotated, bf16 q rows (+8: conflict-free)
+  __align__(16) bf16 qraw[kRows * kD];   // this kv head's raw q rows
+  __align__(16) bf16 kraw[kD], vraw[kD];
+  __align__(16) bf16 knew[kD], vnew[kD];  // the newest key / value (normed, rotated) as cached
+  float qw[kRows * kD], kw[kD];           // norm weights of this kv head's rows
+  float inv_freq[kD / 2], cs[kD / 2], sn[kD / 2];
+  float red[2][kW];
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+// D = A B + D for one m16n8k16 bf16 tile; a1 = a3 = 0 (rows 8..15 of A are padding), so only
+// the accumulators of rows 0..7 (d0, d1) matter; d2, d3 are scratch.
+__device__ __forceinline__ void mma_rows8(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  float d2 = 0.f, d3 = 0.f;
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// Offset (in bf16) of element (row, col) of a swizzled [16][128] chunk tile.
+__device__ __forceinline__ int swz(int row, int col) { return row * kD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7); }
+
+__global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNormRopeParams n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Smem2& S = *reinterpret_cast<Smem2*>(smem_raw);
+  const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int G = a.Hq / a.Hkv, row_stride = a.Hkv * kD;
+
+  // ---- graph inputs and constants (safe before the wait, see the header) ----
+  const int t = a.query_start[seq];
+  const int ctx = a.context_lens[seq];
+  const int newest = ctx - 1;
+  const int span = ((ctx + splits - 1) / splits + kChunk - 1) / kChunk * kChunk;
+  const int kbeg = split * span, kend = min(ctx, kbeg + span);
+  const int nchunks = kend > kbeg ? (kend - kbeg + kChunk - 1) / kChunk : 0;
+  const int my_chunks = nchunks > warp ? (nchunks - warp + kW - 1) / kW : 0;  // chunks warp + 8 i
+  const int32_t* btab = a.block_tables + int64_t(seq) * a.max_blocks_per_seq;
+  const bf16* kcache = static_cast<const bf16*>(a.k_cache);
+  const bf16* vcache = static_cast<const bf16*>(a.v_cache);
+
+  // Issues the copies of the warp's i-th chunk into stage i % 2 (always commits a group, so
+  // the wait counts stay uniform). Lane l < 16 resolves the cache row of key l of the chunk;
+  // lane l copies 16-byte column chunk l % 16 of rows l / 16 + 2 r (r = 0..7) of K and V.
+  // Keys >= kend are zero-filled (their P is 0, and 0 x garbage could be NaN); the newest key
+  // is left for the patch.
+  auto issue = [&](int i) {
+    if (i < my_chunks) {
+      const int k0 = kbeg + (warp + i * kW) * kChunk;
+      int prow = -1;
+      if (lane < kChunk) {
+        const int j = k0 + lane;
+        if (j < kend && j != newest) prow = btab[j / a.block_size] * a.block_size + j % a.block_size;
+      }
+      bf16* kb = &S.ring[warp][i % kStages][0][0][0];
+      bf16* vb = &S.ring[warp][i % kStages][1][0][0];
+      const int c = lane & 15;
+#pragma unroll
+      for (int r = 0; r < kChunk / 2; ++r) {
+        const int row = (lane >> 4) + 2 * r;
+        const int pr = __shfl_sync(0xffffffffu, prow, row);
+        const int64_t off = int64_t(max(pr, 0)) * row_stride + kvh * kD + c * 8;
+        cp_async16(smem_u32(kb + swz(row, c * 8)), kcache + off, pr >= 0);
+        cp_async16(smem_u32(vb + swz(row, c * 8)), vcache + off, pr >= 0);
+      }
+    }
+    cp_commit();
+  };
+  // L2 prefetch of the next ops' weights (a hint, as in k_attn_decode.cu).
+  if (warp == 0) {
+    const int nblk = gridDim.x * gridDim.y * gridDim.z;
+    const int b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+#pragma unroll
+    for (int i = 0; i < AttnParams::kMaxPf; ++i) {
+      if (!a.pf_ptr[i]) continue;
+      const uint64_t total = a.pf_bytes[i] / 16 * 16, slice = (total / nblk + 15) / 16 * 16;
+      const uint64_t beg = min(total, uint64_t(b) * slice), end = min(total, beg + slice);
+      for (uint64_t off = beg + uint64_t(lane) * 65536; off < end; off += 32ull * 65536) {
+        const uint32_t nb = uint32_t(min(uint64_t(65536), end - off));
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(a.pf_ptr[i]) + off),
+                     "r"(nb)
+                     : "memory");
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) issue(i);
+  // Norm weights of this kv head's q rows / k row, and the RoPE frequencies (fp32 like the
+  // reference implementations; double pow here, before the wait).
+  {
+    const bf16* qw = static_cast<const bf16*>(n.q_w) + int64_t(kvh) * G * kD;
+    const bf16* kw = static_cast<const bf16*>(n.k_w) + int64_t(kvh) * kD;
+    for (int i = tid; i < G * kD; i += kT) S.qw[i] = bf2f(qw[i]);
+    if (tid < kD) S.kw[tid] = bf2f(kw[tid]);
+    if (tid < n.rotary_dim / 2)
+      S.inv_freq[tid] = float(1.0 / pow(double(n.theta), double(2 * tid) / double(n.rotary_dim)));
+  }
+
+  pdl_enter();
+
+  // ---- prologue: one round of loads (q row, k row chunk, this head's v, position) ----
+  const bf16* qrow = static_cast<const bf16*>(n.q) + int64_t(t) * n.q_width;
+  const bf16* krow = static_cast<const bf16*>(n.k) + int64_t(t) * n.k_width;
+  const bf16* vrow = static_cast<const bf16*>(n.v) + int64_t(t) * n.k_width;
+  const int nq16 = n.q_width / 8, nk16 = n.k_width / 8;
+  uint4 qv[kMaxQ16], kv4 = make_uint4(0, 0, 0, 0), vv4 = kv4;
+  const bool need_qss = !n.q_sumsq, need_kss = !n.k_sumsq;
+#pragma unroll
+  for (int i = 0; i < kMaxQ16; ++i) {
+    const int idx = tid + i * kT;
+    const bool own = idx >= kvh * G * (kD / 8) && idx < (kvh + 1) * G * (kD / 8);
+    qv[i] = idx < nq16 && (need_qss || own) ? *reinterpret_cast<const uint4*>(qrow + idx * 8) : make_uint4(0, 0, 0, 0);
+  }
+  if (tid < nk16) kv4 = *reinterpret_cast<const uint4*>(krow + tid * 8);
+  if (tid < kD / 8) vv4 = *reinterpret_cast<const uint4*>(vrow + kvh * kD + tid * 8);
+  const float pos = float(n.positions[t]);
+  const float qss_in = need_qss ? 0.f : n.q_sumsq[t], kss_in = need_kss ? 0.f : n.k_sumsq[t];
+  float qss = 0.f, kss = 0.f;
+  auto sumsq = [](const uint4& v) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    float s = 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = bf16x2_to_f2(w[e]);
+      s = fmaf(f.x, f.x, fmaf(f.y, f.y, s));
+    }
+    return s;
+  };
+#pragma unroll
+  for (int i = 0; i < kMaxQ16; ++i) {
+    const int idx = tid + i * kT;
+    qss += sumsq(qv[i]);
+    const int rel = idx - kvh * G * (kD / 8);
+    if (rel >= 0 && rel < G * (kD / 8)) reinterpret_cast<uint4*>(S.qraw)[rel] = qv[i];
+  }
+  kss = sumsq(kv4);
+  if (tid >= kvh * (kD / 8) && tid < (kvh + 1) * (kD / 8)) reinterpret_cast<uint4*>(S.kraw)[tid - kvh * (kD / 8)] = kv4;
+  if (tid < kD / 8) reinterpret_cast<uint4*>(S.vraw)[tid] = vv4;
+  if (tid < n.rotary_dim / 2) sincosf(pos * S.inv_freq[tid], &S.sn[tid], &S.cs[tid]);
+  qss = warp_sum(qss), kss = warp_sum(kss);
+  if (lane == 0) S.red[0][warp] = qss, S.red[1][warp] = kss;
+  __syncthreads();  // raw rows, sums, sin/cos, weights
+  qss = qss_in, kss = kss_in;
+  if (need_qss || need_kss) {
+    float sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) sq += S.red[0][w], sk += S.red[1][w];
+    if (need_qss) qss = sq;
+    if (need_kss) kss = sk;
+  }
+  const float rq = rsqrtf(qss / float(n.q_full) + n.eps), rk = rsqrtf(kss / float(n.k_full) + n.eps);
+  const int half = n.rotary_dim / 2;
+  // Element d of a head (raw row x, weights w, factor r) after norm + RoPE, as bf16.
+  auto normed = [&](const bf16* x, const float* w, float r, int d) {
+    if (d >= n.rotary_dim) return f2bf(bf2f(x[d]) * r * w[d]);
+    const int d0 = d < half ? d : d - half;
+    const float cs = S.cs[d0], sn = S.sn[d0];
+    const float u = bf2f(x[d0]) * r * w[d0], v = bf2f(x[d0 + half]) * r * w[d0 + half];
+    return f2bf(d < half ? u * cs - v * sn : v * cs + u * sn);
+  };
+#pragma unroll
+  for (int i = tid; i < kRows * kD; i += kT) {
+    const int r = i / kD, d = i % kD;
+    S.qb[r][d] = r < G ? normed(S.qraw + r * kD, S.qw + r * kD, rq, d) : f2bf(0.f);
+  }
+  const bool has_new = newest >= kbeg && newest < kend;  // this block owns the newest key
+  if (has_new && tid < kD) {
+    const bf16 kn = normed(S.kraw, S.kw, rk, tid), vn = S.vraw[tid];
+    S.knew[tid] = kn, S.vnew[tid] = vn;
+    const int64_t slot = n.slots[t];
+    if (slot >= 0 && slot < n.num_slots) {
+      static_cast<bf16*>(n.kc)[slot * n.k_width + kvh * kD + tid] = kn;
+      static_cast<bf16*>(n.vc)[slot * n.k_width + kvh * kD + tid] = vn;
+    }
+  }
+  __syncthreads();  // qb, knew
+
+  // ---- key loop: the warp's chunks through its own 2-stage ring ----
+  uint32_t qa[kD / 16][2];  // A fragments of q (rows g; rows g + 8 are zero)
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    qa[ks][0] = *reinterpret_cast<const uint32_t*>(&S.qb[g][16 * ks + 2 * t4]);
+    qa[ks][1] = *reinterpret_cast<const uint32_t*>(&S.qb[g][16 * ks + 8 + 2 * t4]);
+  }
+  const float qscale = a.scale * 1.4426950408889634f;  // log2(e): softmax in base 2
+  float o[kD / 8][2];  // row g, columns 8 j + 2 t4, + 1
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j) o[j][0] = o[j][1] = 0.f;
+  float m = -INFINITY, l = 0.f;  // l: this lane's share of the row sum
+  for (int i = 0; i < my_chunks; ++i) {
+    cp_wait<kStages - 1>();
+    __syncwarp();
+    const int k0 = kbeg + (warp + i * kW) * kChunk;
+    const bf16* kb = &S.ring[warp][i % kStages][0][0][0];
+    const bf16* vb = &S.ring[warp][i % kStages][1][0][0];
+    if (newest >= k0 && newest < k0 + kChunk) {  // patch the newest key into the staged chunk
+      const int row = newest - k0;
+#pragma unroll
+      for (int e = lane; e < kD; e += 32) {
+        const_cast<bf16*>(kb)[swz(row, e)] = S.knew[e];
+        const_cast<bf16*>(vb)[swz(row, e)] = S.vnew[e];
+      }
+      __syncwarp();
+    }
+    // S = q K^T for the chunk's 16 keys: two n-tiles of 8 keys, 8 k-steps of 16 dims.
+    float s[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int kp = 0; kp < kD / 32; ++kp) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(smem_u32(kb + swz(8 * j + (lane & 7), 32 * kp + 8 * (lane >> 3))), b0, b1, b2, b3);
+        mma_rows8(s[j][0], s[j][1], qa[2 * kp][0], qa[2 * kp][1], b0, b1);
+        mma_rows8(s[j][0], s[j][1], qa[2 * kp + 1][0], qa[2 * kp + 1][1], b2, b3);
+      }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = k0 + 8 * j + 2 * t4 + e;
+        s[j][e] = key < kend ? s[j][e] * qscale : -INFINITY;
+        mx = fmaxf(mx, s[j][e]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m, mx);  // finite: the chunk's first key is < kend
+    const float corr = exp2f(m - mn);
+    m = mn;
+    float p[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) p[j][e] = exp2f(s[j][e] - mn);
+    l = l * corr + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+    const uint32_t pa0 = pack_bf16(p[0][0], p[0][1]), pa2 = pack_bf16(p[1][0], p[1][1]);
+    // O += P V: 16 n-tiles of 8 dims, one k-step of the chunk's 16 keys.
+#pragma unroll
+    for (int jp = 0; jp < kD / 16; ++jp) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_t(smem_u32(vb + swz((lane & 7) + 8 * ((lane >> 3) & 1), 16 * jp + 8 * (lane >> 4))), b0, b1, b2, b3);
+      o[2 * jp][0] *= corr, o[2 * jp][1] *= corr, o[2 * jp + 1][0] *= corr, o[2 * jp + 1][1] *= corr;
+      mma_rows8(o[2 * jp][0], o[2 * jp][1], pa0, pa2, b0, b1);
+      mma_rows8(o[2 * jp + 1][0], o[2 * jp + 1][1], pa0, pa2, b2, b3);
+    }
+    __syncwarp();  // every lane done with the stage before it is refilled
+    issue(i + kStages);
+  }
+  cp_wait<0>();
+  __syncwarp();
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // ---- warp partials -> block partial (shared memory) ----
+  float* po = reinterpret_cast<float*>(&S.ring[warp][0][0][0][0]);  // [8][128] in the warp's own ring
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j)
+    *reinterpret_cast<float2*>(&po[g * kD + 8 * j + 2 * t4]) = make_float2(o[j][0], o[j][1]);
+  if (t4 == 0) S.pml[warp][g][0] = m, S.pml[warp][g][1] = l;
+  __syncthreads();
+  for (int e = tid; e < G * kD; e += kT) {
+    const int r = e / kD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) M = fmaxf(M, S.pml[w][r][0]);
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kW; ++w) {
+        const float mw = S.pml[w][r][0];
+        const float sc = mw == -INFINITY ? 0.f : exp2f(mw - M);
+        L = fmaf(S.pml[w][r][1], sc, L);
+        O = fmaf(reinterpret_cast<const float*>(&S.ring[w][0][0][0][0])[e], sc, O);
+      }
+    }
+    S.pb[r][e % kD] = O;
+    if (e % kD == 0) S.pmlb[r][0] = M, S.pmlb[r][1] = L;
+  }
+
+  // ---- cluster merge: block `split` writes outputs split * kT + tid, + splits * kT, ... ----
+  cg::cluster_group cluster = cg::this_cluster();
+  if (splits > 1) cluster.sync();
+  else __syncthreads();
+  bf16* out = static_cast<bf16*>(a.out) + (int64_t(t) * a.Hq + int64_t(kvh) * G) * kD;
+  for (int e = split * kT + tid; e < G * kD; e += splits * kT) {
+    const int r = e / kD, d = e % kD;
+    float mb[kMaxSplits], lb[kMaxSplits], ob[kMaxSplits];
+#pragma unroll
+    for (int b = 0; b < kMaxSplits; ++b) {
+      if (b < splits) {
+        const Smem2* ps = splits > 1 ? cluster.map_shared_rank(&S, b) : &S;
+        mb[b] = ps->pmlb[r][0], lb[b] = ps->pmlb[r][1], ob[b] = ps->pb[r][d];
+      } else {
+        mb[b] = -INFINITY, lb[b] = 0.f, ob[b] = 0.f;
+      }
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < kMaxSplits; ++b) M = fmaxf(M, mb[b]);
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int b = 0; b < kMaxSplits; ++b) {
+        const float sc = mb[b] == -INFINITY ? 0.f : exp2f(mb[b] - M);
+        L = fmaf(lb[b], sc, L);
+        O = fmaf(ob[b], sc, O);
+      }
+    }
+    out[e] = f2bf(L > 0.f ? O / L : 0.f);
+  }
+  if (splits > 1) cluster.sync();  // no block leaves while a peer still reads its partial
+#endif
+}
+
+}  // namespace
+
+bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n) {
+  return attn_decode_supported(a, n) && n.q_width <= kMaxQ16 * 8 * kT && n.k_width <= 8 * kT && a.Hkv <= 64;
+}
+
+int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits) {
+  // About one block per SM (this kernel's ~145 KB of shared memory), a power of two
+  // <= max_splits, and >= 128 keys (one chunk per warp) per block.
+  const int want = std::max(1, num_sms / std::max(1, kv_groups));
+  const int cap = std::min({want, max_splits, kMaxSplits});
+  int s = 1;
+  while (s * 2 <= cap && s * 2 * kChunk * kW <= max_context) s *= 2;
+  return s;
+}
+
+namespace {
+// Per-device state: the shared-memory opt-in and the largest cluster size (8 or 16) the
+// device can co-schedule for `need` clusters.
+std::atomic<uint64_t> g_attr_set{0};
+void ensure_attrs() {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (g_attr_set.load() & bit) return;
+  CUDA_CHECK(cudaFuncSetAttribute(attn_decode2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2))));
+  CUDA_CHECK(cudaFuncSetAttribute(attn_decode2_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  g_attr_set.fetch_or(bit);
+}
+}  // namespace
+
+int attn_decode2_max_cluster(int want) {
+  ensure_attrs();
+  if (want <= 8) return want;
+  static std::atomic<int> cached[64] = {};  // per device: clusters + 1 (0: not asked yet)
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (const int c = cached[dev & 63].load()) return c - 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(16, 1, 1);
+  cfg.blockDim = dim3(kT);
+  cfg.dynamicSmemBytes = sizeof(Smem2);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 16, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    clusters = 0;
+  }
+  cached[dev & 63].store(clusters + 1);
+  return clusters;  // the caller compares it with the clusters it needs
+}
+
+void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, cudaStream_t s) {
+  CU_REQUIRE(splits >= 1 && splits <= kMaxSplits, "attn_decode2: splits " + std::to_string(splits));
+  if (a.T == 0) return;
+  ensure_attrs();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(splits, a.Hkv, a.num_seqs);
+  cfg.blockDim = dim3(kT);
+  cfg.dynamicSmemBytes = sizeof(Smem2);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+  attr[na].id = cudaLaunchAttributeClusterDimension;
+  attr[na].val.clusterDim.x = splits, attr[na].val.clusterDim.y = 1, attr[na].val.clusterDim.z = 1;
+  ++na;
+  if (pdl_enabled()) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = na;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode2_kernel, a, n));
+}
+
+}  // namespace moeserve::cuda
