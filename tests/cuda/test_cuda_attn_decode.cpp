@@ -21,6 +21,7 @@ namespace {
 struct DecCase {
   int Hq, Hkv, rot;
   std::vector<int> ctx;  // per sequence, including this step's token; 0: a padding sequence
+  int tp = 1;  // > 1: given sums of squares over a row `tp` times wider (tensor-parallel QK-norm)
 };
 
 class CudaQkNormRopeAttention : public ::testing::TestWithParam<DecCase> {};
@@ -55,6 +56,14 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
   auto qn = randn(QW, rng, 0.5f), kn = randn(KW, rng, 0.5f);
   auto kc = randn(size_t(num_blocks) * bs * KW, rng), vc = randn(size_t(num_blocks) * bs * KW, rng);
   const float scale = 1.f / std::sqrt(float(D));
+  // Tensor-parallel QK-norm inputs: this rank's sum of squares plus the other ranks' share.
+  std::vector<float> qss(T), kss(T);
+  for (int t = 0; t < T; ++t) {
+    std::uniform_real_distribution<float> other(0.f, 1.f);
+    for (int i = 0; i < QW; ++i) qss[t] += q[size_t(t) * QW + i] * q[size_t(t) * QW + i];
+    for (int i = 0; i < KW; ++i) kss[t] += k[size_t(t) * KW + i] * k[size_t(t) * KW + i];
+    qss[t] += other(rng) * QW * (c.tp - 1), kss[t] += other(rng) * KW * (c.tp - 1);
+  }
 
   auto run = [&](Backend& b, bool on_gpu) {
     auto F = [&](const std::vector<float>& x, const Shape& s) {
@@ -80,6 +89,12 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
     qa.q = &tq, qa.k = &tk, qa.q_norm_weight = &tqn, qa.k_norm_weight = &tkn, qa.positions = &tpos;
     qa.rope = {D, c.rot, 5e6f};
     qa.eps = 1e-6f;
+    Tensor tqss = on_gpu ? to_device(qss, DType::F32, {T}) : host_f32(qss, {T});
+    Tensor tkss = on_gpu ? to_device(kss, DType::F32, {T}) : host_f32(kss, {T});
+    if (c.tp > 1) {
+      qa.q_sum_squares = &tqss, qa.k_sum_squares = &tkss;
+      qa.q_full_width = int64_t(c.tp) * QW, qa.k_full_width = int64_t(c.tp) * KW;
+    }
     AttentionArgs aa{&tq, &kv, &m, c.Hq, c.Hkv, D, scale, &out};
     aa.prefetch[0] = &kv.v, aa.prefetch[1] = &tk;  // L2 hints (exercised, results unchanged)
     gpu().attn_l2_prefetch = 2;
@@ -144,6 +159,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaQkNormRopeAttention,
                                            DecCase{48, 8, 64, {3001, 17, 0, 640}},  // mixed + padding
                                            DecCase{48, 8, 64, {200, 129, 64, 65, 1, 300, 1000, 128}},
                                            DecCase{16, 2, 128, {500}},             // G = 8, full rotary
+                                           DecCase{24, 4, 64, {1000, 3, 300}, 2},  // TP = 2: given sums
                                            DecCase{4, 4, 32, {200, 70}}));         // G = 1
 
 }  // namespace
