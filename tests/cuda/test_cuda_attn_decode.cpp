@@ -110,14 +110,22 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
       if (c.ctx[s] == 0) std::fill(x.begin() + size_t(s) * QW, x.begin() + size_t(s + 1) * QW, 0.f);
     return x;
   };
-  // Variants: 0 version 2 (<= 8 splits), 1 version 2 (<= 16 splits: 16-block clusters where
-  // the device co-schedules them), 2 version 1 (k_attn_decode.cu), 3 unfused.
+  // Variants: version 2 with the pushed merge (<= 8 splits; <= 16 splits: 16-block clusters
+  // where the device co-schedules them), version 2 with the pulled merge (<= 8, <= 16),
+  // version 1 (k_attn_decode.cu), the unfused CUDA path.
+  struct Var {
+    int version, max_splits;
+    bool push;
+  };
+  const Var vars[] = {{2, 8, true}, {2, 16, true}, {2, 8, false}, {2, 16, false}, {1, 8, true}, {0, 8, true}};
+  const int kV1 = 4;
   std::vector<float> v1_out, v2_out, v2_cache_k;
-  for (int var = 0; var < 4; ++var) {
-    const int fused = var < 3;
+  for (int var = 0; var < 6; ++var) {
+    const int fused = vars[var].version > 0;
     gpu().attn_decode_max_tokens = fused ? 64 : 0;
-    gpu().attn_decode_version = var < 2 ? 2 : 1;
-    gpu().attn_decode_max_splits = var == 1 ? 16 : 8;
+    gpu().attn_decode_version = vars[var].version;
+    gpu().attn_decode_max_splits = vars[var].max_splits;
+    gpu().attn_decode_push = vars[var].push;
     auto g = run(gpu(), true);
     gpu().attn_l2_prefetch = 0;
     EXPECT_LT(rel_err(real_rows(g[0]), real_rows(r[0])), 1e-2) << "attention out, variant " << var;
@@ -130,13 +138,13 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
       std::vector<float> gk(g[1].begin() + o, g[1].begin() + o + KW), rk(r[1].begin() + o, r[1].begin() + o + KW);
       EXPECT_LT(rel_err(gk, rk), 1e-2) << "new k row of sequence " << s << ", variant " << var;
       // Both fused versions round the new k to bf16 after norm + RoPE the same way.
-      if (var == 2) {
+      if (var == kV1) {
         std::vector<float> v2k(v2_cache_k.begin() + o, v2_cache_k.begin() + o + KW);
         EXPECT_LT(rel_err(v2k, gk), 2e-3) << "new k row of sequence " << s << ": version 2 vs 1";
       }
     }
     if (var == 0) v2_out = real_rows(g[0]), v2_cache_k = g[1];
-    if (var == 2) v1_out = real_rows(g[0]);
+    if (var == kV1) v1_out = real_rows(g[0]);
   }
   // Version 2 rounds P to bf16 for the tensor-core P V; against version 1 (fp32 P) it stays
   // within a few bf16 ulps of the output.

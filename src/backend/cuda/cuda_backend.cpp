@@ -143,6 +143,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_V"); e && *e) attn_decode_version = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_SPLITS"); e && *e) attn_decode_max_splits = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MERGE"); e && *e) attn_decode_push = std::strcmp(e, "pull") != 0;
   if (const char* e = std::getenv("MOESERVE_DECODE_MEGA")) decode_mega = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("MOESERVE_MEGA_MULTI")) decode_mega_multi = std::strcmp(e, "1") == 0;
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
@@ -543,7 +544,7 @@ void CudaBackend::qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor&
       int splits = attn_decode2_splits(num_sms_, p.num_seqs * p.Hkv, meta.max_context_len, attn_decode_max_splits);
       // 16-block clusters only when all of them fit on the device at once.
       if (splits == 16 && attn_decode2_max_cluster(16) < p.num_seqs * p.Hkv) splits = 8;
-      launch_attn_decode2(p, n, splits, stream_);
+      launch_attn_decode2(p, n, splits, attn_decode_push, stream_);
       return;
     }
     if (attn_decode_supported(p, n)) {

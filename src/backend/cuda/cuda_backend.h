@@ -196,6 +196,9 @@ class CudaBackend final : public Backend {
   // Largest split count of version 2 (a power of two <= 16; 16 = non-portable clusters, used
   // only when the device can co-schedule them). MOESERVE_ATTN_DECODE_SPLITS.
   int attn_decode_max_splits = 8;
+  // Version 2's split merge: true = pushed through remote stores (one cluster barrier),
+  // false = pulled by remote loads (two). MOESERVE_ATTN_DECODE_MERGE=pull|push.
+  bool attn_decode_push = true;
   // The fused decode attention kernel prefetches the first this many AttentionArgs::prefetch
   // tensors (o_proj weights, router gate, next layer's q/k/v) into L2 while it runs (HBM is
   // otherwise idle during decode attention); 0: off. Off by default: o_proj + gate measured

@@ -48,6 +48,10 @@ struct Smem2 {
   float pml[kW][kRows][2];  // per warp: (max, sum) per row, base 2
   float pb[kRows][kD];      // block partial output (unnormalised), read by the cluster
   float pmlb[kRows][2];     // block partial (max, sum)
+  // Push merge: block b's partial for this block's output slice lands at recv_o[b * slice + i]
+  // and its (max, sum) per row at recv_ml[b] (written by the peers through DSMEM).
+  float recv_o[kRows * kD + kMaxSplits];
+  float recv_ml[kMaxSplits][kRows][2];
   __align__(16) bf16 qb[kRows][kD + 8];  // normed, rotated, bf16 q rows (+8: conflict-free)
   __align__(16) bf16 qraw[kRows * kD];   // this kv head's raw q rows
   __align__(16) bf16 kraw[kD], vraw[kD];
@@ -96,6 +100,20 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // Offset (in bf16) of element (row, col) of a swizzled [16][128] chunk tile.
 __device__ __forceinline__ int swz(int row, int col) { return row * kD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7); }
 
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
+// PUSH (default): every block merges its 8 warps' partials and stores each output slice's
+// share straight into the owning peer's shared memory (remote stores, no round trip), one
+// cluster barrier, then each block merges its slice from local memory; the only other
+// barrier phase is an arrive at entry (DSMEM may be written only once every peer runs) whose
+// wait comes before the first remote store. !PUSH: block partials stay local, cluster.sync,
+// every block loads its slice's partials from all peers (all loads issued at once), and a
+// second cluster.sync keeps each block alive while peers read it.
+template <bool PUSH>
 __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNormRopeParams n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -104,6 +122,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int G = a.Hq / a.Hkv, row_stride = a.Hkv * kD;
+  if (PUSH && splits > 1) cluster_arrive_relaxed();  // "this block runs" (waited before the pushes)
 
   // ---- graph inputs and constants (safe before the wait, see the header) ----
   const int t = a.query_start[seq];
@@ -336,7 +355,10 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
     *reinterpret_cast<float2*>(&po[g * kD + 8 * j + 2 * t4]) = make_float2(o[j][0], o[j][1]);
   if (t4 == 0) S.pml[warp][g][0] = m, S.pml[warp][g][1] = l;
   __syncthreads();
-  for (int e = tid; e < G * kD; e += kT) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int total = G * kD, slice = (total + splits - 1) / splits;
+  if (PUSH && splits > 1) cluster_wait();  // every peer has started: its shared memory may be written
+  for (int e = tid; e < total; e += kT) {
     const int r = e / kD;
     float M = -INFINITY;
 #pragma unroll
@@ -351,42 +373,83 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
         O = fmaf(reinterpret_cast<const float*>(&S.ring[w][0][0][0][0])[e], sc, O);
       }
     }
-    S.pb[r][e % kD] = O;
-    if (e % kD == 0) S.pmlb[r][0] = M, S.pmlb[r][1] = L;
+    if constexpr (PUSH) {
+      const int dst = e / slice;
+      float* ro = splits > 1 ? cluster.map_shared_rank(S.recv_o, dst) : S.recv_o;
+      ro[split * slice + (e - dst * slice)] = O;
+      if (e % kD == 0)  // row r's (max, sum) to every block whose slice holds part of row r
+        for (int b = r * kD / slice; b <= min(splits - 1, (r * kD + kD - 1) / slice); ++b) {
+          float* rml = splits > 1 ? cluster.map_shared_rank(&S.recv_ml[0][0][0], b) : &S.recv_ml[0][0][0];
+          rml[(split * kRows + r) * 2] = M, rml[(split * kRows + r) * 2 + 1] = L;
+        }
+    } else {
+      S.pb[r][e % kD] = O;
+      if (e % kD == 0) S.pmlb[r][0] = M, S.pmlb[r][1] = L;
+    }
   }
 
-  // ---- cluster merge: block `split` writes outputs split * kT + tid, + splits * kT, ... ----
-  cg::cluster_group cluster = cg::this_cluster();
-  if (splits > 1) cluster.sync();
-  else __syncthreads();
   bf16* out = static_cast<bf16*>(a.out) + (int64_t(t) * a.Hq + int64_t(kvh) * G) * kD;
-  for (int e = split * kT + tid; e < G * kD; e += splits * kT) {
-    const int r = e / kD, d = e % kD;
-    float mb[kMaxSplits], lb[kMaxSplits], ob[kMaxSplits];
-#pragma unroll
-    for (int b = 0; b < kMaxSplits; ++b) {
-      if (b < splits) {
-        const Smem2* ps = splits > 1 ? cluster.map_shared_rank(&S, b) : &S;
-        mb[b] = ps->pmlb[r][0], lb[b] = ps->pmlb[r][1], ob[b] = ps->pb[r][d];
-      } else {
-        mb[b] = -INFINITY, lb[b] = 0.f, ob[b] = 0.f;
-      }
+  if constexpr (PUSH) {
+    // ---- every block's share of this block's slice has arrived: merge it locally ----
+    if (splits > 1) {
+      cluster_arrive();
+      cluster_wait();
+    } else {
+      __syncthreads();
     }
-    float M = -INFINITY;
+    for (int i = tid; i < slice; i += kT) {
+      const int e = split * slice + i;
+      if (e >= total) break;
+      const int r = e / kD;
+      float M = -INFINITY;
 #pragma unroll
-    for (int b = 0; b < kMaxSplits; ++b) M = fmaxf(M, mb[b]);
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY) {
+      for (int b = 0; b < kMaxSplits; ++b)
+        if (b < splits) M = fmaxf(M, S.recv_ml[b][r][0]);
+      float L = 0.f, O = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int b = 0; b < kMaxSplits; ++b) {
+          if (b >= splits) continue;
+          const float mb = S.recv_ml[b][r][0];
+          const float sc = mb == -INFINITY ? 0.f : exp2f(mb - M);
+          L = fmaf(S.recv_ml[b][r][1], sc, L);
+          O = fmaf(S.recv_o[b * slice + i], sc, O);
+        }
+      }
+      out[e] = f2bf(L > 0.f ? O / L : 0.f);
+    }
+  } else {
+    // ---- pull: block `split` merges outputs split * kT + tid, + splits * kT, ... ----
+    if (splits > 1) cluster.sync();
+    else __syncthreads();
+    for (int e = split * kT + tid; e < total; e += splits * kT) {
+      const int r = e / kD, d = e % kD;
+      float mb[kMaxSplits], lb[kMaxSplits], ob[kMaxSplits];
 #pragma unroll
       for (int b = 0; b < kMaxSplits; ++b) {
-        const float sc = mb[b] == -INFINITY ? 0.f : exp2f(mb[b] - M);
-        L = fmaf(lb[b], sc, L);
-        O = fmaf(ob[b], sc, O);
+        if (b < splits) {
+          const Smem2* ps = splits > 1 ? cluster.map_shared_rank(&S, b) : &S;
+          mb[b] = ps->pmlb[r][0], lb[b] = ps->pmlb[r][1], ob[b] = ps->pb[r][d];
+        } else {
+          mb[b] = -INFINITY, lb[b] = 0.f, ob[b] = 0.f;
+        }
       }
+      float M = -INFINITY;
+#pragma unroll
+      for (int b = 0; b < kMaxSplits; ++b) M = fmaxf(M, mb[b]);
+      float L = 0.f, O = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int b = 0; b < kMaxSplits; ++b) {
+          const float sc = mb[b] == -INFINITY ? 0.f : exp2f(mb[b] - M);
+          L = fmaf(lb[b], sc, L);
+          O = fmaf(ob[b], sc, O);
+        }
+      }
+      out[e] = f2bf(L > 0.f ? O / L : 0.f);
     }
-    out[e] = f2bf(L > 0.f ? O / L : 0.f);
+    if (splits > 1) cluster.sync();  // no block leaves while a peer still reads its partial
   }
-  if (splits > 1) cluster.sync();  // no block leaves while a peer still reads its partial
 #endif
 }
 
@@ -415,8 +478,10 @@ void ensure_attrs() {
   CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (g_attr_set.load() & bit) return;
-  CUDA_CHECK(cudaFuncSetAttribute(attn_decode2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2))));
-  CUDA_CHECK(cudaFuncSetAttribute(attn_decode2_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  for (auto* k : {attn_decode2_kernel<true>, attn_decode2_kernel<false>}) {
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2))));
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
   g_attr_set.fetch_or(bit);
 }
 }  // namespace
@@ -438,7 +503,7 @@ int attn_decode2_max_cluster(int want) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel<true>, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();
     clusters = 0;
   }
@@ -446,7 +511,7 @@ int attn_decode2_max_cluster(int want) {
   return clusters;  // the caller compares it with the clusters it needs
 }
 
-void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, cudaStream_t s) {
+void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, bool push, cudaStream_t s) {
   CU_REQUIRE(splits >= 1 && splits <= kMaxSplits, "attn_decode2: splits " + std::to_string(splits));
   if (a.T == 0) return;
   ensure_attrs();
@@ -467,7 +532,10 @@ void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int spl
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode2_kernel, a, n));
+  if (push)
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode2_kernel<true>, a, n));
+  else
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode2_kernel<false>, a, n));
 }
 
 }  // namespace moeserve::cuda
