@@ -13,12 +13,16 @@ B1="./moeserve bench-model --synthetic minimax-m2.5 --layers 10 --batch-sizes 1 
 for step in ${STEPS:-tests b:v1 b:v2 ncu:1:1024 ncu:2:1024 ncu:1:8192 ncu:2:8192 b:v2s16 b:v2pull b:skip}; do
   case $step in
   tests)
-    timeout ${TEST_T:-45} ./test_cuda_ops --gtest_filter="${TEST_FILTER:-CudaQkNormRope*:*QkNormRopeAttention*}" > "$OUT/tests.log" 2>&1
+    timeout ${TEST_T:-45} ./test_cuda_ops --gtest_filter="${TEST_FILTER:-*CudaQkNormRope*}" > "$OUT/tests.log" 2>&1
     echo "tests rc=$?"; grep -E "FAILED|Failure|rel_err|Expected|Which is|variant|version" "$OUT/tests.log" | head -40
     tail -3 "$OUT/tests.log";;
-  b:*)
-    v=${step#b:}; BB=$B
-    case $v in
+  timing)  # version 2's phase timer and back-to-back call times (diagnostic test)
+    MOESERVE_ATTN_TIMING=1 timeout 30 ./test_cuda_ops --gtest_filter='CudaAttnDecodeTiming.*' > "$OUT/timing.log" 2>&1
+    echo "timing rc=$?"; grep -E "^ctx|^  " "$OUT/timing.log";;
+  b:*|b64:*)
+    v=${step#*:}; BB=$B
+    [ "${step%%:*}" = b64 ] && BB="./moeserve bench-model --synthetic minimax-m2.5 --layers 10 --batch-sizes 64 --contexts 1024 --prefill-tokens 0 --iters 20" && v=${v}_b64
+    case ${v%_b64} in
       v1) E="MOESERVE_ATTN_DECODE_V=1";;
       v2) E="MOESERVE_ATTN_DECODE_V=2";;
       v2pull) E="MOESERVE_ATTN_DECODE_V=2 MOESERVE_ATTN_DECODE_MERGE=pull";;

@@ -9,11 +9,19 @@
 // (k_attn_decode2.cu, <= 8 and <= 16 splits), version 1 (k_attn_decode.cu) and the unfused
 // CUDA path (attn_decode_max_tokens = 0); version 2 is also compared with version 1.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
 #include "test_util.h"
+
+namespace moeserve::cuda {  // k_attn_decode2.cu diagnostics (not in kernels.h)
+void attn_decode2_timing(bool on);
+std::vector<unsigned long long> attn_decode2_read_timer();
+}  // namespace moeserve::cuda
 
 namespace moeserve::test {
 namespace {
@@ -169,6 +177,79 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaQkNormRopeAttention,
                                            DecCase{16, 2, 128, {500}},             // G = 8, full rotary
                                            DecCase{24, 4, 64, {1000, 3, 300}, 2},  // TP = 2: given sums
                                            DecCase{4, 4, 32, {200, 70}}));         // G = 1
+
+
+// Diagnostics, not a check (runs only with MOESERVE_ATTN_TIMING=1): M2.5 shapes, batch 1,
+// contexts 1024 and 8192; wall time per call of 200 back-to-back fused calls for both
+// versions, and version 2's phase timer (us from block entry, mean / max over blocks; entry
+// skew = globaltimer spread of the blocks' starts).
+TEST(CudaAttnDecodeTiming, Phases) {
+  SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOESERVE_ATTN_TIMING")) GTEST_SKIP() << "set MOESERVE_ATTN_TIMING=1";
+  const int D = 128, bs = 16, Hq = 48, Hkv = 8, QW = Hq * D, KW = Hkv * D;
+  int clock_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  for (int C : {1024, 8192}) {
+    std::mt19937 rng(C);
+    const int nb = (C + bs - 1) / bs;
+    std::vector<int32_t> table(nb), qstart{0, 1}, ctx{C}, pos{C - 1}, slots(1);
+    std::iota(table.begin(), table.end(), 0);
+    slots[0] = (C - 1);
+    Tensor tq = to_device(randn(QW, rng), DType::BF16, {1, QW}), tk = to_device(randn(KW, rng), DType::BF16, {1, KW});
+    Tensor tv = to_device(randn(KW, rng), DType::BF16, {1, KW});
+    Tensor tqn = to_device(randn(QW, rng, 0.5f), DType::BF16, {QW}), tkn = to_device(randn(KW, rng, 0.5f), DType::BF16, {KW});
+    Tensor tpos = ints_to_device(pos, {1});
+    KVCacheLayer kv{to_device(randn(size_t(nb) * bs * KW, rng), DType::BF16, {nb, bs, Hkv, D}),
+                    to_device(randn(size_t(nb) * bs * KW, rng), DType::BF16, {nb, bs, Hkv, D})};
+    AttentionMeta m;
+    m.num_seqs = 1, m.num_tokens = 1, m.block_size = bs, m.max_blocks_per_seq = nb;
+    m.max_query_len = 1, m.max_context_len = C;
+    m.query_start = ints_to_device(qstart, {2});
+    m.context_lens = ints_to_device(ctx, {1});
+    m.block_tables = ints_to_device(table, {1, nb});
+    m.slot_mapping = ints_to_device(slots, {1});
+    m.positions = tpos;
+    Tensor out = to_device(std::vector<float>(QW, 0.f), DType::BF16, {1, QW});
+    QkNormRopeArgs qa;
+    qa.q = &tq, qa.k = &tk, qa.q_norm_weight = &tqn, qa.k_norm_weight = &tkn, qa.positions = &tpos;
+    qa.rope = {D, 64, 5e6f};
+    AttentionArgs aa{&tq, &kv, &m, Hq, Hkv, D, 1.f / std::sqrt(float(D)), &out};
+    for (int ver : {1, 2}) {
+      gpu().attn_decode_version = ver;
+      for (int i = 0; i < 20; ++i) gpu().qk_norm_rope_attention(qa, tv, kv, m, aa);
+      gpu().synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      const int N = 200;
+      for (int i = 0; i < N; ++i) gpu().qk_norm_rope_attention(qa, tv, kv, m, aa);
+      gpu().synchronize();
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / N;
+      std::printf("ctx %d version %d: %.2f us per call (back to back)\n", C, ver, us);
+    }
+    cuda::attn_decode2_timing(true);
+    gpu().qk_norm_rope_attention(qa, tv, kv, m, aa);
+    gpu().synchronize();
+    cuda::attn_decode2_timing(false);
+    const auto t = cuda::attn_decode2_read_timer();
+    const int nblk = 8 * Hkv;  // splits are 8 at both contexts by default
+    unsigned long long g_min = ~0ull, g_max = 0, g_end = 0;
+    for (int b = 0; b < nblk; ++b) {
+      g_min = std::min(g_min, t[b * 10]), g_max = std::max(g_max, t[b * 10]);
+      g_end = std::max(g_end, t[b * 10 + 9]);
+    }
+    std::printf("ctx %d version 2 timer (%d blocks): entry skew %.2f us, first entry to last exit %.2f us\n", C, nblk,
+                (g_max - g_min) / 1e3, (g_end - g_min) / 1e3);
+    const char* names[] = {"", "pre-wait", "wait", "loads+sums", "normalise", "key loop (warp 0)", "partials", "block merge+push", "cluster barrier"};
+    for (int p = 1; p <= 8; ++p) {
+      double sum = 0, mx = 0;
+      for (int b = 0; b < nblk; ++b) {
+        const double us = double(t[b * 10 + p]) / (clock_khz * 1e-3);
+        sum += us, mx = std::max(mx, us);
+      }
+      std::printf("  %-20s mean %7.2f us  max %7.2f us\n", names[p], sum / nblk, mx);
+    }
+  }
+  gpu().attn_decode_version = 2;
+}
 
 }  // namespace
 }  // namespace moeserve::test

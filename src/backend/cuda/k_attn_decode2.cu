@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -100,6 +101,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // Offset (in bf16) of element (row, col) of a swizzled [16][128] chunk tile.
 __device__ __forceinline__ int swz(int row, int col) { return row * kD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7); }
 
+// Phase timer (diagnostics; attn_decode2_timing): thread 0 of block b < kTimerBlocks stores
+// clock64() at the phase ends 1..8 and globaltimer at entry (slot 0) and exit (slot 9).
+constexpr int kTimerBlocks = 512, kTimerSlots = 10;
+__device__ unsigned long long g_timer[kTimerBlocks][kTimerSlots];
+__device__ int g_timing;
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long v;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(v));
+  return v;
+}
+
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 }
@@ -123,6 +135,12 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int G = a.Hq / a.Hkv, row_stride = a.Hkv * kD;
   if (PUSH && splits > 1) cluster_arrive_relaxed();  // "this block runs" (waited before the pushes)
+  const int tb = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const bool timing = g_timing && tid == 0 && tb < kTimerBlocks;
+  const unsigned long long c0 = clock64();
+  if (timing) g_timer[tb][0] = gtime();
+#define TSTAMP(i) \
+  if (timing) g_timer[tb][i] = clock64() - c0;
 
   // ---- graph inputs and constants (safe before the wait, see the header) ----
   const int t = a.query_start[seq];
@@ -187,13 +205,19 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   {
     const bf16* qw = static_cast<const bf16*>(n.q_w) + int64_t(kvh) * G * kD;
     const bf16* kw = static_cast<const bf16*>(n.k_w) + int64_t(kvh) * kD;
-    for (int i = tid; i < G * kD; i += kT) S.qw[i] = bf2f(qw[i]);
+    float wv[kRows * kD / kT];  // fixed trip count: every load issued before the first store
+#pragma unroll
+    for (int i = 0; i < kRows * kD / kT; ++i) wv[i] = tid + i * kT < G * kD ? bf2f(qw[tid + i * kT]) : 0.f;
+#pragma unroll
+    for (int i = 0; i < kRows * kD / kT; ++i) S.qw[tid + i * kT] = wv[i];
     if (tid < kD) S.kw[tid] = bf2f(kw[tid]);
     if (tid < n.rotary_dim / 2)
       S.inv_freq[tid] = float(1.0 / pow(double(n.theta), double(2 * tid) / double(n.rotary_dim)));
   }
 
+  TSTAMP(1);  // before the wait: copies issued, constants loaded
   pdl_enter();
+  TSTAMP(2);
 
   // ---- prologue: one round of loads (q row, k row chunk, this head's v, position) ----
   const bf16* qrow = static_cast<const bf16*>(n.q) + int64_t(t) * n.q_width;
@@ -211,6 +235,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   if (tid < nk16) kv4 = *reinterpret_cast<const uint4*>(krow + tid * 8);
   if (tid < kD / 8) vv4 = *reinterpret_cast<const uint4*>(vrow + kvh * kD + tid * 8);
   const float pos = float(n.positions[t]);
+  const int64_t slot = n.slots[t];
   const float qss_in = need_qss ? 0.f : n.q_sumsq[t], kss_in = need_kss ? 0.f : n.k_sumsq[t];
   float qss = 0.f, kss = 0.f;
   auto sumsq = [](const uint4& v) {
@@ -237,6 +262,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   qss = warp_sum(qss), kss = warp_sum(kss);
   if (lane == 0) S.red[0][warp] = qss, S.red[1][warp] = kss;
   __syncthreads();  // raw rows, sums, sin/cos, weights
+  TSTAMP(3);
   qss = qss_in, kss = kss_in;
   if (need_qss || need_kss) {
     float sq = 0.f, sk = 0.f;
@@ -264,13 +290,13 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   if (has_new && tid < kD) {
     const bf16 kn = normed(S.kraw, S.kw, rk, tid), vn = S.vraw[tid];
     S.knew[tid] = kn, S.vnew[tid] = vn;
-    const int64_t slot = n.slots[t];
     if (slot >= 0 && slot < n.num_slots) {
       static_cast<bf16*>(n.kc)[slot * n.k_width + kvh * kD + tid] = kn;
       static_cast<bf16*>(n.vc)[slot * n.k_width + kvh * kD + tid] = vn;
     }
   }
   __syncthreads();  // qb, knew
+  TSTAMP(4);
 
   // ---- key loop: the warp's chunks through its own 2-stage ring ----
   uint32_t qa[kD / 16][2];  // A fragments of q (rows g; rows g + 8 are zero)
@@ -345,6 +371,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   }
   cp_wait<0>();
   __syncwarp();
+  TSTAMP(5);  // warp 0's key loop done
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
 
@@ -357,6 +384,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   __syncthreads();
   cg::cluster_group cluster = cg::this_cluster();
   const int total = G * kD, slice = (total + splits - 1) / splits;
+  TSTAMP(6);  // all warps' partials written
   if (PUSH && splits > 1) cluster_wait();  // every peer has started: its shared memory may be written
   for (int e = tid; e < total; e += kT) {
     const int r = e / kD;
@@ -389,6 +417,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   }
 
   bf16* out = static_cast<bf16*>(a.out) + (int64_t(t) * a.Hq + int64_t(kvh) * G) * kD;
+  TSTAMP(7);  // block merge (and pushes) done
   if constexpr (PUSH) {
     // ---- every block's share of this block's slice has arrived: merge it locally ----
     if (splits > 1) {
@@ -397,6 +426,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
     } else {
       __syncthreads();
     }
+    TSTAMP(8);
     for (int i = tid; i < slice; i += kT) {
       const int e = split * slice + i;
       if (e >= total) break;
@@ -450,6 +480,8 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
     }
     if (splits > 1) cluster.sync();  // no block leaves while a peer still reads its partial
   }
+  if (timing) g_timer[tb][9] = gtime();
+#undef TSTAMP
 #endif
 }
 
@@ -509,6 +541,18 @@ int attn_decode2_max_cluster(int want) {
   }
   cached[dev & 63].store(clusters + 1);
   return clusters;  // the caller compares it with the clusters it needs
+}
+
+// Diagnostics (declared where used, not in kernels.h): turns the phase timer on or off and
+// reads it back ([kTimerBlocks][kTimerSlots]).
+void attn_decode2_timing(bool on) {
+  const int v = on ? 1 : 0;
+  CUDA_CHECK(cudaMemcpyToSymbol(g_timing, &v, sizeof(v)));
+}
+std::vector<unsigned long long> attn_decode2_read_timer() {
+  std::vector<unsigned long long> t(size_t(kTimerBlocks) * kTimerSlots);
+  CUDA_CHECK(cudaMemcpyFromSymbol(t.data(), g_timer, t.size() * sizeof(t[0])));
+  return t;
 }
 
 void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, bool push, cudaStream_t s) {
