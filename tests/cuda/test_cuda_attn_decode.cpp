@@ -225,28 +225,33 @@ TEST(CudaAttnDecodeTiming, Phases) {
       const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / N;
       std::printf("ctx %d version %d: %.2f us per call (back to back)\n", C, ver, us);
     }
-    cuda::attn_decode2_timing(true);
-    gpu().qk_norm_rope_attention(qa, tv, kv, m, aa);
-    gpu().synchronize();
-    cuda::attn_decode2_timing(false);
-    const auto t = cuda::attn_decode2_read_timer();
-    const int nblk = 8 * Hkv;  // splits are 8 at both contexts by default
-    unsigned long long g_min = ~0ull, g_max = 0, g_end = 0;
-    for (int b = 0; b < nblk; ++b) {
-      g_min = std::min(g_min, t[b * 10]), g_max = std::max(g_max, t[b * 10]);
-      g_end = std::max(g_end, t[b * 10 + 9]);
-    }
-    std::printf("ctx %d version 2 timer (%d blocks): entry skew %.2f us, first entry to last exit %.2f us\n", C, nblk,
-                (g_max - g_min) / 1e3, (g_end - g_min) / 1e3);
-    const char* names[] = {"", "pre-wait", "wait", "loads+sums", "normalise", "key loop (warp 0)", "partials", "block merge+push", "cluster barrier"};
-    for (int p = 1; p <= 8; ++p) {
-      double sum = 0, mx = 0;
+    for (bool push : {true, false}) {
+      gpu().attn_decode_push = push;
+      cuda::attn_decode2_timing(true);
+      gpu().qk_norm_rope_attention(qa, tv, kv, m, aa);
+      gpu().synchronize();
+      cuda::attn_decode2_timing(false);
+      const auto t = cuda::attn_decode2_read_timer();
+      const int nblk = 8 * Hkv;  // splits are 8 at both contexts by default
+      unsigned long long g_min = ~0ull, g_max = 0, g_end = 0;
       for (int b = 0; b < nblk; ++b) {
-        const double us = double(t[b * 10 + p]) / (clock_khz * 1e-3);
-        sum += us, mx = std::max(mx, us);
+        g_min = std::min(g_min, t[b * 10]), g_max = std::max(g_max, t[b * 10]);
+        g_end = std::max(g_end, t[b * 10 + 9]);
       }
-      std::printf("  %-20s mean %7.2f us  max %7.2f us\n", names[p], sum / nblk, mx);
+      std::printf("ctx %d version 2 (%s merge) timer (%d blocks): entry skew %.2f us, first entry to last exit %.2f us\n",
+                  C, push ? "push" : "pull", nblk, (g_max - g_min) / 1e3, (g_end - g_min) / 1e3);
+      const char* names[] = {"",         "pre-wait",          "wait",     "loads+sums",
+                             "normalise", "key loop (warp 0)", "partials", "block merge (+push)", "cluster barrier"};
+      for (int p = 1; p <= 8; ++p) {
+        double sum = 0, mx = 0;
+        for (int b = 0; b < nblk; ++b) {
+          const double us = double(t[b * 10 + p]) / (clock_khz * 1e-3);
+          sum += us, mx = std::max(mx, us);
+        }
+        std::printf("  %-20s mean %7.2f us  max %7.2f us\n", names[p], sum / nblk, mx);
+      }
     }
+    gpu().attn_decode_push = true;
   }
   gpu().attn_decode_version = 2;
 }

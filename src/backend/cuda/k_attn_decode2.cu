@@ -47,14 +47,14 @@ struct Smem2 {
   // After the key loop a warp's region holds its partial output [8][128] fp32 (4 KB of 16 KB).
   __align__(128) bf16 ring[kW][kStages][2][kChunk][kD];
   float pml[kW][kRows][2];  // per warp: (max, sum) per row, base 2
-  float pb[kRows][kD];      // block partial output (unnormalised), read by the cluster
+  __align__(16) float pb[kRows][kD];  // block partial output (unnormalised), read by the cluster
+  float fac[kRows][kW];     // per row and warp: 2^(m_warp - m_block)
   float pmlb[kRows][2];     // block partial (max, sum)
   // Push merge: block b's partial for this block's output slice lands at recv_o[b * slice + i]
   // and its (max, sum) per row at recv_ml[b] (written by the peers through DSMEM).
-  float recv_o[kRows * kD + kMaxSplits];
+  __align__(16) float recv_o[kRows * kD + kMaxSplits];
   float recv_ml[kMaxSplits][kRows][2];
   __align__(16) bf16 qb[kRows][kD + 8];  // normed, rotated, bf16 q rows (+8: conflict-free)
-  __align__(16) bf16 qraw[kRows * kD];   // this kv head's raw q rows
   __align__(16) bf16 kraw[kD], vraw[kD];
   __align__(16) bf16 knew[kD], vnew[kD];  // the newest key / value (normed, rotated) as cached
   float qw[kRows * kD], kw[kD];           // norm weights of this kv head's rows
@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   }
 
   TSTAMP(1);  // before the wait: copies issued, constants loaded
+  for (int i = tid; i < (kRows - G) * (kD + 8) / 2; i += kT) reinterpret_cast<uint32_t*>(&S.qb[G][0])[i] = 0u;
   pdl_enter();
   TSTAMP(2);
 
@@ -249,12 +250,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
     return s;
   };
 #pragma unroll
-  for (int i = 0; i < kMaxQ16; ++i) {
-    const int idx = tid + i * kT;
-    qss += sumsq(qv[i]);
-    const int rel = idx - kvh * G * (kD / 8);
-    if (rel >= 0 && rel < G * (kD / 8)) reinterpret_cast<uint4*>(S.qraw)[rel] = qv[i];
-  }
+  for (int i = 0; i < kMaxQ16; ++i) qss += sumsq(qv[i]);
   kss = sumsq(kv4);
   if (tid >= kvh * (kD / 8) && tid < (kvh + 1) * (kD / 8)) reinterpret_cast<uint4*>(S.kraw)[tid - kvh * (kD / 8)] = kv4;
   if (tid < kD / 8) reinterpret_cast<uint4*>(S.vraw)[tid] = vv4;
@@ -273,7 +269,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   }
   const float rq = rsqrtf(qss / float(n.q_full) + n.eps), rk = rsqrtf(kss / float(n.k_full) + n.eps);
   const int half = n.rotary_dim / 2;
-  // Element d of a head (raw row x, weights w, factor r) after norm + RoPE, as bf16.
+  // Element d of a head (raw row x, weights w, factor r) after norm + RoPE, as bf16 (the new k).
   auto normed = [&](const bf16* x, const float* w, float r, int d) {
     if (d >= n.rotary_dim) return f2bf(bf2f(x[d]) * r * w[d]);
     const int d0 = d < half ? d : d - half;
@@ -281,10 +277,45 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
     const float u = bf2f(x[d0]) * r * w[d0], v = bf2f(x[d0 + half]) * r * w[d0 + half];
     return f2bf(d < half ? u * cs - v * sn : v * cs + u * sn);
   };
+  // This kv head's q rows straight from the registers that loaded them: the thread holding
+  // 16-byte chunk c (dims 8c..8c+7) of a head row gets the RoPE partner chunk (c +- half / 8,
+  // in the same 16-lane group) by shuffle. Same arithmetic as `normed`.
+  {
+    const int pc = half / 8, c = lane & 15;  // rotary_dim % 16 == 0 (attn_decode2_supported)
+    const int src = c < pc ? lane + pc : (c < 2 * pc ? lane - pc : lane);
 #pragma unroll
-  for (int i = tid; i < kRows * kD; i += kT) {
-    const int r = i / kD, d = i % kD;
-    S.qb[r][d] = r < G ? normed(S.qraw + r * kD, S.qw + r * kD, rq, d) : f2bf(0.f);
+    for (int i = 0; i < kMaxQ16; ++i) {
+      const uint32_t xw[4] = {qv[i].x, qv[i].y, qv[i].z, qv[i].w};
+      uint32_t pw[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pw[e] = __shfl_sync(0xffffffffu, xw[e], src);
+      const int rel = tid + i * kT - kvh * G * (kD / 8);
+      if (rel < 0 || rel >= G * (kD / 8)) continue;
+      const int r = rel / (kD / 8);
+      const float* w = S.qw + r * kD;
+      uint32_t ow[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 xf = bf16x2_to_f2(xw[e]), pf = bf16x2_to_f2(pw[e]);
+        float res[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int d = 8 * c + 2 * e + h;
+          const float xv = h ? xf.y : xf.x, pv = h ? pf.y : pf.x;
+          if (d >= n.rotary_dim) {
+            res[h] = xv * rq * w[d];
+          } else if (d < half) {
+            const float u = xv * rq * w[d], v = pv * rq * w[d + half];
+            res[h] = u * S.cs[d] - v * S.sn[d];
+          } else {
+            const float u = pv * rq * w[d - half], v = xv * rq * w[d];
+            res[h] = v * S.cs[d - half] + u * S.sn[d - half];
+          }
+        }
+        ow[e] = pack_bf16(res[0], res[1]);
+      }
+      *reinterpret_cast<uint4*>(&S.qb[r][8 * c]) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+    }
   }
   const bool has_new = newest >= kbeg && newest < kend;  // this block owns the newest key
   if (has_new && tid < kD) {
@@ -385,34 +416,49 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
   cg::cluster_group cluster = cg::this_cluster();
   const int total = G * kD, slice = (total + splits - 1) / splits;
   TSTAMP(6);  // all warps' partials written
-  if (PUSH && splits > 1) cluster_wait();  // every peer has started: its shared memory may be written
-  for (int e = tid; e < total; e += kT) {
-    const int r = e / kD;
-    float M = -INFINITY;
+  // Per (row, warp) rescale factors and the block's (max, sum) per row: threads 0..63, one
+  // 8-lane group per row.
+  float rowM = -INFINITY, rowL = 0.f;
+  if (tid < kRows * kW) {
+    const int r = tid / kW, w = tid % kW;
+    const float mw = S.pml[w][r][0];
+    rowM = mw;
 #pragma unroll
-    for (int w = 0; w < kW; ++w) M = fmaxf(M, S.pml[w][r][0]);
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY) {
+    for (int o = 1; o < kW; o <<= 1) rowM = fmaxf(rowM, __shfl_xor_sync(0xffffffffu, rowM, o));
+    const float sc = mw == -INFINITY ? 0.f : exp2f(mw - rowM);
+    rowL = S.pml[w][r][1] * sc;
 #pragma unroll
-      for (int w = 0; w < kW; ++w) {
-        const float mw = S.pml[w][r][0];
-        const float sc = mw == -INFINITY ? 0.f : exp2f(mw - M);
-        L = fmaf(S.pml[w][r][1], sc, L);
-        O = fmaf(reinterpret_cast<const float*>(&S.ring[w][0][0][0][0])[e], sc, O);
+    for (int o = 1; o < kW; o <<= 1) rowL += __shfl_xor_sync(0xffffffffu, rowL, o);
+    S.fac[r][w] = sc;
+    if (!PUSH && w == 0) S.pmlb[r][0] = rowM, S.pmlb[r][1] = rowL;
+  }
+  if constexpr (PUSH) {
+    if (splits > 1) cluster_wait();  // every peer has started (the entry arrive): DSMEM writable
+    if (tid < kRows * kW && tid % kW == 0) {
+      // Row r's (max, sum) to every block whose slice holds part of row r.
+      const int r = tid / kW;
+      for (int b = r * kD / slice; b <= min(splits - 1, (r * kD + kD - 1) / slice); ++b) {
+        float* rml = splits > 1 ? cluster.map_shared_rank(&S.recv_ml[0][0][0], b) : &S.recv_ml[0][0][0];
+        rml[(split * kRows + r) * 2] = rowM, rml[(split * kRows + r) * 2 + 1] = rowL;
       }
     }
+  }
+  __syncthreads();  // fac
+  for (int e = 4 * tid; e < total; e += 4 * kT) {  // 4 consecutive outputs of one row
+    const int r = e / kD;
+    float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+      const float sc = S.fac[r][w];
+      const float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(&S.ring[w][0][0][0][0]) + e);
+      O.x = fmaf(v.x, sc, O.x), O.y = fmaf(v.y, sc, O.y), O.z = fmaf(v.z, sc, O.z), O.w = fmaf(v.w, sc, O.w);
+    }
     if constexpr (PUSH) {
-      const int dst = e / slice;
+      const int dst = e / slice;  // slice % 4 == 0: the 4 outputs go to one block
       float* ro = splits > 1 ? cluster.map_shared_rank(S.recv_o, dst) : S.recv_o;
-      ro[split * slice + (e - dst * slice)] = O;
-      if (e % kD == 0)  // row r's (max, sum) to every block whose slice holds part of row r
-        for (int b = r * kD / slice; b <= min(splits - 1, (r * kD + kD - 1) / slice); ++b) {
-          float* rml = splits > 1 ? cluster.map_shared_rank(&S.recv_ml[0][0][0], b) : &S.recv_ml[0][0][0];
-          rml[(split * kRows + r) * 2] = M, rml[(split * kRows + r) * 2 + 1] = L;
-        }
+      *reinterpret_cast<float4*>(ro + split * slice + (e - dst * slice)) = O;
     } else {
-      S.pb[r][e % kD] = O;
-      if (e % kD == 0) S.pmlb[r][0] = M, S.pmlb[r][1] = L;
+      *reinterpret_cast<float4*>(&S.pb[r][e % kD]) = O;
     }
   }
 
@@ -452,6 +498,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
     // ---- pull: block `split` merges outputs split * kT + tid, + splits * kT, ... ----
     if (splits > 1) cluster.sync();
     else __syncthreads();
+    TSTAMP(8);
     for (int e = split * kT + tid; e < total; e += splits * kT) {
       const int r = e / kD, d = e % kD;
       float mb[kMaxSplits], lb[kMaxSplits], ob[kMaxSplits];
@@ -488,7 +535,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
 }  // namespace
 
 bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n) {
-  return attn_decode_supported(a, n) && n.q_width <= kMaxQ16 * 8 * kT && n.k_width <= 8 * kT && a.Hkv <= 64;
+  return attn_decode_supported(a, n) && n.rotary_dim % 16 == 0 && n.q_width <= kMaxQ16 * 8 * kT && n.k_width <= 8 * kT && a.Hkv <= 64;
 }
 
 int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits) {
