@@ -199,6 +199,9 @@ class CudaBackend final : public Backend {
   // Version 2's split merge: true = pushed through remote stores (one cluster barrier),
   // false = pulled by remote loads (two). MOESERVE_ATTN_DECODE_MERGE=pull|push.
   bool attn_decode_push = true;
+  // Version 2's warps per block: 8, or 4 (~84 KB, 128 threads: fits next to the q/k/v GEMV's
+  // blocks, so its pre-wait part can overlap that kernel). MOESERVE_ATTN_DECODE_WARPS.
+  int attn_decode_warps = 8;
   // The fused decode attention kernel prefetches the first this many AttentionArgs::prefetch
   // tensors (o_proj weights, router gate, next layer's q/k/v) into L2 while it runs (HBM is
   // otherwise idle during decode attention); 0: off. Off by default: o_proj + gate measured

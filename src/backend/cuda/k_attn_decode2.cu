@@ -39,10 +39,14 @@
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kW = 8, kT = kW * 32, kD = 128, kRows = 8, kChunk = 16, kStages = 2, kMaxSplits = 16;
-constexpr int kMaxQ16 = 4;  // 16-byte q chunks per thread: q_width <= 4 * 8 * 256 (Hq <= 64)
+constexpr int kD = 128, kRows = 8, kChunk = 16, kStages = 2, kMaxSplits = 16;
+constexpr int kMaxQWidth = 64 * kD;  // Hq <= 64: the q row in fixed-trip 16-byte loads
 
+// W warps per block (8, or 4: ~84 KB and 128 threads, small enough to become resident next
+// to the q/k/v GEMV's blocks, so the pre-wait part overlaps it).
+template <int W>
 struct Smem2 {
+  static constexpr int kW = W;
   // Per warp and stage: K rows [16][128] then V rows [16][128] (bf16, swizzled 16-byte chunks).
   // After the key loop a warp's region holds its partial output [8][128] fp32 (4 KB of 16 KB).
   __align__(128) bf16 ring[kW][kStages][2][kChunk][kD];
@@ -125,12 +129,13 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // wait comes before the first remote store. !PUSH: block partials stay local, cluster.sync,
 // every block loads its slice's partials from all peers (all loads issued at once), and a
 // second cluster.sync keeps each block alive while peers read it.
-template <bool PUSH>
-__global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNormRopeParams n) {
+template <bool PUSH, int W>
+__global__ void __launch_bounds__(W * 32, 1) attn_decode2_kernel(AttnParams a, QkNormRopeParams n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
+  constexpr int kW = W, kT = W * 32, kMaxQ16 = kMaxQWidth / 8 / kT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem2& S = *reinterpret_cast<Smem2*>(smem_raw);
+  Smem2<W>& S = *reinterpret_cast<Smem2<W>*>(smem_raw);
   const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int G = a.Hq / a.Hkv, row_stride = a.Hkv * kD;
@@ -198,9 +203,8 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) issue(i);
-  // Norm weights of this kv head's q rows / k row, and the RoPE frequencies (fp32 like the
+  // Norm weights of this kv head's q rows / k row (loads issued ahead of the K/V copies,
+  // whose addresses wait for the block table), then the RoPE frequencies (fp32 like the
   // reference implementations; double pow here, before the wait).
   {
     const bf16* qw = static_cast<const bf16*>(n.q_w) + int64_t(kvh) * G * kD;
@@ -211,10 +215,11 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
 #pragma unroll
     for (int i = 0; i < kRows * kD / kT; ++i) S.qw[tid + i * kT] = wv[i];
     if (tid < kD) S.kw[tid] = bf2f(kw[tid]);
-    if (tid < n.rotary_dim / 2)
-      S.inv_freq[tid] = float(1.0 / pow(double(n.theta), double(2 * tid) / double(n.rotary_dim)));
   }
-
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) issue(i);
+  if (tid < n.rotary_dim / 2)
+    S.inv_freq[tid] = float(1.0 / pow(double(n.theta), double(2 * tid) / double(n.rotary_dim)));
   TSTAMP(1);  // before the wait: copies issued, constants loaded
   for (int i = tid; i < (kRows - G) * (kD + 8) / 2; i += kT) reinterpret_cast<uint32_t*>(&S.qb[G][0])[i] = 0u;
   pdl_enter();
@@ -505,7 +510,7 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
 #pragma unroll
       for (int b = 0; b < kMaxSplits; ++b) {
         if (b < splits) {
-          const Smem2* ps = splits > 1 ? cluster.map_shared_rank(&S, b) : &S;
+          const Smem2<W>* ps = splits > 1 ? cluster.map_shared_rank(&S, b) : &S;
           mb[b] = ps->pmlb[r][0], lb[b] = ps->pmlb[r][1], ob[b] = ps->pb[r][d];
         } else {
           mb[b] = -INFINITY, lb[b] = 0.f, ob[b] = 0.f;
@@ -534,17 +539,18 @@ __global__ void __launch_bounds__(kT, 1) attn_decode2_kernel(AttnParams a, QkNor
 
 }  // namespace
 
-bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n) {
-  return attn_decode_supported(a, n) && n.rotary_dim % 16 == 0 && n.q_width <= kMaxQ16 * 8 * kT && n.k_width <= 8 * kT && a.Hkv <= 64;
+bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n, int warps) {
+  return (warps == 4 || warps == 8) && attn_decode_supported(a, n) && n.rotary_dim % 16 == 0 &&
+         n.q_width <= kMaxQWidth && n.k_width <= 8 * 32 * warps;
 }
 
-int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits) {
-  // About one block per SM (this kernel's ~145 KB of shared memory), a power of two
-  // <= max_splits, and >= 128 keys (one chunk per warp) per block.
+int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits, int warps) {
+  // About one block per SM (~146 KB of shared memory at 8 warps), a power of two
+  // <= max_splits, and >= 16 keys per warp (one chunk each) per block.
   const int want = std::max(1, num_sms / std::max(1, kv_groups));
   const int cap = std::min({want, max_splits, kMaxSplits});
   int s = 1;
-  while (s * 2 <= cap && s * 2 * kChunk * kW <= max_context) s *= 2;
+  while (s * 2 <= cap && s * 2 * kChunk * warps <= max_context) s *= 2;
   return s;
 }
 
@@ -557,36 +563,42 @@ void ensure_attrs() {
   CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (g_attr_set.load() & bit) return;
-  for (auto* k : {attn_decode2_kernel<true>, attn_decode2_kernel<false>}) {
-    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2))));
+  for (auto* k : {attn_decode2_kernel<true, 8>, attn_decode2_kernel<false, 8>}) {
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2<8>))));
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  for (auto* k : {attn_decode2_kernel<true, 4>, attn_decode2_kernel<false, 4>}) {
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2<4>))));
     CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
   g_attr_set.fetch_or(bit);
 }
 }  // namespace
 
-int attn_decode2_max_cluster(int want) {
+int attn_decode2_max_cluster(int want, int warps) {
   ensure_attrs();
   if (want <= 8) return want;
-  static std::atomic<int> cached[64] = {};  // per device: clusters + 1 (0: not asked yet)
+  static std::atomic<int> cached[64][2] = {};  // per device and width: clusters + 1 (0: not asked yet)
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  if (const int c = cached[dev & 63].load()) return c - 1;
+  if (const int c = cached[dev & 63][warps == 4].load()) return c - 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(16, 1, 1);
-  cfg.blockDim = dim3(kT);
-  cfg.dynamicSmemBytes = sizeof(Smem2);
+  cfg.blockDim = dim3(32 * warps);
+  cfg.dynamicSmemBytes = warps == 4 ? sizeof(Smem2<4>) : sizeof(Smem2<8>);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 16, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel<true>, &cfg) != cudaSuccess) {
+  const cudaError_t err = warps == 4 ? cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel<true, 4>, &cfg)
+                                     : cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel<true, 8>, &cfg);
+  if (err != cudaSuccess) {
     (void)cudaGetLastError();
     clusters = 0;
   }
-  cached[dev & 63].store(clusters + 1);
+  cached[dev & 63][warps == 4].store(clusters + 1);
   return clusters;  // the caller compares it with the clusters it needs
 }
 
@@ -602,14 +614,16 @@ std::vector<unsigned long long> attn_decode2_read_timer() {
   return t;
 }
 
-void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, bool push, cudaStream_t s) {
+void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, bool push, int warps,
+                         cudaStream_t s) {
   CU_REQUIRE(splits >= 1 && splits <= kMaxSplits, "attn_decode2: splits " + std::to_string(splits));
+  CU_REQUIRE(warps == 4 || warps == 8, "attn_decode2: warps " + std::to_string(warps));
   if (a.T == 0) return;
   ensure_attrs();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(splits, a.Hkv, a.num_seqs);
-  cfg.blockDim = dim3(kT);
-  cfg.dynamicSmemBytes = sizeof(Smem2);
+  cfg.blockDim = dim3(32 * warps);
+  cfg.dynamicSmemBytes = warps == 4 ? sizeof(Smem2<4>) : sizeof(Smem2<8>);
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   int na = 0;
@@ -623,10 +637,10 @@ void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int spl
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  if (push)
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode2_kernel<true>, a, n));
+  if (warps == 4)
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, push ? attn_decode2_kernel<true, 4> : attn_decode2_kernel<false, 4>, a, n));
   else
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode2_kernel<false>, a, n));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, push ? attn_decode2_kernel<true, 8> : attn_decode2_kernel<false, 8>, a, n));
 }
 
 }  // namespace moeserve::cuda
