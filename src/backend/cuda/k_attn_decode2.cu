@@ -4,8 +4,8 @@
 //
 // * Grid (splits, kv heads, sequences); the `splits` (1..16) blocks of a (sequence, kv head)
 //   form a cluster (16: non-portable size, used only when the device can co-schedule the
-//   clusters). Block: 8 warps. The block's key range is cut into 16-key chunks; warp w owns
-//   chunks w, w + 8, ... and streams them through its OWN 2-stage cp.async ring (8 KB per
+//   clusters). Block: W = 8 warps (or 4, see Smem2). The block's key range is cut into 16-key
+//   chunks; warp w owns chunks w, w + W, ... and streams them through its OWN 2-stage cp.async ring (8 KB per
 //   stage: 16 K rows + 16 V rows of 128 bf16, 16-byte chunks XOR-swizzled by row), so the key
 //   loop has no block-wide barrier. Both stages are issued before griddepcontrol.wait (block
 //   tables and K/V of positions < ctx - 1 are not written by the step's earlier kernels, as in
@@ -13,8 +13,9 @@
 //   writes it into its staged chunk after the prologue.
 // * Prologue after the wait: ONE round of global loads per thread (the whole q row for the
 //   QK-norm sum of squares in fixed-trip 16-byte loads, one 16-byte chunk of the k row, this
-//   kv head's v, the position); this kv head's raw q/k/v go to shared memory, norm weights and
-//   RoPE frequencies were loaded before the wait.
+//   kv head's v, position and slot). One block reduction, then this kv head's q rows are
+//   normalised and rotated in the registers that loaded them (the RoPE partner chunk comes by
+//   shuffle) into a bf16 tile; norm weights and RoPE frequencies were loaded before the wait.
 // * QK and PV on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate): the G <= 8 q rows are
 //   the A operand's rows 0..7 (rows 8..15 are zero registers), K fragments come from ldmatrix,
 //   V fragments from ldmatrix.trans, P is reused from the S accumulators as bf16. Softmax in
@@ -22,9 +23,10 @@
 //   Numerics against version 1: q and k rounded to bf16 after norm + RoPE as before, the
 //   softmax scale applied to the fp32 scores; P rounded to bf16 for the PV product (version 1
 //   kept P in fp32).
-// * Merge: the 8 warps' partial (m, l, o) per row are merged in shared memory into one block
-//   partial, then each block of the cluster merges a slice of the G x 128 outputs from all
-//   blocks' partials, every remote (DSMEM) load issued at once (unrolled over 16 splits).
+// * Merge: the W warps' partial (m, l, o) per row are merged in shared memory into one block
+//   partial (per-row, per-warp factors), then each block of the cluster merges a slice of the
+//   G x 128 outputs from all blocks' partials: pushed into the slice owner's shared memory by
+//   remote stores (default), or pulled with every remote load issued at once (see the kernel).
 #include <cooperative_groups.h>
 
 #include <algorithm>
