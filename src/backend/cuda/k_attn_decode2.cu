@@ -5,9 +5,9 @@
 // * Grid (splits, kv heads, sequences); the `splits` (1..16) blocks of a (sequence, kv head)
 //   form a cluster (16: non-portable size, used only when the device can co-schedule the
 //   clusters). Block: W = 8 warps (or 4, see Smem2). The block's key range is cut into 16-key
-//   chunks; warp w owns chunks w, w + W, ... and streams them through its OWN 2-stage cp.async ring (8 KB per
-//   stage: 16 K rows + 16 V rows of 128 bf16, 16-byte chunks XOR-swizzled by row), so the key
-//   loop has no block-wide barrier. Both stages are issued before griddepcontrol.wait (block
+//   chunks; warp w owns chunks w, w + W, ... and streams them through its OWN 2-stage cp.async
+//   ring (8 KB per stage: 16 K rows + 16 V rows of 128 bf16, 16-byte chunks XOR-swizzled by
+//   row), so the key loop has no block-wide barrier. Both stages are issued before griddepcontrol.wait (block
 //   tables and K/V of positions < ctx - 1 are not written by the step's earlier kernels, as in
 //   k_attn_decode.cu); the newest key (ctx - 1, made here) is never copied: the owning warp
 //   writes it into its staged chunk after the prologue.
