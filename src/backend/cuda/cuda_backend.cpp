@@ -141,6 +141,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("ws_tma")) cuda::g_attn_ws_tma = true;
   }
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_V"); e && *e) attn_decode_version = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_SPLITS"); e && *e) attn_decode_max_splits = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MERGE"); e && *e) attn_decode_push = std::strcmp(e, "pull") != 0;
+  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_WARPS"); e && *e) attn_decode_warps = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_DECODE_MEGA")) decode_mega = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("MOESERVE_MEGA_MULTI")) decode_mega_multi = std::strcmp(e, "1") == 0;
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
@@ -537,6 +541,15 @@ void CudaBackend::qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor&
   if (meta.num_tokens > 0 && meta.num_tokens <= attn_decode_max_tokens && meta.max_query_len == 1) {
     const QkNormRopeParams n = qk_norm_rope_params(qk, &v, &kv, &meta);
     const AttnParams p = attention_params(attn);
+    const int warps = attn_decode_warps == 4 && attn_decode2_supported(p, n, 4) ? 4 : 8;
+    if (attn_decode_version == 2 && attn_decode2_supported(p, n, warps)) {
+      const int groups = p.num_seqs * p.Hkv;
+      int splits = attn_decode2_splits(num_sms_, groups, meta.max_context_len, attn_decode_max_splits, warps);
+      // 16-block clusters only when all of them fit on the device at once.
+      if (splits == 16 && attn_decode2_max_cluster(16, warps) < groups) splits = 8;
+      launch_attn_decode2(p, n, splits, attn_decode_push, warps, stream_);
+      return;
+    }
     if (attn_decode_supported(p, n)) {
       launch_attn_decode(p, n, attn_decode_splits(num_sms_, p.num_seqs * p.Hkv, meta.max_context_len), stream_);
       return;

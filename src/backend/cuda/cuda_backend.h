@@ -190,6 +190,18 @@ class CudaBackend final : public Backend {
   // qk_norm_rope_attention as one kernel (k_attn_decode.cu: norm + RoPE + KV write + split-KV
   // attention + in-cluster merge) for decode batches of up to this many sequences; 0: off.
   int attn_decode_max_tokens = 64;
+  // Which fused decode attention kernel: 2 = k_attn_decode2.cu (tensor-core key loop, per-warp
+  // cp.async rings, one-round prologue; default), 1 = k_attn_decode.cu (MOESERVE_ATTN_DECODE_V=1).
+  int attn_decode_version = 2;
+  // Largest split count of version 2 (a power of two <= 16; 16 = non-portable clusters, used
+  // only when the device can co-schedule them). MOESERVE_ATTN_DECODE_SPLITS.
+  int attn_decode_max_splits = 8;
+  // Version 2's split merge: true = pushed through remote stores (one cluster barrier),
+  // false = pulled by remote loads (two). MOESERVE_ATTN_DECODE_MERGE=pull|push.
+  bool attn_decode_push = true;
+  // Version 2's warps per block: 8, or 4 (~84 KB, 128 threads: fits next to the q/k/v GEMV's
+  // blocks, so its pre-wait part can overlap that kernel). MOESERVE_ATTN_DECODE_WARPS.
+  int attn_decode_warps = 8;
   // The fused decode attention kernel prefetches the first this many AttentionArgs::prefetch
   // tensors (o_proj weights, router gate, next layer's q/k/v) into L2 while it runs (HBM is
   // otherwise idle during decode attention); 0: off. Off by default: o_proj + gate measured

@@ -285,6 +285,15 @@ void launch_attention_tc(const AttnParams& p, cudaStream_t s);
 bool attn_decode_supported(const AttnParams& a, const QkNormRopeParams& n);
 int attn_decode_splits(int num_sms, int kv_groups, int max_context);
 void launch_attn_decode(const AttnParams& a, const QkNormRopeParams& n, int splits, cudaStream_t s);
+// Version 2 (k_attn_decode2.cu): same contract, tensor-core key loop; `splits` 1..16 (powers
+// of two), `warps` 4 or 8 per block; `push`: split merge by remote stores + one cluster
+// barrier (else remote loads + two). attn_decode2_max_cluster(16, warps): how many 16-block
+// clusters the device co-schedules.
+bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n, int warps);
+int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits, int warps);
+int attn_decode2_max_cluster(int want, int warps);
+void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, bool push, int warps,
+                         cudaStream_t s);
 
 // ---- random fill (k_fill.cu): kind 0 f32, 1 bf16, 2 fp8 e4m3; uniform in [-scale, scale] ----
 void launch_fill_random(void* p, int kind, int64_t n, uint64_t seed, float scale, cudaStream_t s);
