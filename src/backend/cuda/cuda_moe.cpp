@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/k_moe_gemv.h"
 #include "core/error.h"
 
 
@@ -288,6 +289,13 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   down.combine_out = out.data, down.combine_bf16 = out.dtype == DType::BF16;
   down.top_k = k, down.counters = counters_ + kMoeCounterBase;
   down.ids_ready = true;  // router -> up -> down: the ids are two launches back
+  // Streaming kernels (k_moe_gemv.cu) where they apply (both or neither), else k_gemv_tc.cu;
+  // MOESERVE_MOE_GEMV_V=1: always k_gemv_tc.cu (A/B).
+  if (g_moe_gemv_v >= 2 && moe_gemv_stream_supported(up) && moe_gemv_stream_supported(down)) {
+    launch_moe_gemv_stream(up, stream_);
+    launch_moe_gemv_stream(down, stream_);
+    return true;
+  }
   launch_gemv_tc(up, stream_);
   launch_gemv_tc(down, stream_);
   return true;
