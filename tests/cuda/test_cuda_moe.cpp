@@ -122,15 +122,17 @@ TEST_P(CudaMoeExperts, MatchesReference) {
   // streaming expert GEMVs (k_moe_gemv.cu) where they apply; mode 4: the same on the
   // k_gemv_tc.cu direct-pair kernels (cuda::g_moe_gemv_v = 1), and modes 3 and 4 must agree
   // to within bf16 output rounding (they differ only in f32 summation order).
+  // Mode 5: the default dispatch on the old kernels (g_moe_gemv_v = 1): at 2..8 tokens the
+  // align tile table runs on the streaming kernels in mode 0 and on launch_gemv in mode 5.
   const uint64_t launches0 = cuda::g_moe_gemv_stream_launches;
-  std::vector<float> direct_new;
-  for (int mode = 0; mode < 5; ++mode) {
+  std::vector<std::vector<float>> results(6);
+  for (int mode = 0; mode < 6; ++mode) {
     const int saved = gpu().moe_gemv_max_tokens, saved_direct = gpu().moe_direct_max_tokens;
     const int saved_v = cuda::g_moe_gemv_v;
     gpu().moe_gemv_max_tokens = mode == 2 ? 0 : saved;
-    gpu().moe_direct_max_tokens = mode >= 3 ? 1 << 20 : mode == 0 ? saved_direct : 0;
+    gpu().moe_direct_max_tokens = mode == 3 || mode == 4 ? 1 << 20 : mode == 0 || mode == 5 ? saved_direct : 0;
     gpu().use_gemv_tc = mode != 1;
-    cuda::g_moe_gemv_v = mode == 4 ? 1 : mode == 3 ? 2 : saved_v;
+    cuda::g_moe_gemv_v = mode >= 4 ? 1 : mode == 3 ? 2 : saved_v;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
     gpu().moe_gemv_max_tokens = saved;
@@ -138,9 +140,12 @@ TEST_P(CudaMoeExperts, MatchesReference) {
     gpu().use_gemv_tc = true;
     cuda::g_moe_gemv_v = saved_v;
     auto got = gpu().download_f32(out);
-    if (mode == 3) direct_new = got;
+    results[mode] = got;
     if (mode == 4) {
-      EXPECT_LT(rel_err(direct_new, got), 4e-3) << "streaming vs k_gemv_tc direct pairs";
+      EXPECT_LT(rel_err(results[3], got), 4e-3) << "streaming vs k_gemv_tc direct pairs";
+    }
+    if (mode == 5) {
+      EXPECT_LT(rel_err(results[0], got), 4e-3) << "default dispatch: streaming vs old kernels";
     }
     // The grouped GEMM from fp8_act_min_tokens rows quantises x and silu(g) * u to FP8 (each
     // within 2^-4 relative): the documented expert bound 2 x (2^-4 + 1e-2); measured 0.043 at
@@ -149,7 +154,7 @@ TEST_P(CudaMoeExperts, MatchesReference) {
                          (mode == 2 || c.T > gpu().moe_gemv_max_tokens);
     EXPECT_LT(rel_err(got, ref), fp8_act ? 2 * (0.0625 + 1e-2) : 2e-2) << "mode " << mode;
   }
-  // The streaming kernels ran (modes 0 at T == 1, and 3) wherever they claim the shapes.
+  // The streaming kernels ran (mode 3; mode 0 at T <= 8) wherever they claim the shapes.
   const bool stream_shapes = c.fp8 && c.H % 128 == 0 && c.I % 128 == 0 && c.H % 32 == 0 &&
                              cuda::code_arch() >= 900;
   if (stream_shapes) {

@@ -243,8 +243,17 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   const bool y_bf16 = !gemv && moe_ypair_bf16 && vec_ok;
   down.out = ypair, down.ldo = H, down.out_f32 = !y_bf16, down.row_scale = a.sorted_weight;
   if (gemv) {
-    launch_gemv(up, stream_);
-    launch_gemv(down, stream_);
+    // Up to kMoeStreamTileMaxTokens tokens the streaming kernels (k_moe_gemv.cu) where they
+    // apply (both or neither); MOESERVE_MOE_GEMV_V=1: always launch_gemv (A/B).
+    if (g_moe_gemv_v >= 2 && up.tc && T <= kMoeStreamTileMaxTokens && moe_gemv_stream_supported(up, T) &&
+        moe_gemv_stream_supported(down)) {
+      down.ids_ready = true;  // align -> up -> down: the tile table is two launches back
+      launch_moe_gemv_stream(up, stream_, T);
+      launch_moe_gemv_stream(down, stream_);
+    } else {
+      launch_gemv(up, stream_);
+      launch_gemv(down, stream_);
+    }
   } else if (fp8_pair) {
     MS_CHECK(moe_experts_fp8_act(up, down, T), "moe_experts: FP8 128-row-tile path refused its own shapes");
   } else if (!moe_experts_fp8_act(up, down, T)) {

@@ -124,6 +124,26 @@ __device__ __forceinline__ uint32_t bf2_h2(uint32_t w) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// Unit u of the work list: local expert (-1: not local, direct pairs only), first problem
+// row, rows (<= 8) and row group.
+struct Unit {
+  int e, begin, nrows, grp;
+};
+__device__ __forceinline__ Unit unit_at(const StreamArgs& a, int u) {
+  const LinParams& p = a.p;
+  const int t = u / a.G;
+  Unit r;
+  r.grp = u - t * a.G;
+  if (p.pair_ids) {
+    const int e = p.pair_ids[t] - p.first_local;
+    r.e = e >= 0 && e < p.num_local ? e : -1;
+    r.begin = t, r.nrows = 1;
+  } else {
+    r.e = p.tile_expert[t], r.begin = p.tile_begin[t], r.nrows = p.tile_end[t] - r.begin;
+  }
+  return r;
+}
+
 // Block: W consumer warps + 1 producer warp (the last). MODE: kSwiglu or kDown.
 template <int MODE, int W>
 __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const __grid_constant__ StreamArgs a) {
@@ -132,9 +152,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
   extern __shared__ __align__(128) uint8_t smem[];
   const LinParams& p = a.p;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int U = p.M * a.G;
-  const int u0 = int(int64_t(blockIdx.x) * U / gridDim.x), u1 = int(int64_t(blockIdx.x + 1) * U / gridDim.x);
-  const int nunits = u1 - u0, K = p.K, ks = a.ks, stage_bytes = kRows * a.rs;
+  const int K = p.K, ks = a.ks, stage_bytes = kRows * a.rs;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + a.bar_off);
   uint64_t* empty = full + a.ns;
   if (threadIdx.x == 0) {
@@ -145,9 +163,13 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  // Down with ids_ready: weights may stream before the dependency wait (see the file comment).
+  // Down with ids_ready: the ids / tile table are two launches back, so weights may stream
+  // before the dependency wait (see the file comment).
   const bool early = !kSw && p.ids_ready;
   if (!early) pdl_enter();
+  const int U = (p.pair_ids ? p.M : *p.num_tiles) * a.G;
+  const int u0 = int(int64_t(blockIdx.x) * U / gridDim.x), u1 = int(int64_t(blockIdx.x + 1) * U / gridDim.x);
+  const int nunits = u1 - u0;
 
   if (warp == W) {  // producer: stage i = (unit u0 + i / W, slice i % W) into slot i % ns
     const int nst = nunits * W;
@@ -155,21 +177,20 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
       const int slot = i % a.ns;
       if (i == a.ns && early) pdl_enter();
       if (i >= a.ns) mbar_wait(empty + slot, uint32_t((i / a.ns) - 1) & 1u);
-      const int u = u0 + i / W, sl = i % W, pair = u / a.G, grp = u % a.G;
-      const int e = p.pair_ids[pair] - p.first_local;
-      const bool local = e >= 0 && e < p.num_local;
+      const int sl = i % W;
+      const Unit un = unit_at(a, u0 + i / W);
       if (lane == 0) {
-        if (local)
+        if (un.e >= 0)
           mbar_arrive_tx(full + slot, uint32_t(kRows * ks));
         else
           mbar_arrive(full + slot);  // non-local expert: nothing to load
       }
       __syncwarp();
-      if (local) {
-        const ExpertPtrs& ep = p.experts[e];
+      if (un.e >= 0) {
+        const ExpertPtrs& ep = p.experts[un.e];
         const uint8_t* src =
-            kSw ? static_cast<const uint8_t*>(lane < 16 ? ep.w1 : ep.w3) + int64_t(grp * 16 + (lane & 15)) * K
-                : static_cast<const uint8_t*>(ep.w2) + int64_t(grp * 32 + lane) * K;
+            kSw ? static_cast<const uint8_t*>(lane < 16 ? ep.w1 : ep.w3) + int64_t(un.grp * 16 + (lane & 15)) * K
+                : static_cast<const uint8_t*>(ep.w2) + int64_t(un.grp * 32 + lane) * K;
         bulk_load(smem + slot * stage_bytes + lane * a.rs, src + sl * ks, uint32_t(ks), full + slot);
       }
     }
@@ -179,15 +200,22 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
 
   // Consumers (the early producer above waits on its own; x and the outputs need the wait).
   if (early) pdl_enter();
-  // x rows of this block's units -> f16 in shared memory.
+  // x rows -> f16 in shared memory: x row of problem row r is x_rows[r] (tile table: all
+  // a.xr token rows) or r / div (the rows this block's units cover).
   constexpr int kThreads = W * 32;
   const int div = kSw ? p.x_row_div : 1;
-  const int r0 = (u0 / a.G) / div;
-  const int nrows = nunits > 0 ? ((u1 - 1) / a.G) / div - r0 + 1 : 0;  // <= a.xr (host)
+  int r0 = 0, nx = 0;
+  if (p.x_rows) {
+    nx = a.xr;
+  } else if (nunits > 0) {
+    const Unit lo = unit_at(a, u0), hi = unit_at(a, u1 - 1);
+    r0 = lo.begin / div;
+    nx = (hi.begin + hi.nrows - 1) / div - r0 + 1;  // <= a.xr (host)
+  }
   __half* xs = reinterpret_cast<__half*>(smem + a.xs_off);
   {
     const int per_row = K / 8;
-    for (int t = threadIdx.x; t < nrows * per_row; t += kThreads) {
+    for (int t = threadIdx.x; t < nx * per_row; t += kThreads) {
       const int r = t / per_row, c8 = t % per_row;
       const uint4 v =
           __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.x) + int64_t(r0 + r) * p.ldx) + c8);
@@ -196,12 +224,11 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
     }
     consumers_sync(kThreads);
   }
-  float* red = reinterpret_cast<float*>(smem + a.red_off);  // [2][W][32]
+  float* red = reinterpret_cast<float*>(smem + a.red_off);  // [2][W][8][32]
   const int g = lane >> 2, q = lane & 3, nch = ks / 128;
   for (int ul = 0; ul < nunits; ++ul) {
-    const int u = u0 + ul, pair = u / a.G, grp = u % a.G;
-    const int e = p.pair_ids[pair] - p.first_local;
-    const bool local = e >= 0 && e < p.num_local;
+    const Unit un = unit_at(a, u0 + ul);
+    const int grp = un.grp;
     const int i = ul * W + warp, slot = i % a.ns;
     float acc[2][4];
 #pragma unroll
@@ -209,10 +236,12 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[m][j] = 0.f;
     mbar_wait(full + slot, uint32_t(i / a.ns) & 1u);
-    if (local) {
-      const ExpertPtrs& ep = p.experts[e];
+    if (un.e >= 0) {
+      const ExpertPtrs& ep = p.experts[un.e];
       const uint8_t* st = smem + slot * stage_bytes;
-      const __half* xr = xs + int64_t(pair / div - r0) * K + warp * ks;
+      // B column g = the unit's row min(g, nrows - 1).
+      const int rg = un.begin + min(g, un.nrows - 1);
+      const __half* xr = xs + int64_t((p.x_rows ? p.x_rows[rg] : rg / div) - r0) * K + warp * ks;
       const int srow = ((grp * (kSw ? 16 : 32)) / 128) * p.s_cols + warp * (ks / 128);
       const float* sc0 = (kSw ? ep.s1 : ep.s2) + srow;
       const float* sc1 = (kSw ? ep.s3 : ep.s2) + srow;
@@ -255,33 +284,70 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + slot);
-    // Column 0 (lanes q == 0): red[.][warp][g * 4 + j], j = 0 (m 0, row g), 1 (m 0, row g + 8),
-    // 2 (m 1, row g), 3 (m 1, row g + 8).
-    float* rb = red + ((ul & 1) * W) * 32;
-    if (q == 0) {
-      rb[warp * 32 + g * 4 + 0] = acc[0][0];
-      rb[warp * 32 + g * 4 + 1] = acc[0][2];
-      rb[warp * 32 + g * 4 + 2] = acc[1][0];
-      rb[warp * 32 + g * 4 + 3] = acc[1][2];
+    // The W slice partials of the unit. Tile table: red[ul & 1][warp][m * 4 + j][lane]. Direct
+    // pairs (one row: only column 0, lanes q == 0, acc[m][0] and acc[m][2]):
+    // red[ul & 1][warp][g * 4 + {m0 row g, m0 row g + 8, m1 row g, m1 row g + 8}].
+    const bool compact = p.pair_ids != nullptr;
+    float* rb = red + (ul & 1) * W * (compact ? 32 : 256);
+    if (compact) {
+      if (q == 0) {
+        rb[warp * 32 + g * 4 + 0] = acc[0][0];
+        rb[warp * 32 + g * 4 + 1] = acc[0][2];
+        rb[warp * 32 + g * 4 + 2] = acc[1][0];
+        rb[warp * 32 + g * 4 + 3] = acc[1][2];
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) rb[warp * 256 + (m * 4 + j) * 32 + lane] = acc[m][j];
     }
     consumers_sync(kThreads);
     if (warp != ul % W) continue;  // the unit's finishing warp rotates
-    float v = 0.f;
+    if (compact) {
+      if (q == 0) {
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int w = 0; w < W; ++w) v += rb[w * 32 + lane];
-    const int gg = lane >> 2, j = lane & 3;
-    if (kSw) {
-      const float up = __shfl_down_sync(0xffffffffu, v, 2);
-      if (j < 2 && local)
-        static_cast<bf16*>(p.out)[int64_t(pair) * p.ldo + grp * 16 + gg + 8 * j] = f2bf(silu(v) * up);
-      continue;
+        for (int w = 0; w < W; ++w)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) v[j] += rb[w * 32 + g * 4 + j];
+        acc[0][0] = v[0], acc[0][2] = v[1], acc[1][0] = v[2], acc[1][2] = v[3];
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float v = 0.f;
+#pragma unroll
+          for (int w = 0; w < W; ++w) v += rb[w * 256 + (m * 4 + j) * 32 + lane];
+          acc[m][j] = v;
+        }
     }
-    const int row = grp * 32 + 16 * (j >> 1) + gg + 8 * (j & 1);
-    static_cast<float*>(p.out)[int64_t(pair) * p.ldo + row] = v * p.row_scale[pair];
-    if (!p.combine_out) continue;
-    // Fused combine (threadfence-reduction pattern, as k_gemv_tc.cu): the token's last pair
-    // to finish this row group sums its top_k rows in k order.
-    const int token = pair / p.top_k;
+    // C fragment: acc[m][0..1] = row g, tokens (B columns) 2q, 2q + 1; acc[m][2..3] = row g + 8.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int tok = 2 * q + j;
+      if (tok >= un.nrows) continue;
+      const int r = un.begin + tok;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (kSw) {
+          if (un.e >= 0)
+            static_cast<bf16*>(p.out)[int64_t(r) * p.ldo + grp * 16 + g + 8 * h] =
+                f2bf(silu(acc[0][2 * h + j]) * acc[1][2 * h + j]);
+        } else {
+          const float sc = p.row_scale[r];
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+            static_cast<float*>(p.out)[int64_t(r) * p.ldo + grp * 32 + 16 * m + g + 8 * h] = acc[m][2 * h + j] * sc;
+        }
+      }
+    }
+    if (kSw || !p.combine_out || !p.pair_ids) continue;
+    // Direct pairs: fused combine (threadfence-reduction pattern, as k_gemv_tc.cu): the
+    // token's last pair to finish this row group sums its top_k rows in k order.
+    const int token = un.begin / p.top_k;
     int* ctr = p.counters + int64_t(token) * a.G + grp;
     __threadfence();
     __syncwarp();
@@ -330,8 +396,8 @@ constexpr size_t kMaxSmem = 227 * 1024;
 // slices of whole 128-column blocks. MOESERVE_MOE_GEMV_WARPS_UP / _DOWN override (A/B).
 // MOESERVE_MOE_GEMV_SMEM (KB, default 100): shared-memory budget per block, so a gate/up and a
 // down block fit on one SM together; MOESERVE_MOE_GEMV_BPS: blocks per SM (default 1).
-bool plan(const LinParams& p, Plan& pl) {
-  const bool sw = p.mode == LinMode::kSwiglu;
+bool plan(const LinParams& p, int x_rows_total, Plan& pl) {
+  const bool sw = p.mode == LinMode::kSwiglu, direct = p.pair_ids != nullptr;
   static const int env_w_up = env_int("MOESERVE_MOE_GEMV_WARPS_UP", 0);
   static const int env_w_dn = env_int("MOESERVE_MOE_GEMV_WARPS_DOWN", 0);
   static const int env_kb = env_int("MOESERVE_MOE_GEMV_SMEM", 100);
@@ -350,20 +416,29 @@ bool plan(const LinParams& p, Plan& pl) {
   a.G = p.N / (sw ? 16 : 32);
   a.ks = p.K / W;
   a.rs = a.ks + kPad;
-  const int64_t U = int64_t(p.M) * a.G;
+  // Units: direct pairs M * G; tile table at most max_tiles * G (the kernel reads *num_tiles).
+  const int64_t U = int64_t(direct ? p.M : p.max_tiles) * a.G;
   if (U <= 0 || U >= (int64_t(1) << 31) / 2) return false;
   pl.grid = int(std::min<int64_t>(U, int64_t(num_sms_cached()) * std::max(1, env_bps)));
   const int64_t upb = (U + pl.grid - 1) / pl.grid;
-  const int div = sw ? std::max(1, p.x_row_div) : 1;
-  const int64_t rows_total = (p.M + div - 1) / div;
-  a.xr = int(std::min<int64_t>(rows_total, (upb - 1) / a.G + 2));
-  const size_t stage = size_t(kRows) * a.rs, xs = size_t(a.xr) * p.K * 2, red = size_t(2) * W * 32 * 4;
+  const int64_t spanned = (upb - 1) / a.G + 2;  // most pairs / tiles one block's units touch
+  if (p.x_rows) {
+    a.xr = x_rows_total;  // every x row (tokens), indexed by x_rows
+  } else if (direct) {
+    const int div = sw ? std::max(1, p.x_row_div) : 1;
+    a.xr = int(std::min<int64_t>((p.M + div - 1) / div, spanned));
+  } else {
+    a.xr = int(std::min<int64_t>(p.M, spanned * p.tile_rows));
+  }
+  if (a.xr <= 0) return false;
+  const size_t stage = size_t(kRows) * a.rs, xs = size_t(a.xr) * p.K * 2;
+  const size_t red = size_t(2) * W * (direct ? 32 : 256) * 4;
   const size_t budget = size_t(std::max(16, env_kb)) * 1024;
   const size_t fixed = xs + red + 2 * 8 * 8;
   int ns = fixed < budget ? int((budget - fixed) / stage) : 0;
-  ns = std::min(8, std::max(2, ns));
-  const size_t total = ns * stage + fixed;
-  if (total > kMaxSmem) return false;
+  ns = std::min(8, std::max(4, ns));  // >= 4 stages even past the budget ...
+  while (ns > 2 && ns * stage + fixed > kMaxSmem) --ns;  // ... where they fit
+  if (ns * stage + fixed > kMaxSmem) return false;
   a.ns = ns;
   a.xs_off = int(ns * stage);
   a.red_off = int(a.xs_off + xs);
@@ -400,21 +475,30 @@ void launch_mode(const Plan& pl, cudaStream_t s) {
 
 }  // namespace
 
-bool moe_gemv_stream_supported(const LinParams& p) {
+bool moe_gemv_stream_supported(const LinParams& p, int x_rows_total) {
   if (p.mode != LinMode::kSwiglu && p.mode != LinMode::kDown) return false;
-  if (!p.pair_ids || !p.experts || !p.fp8 || p.bo != 128 || p.bi != 128 || p.K <= 0 || p.K % 128 != 0) return false;
+  if (!p.experts || !p.fp8 || p.bo != 128 || p.bi != 128 || p.K <= 0 || p.K % 128 != 0) return false;
   if (p.N % (p.mode == LinMode::kSwiglu ? 16 : 32) != 0 || p.ldx % 8 != 0 || p.M <= 0) return false;
-  if (p.mode == LinMode::kDown && (!p.out_f32 || !p.row_scale || (p.combine_out && (!p.counters || p.top_k <= 0))))
+  if (p.pair_ids) {
+    if (p.x_rows) return false;
+  } else {  // tile table of <= 8 rows per tile
+    if (!p.tile_expert || !p.tile_begin || !p.tile_end || !p.num_tiles || p.max_tiles <= 0 || p.tile_rows > 8 ||
+        p.tile_rows <= 0)
+      return false;
+    if (p.x_rows && x_rows_total <= 0) return false;
+  }
+  if (p.mode == LinMode::kDown &&
+      (p.x_rows || !p.out_f32 || !p.row_scale || (p.pair_ids && p.combine_out && (!p.counters || p.top_k <= 0))))
     return false;
   if (code_arch() < 900) return false;
   Plan pl;
-  return plan(p, pl);
+  return plan(p, x_rows_total, pl);
 }
 
-void launch_moe_gemv_stream(const LinParams& p, cudaStream_t s) {
+void launch_moe_gemv_stream(const LinParams& p, cudaStream_t s, int x_rows_total) {
   Plan pl;
   ++g_moe_gemv_stream_launches;
-  CU_REQUIRE(plan(p, pl), "moe_gemv_stream: unsupported shapes (check moe_gemv_stream_supported first)");
+  CU_REQUIRE(plan(p, x_rows_total, pl), "moe_gemv_stream: unsupported shapes (check moe_gemv_stream_supported first)");
   if (p.mode == LinMode::kSwiglu)
     launch_mode<int(LinMode::kSwiglu)>(pl, s);
   else

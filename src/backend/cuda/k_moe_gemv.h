@@ -1,8 +1,9 @@
-// Streaming expert GEMVs for MoE decode at very few tokens (k_moe_gemv.cu): the direct-pair
-// gate/up (kSwiglu) and down (kDown + fused combine) of run_moe_direct on a grid of one
-// block per SM that streams its share of the weights through a shared-memory ring
-// (cp.async.bulk + mbarriers). Same LinParams fields and results as launch_gemv_tc's direct
-// pair path (k_gemv_tc.cu), which stays the fallback.
+// Streaming expert GEMVs for MoE decode at few tokens (k_moe_gemv.cu): gate/up (kSwiglu) and
+// down (kDown) on a grid of one block per SM that streams its share of the weights through a
+// shared-memory ring (cp.async.bulk + mbarriers). Used by run_moe_direct (direct pairs, fused
+// combine) and by moe_experts' GEMV branch up to kMoeStreamTileMaxTokens tokens (align tile
+// table); same LinParams fields and results as the tensor-core GEMV (k_gemv_tc.cu), which
+// stays the fallback.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,13 +17,19 @@ namespace moeserve::cuda {
 // moe_gemv_stream_supported, 1 k_gemv_tc.cu's direct-pair kernels. Read once from
 // MOESERVE_MOE_GEMV_V; tests set it directly (A/B).
 extern int g_moe_gemv_v;
+// moe_experts' tile-table (align) path uses the streaming kernels up to this many tokens
+// (gate/up stages every token's x row in shared memory).
+constexpr int kMoeStreamTileMaxTokens = 8;
 // Kernels launched by launch_moe_gemv_stream (tests check the path ran).
 extern uint64_t g_moe_gemv_stream_launches;
 
-// p: a direct-pair LinParams (pair_ids set) of mode kSwiglu or kDown, as built by
-// run_moe_direct. True where the streaming kernel takes it: sm_90+ code, FP8 128x128 block
-// scales, K % 128 == 0, N % 16 (kSwiglu) / % 32 (kDown) == 0, bf16 x with ldx % 8 == 0.
-bool moe_gemv_stream_supported(const LinParams& p);
-void launch_moe_gemv_stream(const LinParams& p, cudaStream_t s);
+// p: a MoE gate/up (kSwiglu) or down (kDown, f32 pair rows) LinParams as moe_experts builds
+// it, either direct pairs (pair_ids; kDown may fuse the combine) or a tile table of <= 8 rows
+// per tile (tile_expert ..., max_tiles). x_rows_total: the rows of x when x_rows is set (the
+// tokens; every one is staged in shared memory, so keep it small). True where the streaming
+// kernel takes it: sm_90+ code, FP8 128x128 block scales, K % 128 == 0, N % 16 (kSwiglu) /
+// % 32 (kDown) == 0, bf16 x with ldx % 8 == 0, and the staged x rows fit in shared memory.
+bool moe_gemv_stream_supported(const LinParams& p, int x_rows_total = 0);
+void launch_moe_gemv_stream(const LinParams& p, cudaStream_t s, int x_rows_total = 0);
 
 }  // namespace moeserve::cuda
