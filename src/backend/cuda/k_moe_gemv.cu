@@ -57,6 +57,7 @@ struct StreamArgs {
   int ns;  // ring stages
   int xr;  // x rows held in shared memory (the most any block's units span)
   int xs_off, red_off, bar_off;  // dynamic shared memory layout: ring, x rows, partials, mbarriers
+  int cpasync;  // 1: the producer loads with 16-byte cp.async (LDGSTS) instead of cp.async.bulk
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -98,6 +99,18 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                    saddr(dst)),
                "l"(src), "r"(bytes), "r"(saddr(bar))
                : "memory");
+#endif
+}
+// 16 bytes global -> shared (L2 only); cp_async_arrive: `bar` gets one arrival once all of
+// this thread's earlier cp.async copies have landed (.noinc: counted in the barrier's init).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#ifdef MOESERVE_STREAM_DEVICE
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr(dst)), "l"(src) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+#ifdef MOESERVE_STREAM_DEVICE
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(bar)) : "memory");
 #endif
 }
 // Barrier 1 over the consumer warps only (the producer warp never joins it).
@@ -157,7 +170,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
   uint64_t* empty = full + a.ns;
   if (threadIdx.x == 0) {
     for (int i = 0; i < a.ns; ++i) {
-      mbar_init(full + i, 1);
+      mbar_init(full + i, a.cpasync ? 32 : 1);
       mbar_init(empty + i, 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -179,6 +192,23 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
       if (i >= a.ns) mbar_wait(empty + slot, uint32_t((i / a.ns) - 1) & 1u);
       const int sl = i % W;
       const Unit un = unit_at(a, u0 + i / W);
+      if (a.cpasync) {  // lanes copy 16-byte pieces of each of the 32 rows; one arrival per lane
+        if (un.e >= 0) {
+          const ExpertPtrs& ep = p.experts[un.e];
+          uint8_t* dst = smem + slot * stage_bytes;
+          for (int r = 0; r < kRows; ++r) {
+            const uint8_t* src =
+                (kSw ? static_cast<const uint8_t*>(r < 16 ? ep.w1 : ep.w3) + int64_t(un.grp * 16 + (r & 15)) * K
+                     : static_cast<const uint8_t*>(ep.w2) + int64_t(un.grp * 32 + r) * K) +
+                sl * ks;
+            for (int off = lane * 16; off < ks; off += 32 * 16) cp_async16(dst + r * a.rs + off, src + off);
+          }
+          cp_async_arrive(full + slot);
+        } else {
+          mbar_arrive(full + slot);
+        }
+        continue;
+      }
       if (lane == 0) {
         if (un.e >= 0)
           mbar_arrive_tx(full + slot, uint32_t(kRows * ks));
@@ -394,14 +424,16 @@ constexpr size_t kMaxSmem = 227 * 1024;
 
 // Consumer warps: the most of {6, 4, 2, 1} (kSwiglu) / {4, 6, 2, 1} (kDown) that cuts K into
 // slices of whole 128-column blocks. MOESERVE_MOE_GEMV_WARPS_UP / _DOWN override (A/B).
-// MOESERVE_MOE_GEMV_SMEM (KB, default 100): shared-memory budget per block, so a gate/up and a
-// down block fit on one SM together; MOESERVE_MOE_GEMV_BPS: blocks per SM (default 1).
+// MOESERVE_MOE_GEMV_SMEM (KB; default 140 gate/up, 84 down, so that a gate/up and a down block
+// fit on one SM together): shared-memory budget per block; MOESERVE_MOE_GEMV_BPS: blocks per SM
+// (default 1); MOESERVE_MOE_GEMV_LOAD=1: 16-byte cp.async loads instead of cp.async.bulk.
 bool plan(const LinParams& p, int x_rows_total, Plan& pl) {
   const bool sw = p.mode == LinMode::kSwiglu, direct = p.pair_ids != nullptr;
   static const int env_w_up = env_int("MOESERVE_MOE_GEMV_WARPS_UP", 0);
   static const int env_w_dn = env_int("MOESERVE_MOE_GEMV_WARPS_DOWN", 0);
-  static const int env_kb = env_int("MOESERVE_MOE_GEMV_SMEM", 100);
+  static const int env_kb = env_int("MOESERVE_MOE_GEMV_SMEM", 0);
   static const int env_bps = env_int("MOESERVE_MOE_GEMV_BPS", 1);
+  static const int env_load = env_int("MOESERVE_MOE_GEMV_LOAD", 0);
   const int env_w = sw ? env_w_up : env_w_dn;
   const int prefs[4] = {sw ? 6 : 4, sw ? 4 : 6, 2, 1};
   int W = 0;
@@ -433,13 +465,16 @@ bool plan(const LinParams& p, int x_rows_total, Plan& pl) {
   if (a.xr <= 0) return false;
   const size_t stage = size_t(kRows) * a.rs, xs = size_t(a.xr) * p.K * 2;
   const size_t red = size_t(2) * W * (direct ? 32 : 256) * 4;
-  const size_t budget = size_t(std::max(16, env_kb)) * 1024;
-  const size_t fixed = xs + red + 2 * 8 * 8;
+  // Ring: at least W + 1 stages (a consumer warp must never wait on a slot whose previous
+  // round belongs to the same unit: the mbarrier parity would alias), more up to the budget.
+  // Default budgets (batch 1, M2.5): gate/up 7 x 18 KB + down 5 x 14 KB fit one SM together.
+  const size_t budget = size_t(env_kb > 0 ? env_kb : sw ? 140 : 84) * 1024;
+  const size_t fixed = xs + red + 2 * 16 * 8;
   int ns = fixed < budget ? int((budget - fixed) / stage) : 0;
-  ns = std::min(8, std::max(4, ns));  // >= 4 stages even past the budget ...
-  while (ns > 2 && ns * stage + fixed > kMaxSmem) --ns;  // ... where they fit
+  ns = std::min(16, std::max(W + 1, ns));
   if (ns * stage + fixed > kMaxSmem) return false;
   a.ns = ns;
+  a.cpasync = env_load == 1;
   a.xs_off = int(ns * stage);
   a.red_off = int(a.xs_off + xs);
   a.bar_off = int(a.red_off + red);
