@@ -129,6 +129,14 @@ __device__ __forceinline__ uint32_t fp8x2_h2(uint32_t v16) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
+// The same two e4m3 bytes as f16x2 scaled by 2^-8, with integer ops only (exact for every
+// finite e4m3 value, subnormals included: f16 bits = sign << 15 | (byte & 0x7f) << 7). Lets
+// the conversion run on the integer pipes instead of the conversion unit (A/B variant).
+__device__ __forceinline__ uint32_t fp8x2_h2_alu(uint32_t w, bool high) {
+  const uint32_t v = __byte_perm(w, 0, high ? 0x4342 : 0x4140);  // byte b0 | b1 << 16
+  const uint32_t t = v << 7;
+  return t + (t & 0x40004000u);  // the sign (bit 14 / 30) moves up one bit
+}
 __device__ __forceinline__ uint32_t bf2_h2(uint32_t w) {
   float2 f = bf16x2_to_f2(w);
   f.x = fminf(fmaxf(f.x, -65504.f), 65504.f);
@@ -158,7 +166,7 @@ __device__ __forceinline__ Unit unit_at(const StreamArgs& a, int u) {
 }
 
 // Block: W consumer warps + 1 producer warp (the last). MODE: kSwiglu or kDown.
-template <int MODE, int W>
+template <int MODE, int W, bool ALU>
 __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const __grid_constant__ StreamArgs a) {
 #ifdef MOESERVE_STREAM_DEVICE
   constexpr bool kSw = MODE == int(LinMode::kSwiglu);
@@ -299,12 +307,18 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
             for (int m = 0; m < 2; ++m) {
               const uint32_t wl = k4 == 0 ? lo[m].x : k4 == 1 ? lo[m].y : k4 == 2 ? lo[m].z : lo[m].w;
               const uint32_t wh = k4 == 0 ? hi[m].x : k4 == 1 ? hi[m].y : k4 == 2 ? hi[m].z : hi[m].w;
-              const uint32_t af[4] = {fp8x2_h2(wl), fp8x2_h2(wh), fp8x2_h2(wl >> 16), fp8x2_h2(wh >> 16)};
+              uint32_t af[4];
+              if constexpr (ALU) {
+                af[0] = fp8x2_h2_alu(wl, false), af[1] = fp8x2_h2_alu(wh, false);
+                af[2] = fp8x2_h2_alu(wl, true), af[3] = fp8x2_h2_alu(wh, true);
+              } else {
+                af[0] = fp8x2_h2(wl), af[1] = fp8x2_h2(wh), af[2] = fp8x2_h2(wl >> 16), af[3] = fp8x2_h2(wh >> 16);
+              }
               mma_f16(part[m], af, xw[2 * k4], xw[2 * k4 + 1]);
             }
           }
         }
-        const float s0 = __ldg(sc0 + ch), s1 = __ldg(sc1 + ch);
+        const float s0 = __ldg(sc0 + ch) * (ALU ? 256.f : 1.f), s1 = __ldg(sc1 + ch) * (ALU ? 256.f : 1.f);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           acc[0][j] = fmaf(part[0][j], s0, acc[0][j]);
@@ -483,9 +497,9 @@ bool plan(const LinParams& p, int x_rows_total, Plan& pl) {
   return true;
 }
 
-template <int MODE, int W>
+template <int MODE, int W, bool ALU>
 void launch_w(const Plan& pl, cudaStream_t s) {
-  auto* k = moe_gemv_stream_kernel<MODE, W>;
+  auto* k = moe_gemv_stream_kernel<MODE, W, ALU>;
   static int configured = -1;  // device the attributes were set for
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
@@ -500,11 +514,22 @@ void launch_w(const Plan& pl, cudaStream_t s) {
 
 template <int MODE>
 void launch_mode(const Plan& pl, cudaStream_t s) {
+  // MOESERVE_MOE_GEMV_CVT=1: e4m3 -> f16 on the integer pipes (fp8x2_h2_alu; A/B).
+  static const bool alu = env_int("MOESERVE_MOE_GEMV_CVT", 0) == 1;
+  if (alu) {
+    switch (pl.W) {
+      case 6: launch_w<MODE, 6, true>(pl, s); break;
+      case 4: launch_w<MODE, 4, true>(pl, s); break;
+      case 2: launch_w<MODE, 2, true>(pl, s); break;
+      default: launch_w<MODE, 1, true>(pl, s); break;
+    }
+    return;
+  }
   switch (pl.W) {
-    case 6: launch_w<MODE, 6>(pl, s); break;
-    case 4: launch_w<MODE, 4>(pl, s); break;
-    case 2: launch_w<MODE, 2>(pl, s); break;
-    default: launch_w<MODE, 1>(pl, s); break;
+    case 6: launch_w<MODE, 6, false>(pl, s); break;
+    case 4: launch_w<MODE, 4, false>(pl, s); break;
+    case 2: launch_w<MODE, 2, false>(pl, s); break;
+    default: launch_w<MODE, 1, false>(pl, s); break;
   }
 }
 
