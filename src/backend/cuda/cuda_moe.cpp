@@ -300,7 +300,8 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   down.ids_ready = true;  // router -> up -> down: the ids are two launches back
   // Streaming kernels (k_moe_gemv.cu) where they apply (both or neither), else k_gemv_tc.cu;
   // MOESERVE_MOE_GEMV_V=1: always k_gemv_tc.cu (A/B).
-  if (g_moe_gemv_v >= 2 && moe_gemv_stream_supported(up) && moe_gemv_stream_supported(down)) {
+  if (g_moe_gemv_v >= 2 && int64_t(T) * ceil_div(H, 16) <= kMoeCounterSlots && moe_gemv_stream_supported(up) &&
+      moe_gemv_stream_supported(down)) {
     launch_moe_gemv_stream(up, stream_);
     launch_moe_gemv_stream(down, stream_);
     return true;

@@ -27,8 +27,9 @@ extern uint64_t g_moe_gemv_stream_launches;
 // it, either direct pairs (pair_ids; kDown may fuse the combine) or a tile table of <= 8 rows
 // per tile (tile_expert ..., max_tiles). x_rows_total: the rows of x when x_rows is set (the
 // tokens; every one is staged in shared memory, so keep it small). True where the streaming
-// kernel takes it: sm_90+ code, FP8 128x128 block scales, K % 128 == 0, N % 16 (kSwiglu) /
-// % 32 (kDown) == 0, bf16 x with ldx % 8 == 0, and the staged x rows fit in shared memory.
+// kernel takes it: sm_90+ code, FP8 128x128 block scales, K % 128 == 0, N % 8 (kSwiglu) /
+// % 16 (kDown) == 0, bf16 x with ldx % 8 == 0, and the staged x rows fit in shared memory.
+// Direct kDown with combine_out uses counters[token * N / 16 + row group] (zero; reset).
 bool moe_gemv_stream_supported(const LinParams& p, int x_rows_total = 0);
 void launch_moe_gemv_stream(const LinParams& p, cudaStream_t s, int x_rows_total = 0);
 
