@@ -299,7 +299,7 @@ __global__ void __launch_bounds__((W + (CPA ? 0 : 1)) * 32, 1)
       const float* sc0 = (kSw ? ep.s1 : ep.s2) + srow;
       const float* sc1 = (kSw ? ep.s3 : ep.s2) + srow;
       for (int ch = 0; ch < nch; ++ch) {
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
+        float part[2][4] = {};  // one accumulator per 64-column step: two independent mma chains
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
           const int col = ch * 128 + s * 64 + q * 16;
@@ -313,14 +313,14 @@ __global__ void __launch_bounds__((W + (CPA ? 0 : 1)) * 32, 1)
             const uint32_t wl = k4 == 0 ? lo.x : k4 == 1 ? lo.y : k4 == 2 ? lo.z : lo.w;
             const uint32_t wh = k4 == 0 ? hi.x : k4 == 1 ? hi.y : k4 == 2 ? hi.z : hi.w;
             const uint32_t af[4] = {fp8x2_h2(wl), fp8x2_h2(wh), fp8x2_h2(wl >> 16), fp8x2_h2(wh >> 16)};
-            mma_f16(part, af, xw[2 * k4], xw[2 * k4 + 1]);
+            mma_f16(part[s], af, xw[2 * k4], xw[2 * k4 + 1]);
           }
         }
         const float s0 = __ldg(sc0 + ch), s1 = __ldg(sc1 + ch);
-        acc[0] = fmaf(part[0], s0, acc[0]);
-        acc[1] = fmaf(part[1], s0, acc[1]);
-        acc[2] = fmaf(part[2], s1, acc[2]);
-        acc[3] = fmaf(part[3], s1, acc[3]);
+        acc[0] = fmaf(part[0][0] + part[1][0], s0, acc[0]);
+        acc[1] = fmaf(part[0][1] + part[1][1], s0, acc[1]);
+        acc[2] = fmaf(part[0][2] + part[1][2], s1, acc[2]);
+        acc[3] = fmaf(part[0][3] + part[1][3], s1, acc[3]);
       }
     }
     __syncwarp();
