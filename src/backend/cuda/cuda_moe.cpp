@@ -244,8 +244,8 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   down.out = ypair, down.ldo = H, down.out_f32 = !y_bf16, down.row_scale = a.sorted_weight;
   if (gemv) {
     // Up to kMoeStreamTileMaxTokens tokens the streaming kernels (k_moe_gemv.cu) where they
-    // apply (both or neither); MOESERVE_MOE_GEMV_V=1: always launch_gemv (A/B).
-    if (g_moe_gemv_v >= 2 && up.tc && T <= kMoeStreamTileMaxTokens && moe_gemv_stream_supported(up, T) &&
+    // apply (both or neither) with MOESERVE_MOE_GEMV_V=3; else launch_gemv.
+    if (g_moe_gemv_v >= 3 && up.tc && T <= kMoeStreamTileMaxTokens && moe_gemv_stream_supported(up, T) &&
         moe_gemv_stream_supported(down)) {
       down.ids_ready = true;  // align -> up -> down: the tile table is two launches back
       launch_moe_gemv_stream(up, stream_, T);
@@ -298,8 +298,8 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   down.combine_out = out.data, down.combine_bf16 = out.dtype == DType::BF16;
   down.top_k = k, down.counters = counters_ + kMoeCounterBase;
   down.ids_ready = true;  // router -> up -> down: the ids are two launches back
-  // Streaming kernels (k_moe_gemv.cu) where they apply (both or neither), else k_gemv_tc.cu;
-  // MOESERVE_MOE_GEMV_V=1: always k_gemv_tc.cu (A/B).
+  // Streaming kernels (k_moe_gemv.cu) with MOESERVE_MOE_GEMV_V >= 2 where they apply (both or
+  // neither), else k_gemv_tc.cu.
   if (g_moe_gemv_v >= 2 && int64_t(T) * ceil_div(H, 16) <= kMoeCounterSlots && moe_gemv_stream_supported(up) &&
       moe_gemv_stream_supported(down)) {
     launch_moe_gemv_stream(up, stream_);

@@ -40,11 +40,17 @@
 
 namespace moeserve::cuda {
 
+// Default 1: on the H200 the streaming kernels are not faster in the decode graph yet
+// (docs/benchmarks.md, "Streaming expert GEMVs").
 int g_moe_gemv_v = [] {
   const char* e = std::getenv("MOESERVE_MOE_GEMV_V");
-  return e && *e ? std::atoi(e) : 2;
+  return e && *e ? std::atoi(e) : 1;
 }();
 uint64_t g_moe_gemv_stream_launches = 0;
+int g_moe_gemv_cvt = [] {
+  const char* e = std::getenv("MOESERVE_MOE_GEMV_CVT");
+  return e && *e ? std::atoi(e) : 0;
+}();
 
 namespace {
 
@@ -100,31 +106,12 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                : "memory");
 #endif
 }
-// 16 bytes global -> shared through L1-bypassing cp.async (the per-warp loader variant).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-#ifdef MOESERVE_STREAM_DEVICE
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr(dst)), "l"(src) : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#ifdef MOESERVE_STREAM_DEVICE
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most n (runtime, 0..7) of this thread's newest groups are pending.
-__device__ __forceinline__ void cp_async_wait(int n) {
-#ifdef MOESERVE_STREAM_DEVICE
-  switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-  }
-#endif
+// e4m3 pair -> f16x2 scaled by 2^-8 on the integer pipes (exact for every finite e4m3 value,
+// subnormals included: f16 bits = sign << 15 | (byte & 0x7f) << 7); `high`: bytes 2 and 3.
+__device__ __forceinline__ uint32_t fp8x2_h2_alu(uint32_t w, bool high) {
+  const uint32_t v = __byte_perm(w, 0, high ? 0x4342 : 0x4140);  // b0 | b1 << 16
+  const uint32_t t = v << 7;
+  return t + (t & 0x40004000u);  // the sign (bit 14 / 30) moves up one bit
 }
 // Barrier 1 over the consumer warps only (the producer warp never joins it).
 __device__ __forceinline__ void consumers_sync(int threads) {
@@ -171,12 +158,11 @@ __device__ __forceinline__ Unit unit_at(const StreamArgs& a, int u) {
 }
 
 // Block: W consumer warps + 1 producer warp (the last). MODE: kSwiglu or kDown.
-// CPA (MOESERVE_MOE_GEMV_LOAD=1, A/B variant): no producer warp; each consumer warp streams
-// its own K slice of the ring stages with 16-byte cp.async, ns - 1 units ahead (no mbarriers:
-// a warp only ever touches its own columns of a stage).
-template <int MODE, int W, bool CPA>
-__global__ void __launch_bounds__((W + (CPA ? 0 : 1)) * 32, 1)
-    moe_gemv_stream_kernel(const __grid_constant__ StreamArgs a) {
+// CVT (MOESERVE_MOE_GEMV_CVT, A/B): how the consumers turn e4m3 into f16: 0 the conversion
+// instruction (cvt.rn.f16x2.e4m3x2), 1 integer ops only (fp8x2_h2_alu), 2 half of the mmas of
+// each step each way (two pipes in parallel; the integer half is rescaled by 2^8).
+template <int MODE, int W, int CVT>
+__global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const __grid_constant__ StreamArgs a) {
 #ifdef MOESERVE_STREAM_DEVICE
   constexpr bool kSw = MODE == int(LinMode::kSwiglu);
   extern __shared__ __align__(128) uint8_t smem[];
@@ -201,29 +187,7 @@ __global__ void __launch_bounds__((W + (CPA ? 0 : 1)) * 32, 1)
   const int u0 = int(int64_t(blockIdx.x) * U / gridDim.x), u1 = int(int64_t(blockIdx.x + 1) * U / gridDim.x);
   const int nunits = u1 - u0;
 
-  // CPA: this warp's slice (16 rows x ks bytes) of unit ul into slot ul % ns; one group per call.
-  auto cpa_issue = [&](int ul) {
-    if (ul < nunits) {
-      const Unit un = unit_at(a, u0 + ul);
-      if (un.e >= 0) {
-        const ExpertPtrs& ep = p.experts[un.e];
-        uint8_t* dst = smem + (ul % a.ns) * stage_bytes + warp * ks;
-        const int per_row = ks / 16;
-        for (int pc = lane; pc < kRows * per_row; pc += 32) {
-          const int r = pc / per_row, c = (pc - r * per_row) * 16;
-          const uint8_t* src =
-              kSw ? static_cast<const uint8_t*>(r < 8 ? ep.w1 : ep.w3) + (int64_t(un.grp) * 8 + (r & 7)) * K
-                  : static_cast<const uint8_t*>(ep.w2) + (int64_t(un.grp) * 16 + r) * K;
-          cp_async16(dst + r * K + c, src + warp * ks + c);
-        }
-      }
-    }
-    cp_async_commit();
-  };
-  if (CPA)
-    for (int i = 0; i + 1 < a.ns; ++i) cpa_issue(i);  // weights only: may precede the wait (early)
-
-  if (!CPA && warp == W) {  // producer: unit u0 + i into slot i % ns
+  if (warp == W) {  // producer: unit u0 + i into slot i % ns
     for (int i = 0; i < nunits; ++i) {
       const int slot = i % a.ns;
       if (i == a.ns && early) pdl_enter();
@@ -280,13 +244,7 @@ __global__ void __launch_bounds__((W + (CPA ? 0 : 1)) * 32, 1)
     const Unit un = unit_at(a, u0 + ul);
     const int grp = un.grp, slot = ul % a.ns;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (CPA) {
-      cpa_issue(ul + a.ns - 1);  // into the slot this warp finished with in iteration ul - 1
-      cp_async_wait(a.ns - 1);   // unit ul's group has landed
-      __syncwarp();
-    } else {
-      mbar_wait(full + slot, uint32_t(ul / a.ns) & 1u);
-    }
+    mbar_wait(full + slot, uint32_t(ul / a.ns) & 1u);
     if (un.e >= 0) {
       const ExpertPtrs& ep = p.experts[un.e];
       const uint8_t* st = smem + slot * stage_bytes + warp * ks;
@@ -299,7 +257,9 @@ __global__ void __launch_bounds__((W + (CPA ? 0 : 1)) * 32, 1)
       const float* sc0 = (kSw ? ep.s1 : ep.s2) + srow;
       const float* sc1 = (kSw ? ep.s3 : ep.s2) + srow;
       for (int ch = 0; ch < nch; ++ch) {
-        float part[2][4] = {};  // one accumulator per 64-column step: two independent mma chains
+        // One accumulator per 64-column step (two independent mma chains); CVT 2: [1] holds
+        // the integer-converted half (x 2^-8).
+        float part[2][4] = {};
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
           const int col = ch * 128 + s * 64 + q * 16;
@@ -312,19 +272,28 @@ __global__ void __launch_bounds__((W + (CPA ? 0 : 1)) * 32, 1)
           for (int k4 = 0; k4 < 4; ++k4) {
             const uint32_t wl = k4 == 0 ? lo.x : k4 == 1 ? lo.y : k4 == 2 ? lo.z : lo.w;
             const uint32_t wh = k4 == 0 ? hi.x : k4 == 1 ? hi.y : k4 == 2 ? hi.z : hi.w;
-            const uint32_t af[4] = {fp8x2_h2(wl), fp8x2_h2(wh), fp8x2_h2(wl >> 16), fp8x2_h2(wh >> 16)};
-            mma_f16(part[s], af, xw[2 * k4], xw[2 * k4 + 1]);
+            const bool alu = CVT == 1 || (CVT == 2 && (k4 & 1));
+            uint32_t af[4];
+            if (alu) {
+              af[0] = fp8x2_h2_alu(wl, false), af[1] = fp8x2_h2_alu(wh, false);
+              af[2] = fp8x2_h2_alu(wl, true), af[3] = fp8x2_h2_alu(wh, true);
+            } else {
+              af[0] = fp8x2_h2(wl), af[1] = fp8x2_h2(wh), af[2] = fp8x2_h2(wl >> 16), af[3] = fp8x2_h2(wh >> 16);
+            }
+            mma_f16(part[CVT == 2 ? (k4 & 1) : s], af, xw[2 * k4], xw[2 * k4 + 1]);
           }
         }
+        // CVT 1: both parts x 2^-8; CVT 2: part[1] x 2^-8.
+        const float f0 = CVT == 1 ? 256.f : 1.f, f1 = CVT == 0 ? 1.f : 256.f;
         const float s0 = __ldg(sc0 + ch), s1 = __ldg(sc1 + ch);
-        acc[0] = fmaf(part[0][0] + part[1][0], s0, acc[0]);
-        acc[1] = fmaf(part[0][1] + part[1][1], s0, acc[1]);
-        acc[2] = fmaf(part[0][2] + part[1][2], s1, acc[2]);
-        acc[3] = fmaf(part[0][3] + part[1][3], s1, acc[3]);
+        acc[0] = fmaf(fmaf(part[1][0], f1, part[0][0] * f0), s0, acc[0]);
+        acc[1] = fmaf(fmaf(part[1][1], f1, part[0][1] * f0), s0, acc[1]);
+        acc[2] = fmaf(fmaf(part[1][2], f1, part[0][2] * f0), s1, acc[2]);
+        acc[3] = fmaf(fmaf(part[1][3], f1, part[0][3] * f0), s1, acc[3]);
       }
     }
     __syncwarp();
-    if (!CPA && lane == 0) mbar_arrive(empty + slot);
+    if (lane == 0) mbar_arrive(empty + slot);
     // The W slice partials. Tile table: red[ul & 1][warp][j][lane]. Direct pairs (column 0
     // only: lanes q == 0, acc[0] = row g, acc[2] = row g + 8): red[ul & 1][warp][g * 2 + h].
     float* rb = red + (ul & 1) * W * (compact ? 16 : 128);
@@ -487,9 +456,9 @@ bool plan(const LinParams& p, int x_rows_total, Plan& pl) {
   return true;
 }
 
-template <int MODE, int W, bool CPA>
+template <int MODE, int W, int CVT>
 void launch_w(const Plan& pl, cudaStream_t s) {
-  auto* k = moe_gemv_stream_kernel<MODE, W, CPA>;
+  auto* k = moe_gemv_stream_kernel<MODE, W, CVT>;
   static int configured = -1;  // device the attribute was set for
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
@@ -497,19 +466,28 @@ void launch_w(const Plan& pl, cudaStream_t s) {
     CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
     configured = dev;
   }
-  launch_pdl(k, dim3(pl.grid), dim3((W + (CPA ? 0 : 1)) * 32), pl.smem, s, pl.a);
+  launch_pdl(k, dim3(pl.grid), dim3((W + 1) * 32), pl.smem, s, pl.a);
   CUDA_CHECK_LAUNCH();
 }
 
-template <int MODE, bool CPA>
+template <int MODE, int CVT>
 void launch_mode(const Plan& pl, cudaStream_t s) {
   switch (pl.W) {
-    case 8: launch_w<MODE, 8, CPA>(pl, s); break;
-    case 6: launch_w<MODE, 6, CPA>(pl, s); break;
-    case 4: launch_w<MODE, 4, CPA>(pl, s); break;
-    case 2: launch_w<MODE, 2, CPA>(pl, s); break;
-    default: launch_w<MODE, 1, CPA>(pl, s); break;
+    case 8: launch_w<MODE, 8, CVT>(pl, s); break;
+    case 6: launch_w<MODE, 6, CVT>(pl, s); break;
+    case 4: launch_w<MODE, 4, CVT>(pl, s); break;
+    case 2: launch_w<MODE, 2, CVT>(pl, s); break;
+    default: launch_w<MODE, 1, CVT>(pl, s); break;
   }
+}
+template <int MODE>
+void launch_cvt(const Plan& pl, cudaStream_t s) {
+  if (g_moe_gemv_cvt == 1)
+    launch_mode<MODE, 1>(pl, s);
+  else if (g_moe_gemv_cvt == 2)
+    launch_mode<MODE, 2>(pl, s);
+  else
+    launch_mode<MODE, 0>(pl, s);
 }
 
 }  // namespace
@@ -538,11 +516,10 @@ void launch_moe_gemv_stream(const LinParams& p, cudaStream_t s, int x_rows_total
   Plan pl;
   ++g_moe_gemv_stream_launches;
   CU_REQUIRE(plan(p, x_rows_total, pl), "moe_gemv_stream: unsupported shapes (check moe_gemv_stream_supported first)");
-  static const bool cpa = env_int("MOESERVE_MOE_GEMV_LOAD", 0) == 1;
   if (p.mode == LinMode::kSwiglu)
-    cpa ? launch_mode<int(LinMode::kSwiglu), true>(pl, s) : launch_mode<int(LinMode::kSwiglu), false>(pl, s);
+    launch_cvt<int(LinMode::kSwiglu)>(pl, s);
   else
-    cpa ? launch_mode<int(LinMode::kDown), true>(pl, s) : launch_mode<int(LinMode::kDown), false>(pl, s);
+    launch_cvt<int(LinMode::kDown)>(pl, s);
 }
 
 }  // namespace moeserve::cuda

@@ -13,13 +13,17 @@
 
 namespace moeserve::cuda {
 
-// Which expert-GEMV kernels run_moe_direct uses: 2 (default) the streaming kernels where
-// moe_gemv_stream_supported, 1 k_gemv_tc.cu's direct-pair kernels. Read once from
-// MOESERVE_MOE_GEMV_V; tests set it directly (A/B).
+// Which expert-GEMV kernels moe_experts uses at decode: 1 k_gemv_tc.cu (launch_gemv /
+// launch_gemv_tc), 2 the streaming kernels for the direct pairs (run_moe_direct, batch 1), 3
+// also for the align tile table up to kMoeStreamTileMaxTokens tokens. Read once from
+// MOESERVE_MOE_GEMV_V (default below); tests set it directly (A/B).
 extern int g_moe_gemv_v;
 // moe_experts' tile-table (align) path uses the streaming kernels up to this many tokens
 // (gate/up stages every token's x row in shared memory).
 constexpr int kMoeStreamTileMaxTokens = 8;
+// e4m3 -> f16 in the streaming kernels: 0 cvt instruction, 1 integer ops, 2 half each
+// (MOESERVE_MOE_GEMV_CVT; A/B, tests cover all three).
+extern int g_moe_gemv_cvt;
 // Kernels launched by launch_moe_gemv_stream (tests check the path ran).
 extern uint64_t g_moe_gemv_stream_launches;
 
