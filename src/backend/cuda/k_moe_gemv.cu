@@ -31,6 +31,11 @@
 // ids / tile table are two launches back (LinParams::ids_ready): its producer fills the ring
 // before the dependency wait; where a down block fits next to a gate/up block (default
 // budgets ~104 KB each) down's first stages stream while gate/up finishes.
+//
+// Status (H200, ncu, kernel alone): gate/up 27.6 us (2.7 TB/s, the old kernel 27.6-29.6 us),
+// down 22.7 us (1.7 TB/s, old 20.2 us); in the decode graph the step is slower than with the
+// old kernels, so the path is opt-in (MOESERVE_MOE_GEMV_V). Each unit costs ~2 us whatever
+// its bytes; a deeper ring did not help (docs/benchmarks.md).
 #include <algorithm>
 #include <cstdlib>
 
