@@ -150,10 +150,12 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);
   // MOESERVE_GRAPH_PREFILL_PATHS=0: captured decode graphs keep the pre-FP8-activation kernels
-  // (A/B against the default). MOESERVE_MOE_GEMV_MAX=N: moe_gemv_max_tokens.
+  // (A/B against the default). MOESERVE_MOE_GEMV_MAX=N: moe_gemv_max_tokens;
+  // MOESERVE_MOE_DIRECT_MAX=N: moe_direct_max_tokens.
   if (const char* e = std::getenv("MOESERVE_GRAPH_PREFILL_PATHS"); e && std::strcmp(e, "0") == 0)
     prefill_paths_in_graphs = false;
   if (const char* e = std::getenv("MOESERVE_MOE_GEMV_MAX"); e && *e) moe_gemv_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_MOE_DIRECT_MAX"); e && *e) moe_direct_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_FUSED_QUANT"); e && *e) moe_fused_quant = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_YPAIR_BF16"); e && *e) moe_ypair_bf16 = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_COMBINE_VEC"); e && *e) moe_combine_vec = std::atoi(e) != 0;

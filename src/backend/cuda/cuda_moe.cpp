@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/k_moe_gemv.h"
 #include "core/error.h"
 
 
@@ -242,8 +243,17 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   const bool y_bf16 = !gemv && moe_ypair_bf16 && vec_ok;
   down.out = ypair, down.ldo = H, down.out_f32 = !y_bf16, down.row_scale = a.sorted_weight;
   if (gemv) {
-    launch_gemv(up, stream_);
-    launch_gemv(down, stream_);
+    // Up to kMoeStreamTileMaxTokens tokens the streaming kernels (k_moe_gemv.cu) where they
+    // apply (both or neither) with MOESERVE_MOE_GEMV_V=3; else launch_gemv.
+    if (g_moe_gemv_v >= 3 && up.tc && T <= kMoeStreamTileMaxTokens && moe_gemv_stream_supported(up, T) &&
+        moe_gemv_stream_supported(down)) {
+      down.ids_ready = true;  // align -> up -> down: the tile table is two launches back
+      launch_moe_gemv_stream(up, stream_, T);
+      launch_moe_gemv_stream(down, stream_);
+    } else {
+      launch_gemv(up, stream_);
+      launch_gemv(down, stream_);
+    }
   } else if (fp8_pair) {
     MS_CHECK(moe_experts_fp8_act(up, down, T), "moe_experts: FP8 128-row-tile path refused its own shapes");
   } else if (!moe_experts_fp8_act(up, down, T)) {
@@ -288,6 +298,14 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   down.combine_out = out.data, down.combine_bf16 = out.dtype == DType::BF16;
   down.top_k = k, down.counters = counters_ + kMoeCounterBase;
   down.ids_ready = true;  // router -> up -> down: the ids are two launches back
+  // Streaming kernels (k_moe_gemv.cu) with MOESERVE_MOE_GEMV_V >= 2 where they apply (both or
+  // neither), else k_gemv_tc.cu.
+  if (g_moe_gemv_v >= 2 && int64_t(T) * ceil_div(H, 16) <= kMoeCounterSlots && moe_gemv_stream_supported(up) &&
+      moe_gemv_stream_supported(down)) {
+    launch_moe_gemv_stream(up, stream_);
+    launch_moe_gemv_stream(down, stream_);
+    return true;
+  }
   launch_gemv_tc(up, stream_);
   launch_gemv_tc(down, stream_);
   return true;
