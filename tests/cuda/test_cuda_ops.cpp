@@ -179,6 +179,7 @@ TEST_P(CudaLinear, MatchesReference) {
     gpu().linear_gemv_narrow_n = mode == 1 ? 0 : saved_narrow;
     gpu().linear_gemv_tc_max_tokens = mode == 1 ? 0 : saved_tc;
     gpu().use_gemv_tc = mode != 3;
+    gpu().gemv_dense_max_tokens = mode == 0 ? 8 : 0;  // mode 0: the default (dense decode GEMV where it applies)
     for (DType od : {DType::BF16, DType::F32}) {
       Tensor out = gpu().alloc(od, {c.T, c.N});
       gpu().linear(dx, w.dev, out);
@@ -186,6 +187,7 @@ TEST_P(CudaLinear, MatchesReference) {
     }
   }
   gpu().use_gemv_tc = true;
+  gpu().gemv_dense_max_tokens = 8;
   gpu().linear_gemv_tc_max_tokens = saved_tc;
   gpu().linear_gemv_max_tokens = saved_max;
   gpu().linear_gemv_narrow_n = saved_narrow;

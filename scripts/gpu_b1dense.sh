@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# b1dense GPU request (one H200): the dense decode kernels' tests (k_gemv_dense.cu,
+# k_route_dense.cu) and the old paths' suites, graph capture, then bench-model A/B of the
+# switches on the same binary. Run inside the unpacked pack dir; results go to $OUT.
+cd "$(dirname "$0")"
+OUT=${OUT:-/tmp/b1dense_out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+F='*CudaLinear*:*CudaNorm*:*CudaRouter*:*CudaAddNorm*:*Dense*'
+t0=$SECONDS
+timeout 60 ./test_cuda_ops --gtest_filter="$F" > "$OUT/ops.txt" 2>&1
+echo "test_cuda_ops rc=$? ($((SECONDS - t0)) s)"
+grep -E "^\[  PASSED|^\[  FAILED|tests? ran|^.*Failure" "$OUT/ops.txt" | head -30
+t0=$SECONDS
+timeout 45 ./test_cuda_graphs > "$OUT/graphs.txt" 2>&1
+echo "test_cuda_graphs rc=$? ($((SECONDS - t0)) s)"
+grep -E "^\[  PASSED|^\[  FAILED|tests? ran" "$OUT/graphs.txt" | head -10
+B="./moeserve bench-model --synthetic minimax-m2.5 --layers 10 --batch-sizes 1 8 --contexts 1024 --prefill-tokens 0 --iters 20 ${BENCH_EXTRA:-}"
+run() {
+  local name=$1
+  shift
+  t0=$SECONDS
+  env "$@" timeout "${RUN_TIMEOUT:-25}" $B --json "$OUT/$name.json" > "$OUT/$name.txt" 2>&1
+  echo "== $name ($*) rc=$? $((SECONDS - t0)) s: $(grep -E '^(1|8) +1024 ' "$OUT/$name.txt" | awk '{printf "B%s %s ms %s | ", $1, $3, $6}')"
+}
+for cfg in ${CONFIGS:-all old noroute nonorm nodense_o all old}; do
+  case $cfg in
+    all) run all X=1 ;;
+    old) run old MOESERVE_GEMV_DENSE_V=0 MOESERVE_ROUTE_V=0 ;;
+    noroute) run noroute MOESERVE_ROUTE_V=0 ;;
+    nonorm) run nonorm MOESERVE_GEMV_DENSE_NORM=0 ;;
+    nodense_o) run nodense_o MOESERVE_GEMV_DENSE_O=0 ;;
+    nodense) run nodense MOESERVE_GEMV_DENSE_V=0 ;;
+    r16) run r16 MOESERVE_GEMV_DENSE_R=16 ;;
+    r8) run r8 MOESERVE_GEMV_DENSE_R=8 ;;
+    rw4) run rw4 MOESERVE_ROUTE_W=4 ;;
+  esac
+done
