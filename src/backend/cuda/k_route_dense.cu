@@ -27,7 +27,10 @@ constexpr int kRMaxE = 1024;
 template <int kW>
 __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams p) {
   constexpr int kV = kRMaxH / (8 * kW * 32);  // 16-byte vectors per thread and row (norm)
-  __shared__ __align__(16) bf16 xs[kRTok][kRMaxH];
+  // The normed rows [T][H] bf16 (dynamic: T x H x 2 bytes, 6 KB at batch 1, so that the
+  // kernel's blocks fit next to the o_proj GEMV's when PDL starts them early).
+  extern __shared__ __align__(16) unsigned char xs_raw[];
+  bf16* xs = reinterpret_cast<bf16*>(xs_raw);
   __shared__ float score[kRMaxE];
   __shared__ __align__(16) float choice[kRMaxE];
   __shared__ float rnorm[kRTok];
@@ -36,6 +39,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
   __shared__ int is_last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int e = blockIdx.x * kW + warp, H = p.H, T = p.T, nv = H / 128;
+  auto xrow = [&](int j) { return xs + j * H; };
   float4 w[kRPre];
   const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(min(e, p.E - 1)) * H);
 #pragma unroll
@@ -89,7 +93,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
           __nv_bfloat162 h = __floats2bfloat162_rn(val[i][2 * k] * r * wf.x, val[i][2 * k + 1] * r * wf.y);
           o[k] = *reinterpret_cast<uint32_t*>(&h);
         }
-        *reinterpret_cast<uint4*>(&xs[j][8 * v]) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(xrow(j) + 8 * v) = make_uint4(o[0], o[1], o[2], o[3]);
       }
     }
   }
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
 #pragma unroll
     for (int j = 0; j < kRTok; ++j) {
       if (j < T) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(&xs[j][h]);
+        const uint2 raw = *reinterpret_cast<const uint2*>(xrow(j) + h);
         const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
         acc[j] = fmaf(a.x, w[i].x, fmaf(a.y, w[i].y, fmaf(b.x, w[i].z, fmaf(b.y, w[i].w, acc[j]))));
       }
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
     }
     *reinterpret_cast<uint4*>(resw + int64_t(j) * H + 8 * c) = make_uint4(ro[0], ro[1], ro[2], ro[3]);
     *reinterpret_cast<uint4*>(static_cast<bf16*>(p.norm_out) + int64_t(j) * H + 8 * c) =
-        *reinterpret_cast<const uint4*>(&xs[j][8 * c]);
+        *reinterpret_cast<const uint4*>(xrow(j) + 8 * c);
   }
 
   // Top-k of each token: thread x ranks expert x by counting the experts ahead of it.
@@ -200,10 +204,11 @@ void launch_route_norm_decode(const RouteParams& p, cudaStream_t s) {
     const char* e = std::getenv("MOESERVE_ROUTE_W");
     return e ? std::atoi(e) : 8;
   }();
+  const size_t smem = size_t(p.T) * p.H * 2;  // <= 32 KB (T <= 4, H <= 4096): no opt-in needed
   if (env_w == 4)
-    launch_pdl(route_norm_decode_kernel<4>, dim3(ceil_div(p.E, 4)), dim3(4 * 32), 0, s, p);
+    launch_pdl(route_norm_decode_kernel<4>, dim3(ceil_div(p.E, 4)), dim3(4 * 32), smem, s, p);
   else
-    launch_pdl(route_norm_decode_kernel<8>, dim3(ceil_div(p.E, 8)), dim3(8 * 32), 0, s, p);
+    launch_pdl(route_norm_decode_kernel<8>, dim3(ceil_div(p.E, 8)), dim3(8 * 32), smem, s, p);
   CUDA_CHECK_LAUNCH();
 }
 
