@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kDW * 32) gemv_dense_kernel(LinParams p, Dense
     }
   } else {
     const bf16* x = static_cast<const bf16*>(p.x);
-    constexpr int kU = 4;  // loads in flight per thread before the stores
+    constexpr int kU = 8;  // loads in flight per thread before the stores (M = 1, K <= 8192: one round trip)
     for (int i0 = tid; i0 < M * kv; i0 += kU * kDW * 32) {
       uint4 v[kU];
 #pragma unroll
