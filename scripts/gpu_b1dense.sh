@@ -6,7 +6,7 @@ cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/b1dense_out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-F='*CudaLinear*:*CudaNorm*:*CudaRouter*:*CudaAddNorm*:*Dense*'
+F=${FILTER:-'*CudaLinear*:*CudaNorm*:*CudaRouter*:*CudaAddNorm*:*Dense*'}
 t0=$SECONDS
 timeout "${OPS_TIMEOUT:-45}" ./test_cuda_ops --gtest_filter="$F" > "$OUT/ops.txt" 2>&1
 echo "test_cuda_ops rc=$? ($((SECONDS - t0)) s)"
@@ -33,6 +33,16 @@ for cfg in ${CONFIGS:-all old graphs noroute nonorm nodense_o}; do
     nodense_o) run nodense_o MOESERVE_GEMV_DENSE_O=0 ;;
     nodense) run nodense MOESERVE_GEMV_DENSE_V=0 ;;
     r16) run r16 MOESERVE_GEMV_DENSE_R=16 ;;
+    ncu_all | ncu_old)
+      t0=$SECONDS
+      envs=X=1
+      [ $cfg = ncu_old ] && envs="MOESERVE_GEMV_DENSE_V=0 MOESERVE_ROUTE_V=0"
+      env $envs timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none -k 'regex:gemv|route|rms_norm|attn_decode' \
+        --launch-count "${NCU_COUNT:-24}" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+        ./moeserve bench-model --synthetic minimax-m2.5 --layers 3 --batch-sizes 1 --contexts 1024 \
+        --prefill-tokens 0 --iters 1 > "$OUT/$cfg.csv" 2> "$OUT/$cfg.err"
+      echo "== $cfg rc=$? $((SECONDS - t0)) s"
+      grep -E '^"[0-9]' "$OUT/$cfg.csv" | awk -F'","' '{n=$5; gsub(/moeserve::cuda::|\(anonymous namespace\)::|void /, "", n); sub(/\(.*/, "", n); printf "%s %s grid %s %s %s\n", $1, substr(n, 1, 70), $9, $(NF-2), $NF}' | tr -d '"' | head -${NCU_LINES:-60} ;;
     r8) run r8 MOESERVE_GEMV_DENSE_R=8 ;;
     rw4) run rw4 MOESERVE_ROUTE_W=4 ;;
   esac

@@ -69,7 +69,8 @@ INSTANTIATE_TEST_SUITE_P(
                       DenseCase{1, 144, 128, true},     // one chunk, a partial 16-row group
                       DenseCase{3, 40, 384, true},      // N % 16 != 0: partial 8-row block
                       DenseCase{7, 24, 1280, true},     // 10 chunks: pieces of 4, 4, 2
-                      DenseCase{2, 16, 8192, true}));   // largest K
+                      DenseCase{2, 16, 8192, true},     // largest K
+                      DenseCase{1, 40, 640, true}, DenseCase{2, 768, 640, true}));  // 5 chunks: pieces of 4, 1
 
 // linear_multi (q/k/v in one launch) on the dense kernel against references and the old path.
 class CudaLinearMultiDense : public ::testing::TestWithParam<int> {};
@@ -79,7 +80,8 @@ TEST_P(CudaLinearMultiDense, MatchesReferenceAndOldPath) {
   const int T = GetParam();
   for (int shape = 0; shape < 2; ++shape) {
     const int K = shape == 0 ? 3072 : 640;
-    const std::vector<int> widths = shape == 0 ? std::vector<int>{6144, 1024, 1024} : std::vector<int>{768, 128, 40};
+    // M2.5 q/k/v; small widths with a partial 16-row group (144)
+    const std::vector<int> widths = shape == 0 ? std::vector<int>{6144, 1024, 1024} : std::vector<int>{768, 128, 144};
     std::mt19937 rng(T * 17 + shape);
     std::vector<HostWeight> w;
     for (int n : widths) w.push_back(make_weight(n, K, true, rng));
