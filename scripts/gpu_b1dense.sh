@@ -45,5 +45,8 @@ for cfg in ${CONFIGS:-all old graphs noroute nonorm nodense_o}; do
       grep -E '^"[0-9]' "$OUT/$cfg.csv" | awk -F'","' '{n=$5; gsub(/moeserve::cuda::|\(anonymous namespace\)::|void /, "", n); sub(/\(.*/, "", n); printf "%s %s grid %s %s %s\n", $1, substr(n, 1, 70), $9, $(NF-2), $NF}' | tr -d '"' | head -${NCU_LINES:-60} ;;
     r8) run r8 MOESERVE_GEMV_DENSE_R=8 ;;
     rw4) run rw4 MOESERVE_ROUTE_W=4 ;;
+    nocarve) run nocarve MOESERVE_GEMV_DENSE_CARVEOUT=0 ;;
+    p1) run p1 MOESERVE_GEMV_DENSE_PIECES=1 ;;
+    p2) run p2 MOESERVE_GEMV_DENSE_PIECES=2 ;;
   esac
 done

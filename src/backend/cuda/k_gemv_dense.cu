@@ -356,8 +356,14 @@ void launch_dense(const LinParams& p, const DenseGeo& geo, int blocks, cudaStrea
   static size_t attr = 0;  // the largest dynamic size allowed so far for this instance
   if (smem > attr) {
     CUDA_CHECK(cudaFuncSetAttribute(gemv_dense_kernel<R, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDSmemMax)));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_dense_kernel<R, NORM>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    int(cudaSharedmemCarveoutMaxShared)));
+    // MOESERVE_GEMV_DENSE_CARVEOUT=0: leave the L1 / shared split to the driver (A/B).
+    static const bool carveout = [] {
+      const char* e = std::getenv("MOESERVE_GEMV_DENSE_CARVEOUT");
+      return !(e && e[0] == '0');
+    }();
+    if (carveout)
+      CUDA_CHECK(cudaFuncSetAttribute(gemv_dense_kernel<R, NORM>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      int(cudaSharedmemCarveoutMaxShared)));
     attr = kDSmemMax;
   }
   launch_pdl(gemv_dense_kernel<R, NORM>, dim3(blocks), dim3(kDW * 32), smem, s, p, geo);
@@ -403,8 +409,14 @@ void launch_gemv_dense(const LinParams& p0, int num_sms, cudaStream_t s) {
   }
   if (blocks == 0) return;
   const int nchunks = p.K / 128;
+  // MOESERVE_GEMV_DENSE_PIECES=1..4: K-pieces (mbarriers) per block (A/B).
+  static const int pieces = [] {
+    const char* e = std::getenv("MOESERVE_GEMV_DENSE_PIECES");
+    const int v = e ? std::atoi(e) : kPieces;
+    return v >= 1 && v <= kPieces ? v : kPieces;
+  }();
   DenseGeo geo;
-  geo.cpp = (ceil_div(nchunks, kPieces) + kDW - 1) / kDW * kDW;
+  geo.cpp = (ceil_div(nchunks, pieces) + kDW - 1) / kDW * kDW;
   geo.npieces = ceil_div(nchunks, geo.cpp);
   if (R == 16) {
     if (p.norm)
