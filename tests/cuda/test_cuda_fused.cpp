@@ -179,6 +179,7 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
     for (int h = 0; h < K; ++h)
       xn_ref[size_t(t) * K + h] = bf16_to_f32(f32_to_bf16(float(r_ref[size_t(t) * K + h] * r * nw[h])));
   }
+  const int saved_dense = gpu().gemv_dense_max_tokens;
   gpu().gemv_dense_max_tokens = 0;  // the previous kernels (k_gemv_dense.cu: test_cuda_dense.cpp)
   for (int fused = 1; fused >= 0; --fused) {
     gpu().fuse_norm_linear = fused == 1;
@@ -197,7 +198,7 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
     }
   }
   gpu().fuse_norm_linear = false;
-  gpu().gemv_dense_max_tokens = 8;
+  gpu().gemv_dense_max_tokens = saved_dense;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormLinearMulti, ::testing::Values(1, 3, 6));

@@ -140,7 +140,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("ws_genload")) cuda::g_attn_ws_page_loader = false;
     if (has("ws_tma")) cuda::g_attn_ws_tma = true;
   }
-  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_V"); e && *e) gemv_dense_max_tokens = std::atoi(e) ? 8 : 0;
+  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_V"); e && *e) gemv_dense_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_O"); e && *e) gemv_dense_single_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_NORM"); e && *e) fuse_norm_dense = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_ROUTE_V"); e && *e) route_norm_dense = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
@@ -456,13 +457,8 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
 
 // The dense decode GEMV (k_gemv_dense.cu) where it applies; false: nothing launched.
 bool CudaBackend::dense_gemv(const LinParams& p) {
-  // MOESERVE_GEMV_DENSE_O=0: single linears (o_proj) stay on k_gemv_tc.cu (A/B of o_proj alone).
-  static const bool single_off = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_DENSE_O");
-    return e && std::strcmp(e, "0") == 0;
-  }();
-  if (single_off && p.nseg == 0 && !p.norm) return false;
-  if (!(use_gemv_tc && p.M <= gemv_dense_max_tokens && p.M <= linear_gemv_tc_max_tokens && gemv_dense_supported(p)))
+  const int max_tokens = p.nseg == 0 && !p.norm ? gemv_dense_single_max_tokens : gemv_dense_max_tokens;
+  if (!(use_gemv_tc && p.M <= max_tokens && p.M <= linear_gemv_tc_max_tokens && gemv_dense_supported(p)))
     return false;
   launch_gemv_dense(p, num_sms_, stream_);
   ++gemv_dense_launches;

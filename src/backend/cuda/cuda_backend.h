@@ -182,9 +182,13 @@ class CudaBackend final : public Backend {
   // fuse_norm_route).
   bool fuse_norm_linear = false;
   // Dense decode GEMV (k_gemv_dense.cu: whole weight slice per block into shared memory
-  // before the PDL wait) for linear / linear_multi / add_rms_norm_linear_multi up to this many
-  // tokens; 0: off (the k_gemv_tc.cu path). MOESERVE_GEMV_DENSE_V=0 turns it off.
-  int gemv_dense_max_tokens = 8;
+  // before the PDL wait) for linear_multi / add_rms_norm_linear_multi (q/k/v) up to this many
+  // tokens; 0: off (the k_gemv_tc.cu path). MOESERVE_GEMV_DENSE_V=n sets it (0: off).
+  int gemv_dense_max_tokens = 4;
+  // ... and for single linears (o_proj) up to this many tokens. Off by default: slower than
+  // k_gemv_tc.cu inside the batch-1 graph on the H200 (docs/benchmarks.md);
+  // MOESERVE_GEMV_DENSE_O=n sets it.
+  int gemv_dense_single_max_tokens = 0;
   // add_rms_norm_linear_multi with the norm inside that kernel (MOESERVE_GEMV_DENSE_NORM=0:
   // the separate norm kernel, then the dense GEMV).
   bool fuse_norm_dense = true;
