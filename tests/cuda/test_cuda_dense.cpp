@@ -18,7 +18,7 @@ namespace moeserve::test {
 namespace {
 
 // The backend's defaults (restored after each test).
-const int kDefaultDense = 4, kDefaultSingle = 0;
+const int kDefaultDense = 1, kDefaultSingle = 0;
 
 Tensor poisoned(int64_t rows, int64_t cols) {
   return to_device(std::vector<float>(size_t(rows * cols), NAN), DType::BF16, {rows, cols});

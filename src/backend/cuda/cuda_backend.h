@@ -184,7 +184,9 @@ class CudaBackend final : public Backend {
   // Dense decode GEMV (k_gemv_dense.cu: whole weight slice per block into shared memory
   // before the PDL wait) for linear_multi / add_rms_norm_linear_multi (q/k/v) up to this many
   // tokens; 0: off (the k_gemv_tc.cu path). MOESERVE_GEMV_DENSE_V=n sets it (0: off).
-  int gemv_dense_max_tokens = 4;
+  // Batch 1 only by default: at 2-8 tokens the dense q/k/v measured slower than the old path
+  // (docs/benchmarks.md, "Batch-1 dense decode").
+  int gemv_dense_max_tokens = 1;
   // ... and for single linears (o_proj) up to this many tokens. Off by default: slower than
   // k_gemv_tc.cu inside the batch-1 graph on the H200 (docs/benchmarks.md);
   // MOESERVE_GEMV_DENSE_O=n sets it.
