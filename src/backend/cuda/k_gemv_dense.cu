@@ -27,6 +27,7 @@
 // add_j)) * w) for its rows (the reference rounding), and the grid's last block (threadfence
 // + counter) stores res += add and the normed rows, after every block has read the old res.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
@@ -353,8 +354,12 @@ size_t dense_smem(int R, int M, int K) {
 template <int R, bool NORM>
 void launch_dense(const LinParams& p, const DenseGeo& geo, int blocks, cudaStream_t s) {
   const size_t smem = dense_smem(R, p.M, p.K);
-  static size_t attr = 0;  // the largest dynamic size allowed so far for this instance
-  if (smem > attr) {
+  // The shared-memory opt-in is per device: one bit per device for this instance.
+  static std::atomic<uint64_t> attr_set{0};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(attr_set.load() & bit)) {
     CUDA_CHECK(cudaFuncSetAttribute(gemv_dense_kernel<R, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDSmemMax)));
     // MOESERVE_GEMV_DENSE_CARVEOUT=0: leave the L1 / shared split to the driver (A/B).
     static const bool carveout = [] {
@@ -364,7 +369,7 @@ void launch_dense(const LinParams& p, const DenseGeo& geo, int blocks, cudaStrea
     if (carveout)
       CUDA_CHECK(cudaFuncSetAttribute(gemv_dense_kernel<R, NORM>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       int(cudaSharedmemCarveoutMaxShared)));
-    attr = kDSmemMax;
+    attr_set.fetch_or(bit);
   }
   launch_pdl(gemv_dense_kernel<R, NORM>, dim3(blocks), dim3(kDW * 32), smem, s, p, geo);
   CUDA_CHECK_LAUNCH();
