@@ -100,6 +100,7 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
 
 struct DenseGeo {
   int cpp, npieces;  // chunks per piece (a multiple of kDW), pieces
+  int late;          // 1: weight copies after the PDL wait
 };
 
 // Dynamic shared memory: weights [R][K + 16] fp8, activations [M][K + 8] f16, block scales
@@ -141,7 +142,10 @@ __global__ void __launch_bounds__(kDW * 32) gemv_dense_kernel(LinParams p, Dense
     for (int i = 0; i < geo.npieces; ++i) mbar_init(&bars[i], 1);
   }
   __syncthreads();
-  if (warp == 0) {
+  // geo.late: the copies start only after the wait (they would otherwise compete with a
+  // latency-bound predecessor, the decode attention, for HBM).
+  auto issue = [&]() {
+    if (warp != 0) return;
     if (lane == 0)
       for (int pc = 0; pc < geo.npieces; ++pc) {
         const int cb = pc * geo.cpp, ce = min(nchunks, cb + geo.cpp);
@@ -154,10 +158,12 @@ __global__ void __launch_bounds__(kDW * 32) gemv_dense_kernel(LinParams p, Dense
       const int cb = pc * geo.cpp, ce = min(nchunks, cb + geo.cpp);
       bulk_g2s(ws + r * ldw + cb * 128, wg + int64_t(r) * K + cb * 128, uint32_t(ce - cb) * 128u, &bars[pc]);
     }
-  }
+  };
+  if (!geo.late) issue();
   const int srow = (n0 / p.bo) * s_cols;  // the block's rows share one 128-row scale block
   for (int i = tid; i < nchunks; i += kDW * 32) scl[i] = __ldg(S + srow + i);
   pdl_enter();
+  if (geo.late) issue();
 
   // Activations -> f16 rows in shared memory.
   const int kv = K / 8;  // 16-byte vectors per row
@@ -423,6 +429,13 @@ void launch_gemv_dense(const LinParams& p0, int num_sms, cudaStream_t s) {
   DenseGeo geo;
   geo.cpp = (ceil_div(nchunks, pieces) + kDW - 1) / kDW * kDW;
   geo.npieces = ceil_div(nchunks, geo.cpp);
+  // Single linears (o_proj, after the decode attention) copy after the wait unless
+  // MOESERVE_GEMV_DENSE_O_EARLY=1; q/k/v (after the bandwidth-bound down GEMV) before it.
+  static const bool single_early = [] {
+    const char* e = std::getenv("MOESERVE_GEMV_DENSE_O_EARLY");
+    return e && e[0] == '1';
+  }();
+  geo.late = p.nseg == 0 && !p.norm && !single_early ? 1 : 0;
   if (R == 16) {
     if (p.norm)
       launch_dense<16, true>(p, geo, blocks, s);
