@@ -108,6 +108,7 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
   std::mt19937 rng(T * 5 + 1);
   auto res = randn(size_t(T) * H, rng), dx = randn(size_t(T) * H, rng), nw = randn(H, rng, 0.5f);
   auto gate = randn(size_t(E) * H, rng, 0.02f, false), bias = randn(E, rng, 0.01f, false);
+  gpu().route_norm_dense = false;  // the previous kernels (k_route_dense.cu: test_cuda_dense.cpp)
   for (int fused = 1; fused >= 0; --fused) {
     gpu().fuse_norm_route = fused == 1;
     auto run = [&](Backend& b, bool on_gpu) {
@@ -148,6 +149,7 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
     }
   }
   gpu().fuse_norm_route = false;
+  gpu().route_norm_dense = true;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormRoute, ::testing::Values(1, 3, 6));
@@ -177,6 +179,8 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
     for (int h = 0; h < K; ++h)
       xn_ref[size_t(t) * K + h] = bf16_to_f32(f32_to_bf16(float(r_ref[size_t(t) * K + h] * r * nw[h])));
   }
+  const int saved_dense = gpu().gemv_dense_max_tokens;
+  gpu().gemv_dense_max_tokens = 0;  // the previous kernels (k_gemv_dense.cu: test_cuda_dense.cpp)
   for (int fused = 1; fused >= 0; --fused) {
     gpu().fuse_norm_linear = fused == 1;
     Tensor tres = to_device(res, DType::BF16, {T, K}), tdx = to_device(dx, DType::BF16, {T, K});
@@ -194,6 +198,7 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
     }
   }
   gpu().fuse_norm_linear = false;
+  gpu().gemv_dense_max_tokens = saved_dense;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormLinearMulti, ::testing::Values(1, 3, 6));

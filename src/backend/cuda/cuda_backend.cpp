@@ -140,6 +140,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("ws_genload")) cuda::g_attn_ws_page_loader = false;
     if (has("ws_tma")) cuda::g_attn_ws_tma = true;
   }
+  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_V"); e && *e) gemv_dense_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_O"); e && *e) gemv_dense_single_max_tokens = std::atoi(e);
+  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_NORM"); e && *e) fuse_norm_dense = std::atoi(e) != 0;
+  if (const char* e = std::getenv("MOESERVE_ROUTE_V"); e && *e) route_norm_dense = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_V"); e && *e) attn_decode_version = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_SPLITS"); e && *e) attn_decode_max_splits = std::atoi(e);
@@ -449,11 +453,22 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   // FP8 linears the tensor-core GEMV supports take it up to linear_gemv_tc_max_tokens rows:
   // at 64 rows the 64 x 128 GEMM gives q/o projections only 24-48 blocks (~140 GB/s).
   if (T >= fp8_act_min_tokens && linear_fp8_act(p)) return;
+  if (dense_gemv(p)) return;
   if (T <= linear_gemv_max_tokens || (T <= 64 && N <= linear_gemv_narrow_n) ||
       (T <= linear_gemv_tc_max_tokens && gemv_tc_supported(p)))
     launch_gemv(p, stream_);
   else
     launch_gemm(p, stream_);
+}
+
+// The dense decode GEMV (k_gemv_dense.cu) where it applies; false: nothing launched.
+bool CudaBackend::dense_gemv(const LinParams& p) {
+  const int max_tokens = p.nseg == 0 && !p.norm ? gemv_dense_single_max_tokens : gemv_dense_max_tokens;
+  if (!(use_gemv_tc && p.M <= max_tokens && p.M <= linear_gemv_tc_max_tokens && gemv_dense_supported(p)))
+    return false;
+  launch_gemv_dense(p, num_sms_, stream_);
+  ++gemv_dense_launches;
+  return true;
 }
 
 namespace {
@@ -478,7 +493,7 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearWeight* const* ws, T
   if (rows_of(x) >= fp8_act_min_tokens && linear_multi_fp8_act(x, nullptr, ws, outs, n)) return;
   LinParams m;
   if (fuse_linear_multi && n > 1 && use_gemv_tc && multi_params(x, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
-    launch_gemv_tc(m, stream_);
+    if (!dense_gemv(m)) launch_gemv_tc(m, stream_);
     return;
   }
   for (int i = 0; i < n; ++i) linear(x, *ws[i], *outs[i]);
@@ -489,7 +504,8 @@ void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, c
   const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
                   out.dtype == DType::BF16;
   LinParams m;
-  if (fuse_norm_linear && use_gemv_tc && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
+  const bool dense_norm = fuse_norm_dense && gemv_dense_max_tokens > 0;
+  if ((fuse_norm_linear || dense_norm) && use_gemv_tc && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
       weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
       out.numel() == x.numel() && out.shape == x.shape && weight.numel() == x.dim(-1) &&
       aligned16({residual.data, x.data, weight.data, out.data}) &&
@@ -498,7 +514,8 @@ void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, c
     m.x = x.data;
     m.norm_res = residual.data, m.norm_w = weight.data, m.norm_out = out.data, m.eps = eps;
     m.norm_counter = counters_ + 1;
-    if (gemv_tc_norm_supported(m)) {
+    if (dense_norm && dense_gemv(m)) return;
+    if (fuse_norm_linear && gemv_tc_norm_supported(m)) {
       launch_gemv_tc(m, stream_);
       return;
     }

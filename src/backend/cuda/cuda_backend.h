@@ -181,6 +181,24 @@ class CudaBackend final : public Backend {
   // add_rms_norm_linear_multi as one GEMV launch (T <= 4, K <= 3072). Off by default (as
   // fuse_norm_route).
   bool fuse_norm_linear = false;
+  // Dense decode GEMV (k_gemv_dense.cu: whole weight slice per block into shared memory
+  // before the PDL wait) for linear_multi / add_rms_norm_linear_multi (q/k/v) up to this many
+  // tokens; 0: off (the k_gemv_tc.cu path). MOESERVE_GEMV_DENSE_V=n sets it (0: off).
+  // Batch 1 only by default: at 2-8 tokens the dense q/k/v measured slower than the old path
+  // (docs/benchmarks.md, "Batch-1 dense decode").
+  int gemv_dense_max_tokens = 1;
+  // ... and for single linears (o_proj) up to this many tokens. Off by default: slower than
+  // k_gemv_tc.cu inside the batch-1 graph on the H200 (docs/benchmarks.md);
+  // MOESERVE_GEMV_DENSE_O=n sets it.
+  int gemv_dense_single_max_tokens = 0;
+  // add_rms_norm_linear_multi with the norm inside that kernel (MOESERVE_GEMV_DENSE_NORM=0:
+  // the separate norm kernel, then the dense GEMV).
+  bool fuse_norm_dense = true;
+  // add_rms_norm_route as one decode kernel (k_route_dense.cu: the norm in every logits
+  // block, top-k in the last); MOESERVE_ROUTE_V=0 turns it off (norm kernel + router).
+  bool route_norm_dense = true;
+  // Launch counts of the two kernels above (tests check that a path really ran).
+  uint64_t gemv_dense_launches = 0, route_dense_launches = 0;
   // qk_norm_rope_write_kv as one kernel.
   bool fuse_qk_write_kv = true;
   // Split-KV attention merges its splits in the last block of each group (no combine kernel).
@@ -282,6 +300,7 @@ class CudaBackend final : public Backend {
     float eps;
   };
   bool moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf);
+  bool dense_gemv(const cuda::LinParams& p);
   // Fills the QK-norm parameters (with the KV write when kv is given); launches nothing.
   cuda::QkNormRopeParams qk_norm_rope_params(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
                                              const AttentionMeta* meta);

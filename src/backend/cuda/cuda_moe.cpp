@@ -110,7 +110,7 @@ void CudaBackend::add_rms_norm_route(Tensor& residual, const Tensor& x, const Te
                                      const MoeWeights& moe, MoeRouting& routing) {
   const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
                   out.dtype == DType::BF16;
-  if (fuse_router && fuse_norm_route && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
+  if (fuse_router && (fuse_norm_route || route_norm_dense) && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
       weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
       out.numel() == x.numel() && weight.numel() == x.dim(-1) &&
       aligned16({residual.data, x.data, weight.data, out.data})) {
@@ -165,7 +165,12 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
     p.norm = true;
     p.x = nf->addend->data, p.x_bf16 = true;
     p.residual = nf->residual->data, p.norm_w = nf->weight->data, p.norm_out = x.data, p.eps = nf->eps;
-    if (!route_norm_supported(p)) return false;
+    if (route_norm_dense && route_norm_decode_supported(p)) {  // k_route_dense.cu
+      launch_route_norm_decode(p, stream_);
+      ++route_dense_launches;
+      return true;
+    }
+    if (!fuse_norm_route || !route_norm_supported(p)) return false;
   }
   // Prefill (eager, >= 64 tokens, no fused norm): logits as an f32 GEMM, then top-k alone.
   if (!nf && route_logits_gemm(moe.gate, p))

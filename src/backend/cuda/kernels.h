@@ -176,6 +176,12 @@ void launch_gemv(const LinParams& p, cudaStream_t s);  // memory-bound path, sma
 bool gemv_tc_supported(const LinParams& p);
 bool gemv_tc_norm_supported(const LinParams& p);
 void launch_gemv_tc(const LinParams& p, cudaStream_t s);
+// Dense decode GEMV (k_gemv_dense.cu; sm_90+): kStore, no tile table, FP8 128 x 128 scales,
+// M <= 8, K % 128 == 0, optionally multi-segment and/or with the fused add + RMSNorm
+// (p.norm, K <= 4096). Each block copies its whole weight slice into shared memory before
+// the PDL wait. seg_block is recomputed by the launcher.
+bool gemv_dense_supported(const LinParams& p);
+void launch_gemv_dense(const LinParams& p, int num_sms, cudaStream_t s);
 void launch_gemm(const LinParams& p, cudaStream_t s);  // tensor-core path (mma.sync bf16)
 
 // ---- MoE (k_moe.cu) ----
@@ -210,6 +216,10 @@ struct RouteParams {
   uint64_t pf_bytes = 0;
 };
 bool route_norm_supported(const RouteParams& p);
+// Decode add + RMSNorm + router in one kernel (k_route_dense.cu): p.norm set, T <= 4, f32
+// gate, H % 128 == 0, H <= 4096, top_k <= 32, p.counter set.
+bool route_norm_decode_supported(const RouteParams& p);
+void launch_route_norm_decode(const RouteParams& p, cudaStream_t s);
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
 
 // Groups (token, k) pairs by local expert. Outputs (device, caller-sized):

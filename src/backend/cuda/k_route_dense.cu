@@ -1,0 +1,215 @@
+// Decode add + RMSNorm + router in one kernel (add_rms_norm_route at T <= 4).
+//
+// The batch-1 graph otherwise runs the row norm kernel (residual += o, x = rmsnorm) and then
+// route_decode_kernel (k_moe.cu), which can start its math only after the norm kernel has
+// completed: one more dependent kernel boundary between the o_proj output and the expert ids.
+// Here each block of kW warps owns kW experts: the warps load their gate rows (f32, H <= 4096:
+// up to 32 float4 per lane) into registers BEFORE the PDL wait (the 3 MB gate streams during
+// o_proj's tail), then every block normalises the T rows of residual + o itself into shared
+// memory (a 12 KB L2 read per token and block), computes its logits, and the last block
+// (threadfence + counter) stores residual and the normed rows and ranks the experts of each
+// token with the whole block as route_decode_kernel does (biased sigmoid score desc, id asc;
+// NaN last; weights renormalised over the k chosen sigmoid scores).
+#include <cstdlib>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kRTok = 4;        // max tokens (the normed rows stay under 48 KB of shared memory)
+constexpr int kRMaxH = 4096;    // max hidden width
+constexpr int kRPre = kRMaxH / 128;  // float4 per lane of a gate row
+constexpr int kRMaxE = 1024;
+
+template <int kW>
+__global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams p) {
+  constexpr int kV = kRMaxH / (8 * kW * 32);  // 16-byte vectors per thread and row (norm)
+  // The normed rows [T][H] bf16 (dynamic: T x H x 2 bytes, 6 KB at batch 1, so that the
+  // kernel's blocks fit next to the o_proj GEMV's when PDL starts them early).
+  extern __shared__ __align__(16) unsigned char xs_raw[];
+  bf16* xs = reinterpret_cast<bf16*>(xs_raw);
+  __shared__ float score[kRMaxE];
+  __shared__ __align__(16) float choice[kRMaxE];
+  __shared__ float rnorm[kRTok];
+  __shared__ float scratch[32];
+  __shared__ int sel[32];
+  __shared__ int is_last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int e = blockIdx.x * kW + warp, H = p.H, T = p.T, nv = H / 128;
+  auto xrow = [&](int j) { return xs + j * H; };
+  float4 w[kRPre];
+  const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(min(e, p.E - 1)) * H);
+#pragma unroll
+  for (int i = 0; i < kRPre; ++i)
+    if (i < nv) w[i] = __ldg(g + i * 32 + lane);
+  pdl_enter();
+
+  // x_j = bf16(rmsnorm(bf16(res_j + add_j)) * nw) into shared memory (every block).
+  const bf16* res = static_cast<const bf16*>(p.residual);
+  const bf16* add = static_cast<const bf16*>(p.x);
+  const bf16* nw = static_cast<const bf16*>(p.norm_w);
+  const int hv = H / 8;
+  for (int j = 0; j < T; ++j) {
+    uint4 ra[kV], xa[kV];
+#pragma unroll
+    for (int i = 0; i < kV; ++i) {
+      const int v = i * kW * 32 + tid;
+      if (v < hv) {
+        ra[i] = *reinterpret_cast<const uint4*>(res + int64_t(j) * H + 8 * v);
+        xa[i] = *reinterpret_cast<const uint4*>(add + int64_t(j) * H + 8 * v);
+      }
+    }
+    float val[kV][8];
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kV; ++i) {
+      const int v = i * kW * 32 + tid;
+      const uint32_t rw[4] = {ra[i].x, ra[i].y, ra[i].z, ra[i].w}, xw[4] = {xa[i].x, xa[i].y, xa[i].z, xa[i].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 a = bf16x2_to_f2(rw[k]), b = bf16x2_to_f2(xw[k]);
+        val[i][2 * k] = v < hv ? bf2f(f2bf(a.x + b.x)) : 0.f;
+        val[i][2 * k + 1] = v < hv ? bf2f(f2bf(a.y + b.y)) : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ss += val[i][k] * val[i][k];
+    }
+    ss = block_sum(ss, scratch);
+    const float r = rsqrtf(ss / H + p.eps);
+    if (tid == 0) rnorm[j] = r;
+#pragma unroll
+    for (int i = 0; i < kV; ++i) {
+      const int v = i * kW * 32 + tid;
+      if (v < hv) {
+        const uint4 wv = *reinterpret_cast<const uint4*>(nw + 8 * v);
+        const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
+        uint32_t o[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 wf = bf16x2_to_f2(ww[k]);
+          __nv_bfloat162 h = __floats2bfloat162_rn(val[i][2 * k] * r * wf.x, val[i][2 * k + 1] * r * wf.y);
+          o[k] = *reinterpret_cast<uint32_t*>(&h);
+        }
+        *reinterpret_cast<uint4*>(xrow(j) + 8 * v) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Logits: warp e, lane l holds gate columns 4 (i * 32 + l) .. + 3.
+  float acc[kRTok];
+#pragma unroll
+  for (int j = 0; j < kRTok; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRPre; ++i) {
+    if (i >= nv) break;
+    const int h = 4 * (i * 32 + lane);
+#pragma unroll
+    for (int j = 0; j < kRTok; ++j) {
+      if (j < T) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(xrow(j) + h);
+        const float2 a = bf16x2_to_f2(raw.x), b = bf16x2_to_f2(raw.y);
+        acc[j] = fmaf(a.x, w[i].x, fmaf(a.y, w[i].y, fmaf(b.x, w[i].z, fmaf(b.y, w[i].w, acc[j]))));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRTok; ++j) {
+    const float v = warp_sum(acc[j]);
+    if (lane == 0 && j < T && e < p.E) p.logits[int64_t(j) * p.E + e] = v;
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) is_last = atomicAdd(p.counter, 1) == int(gridDim.x) - 1;
+  __syncthreads();
+  if (!is_last) return;
+  if (tid == 0) *p.counter = 0;  // ready for the next layer / graph replay
+  __threadfence();
+
+  // Residual and normed rows (every other block is done with the old residual).
+  bf16* resw = static_cast<bf16*>(p.residual);
+  for (int i = tid; i < T * hv; i += kW * 32) {
+    const int j = i / hv, c = i - j * hv;
+    const uint4 ra = __ldcg(reinterpret_cast<const uint4*>(resw + int64_t(j) * H + 8 * c));
+    const uint4 xa = __ldcg(reinterpret_cast<const uint4*>(add + int64_t(j) * H + 8 * c));
+    const uint32_t rw[4] = {ra.x, ra.y, ra.z, ra.w}, xw[4] = {xa.x, xa.y, xa.z, xa.w};
+    uint32_t ro[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 a = bf16x2_to_f2(rw[k]), b = bf16x2_to_f2(xw[k]);
+      __nv_bfloat162 v = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
+      ro[k] = *reinterpret_cast<uint32_t*>(&v);
+    }
+    *reinterpret_cast<uint4*>(resw + int64_t(j) * H + 8 * c) = make_uint4(ro[0], ro[1], ro[2], ro[3]);
+    *reinterpret_cast<uint4*>(static_cast<bf16*>(p.norm_out) + int64_t(j) * H + 8 * c) =
+        *reinterpret_cast<const uint4*>(xrow(j) + 8 * c);
+  }
+
+  // Top-k of each token: thread x ranks expert x by counting the experts ahead of it.
+  const int E4 = (p.E + 3) / 4 * 4;
+  for (int t = 0; t < T; ++t) {
+    for (int x = tid; x < E4; x += kW * 32) {
+      if (x < p.E) {
+        const float sc = 1.f / (1.f + expf(-__ldcg(p.logits + int64_t(t) * p.E + x)));
+        const float c = sc + (p.bias ? p.bias[x] : 0.f);
+        score[x] = sc;
+        choice[x] = c == c ? c : -INFINITY;  // NaN ranks last
+      } else {
+        choice[x] = -INFINITY;  // padding: behind every real expert (ties: higher id)
+      }
+    }
+    if (tid < 32) sel[tid] = 0;
+    __syncthreads();
+    for (int x = tid; x < p.E; x += kW * 32) {
+      const float c = choice[x];
+      int rank = 0;
+      for (int j = 0; j < E4; j += 4) {
+        const float4 o = *reinterpret_cast<const float4*>(&choice[j]);
+        rank += (o.x > c || (o.x == c && j < x)) + (o.y > c || (o.y == c && j + 1 < x)) +
+                (o.z > c || (o.z == c && j + 2 < x)) + (o.w > c || (o.w == c && j + 3 < x));
+      }
+      if (rank < p.top_k) sel[rank] = x;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int id = lane < p.top_k ? sel[lane] : 0;
+      const float sc = lane < p.top_k ? score[id] : 0.f;
+      const float sum = warp_sum(sc);
+      if (lane < p.top_k) {
+        p.ids[t * p.top_k + lane] = id;
+        p.weights[t * p.top_k + lane] = sc * (sum > 0.f ? 1.f / sum : 0.f);
+      }
+    }
+    __syncthreads();  // score / choice / sel reused by the next token
+  }
+}
+
+bool a16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
+
+}  // namespace
+
+bool route_norm_decode_supported(const RouteParams& p) {
+  return p.norm && p.counter && p.x_bf16 && !p.gate_bf16 && !p.logits_split && p.T >= 1 && p.T <= kRTok &&
+         p.H % 128 == 0 && p.H <= kRMaxH && p.E <= kRMaxE && p.top_k >= 1 && p.top_k <= 32 && p.top_k <= p.E &&
+         p.logits && !p.pf_experts && a16(p.x) && a16(p.residual) && a16(p.norm_w) && a16(p.norm_out) && a16(p.gate);
+}
+
+void launch_route_norm_decode(const RouteParams& p, cudaStream_t s) {
+  CU_REQUIRE(route_norm_decode_supported(p), "route_norm_decode: unsupported arguments");
+  // MOESERVE_ROUTE_W=4|8: warps (experts) per block (A/B).
+  static const int env_w = [] {
+    const char* e = std::getenv("MOESERVE_ROUTE_W");
+    return e ? std::atoi(e) : 8;
+  }();
+  const size_t smem = size_t(p.T) * p.H * 2;  // <= 32 KB (T <= 4, H <= 4096): no opt-in needed
+  if (env_w == 4)
+    launch_pdl(route_norm_decode_kernel<4>, dim3(ceil_div(p.E, 4)), dim3(4 * 32), smem, s, p);
+  else
+    launch_pdl(route_norm_decode_kernel<8>, dim3(ceil_div(p.E, 8)), dim3(8 * 32), smem, s, p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeserve::cuda
