@@ -13,28 +13,7 @@
 namespace moeserve::test {
 namespace {
 
-double median_ms(const std::function<void()>& f) {
-  cudaStream_t s = gpu().stream();
-  f();
-  gpu().synchronize();
-  std::vector<double> t;
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 5; ++i) {
-    cudaEventRecord(a, s);
-    f();
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[2];
-}
+double median_ms(const std::function<void()>& f) { return event_median_ms(f, 5); }
 
 LinearWeight rand_fp8(int N, int K, uint64_t seed) {
   LinearWeight w;

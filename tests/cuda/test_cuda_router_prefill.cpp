@@ -194,6 +194,37 @@ TEST(CudaRouterPrefill, SameAsF32Path) {
   std::printf("[router prefill] split-bf16 + warp top-k vs f32 GEMM + route_kernel: %d of %d tokens differ\n", diff, T);
 }
 
+// The gate split once per gate tensor (gate_split_cache) gives the same routing, bit for bit,
+// as the split per call; a new gate (possibly at a freed gate's address) is split anew, and
+// the splits of freed gates are dropped.
+TEST(CudaRouterPrefill, GateSplitCacheSameAsPerCall) {
+  SKIP_WITHOUT_GPU();
+  const int T = 256, H = 3072, E = 256, K = 8;
+  CudaBackend& b = gpu();
+  ASSERT_TRUE(b.router_split_bf16);
+  for (int round = 0; round < 3; ++round) {
+    const RouterCase c = make_router_case(T, H, E, K, 300 + round);
+    MoeWeights moe;
+    moe.gate = to_device(c.gate, DType::F32, {E, H});
+    moe.score_bias = to_device(c.bias, DType::F32, {E});
+    moe.num_experts = E, moe.top_k = K;
+    Tensor dx = to_device(c.x, DType::BF16, {T, H});
+    std::vector<float> ids[3], w[3];
+    for (int path = 0; path < 3; ++path) {  // per call, cache miss, cache hit
+      b.gate_split_cache = path > 0;
+      MoeRouting r;
+      b.moe_route(dx, moe, r);
+      ids[path] = b.download_f32(r.expert_ids), w[path] = b.download_f32(r.weights);
+    }
+    b.gate_split_cache = true;
+    for (int path = 1; path < 3; ++path) {
+      EXPECT_EQ(ids[path], ids[0]) << "round " << round << " path " << path;
+      EXPECT_EQ(0, std::memcmp(w[path].data(), w[0].data(), w[0].size() * 4)) << "round " << round << " path " << path;
+    }
+    EXPECT_EQ(b.gate_split_count(), 1u);  // the freed gates of earlier rounds and tests dropped at the miss
+  }
+}
+
 // Warp top-k vs route_kernel on identical logits: same ids and weights bit for bit, including
 // exact ties (lower id first), -inf / NaN logits, E not a multiple of 32, the split layout.
 TEST(CudaRouterPrefill, WarpTopkSameAsRouteKernel) {
@@ -416,28 +447,7 @@ TEST(CudaNormQuant, QuantVecSameAsQuant) {
 
 // Timings of the ops above at M2.5 shapes and 8,192 tokens, previous path vs new (run with
 // MOESERVE_BENCH=1; otherwise skipped). Medians of 7 event-timed runs after a warm-up.
-double med_ms(const std::function<void()>& f, int reps = 7) {
-  cudaStream_t s = gpu().stream();
-  f();
-  gpu().synchronize();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a, s);
-    f();
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+double med_ms(const std::function<void()>& f) { return event_median_ms(f, 7); }
 
 TEST(CudaSmallPrefillBench, M25Ops8k) {
   SKIP_WITHOUT_GPU();

@@ -1,9 +1,12 @@
 // Helpers for the CUDA op tests: random host data, device upload in a given dtype, FP8
 // block-scaled weights, and the normalised error ||out - ref|| / ||ref||.
 #pragma once
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -22,6 +25,31 @@ namespace moeserve::test {
 inline CudaBackend& gpu() {
   static std::unique_ptr<CudaBackend> b = make_cuda_backend(0);
   return *b;
+}
+
+// Median of `reps` CUDA-event timings (ms) of f on the test backend's stream, after one
+// untimed warm-up call (the bench cases: old path vs new).
+inline double event_median_ms(const std::function<void()>& f, int reps = 7) {
+  cudaStream_t s = gpu().stream();
+  f();
+  gpu().synchronize();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, s);
+    f();
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 // Random normal values, rounded to bf16 when `bf16_exact` so the host reference sees the same inputs.

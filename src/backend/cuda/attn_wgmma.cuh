@@ -171,6 +171,29 @@ __device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&pa)[8][4
   }
 }
 
+// Epilogue: the quad's partial row sums give 1 / l per row; O / l is stored as bf16 into the
+// rows' 128 outputs (out_lo / out_hi: rows r_lo / r_hi; nullptr skips a padded row).
+__device__ __forceinline__ void row_inv_l(const RowState& st, float& inv_lo, float& inv_hi) {
+  float l_lo = st.l_lo, l_hi = st.l_hi;
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
+  }
+  inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+}
+__device__ __forceinline__ void store_o_bf16(const float (&o)[64], const RowState& st, int tig, bf16* out_lo,
+                                             bf16* out_hi) {
+  float inv_lo, inv_hi;
+  row_inv_l(st, inv_lo, inv_hi);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int col = 8 * i + 2 * tig;
+    if (out_lo) *reinterpret_cast<uint32_t*>(out_lo + col) = pack2(o[4 * i] * inv_lo, o[4 * i + 1] * inv_lo);
+    if (out_hi) *reinterpret_cast<uint32_t*>(out_hi + col) = pack2(o[4 * i + 2] * inv_hi, o[4 * i + 3] * inv_hi);
+  }
+}
+
 // Descriptors are built from two 32-bit words: lo = start >> 4 | LBO >> 4 << 16 (start < 2^18,
 // so later adds of small offsets never carry out of the 14-bit field), hi = SBO >> 4 | 128-byte
 // swizzle (bit 62). Per k-step only lo changes, by a constant.

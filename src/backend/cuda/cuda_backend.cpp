@@ -169,7 +169,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // narrow down an accuracy difference (scripts/realshape_check.py): fp8_act = bf16
   // activations in the FP8 linears and experts, lt = k_gemm_fp8.cu instead of cuBLASLt,
   // attn = k_attn_tc.cu instead of the pipelined kernel, router = router logits on CUDA cores,
-  // router_split = the f32 cuBLASLt router GEMM instead of the split-bf16 one, topk = the
+  // router_split = the f32 cuBLASLt router GEMM instead of the split-bf16 one (gate_cache =
+  // the split-bf16 gate split per call instead of once per gate), topk = the
   // shared-memory top-k kernel, norm_quant = q/k/v's norm and per-weight quantisations unfused,
   // qk_rope = the generic QK-norm + RoPE kernel at prefill (k_rope_prefill.cu off), quant_vec
   // = the dense linears' activations on k_quant.cu's kernel, topk_redux = the shuffle top-k.
@@ -181,6 +182,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("attn")) use_attention_prefill = false;
     if (has("router")) router_gemm_min_tokens = 0;
     if (has("router_split")) router_split_bf16 = false;
+    if (has("gate_cache")) gate_split_cache = false;
     if (has("topk")) cuda::g_route_topk_warp = 0;
     if (has("topk_redux")) cuda::g_route_topk_warp = 1;
     if (has("norm_quant")) prefill_norm_quant = false;
@@ -199,6 +201,7 @@ CudaBackend::~CudaBackend() {
   if (counters_) cudaFree(counters_);
   for (auto& w : mega_ws_) cudaFree(w.second);
   expert_tables_.clear();
+  gate_splits_.clear();
   lt_.reset();
   if (stream_) cudaStreamDestroy(stream_);
 }

@@ -129,6 +129,8 @@ class CudaBackend final : public Backend {
   // Bumped whenever a workspace a forward step uses is reallocated (graphs captured before
   // then point at freed memory and must be recaptured). The sampling workspace is not counted.
   uint64_t workspace_generation() const { return ws_generation_; }
+  // Cached split-bf16 router gates (tests: the cache must not outlive its gates).
+  size_t gate_split_count() const { return gate_splits_.size(); }
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_; }
   std::string device_name() const;
@@ -233,6 +235,9 @@ class CudaBackend final : public Backend {
   // ... as the split-bf16 tensor-core GEMM (x bf16 against the gate's bf16 hi / lo halves,
   // f32 accumulation) rather than the f32 CUDA-core GEMM; MOESERVE_PREFILL_OFF=router_split.
   bool router_split_bf16 = true;
+  // ... with the gate split once per gate tensor and kept (gate_split(), +2 bytes x 2 E H per
+  // layer); MOESERVE_PREFILL_OFF=gate_cache splits per call instead.
+  bool gate_split_cache = true;
   // Prefill linear_multi / add_rms_norm_linear_multi (q/k/v): quantise the (normed) input once
   // (fused with the add + RMSNorm) for all weights instead of once per weight after a separate
   // norm; MOESERVE_PREFILL_OFF=norm_quant.
@@ -281,6 +286,15 @@ class CudaBackend final : public Backend {
   bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T);
   // Router logits as a GEMM (p: x, T, H, E set); sets p.logits (and p.logits_split) on success.
   bool route_logits_gemm(const Tensor& gate, cuda::RouteParams& p);
+  // The split-bf16 router's gate halves [2E, H] per f32 gate tensor, made on its first use
+  // outside a capture and kept while the gate's owner lives (a gate is a weight: it never
+  // changes); null (split per call) for borrowed gates or inside a capture on a miss.
+  struct GateSplit {
+    std::weak_ptr<void> owner;
+    Tensor split;
+  };
+  std::unordered_map<const void*, GateSplit> gate_splits_;
+  const void* gate_split(const Tensor& gate, int E, int H);
   // q/k/v-style linears sharing x at prefill: x (optionally with its fused add + RMSNorm)
   // quantised to FP8 once, then one cuBLASLt block-scaled GEMM per weight.
   bool linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws, Tensor* const* outs,

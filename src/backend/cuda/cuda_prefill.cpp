@@ -207,6 +207,25 @@ bool CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, cons
   return true;
 }
 
+const void* CudaBackend::gate_split(const Tensor& gate, int E, int H) {
+  if (!gate.owner || !gate_split_cache) return nullptr;
+  auto same_owner = [&](const GateSplit& g) {
+    return !g.owner.expired() && !g.owner.owner_before(gate.owner) && !gate.owner.owner_before(g.owner);
+  };
+  auto it = gate_splits_.find(gate.data);
+  if (it != gate_splits_.end() && same_owner(it->second) && it->second.split.numel() == int64_t(2) * E * H)
+    return it->second.split.data;
+  if (capturing_) return nullptr;  // no allocation inside a capture
+  // Drop the splits of gates freed since (their memory may now hold another tensor).
+  for (auto g = gate_splits_.begin(); g != gate_splits_.end();)
+    g = g->second.owner.expired() ? gate_splits_.erase(g) : std::next(g);
+  GateSplit g{gate.owner, alloc(DType::BF16, {2 * E, H})};
+  launch_split_gate_bf16(gate.ptr<float>(), g.split.data, E, H, stream_);
+  const void* w2 = g.split.data;
+  gate_splits_[gate.data] = std::move(g);
+  return w2;
+}
+
 bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
   const int T = p.T, H = p.H, E = p.E;
   if (!prefill_path_allowed() || router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 ||
@@ -215,7 +234,7 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
   // In a graph only from fp8_act_min_tokens rows: smaller buckets keep the fused router kernel.
   if (capturing_ && T < fp8_act_min_tokens) return false;
   // Split-bf16 (default for bf16 x, H % 8 == 0): the gate's bf16 halves stacked as [2E, H]
-  // (split per call: 3 MB for M2.5, a few us), one bf16 tensor-core GEMM x [T, H] @ [2E, H]^T
+  // (3 MB for M2.5; split once per gate tensor and kept, gate_split()), one bf16 tensor-core GEMM x [T, H] @ [2E, H]^T
   // -> [T, 2E] f32, and the top-k adds the halves. x is bf16 already, so the only error next
   // to the f32 GEMM is the split's 2^-17 |w| per weight, and the tensor cores' f32
   // accumulation order (tests/cuda/test_cuda_router_prefill.cpp measures both).
@@ -235,8 +254,12 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
   float* logits = static_cast<float*>(workspace(kRouter, logit_bytes));
   bool ok = false;
   if (split) {
-    void* w2 = workspace(kRouterX, xbytes);
-    launch_split_gate_bf16(gate.ptr<float>(), w2, E, H, stream_);
+    const void* w2 = gate_split(gate, E, H);
+    if (!w2) {  // split per call into the workspace
+      void* buf = workspace(kRouterX, xbytes);
+      launch_split_gate_bf16(gate.ptr<float>(), buf, E, H, stream_);
+      w2 = buf;
+    }
     ok = g->bf16_nt_f32(T, 2 * E, H, p.x, w2, logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
   } else {
     const float* xf = static_cast<const float*>(p.x);
