@@ -201,20 +201,7 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
   MoeWeights moe, hmoe;
   moe.num_experts = hmoe.num_experts = E;
   moe.top_k = hmoe.top_k = K;
-  std::vector<HostWeight> keep;
-  auto host_copy = [](const HostWeight& hw, int N, int Kd) {
-    LinearWeight h;
-    h.weight = host_f32(hw.deq, {N, Kd});
-    return h;
-  };
-  for (int e = 0; e < E; ++e) {
-    keep.push_back(make_weight(I, H, true, rng));
-    keep.push_back(make_weight(I, H, true, rng));
-    keep.push_back(make_weight(H, I, true, rng));
-    const size_t n = keep.size();
-    moe.experts.push_back({keep[n - 3].dev, keep[n - 2].dev, keep[n - 1].dev});
-    hmoe.experts.push_back({host_copy(keep[n - 3], I, H), host_copy(keep[n - 2], I, H), host_copy(keep[n - 1], H, I)});
-  }
+  add_random_experts(E, H, I, rng, moe, hmoe);
   moe.gate = to_device(randn(size_t(E) * H, rng, 0.05f, false), DType::F32, {E, H});
   const auto res0 = randn(size_t(T) * H, rng), add = randn(size_t(T) * H, rng), nw = randn(H, rng, 0.2f);
   Tensor dadd = to_device(add, DType::BF16, {T, H}), dnw = to_device(nw, DType::BF16, {H});

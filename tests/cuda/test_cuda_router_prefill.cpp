@@ -87,6 +87,13 @@ LogitErr measure_logits(const RouterCase& c) {
   return r;
 }
 
+// One moe_route on the test backend; the chosen ids and weights, downloaded.
+void route_once(const Tensor& x, const MoeWeights& moe, std::vector<float>& ids, std::vector<float>& w) {
+  MoeRouting r;
+  gpu().moe_route(x, moe, r);
+  ids = gpu().download_f32(r.expert_ids), w = gpu().download_f32(r.weights);
+}
+
 class CudaRouterPrefill : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaRouterPrefill, SplitBf16MatchesReference) {
@@ -167,9 +174,7 @@ TEST(CudaRouterPrefill, SameAsF32Path) {
   for (int path = 0; path < 2; ++path) {
     b.router_split_bf16 = path == 0;
     cuda::g_route_topk_warp = path == 0 ? 2 : 0;
-    MoeRouting r;
-    b.moe_route(dx, moe, r);
-    ids[path] = b.download_f32(r.expert_ids), w[path] = b.download_f32(r.weights);
+    route_once(dx, moe, ids[path], w[path]);
   }
   b.router_split_bf16 = true;
   cuda::g_route_topk_warp = 2;
@@ -212,9 +217,7 @@ TEST(CudaRouterPrefill, GateSplitCacheSameAsPerCall) {
     std::vector<float> ids[3], w[3];
     for (int path = 0; path < 3; ++path) {  // per call, cache miss, cache hit
       b.gate_split_cache = path > 0;
-      MoeRouting r;
-      b.moe_route(dx, moe, r);
-      ids[path] = b.download_f32(r.expert_ids), w[path] = b.download_f32(r.weights);
+      route_once(dx, moe, ids[path], w[path]);
     }
     b.gate_split_cache = true;
     for (int path = 1; path < 3; ++path) {

@@ -1,7 +1,6 @@
 // Helpers for the CUDA op tests: random host data, device upload in a given dtype, FP8
 // block-scaled weights, and the normalised error ||out - ref|| / ||ref||.
 #pragma once
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/event_timer.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -30,26 +30,9 @@ inline CudaBackend& gpu() {
 // Median of `reps` CUDA-event timings (ms) of f on the test backend's stream, after one
 // untimed warm-up call (the bench cases: old path vs new).
 inline double event_median_ms(const std::function<void()>& f, int reps = 7) {
-  cudaStream_t s = gpu().stream();
   f();
   gpu().synchronize();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a, s);
-    f();
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return cuda::EventTimer(gpu().stream()).median_ms(reps, f);
 }
 
 // Random normal values, rounded to bf16 when `bf16_exact` so the host reference sees the same inputs.
@@ -122,6 +105,22 @@ inline HostWeight make_weight(int N, int K, bool fp8, std::mt19937& rng, int bo 
     w.dev.weight = to_device(w.deq, DType::BF16, {N, K});
   }
   return w;
+}
+
+// E random FP8 experts (w1, w3 [I, H], w2 [H, I], 128 x 128 blocks) appended to `dev` (device)
+// and to `host` as f32 copies of their exact dequantisation (the CPU op's weights).
+inline void add_random_experts(int E, int H, int I, std::mt19937& rng, MoeWeights& dev, MoeWeights& host) {
+  auto host_copy = [](const HostWeight& hw, int N, int K) {
+    LinearWeight h;
+    h.weight = Tensor::host(DType::F32, {N, K});
+    std::copy(hw.deq.begin(), hw.deq.end(), h.weight.ptr<float>());
+    return h;
+  };
+  for (int e = 0; e < E; ++e) {
+    const HostWeight w1 = make_weight(I, H, true, rng), w3 = make_weight(I, H, true, rng), w2 = make_weight(H, I, true, rng);
+    dev.experts.push_back({w1.dev, w3.dev, w2.dev});
+    host.experts.push_back({host_copy(w1, I, H), host_copy(w3, I, H), host_copy(w2, H, I)});
+  }
 }
 
 inline double rel_err(const std::vector<float>& out, const std::vector<float>& ref) {

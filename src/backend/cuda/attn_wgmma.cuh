@@ -5,6 +5,7 @@
 // Tile shape: 64 query rows per warpgroup (kRows), 128 keys per tile (kN), head_dim 128 (kD).
 #pragma once
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/row_vec.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MS_WGMMA_ATTN 1
@@ -192,6 +193,44 @@ __device__ __forceinline__ void store_o_bf16(const float (&o)[64], const RowStat
     if (out_lo) *reinterpret_cast<uint32_t*>(out_lo + col) = pack2(o[4 * i] * inv_lo, o[4 * i + 1] * inv_lo);
     if (out_hi) *reinterpret_cast<uint32_t*>(out_hi + col) = pack2(o[4 * i + 2] * inv_hi, o[4 * i + 3] * inv_hi);
   }
+}
+
+// FP8 epilogue (the o_proj input, prefill): each row's 128 outputs are one quantisation group
+// of the per-(token, 128 columns) e4m3 activation format (k_quant.cu / k_norm_quant.cu), held
+// by one quad (4 threads x 32 columns). The values quantised are the bf16 outputs the bf16
+// epilogue would store (bf16(O / l)): amax over the quad, sc = amax / 448, q = rn_e4m3(v / sc),
+// so codes and scales are bit-identical to storing bf16 and quantising it. q_lo / q_hi: the
+// rows' 128 codes (nullptr skips a padded row); the quad's first thread stores sc at *s_a_* and
+// *s_b_* (the two scale layouts the o_proj GEMMs read: token-fastest for cuBLASLt, row-major
+// for k_gemm_fp8.cu).
+__device__ __forceinline__ void quant_row_quad(const float (&o)[64], int half, float inv, int tig, uint8_t* q, float* sa,
+                                               float* sb) {
+  // Two passes over the accumulators (the bf16 rounding recomputed) rather than 32 more live
+  // registers next to O in the 200-register consumers.
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float2 f = bf16x2_to_f2(pack2(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv));
+    amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  if (!q) return;  // (after the shuffles: every lane takes part)
+  const float sc = fp8_group_scale(amax);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float2 f = bf16x2_to_f2(pack2(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv));
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(q + 8 * i + 2 * tig) =
+        __nv_cvt_float2_to_fp8x2(make_float2(f.x / sc, f.y / sc), __NV_SATFINITE, __NV_E4M3);
+  }
+  if (tig == 0) *sa = sc, *sb = sc;
+}
+__device__ __forceinline__ void store_o_fp8(const float (&o)[64], const RowState& st, int tig, uint8_t* q_lo,
+                                            uint8_t* q_hi, float* sa_lo, float* sb_lo, float* sa_hi, float* sb_hi) {
+  float inv_lo, inv_hi;
+  row_inv_l(st, inv_lo, inv_hi);
+  quant_row_quad(o, 0, inv_lo, tig, q_lo, sa_lo, sb_lo);
+  quant_row_quad(o, 1, inv_hi, tig, q_hi, sa_hi, sb_hi);
 }
 
 // Descriptors are built from two 32-bit words: lo = start >> 4 | LBO >> 4 << 16 (start < 2^18,

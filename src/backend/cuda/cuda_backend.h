@@ -238,6 +238,12 @@ class CudaBackend final : public Backend {
   // ... with the gate split once per gate tensor and kept (gate_split(), +2 bytes x 2 E H per
   // layer); MOESERVE_PREFILL_OFF=gate_cache splits per call instead.
   bool gate_split_cache = true;
+  // Prefill fusions into the FP8 activation format (cuda_prefill.cpp), A/B through
+  // MOESERVE_PREFILL_OFF: attn_q8 = the warp-specialised attention also writes o_proj's FP8
+  // input (next to its bf16 output) instead of o_proj quantising it in a separate pass;
+  // moe_nq = the post-attention add + RMSNorm (add_rms_norm_route) also writes the experts'.
+  bool prefill_attn_q8 = true;
+  bool prefill_moe_norm_quant = true;
   // Prefill linear_multi / add_rms_norm_linear_multi (q/k/v): quantise the (normed) input once
   // (fused with the add + RMSNorm) for all weights instead of once per weight after a separate
   // norm; MOESERVE_PREFILL_OFF=norm_quant.
@@ -283,7 +289,31 @@ class CudaBackend final : public Backend {
   bool run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
   // Prefill paths (cuda_prefill.cpp); each returns false when it does not apply.
   bool linear_fp8_act(const cuda::LinParams& p);
-  bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T);
+  // An FP8 activation made by the op before (the attention epilogue, the fused post-attention
+  // norm) in kQuantX for x (still written as bf16 too): codes [T, K], scales token-fastest
+  // (s_tok; null if not made) and row-major (s_row). Taken by the next linear() / moe_experts()
+  // on the same x; any linear, experts or q/k/v call drops it, as do add() and add_rms_norm().
+  struct Prequant {
+    const void* x = nullptr;
+    int T = 0, K = 0;
+    uint8_t* q = nullptr;
+    float* s_tok = nullptr;
+    float* s_row = nullptr;
+  };
+  Prequant prequant_;
+  Prequant take_prequant(const void* x, int T, int K) {
+    const Prequant p = prequant_;
+    prequant_ = {};
+    return p.x && p.x == x && p.T == T && p.K == K ? p : Prequant{};
+  }
+  // attention() at prefill: the warp-specialised kernel with the FP8 epilogue (sets prequant_).
+  bool attention_fp8_out(const cuda::AttnParams& p);
+  // linear() from prequant_; false (nothing launched) when no FP8 GEMM takes this weight.
+  bool linear_prequant(const cuda::LinParams& p, const Prequant& pq);
+  // add_rms_norm_route() at prefill: the add + norm also quantising for the experts.
+  bool norm_quant_for_experts(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                              const MoeWeights& moe);
+  bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T, const Prequant& pq);
   // Router logits as a GEMM (p: x, T, H, E set); sets p.logits (and p.logits_split) on success.
   bool route_logits_gemm(const Tensor& gate, cuda::RouteParams& p);
   // The split-bf16 router's gate halves [2E, H] per f32 gate tensor, made on its first use

@@ -26,11 +26,15 @@
 // Ping-pong (pp): named barriers 1 and 2 make the consumers issue their steps' products in
 // turn, so one consumer's softmax runs while the other's products occupy the tensor cores.
 // Shared layout as in k_attn_wgmma.cu (128-byte swizzle, two 64-dim halves per operand).
+// Epilogue: O / l as bf16 and, with q8 (launch_attention_ws_q8, prefill), also quantised to
+// FP8 per (token, head) for the o_proj GEMM (attn_wgmma.cuh store_o_fp8), so o_proj skips its
+// quantisation pass over [T, Hq * 128].
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include "backend/cuda/attn_wgmma.cuh"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_prefill.h"
 #include "backend/cuda/wgmma.cuh"
 
 namespace moeserve::cuda {
@@ -70,7 +74,8 @@ __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap* map, in
 template <bool kOverlap, int kStages, bool kTma>
 __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp, int page_loader,
                                                                 const __grid_constant__ CUtensorMap kmap,
-                                                                const __grid_constant__ CUtensorMap vmap) {
+                                                                const __grid_constant__ CUtensorMap vmap,
+                                                                const AttnQ8Out q8) {
 #ifdef MS_WGMMA_ATTN
   // bars: [0] Q full, [1] Q empty, [2 + s] K full, [2 + S + s] V full, [2 + 2S + s] K empty,
   // [2 + 3S + s] V empty.
@@ -343,9 +348,14 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
     ++items;
     r0 += ntiles;
 
+    const int64_t t_lo = it.q0 + tw + r_lo, t_hi = it.q0 + tw + r_hi;
     bf16* out = static_cast<bf16*>(p.out);
-    store_o_bf16(o, st, tig, pos_lo >= 0 ? out + (int64_t(it.q0 + tw + r_lo) * p.Hq + h) * kD : nullptr,
-                 pos_hi >= 0 ? out + (int64_t(it.q0 + tw + r_hi) * p.Hq + h) * kD : nullptr);
+    store_o_bf16(o, st, tig, pos_lo >= 0 ? out + (t_lo * p.Hq + h) * kD : nullptr,
+                 pos_hi >= 0 ? out + (t_hi * p.Hq + h) * kD : nullptr);
+    if (q8.q)  // o_proj's FP8 input too (one quantisation group per (token, head))
+      store_o_fp8(o, st, tig, pos_lo >= 0 ? q8.q + (t_lo * p.Hq + h) * kD : nullptr,
+                  pos_hi >= 0 ? q8.q + (t_hi * p.Hq + h) * kD : nullptr, q8.s_tok + int64_t(h) * p.T + t_lo,
+                  q8.s_row + t_lo * p.Hq + h, q8.s_tok + int64_t(h) * p.T + t_hi, q8.s_row + t_hi * p.Hq + h);
   }
 #endif  // MS_WGMMA_ATTN
 }
@@ -372,7 +382,7 @@ bool make_kv_map(CUtensorMap* map, const void* base, int64_t rows, int Hkv) {
 
 template <bool kOverlap, int kStages, bool kTma>
 void launch_ws(const AttnParams& p, int qtiles, int hp, int grid, const CUtensorMap& kmap, const CUtensorMap& vmap,
-               cudaStream_t s) {
+               const AttnQ8Out& q8, cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(attn_ws_kernel<kOverlap, kStages, kTma>,
@@ -380,20 +390,20 @@ void launch_ws(const AttnParams& p, int qtiles, int hp, int grid, const CUtensor
     attr_set = true;
   }
   attn_ws_kernel<kOverlap, kStages, kTma><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
-      p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap);
+      p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap, q8);
   CUDA_CHECK_LAUNCH();
 }
 
 template <bool kOverlap>
 void launch_ws_stages(const AttnParams& p, int qtiles, int hp, int grid, bool tma, const CUtensorMap& kmap,
-                      const CUtensorMap& vmap, cudaStream_t s) {
+                      const CUtensorMap& vmap, const AttnQ8Out& q8, cudaStream_t s) {
   const bool three = g_attn_ws_stages >= 3;
   if (tma)
-    three ? launch_ws<kOverlap, 3, true>(p, qtiles, hp, grid, kmap, vmap, s)
-          : launch_ws<kOverlap, 2, true>(p, qtiles, hp, grid, kmap, vmap, s);
+    three ? launch_ws<kOverlap, 3, true>(p, qtiles, hp, grid, kmap, vmap, q8, s)
+          : launch_ws<kOverlap, 2, true>(p, qtiles, hp, grid, kmap, vmap, q8, s);
   else
-    three ? launch_ws<kOverlap, 3, false>(p, qtiles, hp, grid, kmap, vmap, s)
-          : launch_ws<kOverlap, 2, false>(p, qtiles, hp, grid, kmap, vmap, s);
+    three ? launch_ws<kOverlap, 3, false>(p, qtiles, hp, grid, kmap, vmap, q8, s)
+          : launch_ws<kOverlap, 2, false>(p, qtiles, hp, grid, kmap, vmap, q8, s);
 }
 
 }  // namespace
@@ -406,8 +416,11 @@ bool g_attn_ws_persistent = true;  // measured faster at every bench shape
 bool g_attn_ws_page_loader = true;
 bool g_attn_ws_tma = false;  // opt-in: measured slower than cp.async (docs/benchmarks.md)
 
-void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
+void launch_attention_ws(const AttnParams& p, cudaStream_t s) { launch_attention_ws_q8(p, AttnQ8Out{}, s); }
+
+void launch_attention_ws_q8(const AttnParams& p, const AttnQ8Out& q8, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");
+  CU_REQUIRE(!q8.q || (q8.s_tok && q8.s_row), "attention_ws: FP8 output without scales");
   if (p.T == 0 || p.num_seqs == 0) return;
   const int group = p.Hq / p.Hkv;
   const int hp = group % 2 == 0 ? 2 : 1;
@@ -426,9 +439,9 @@ void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
   const bool tma = page && g_attn_ws_tma && make_kv_map(&kmap, p.k_cache, p.kv_rows, p.Hkv) &&
                    make_kv_map(&vmap, p.v_cache, p.kv_rows, p.Hkv);
   if (g_attn_ws_overlap)
-    launch_ws_stages<true>(p, qtiles, hp, grid, tma, kmap, vmap, s);
+    launch_ws_stages<true>(p, qtiles, hp, grid, tma, kmap, vmap, q8, s);
   else
-    launch_ws_stages<false>(p, qtiles, hp, grid, tma, kmap, vmap, s);
+    launch_ws_stages<false>(p, qtiles, hp, grid, tma, kmap, vmap, q8, s);
 }
 
 }  // namespace moeserve::cuda
