@@ -87,6 +87,15 @@ LogitErr measure_logits(const RouterCase& c) {
   return r;
 }
 
+// The case's router (f32 gate, score bias) on the device.
+MoeWeights device_router(const RouterCase& c) {
+  MoeWeights moe;
+  moe.gate = to_device(c.gate, DType::F32, {c.E, c.H});
+  moe.score_bias = to_device(c.bias, DType::F32, {c.E});
+  moe.num_experts = c.E, moe.top_k = c.K;
+  return moe;
+}
+
 // One moe_route on the test backend; the chosen ids and weights, downloaded.
 void route_once(const Tensor& x, const MoeWeights& moe, std::vector<float>& ids, std::vector<float>& w) {
   MoeRouting r;
@@ -108,10 +117,7 @@ TEST_P(CudaRouterPrefill, SplitBf16MatchesReference) {
   // Selection through the backend (default path: split-bf16 GEMM + warp top-k).
   CudaBackend& b = gpu();
   ASSERT_TRUE(b.router_split_bf16 && cuda::g_route_topk_warp != 0);
-  MoeWeights moe;
-  moe.gate = to_device(c.gate, DType::F32, {E, H});
-  moe.score_bias = to_device(c.bias, DType::F32, {E});
-  moe.num_experts = E, moe.top_k = K;
+  const MoeWeights moe = device_router(c);
   MoeRouting r;
   b.moe_route(to_device(c.x, DType::BF16, {T, H}), moe, r);
   const auto ids = b.download_f32(r.expert_ids), w = b.download_f32(r.weights);
@@ -165,10 +171,7 @@ TEST(CudaRouterPrefill, SameAsF32Path) {
   const int T = 512, H = 3072, E = 256, K = 8;
   const RouterCase c = make_router_case(T, H, E, K, 7);
   CudaBackend& b = gpu();
-  MoeWeights moe;
-  moe.gate = to_device(c.gate, DType::F32, {E, H});
-  moe.score_bias = to_device(c.bias, DType::F32, {E});
-  moe.num_experts = E, moe.top_k = K;
+  const MoeWeights moe = device_router(c);
   Tensor dx = to_device(c.x, DType::BF16, {T, H});
   std::vector<float> ids[2], w[2];
   for (int path = 0; path < 2; ++path) {
@@ -209,10 +212,7 @@ TEST(CudaRouterPrefill, GateSplitCacheSameAsPerCall) {
   ASSERT_TRUE(b.router_split_bf16);
   for (int round = 0; round < 3; ++round) {
     const RouterCase c = make_router_case(T, H, E, K, 300 + round);
-    MoeWeights moe;
-    moe.gate = to_device(c.gate, DType::F32, {E, H});
-    moe.score_bias = to_device(c.bias, DType::F32, {E});
-    moe.num_experts = E, moe.top_k = K;
+    const MoeWeights moe = device_router(c);
     Tensor dx = to_device(c.x, DType::BF16, {T, H});
     std::vector<float> ids[3], w[3];
     for (int path = 0; path < 3; ++path) {  // per call, cache miss, cache hit
