@@ -72,12 +72,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_vec_kernel(RmsNormParam
   const int C = p.cols;
   const int64_t row = blockIdx.x;
   uint4 wv[kNormV];
-  norm_row_load_w<kNormV, kNormThreads>(static_cast<const bf16*>(p.weight), C, wv);
-  pdl_enter();
   float v[kNormV][8];
-  const float r = norm_row_stats<kNormV, kNormThreads>(
-      static_cast<const bf16*>(p.x) + row * C, p.residual ? static_cast<bf16*>(p.residual) + row * C : nullptr, C,
-      p.eps, v, scratch);
+  const float r = norm_row_begin<kNormV, kNormThreads>(p.weight, p.x, p.residual, row, C, p.eps, wv, v, scratch);
   bf16* out = static_cast<bf16*>(p.out) + row * C;
 #pragma unroll
   for (int i = 0; i < kNormV; ++i) {

@@ -26,12 +26,8 @@ __global__ void __launch_bounds__(kThreads) norm_quant_kernel(NormQuantParams p)
   const int C = p.K;
   const int64_t row = blockIdx.x;
   uint4 wv[kMaxV];
-  norm_row_load_w<kMaxV, kThreads>(static_cast<const bf16*>(p.w), C, wv);
-  pdl_enter();
   float v[kMaxV][8];
-  const float r = norm_row_stats<kMaxV, kThreads>(
-      static_cast<const bf16*>(p.x) + row * C, p.residual ? static_cast<bf16*>(p.residual) + row * C : nullptr, C,
-      p.eps, v, scratch);
+  const float r = norm_row_begin<kMaxV, kThreads>(p.w, p.x, p.residual, row, C, p.eps, wv, v, scratch);
 #pragma unroll
   for (int i = 0; i < kMaxV; ++i) {
     const int c = (i * kThreads + threadIdx.x) * 8;

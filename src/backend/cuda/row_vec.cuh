@@ -7,6 +7,7 @@
 #pragma once
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 
@@ -66,6 +67,18 @@ __device__ __forceinline__ float norm_row_stats(const bf16* x, bf16* res, int C,
   }
   ss = block_sum(ss, scratch);
   return rsqrtf(ss / C + eps);
+}
+
+// The whole (add +) RMSNorm row prologue of a kernel with one block per row: the weight's
+// vectors (before the PDL wait), then row `row`'s statistic (norm_row_stats; residual may be
+// null). Returns r.
+template <int kV, int kThreads>
+__device__ __forceinline__ float norm_row_begin(const void* w, const void* x, void* residual, int64_t row, int C,
+                                                float eps, uint4 (&wv)[kV], float (&v)[kV][8], float* scratch) {
+  norm_row_load_w<kV, kThreads>(static_cast<const bf16*>(w), C, wv);
+  pdl_enter();
+  return norm_row_stats<kV, kThreads>(static_cast<const bf16*>(x) + row * C,
+                                      residual ? static_cast<bf16*>(residual) + row * C : nullptr, C, eps, v, scratch);
 }
 
 // The normalised vector as stored: bf16(v * r * w), packed in pairs (low column first).
