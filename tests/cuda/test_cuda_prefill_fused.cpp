@@ -171,12 +171,14 @@ TEST(CudaPrefillFused, AttentionOprojSameAsUnfused) {
     std::vector<uint16_t> attn[2], o[2];
     for (int fused = 0; fused < 2; ++fused) {
       be.prefill_attn_q8 = fused == 1;
+      const uint64_t uses = be.prequant_uses();
       Tensor out = to_device(std::vector<float>(size_t(T) * K, NAN), DType::BF16, {T, K});
       Tensor dout = to_device(std::vector<float>(size_t(T) * H, NAN), DType::BF16, {T, H});
       AttentionArgs a{&b.dq, &b.kv, &b.meta, Hq, Hkv, 128, 1.f / std::sqrt(128.f), &out};
       be.attention(a);
       be.linear(out, wo.dev, dout);
       attn[fused] = download_u16(out), o[fused] = download_u16(dout);
+      EXPECT_EQ(be.prequant_uses() - uses, uint64_t(fused)) << "T=" << T << ": o_proj took the epilogue's codes";
     }
     be.prefill_attn_q8 = true;
     EXPECT_EQ(attn[0], attn[1]) << "T=" << T << ": bf16 attention output";
@@ -196,7 +198,7 @@ TEST(CudaPrefillFused, AttentionOprojSameAsUnfused) {
 TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
   SKIP_WITHOUT_GPU();
   CudaBackend& be = gpu();
-  const int T = 256, H = 384, I = 256, E = 8, K = 2;
+  const int T = 320, H = 384, I = 256, E = 8, K = 2;  // T > moe_gemv_max_tokens: the FP8 grouped GEMMs
   std::mt19937 rng(31);
   MoeWeights moe, hmoe;
   moe.num_experts = hmoe.num_experts = E;
@@ -209,6 +211,7 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
   std::vector<float> ids[2], w[2];
   for (int fused = 0; fused < 2; ++fused) {
     be.prefill_moe_norm_quant = fused == 1;
+    const uint64_t uses = be.prequant_uses();
     Tensor dres = to_device(res0, DType::BF16, {T, H});
     Tensor dx = be.alloc(DType::BF16, {T, H}), dy = to_device(std::vector<float>(size_t(T) * H, NAN), DType::BF16, {T, H});
     MoeRouting r;
@@ -216,6 +219,7 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
     be.moe_experts(dx, moe, r, dy);
     res[fused] = download_u16(dres), x[fused] = download_u16(dx), y[fused] = download_u16(dy);
     ids[fused] = be.download_f32(r.expert_ids), w[fused] = be.download_f32(r.weights);
+    EXPECT_EQ(be.prequant_uses() - uses, uint64_t(fused)) << "the experts took the norm's codes";
   }
   be.prefill_moe_norm_quant = true;
   EXPECT_EQ(res[0], res[1]) << "residual";
@@ -233,6 +237,7 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
   cpu->moe_experts(host_f32(xf, {T, H}), hmoe, hr, hout);
   const double e = rel_err(yf, std::vector<float>(hout.ptr<float>(), hout.ptr<float>() + hout.numel()));
   std::printf("[prefill fused] norm + experts' quantisation T=%d: vs CPU op %.3e\n", T, e);
+  ASSERT_GT(T, be.moe_gemv_max_tokens);
   EXPECT_LT(e, 2 * kQuantBound);
 }
 

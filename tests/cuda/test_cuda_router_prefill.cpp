@@ -414,7 +414,8 @@ TEST(CudaNormQuant, QuantVecSameAsQuant) {
   SKIP_WITHOUT_GPU();
   CudaBackend& b = gpu();
   for (const auto& [R, K, ldx, kmajor] : {std::tuple{37, 6144, 6144, false}, std::tuple{300, 3072, 3200, true},
-                                         std::tuple{5, 128, 136, false}, std::tuple{16, 8192, 8192, true}}) {
+                                         std::tuple{5, 128, 136, false}, std::tuple{16, 8192, 8192, true},
+                                         std::tuple{1000, 1536, 1536, true}}) {  // the experts' intermediate (row-major scales)
     std::mt19937 rng(R + K);
     auto x = randn(size_t(R) * ldx, rng, 3.f);
     for (int i = 0; i < 128; ++i) x[size_t(R / 2) * ldx + i] = 0.f;  // a zero group

@@ -174,7 +174,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // shared-memory top-k kernel, norm_quant = q/k/v's norm and per-weight quantisations unfused,
   // qk_rope = the generic QK-norm + RoPE kernel at prefill (k_rope_prefill.cu off), quant_vec
   // = the dense linears' activations on k_quant.cu's kernel, topk_redux = the shuffle top-k,
-  // attn_q8 / moe_nq = o_proj's / the experts' FP8 input by its own pass (cuda_backend.h).
+  // attn_q8 / moe_nq = o_proj's / the experts' FP8 input by its own pass, moe_quant_vec = the
+  // experts' quantisations on k_quant.cu's kernel (cuda_backend.h).
   if (const char* e = std::getenv("MOESERVE_PREFILL_OFF")) {
     const std::string off = std::string(",") + e + ",";
     auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
@@ -186,6 +187,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("gate_cache")) gate_split_cache = false;
     if (has("attn_q8")) prefill_attn_q8 = false;
     if (has("moe_nq")) prefill_moe_norm_quant = false;
+    if (has("moe_quant_vec")) prefill_moe_quant_vec = false;
     if (has("topk")) cuda::g_route_topk_warp = 0;
     if (has("topk_redux")) cuda::g_route_topk_warp = 1;
     if (has("norm_quant")) prefill_norm_quant = false;
@@ -445,7 +447,10 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   const LinParams p = linear_params(x, w, out, use_gemv_tc);
   const int T = p.M, N = p.N;
   // x's FP8 form from the op before (prefill attention), if made.
-  if (const Prequant pq = take_prequant(p.x, T, p.K); pq.q && linear_prequant(p, pq)) return;
+  if (const Prequant pq = take_prequant(p.x, T, p.K); pq.q && linear_prequant(p, pq)) {
+    ++prequant_uses_;
+    return;
+  }
   // Narrow outputs (k/v projections: N = 1024) give the 64 x 128 GEMM tiles too few blocks at
   // decode batch sizes; the GEMV path (8-row tiles sharing weight rows through L2) measured
   // ~3x faster there at 64 rows on the H200, and slower for wide N, so only narrow N uses it.

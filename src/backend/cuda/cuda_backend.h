@@ -131,6 +131,8 @@ class CudaBackend final : public Backend {
   uint64_t workspace_generation() const { return ws_generation_; }
   // Cached split-bf16 router gates (tests: the cache must not outlive its gates).
   size_t gate_split_count() const { return gate_splits_.size(); }
+  // FP8 activations taken from the op before (attention -> o_proj, norm -> experts) so far.
+  uint64_t prequant_uses() const { return prequant_uses_; }
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_; }
   std::string device_name() const;
@@ -244,6 +246,10 @@ class CudaBackend final : public Backend {
   // moe_nq = the post-attention add + RMSNorm (add_rms_norm_route) also writes the experts'.
   bool prefill_attn_q8 = true;
   bool prefill_moe_norm_quant = true;
+  // moe_quant_vec: the FP8 experts' activation quantisations (x when not fused into the norm,
+  // and the [T x top_k, I] SiLU * up intermediate) on the 16-byte-load kernel
+  // (launch_quant_fp8_vec, same bits) instead of k_quant.cu's warp-per-group one.
+  bool prefill_moe_quant_vec = true;
   // Prefill linear_multi / add_rms_norm_linear_multi (q/k/v): quantise the (normed) input once
   // (fused with the add + RMSNorm) for all weights instead of once per weight after a separate
   // norm; MOESERVE_PREFILL_OFF=norm_quant.
@@ -301,6 +307,7 @@ class CudaBackend final : public Backend {
     float* s_row = nullptr;
   };
   Prequant prequant_;
+  uint64_t prequant_uses_ = 0;
   Prequant take_prequant(const void* x, int T, int K) {
     const Prequant p = prequant_;
     prequant_ = {};
@@ -331,6 +338,7 @@ class CudaBackend final : public Backend {
                             int n);
   cuda::LtGemm* lt();
   void quant_dense(const cuda::QuantParams& q);
+  void quant_moe(const cuda::QuantParams& q);
   // The device table of expert pointers (built outside capture); null if the experts are not
   // FP8 128x128 blocks. *I = intermediate size.
   const cuda::ExpertPtrs* expert_ptrs_fp8(const MoeWeights& moe, int* I);

@@ -42,6 +42,14 @@ void CudaBackend::quant_dense(const QuantParams& q) {
     launch_quant_fp8(q, stream_);
 }
 
+// ... and of the FP8 experts (x [T, H], the SiLU * up rows [P, I]).
+void CudaBackend::quant_moe(const QuantParams& q) {
+  if (prefill_moe_quant_vec && quant_vec_supported(q))
+    launch_quant_fp8_vec(q, stream_);
+  else
+    launch_quant_fp8(q, stream_);
+}
+
 LtGemm* CudaBackend::lt() {
   if (!lt_) {
     if (capturing_) return nullptr;
@@ -125,12 +133,13 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   if (capturing_) ++graph_fp8_ops_;
   uint8_t* xq = pq.q;  // made by the fused post-attention norm (row-major scales), or:
   float* xs = pq.s_row;
+  if (xq) ++prequant_uses_;
   if (!xq) {
     xq = static_cast<uint8_t*>(workspace(kQuantX, xbytes + size_t(T) * (H / kQuantGroup) * 4));
     xs = reinterpret_cast<float*>(xq + xbytes);
     QuantParams q;
     q.x = up.x, q.ldx = H, q.R = T, q.K = H, q.q = xq, q.s = xs, q.s_row = H / kQuantGroup, q.s_grp = 1;
-    launch_quant_fp8(q, stream_);
+    quant_moe(q);
   }
   const size_t abytes = round_up(size_t(P) * I, 256);
   uint8_t* aq = static_cast<uint8_t*>(workspace(kQuantAct, abytes + size_t(P) * (I / kQuantGroup) * 4));
@@ -148,7 +157,7 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
     // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
     QuantParams qa;
     qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
-    launch_quant_fp8(qa, stream_);
+    quant_moe(qa);
   }
   launch_gemm_fp8(down, Fp8Act{aq, as}, stream_);
   return true;
@@ -340,7 +349,8 @@ bool CudaBackend::norm_quant_for_experts(Tensor& residual, const Tensor& x, cons
   const int H = int(x.dim(-1)), T = int(x.numel() / std::max<int64_t>(1, H)), G = H / kQuantGroup;
   const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
                   out.dtype == DType::BF16;
-  if (T < fp8_act_min_tokens || !bf || residual.device != Device::CUDA || x.device != Device::CUDA ||
+  // (Up to moe_gemv_max_tokens the experts run the GEMVs on bf16 x: nothing would read the codes.)
+  if (T < fp8_act_min_tokens || T <= moe_gemv_max_tokens || !bf || residual.device != Device::CUDA || x.device != Device::CUDA ||
       weight.device != Device::CUDA || out.device != Device::CUDA || residual.numel() != x.numel() ||
       out.numel() != x.numel() || weight.numel() != H)
     return false;
