@@ -86,6 +86,11 @@ AttnBatch make_batch(int Hq, int Hkv, const std::vector<std::pair<int, int>>& se
   b.hmeta.query_start = host_i32(b.qstart, {b.S + 1});
   b.hmeta.context_lens = host_i32(b.ctx, {b.S});
   b.hmeta.block_tables = host_i32(b.table, {b.S, b.max_blocks});
+  std::vector<int32_t> pos;  // query token i of sequence s sits at ctx - qlen + i
+  for (int s = 0; s < b.S; ++s)
+    for (int i = 0; i < seqs[s].second; ++i) pos.push_back(b.ctx[s] - seqs[s].second + i);
+  b.meta.positions = ints_to_device(pos, {b.T});
+  b.hmeta.positions = host_i32(pos, {b.T});
   return b;
 }
 
