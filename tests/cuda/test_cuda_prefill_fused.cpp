@@ -12,6 +12,7 @@
 //   quantisations, test_cuda_prefill.cpp's bound).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -174,6 +175,7 @@ TEST(CudaPrefillFused, AttentionOprojSameAsUnfused) {
     std::mt19937 rng(9);
     HostWeight wo = make_weight(H, K, true, rng);
     std::vector<uint16_t> attn[2], o[2];
+    const bool saved = be.prefill_attn_q8;
     for (int fused = 0; fused < 2; ++fused) {
       be.prefill_attn_q8 = fused == 1;
       const uint64_t uses = be.prequant_uses();
@@ -185,7 +187,7 @@ TEST(CudaPrefillFused, AttentionOprojSameAsUnfused) {
       attn[fused] = download_u16(out), o[fused] = download_u16(dout);
       EXPECT_EQ(be.prequant_uses() - uses, uint64_t(fused)) << "T=" << T << ": o_proj took the epilogue's codes";
     }
-    be.prefill_attn_q8 = true;
+    be.prefill_attn_q8 = saved;
     EXPECT_EQ(attn[0], attn[1]) << "T=" << T << ": bf16 attention output";
     if (T % 8 == 0) {
       EXPECT_EQ(o[0], o[1]) << "T=" << T << ": o_proj output";
@@ -244,6 +246,92 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
   std::printf("[prefill fused] norm + experts' quantisation T=%d: vs CPU op %.3e\n", T, e);
   ASSERT_GT(T, be.moe_gemv_max_tokens);
   EXPECT_LT(e, 2 * kQuantBound);
+}
+
+
+// Timings at M2.5 shapes and 8,192 tokens, fused vs unfused (run with MOESERVE_BENCH=1;
+// otherwise skipped): attention + o_proj with the FP8 epilogue off / on, and the
+// post-attention norm + router + experts with the experts' quantisations as before / on the
+// 16-byte-load kernel / fused into the norm. Each configuration three times, interleaved.
+TEST(CudaPrefillFusedBench, M25Ops8k) {
+  SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
+  CudaBackend& b = gpu();
+  const int T = 8192, H = 3072, Hq = 48, Hkv = 8, D = 128, bs = 16, nb = T / bs, E = 256, K = 8, I = 1536;
+  auto fp8w = [&](int N, int Kd, uint64_t seed) {
+    LinearWeight w;
+    w.weight = b.alloc(DType::F8_E4M3, {N, Kd});
+    w.scale_inv = b.alloc(DType::F32, {(N + 127) / 128, (Kd + 127) / 128});
+    b.fill_random(w.weight, seed, 1.f);
+    b.fill_random(w.scale_inv, seed + 1, 1.f / 64);
+    w.block_out = w.block_in = 128;
+    return w;
+  };
+  auto pr = [](const char* what, const std::vector<std::pair<const char*, double>>& v) {
+    std::printf("[fused bench] %s:", what);
+    for (auto& [n, ms] : v) std::printf(" %s %.4f ms |", n, ms);
+    std::printf("\n");
+  };
+  {
+    Tensor q = b.alloc(DType::BF16, {T, Hq * D}), attn = b.alloc(DType::BF16, {T, Hq * D}), o = b.alloc(DType::BF16, {T, H});
+    b.fill_random(q, 31, 1.f);
+    KVCacheLayer kv{b.alloc(DType::BF16, {nb, bs, Hkv, D}), b.alloc(DType::BF16, {nb, bs, Hkv, D})};
+    b.fill_random(kv.k, 32, 1.f);
+    b.fill_random(kv.v, 33, 1.f);
+    std::vector<int32_t> table(nb);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(1));
+    AttentionMeta m;
+    m.num_seqs = 1, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = nb;
+    m.max_query_len = T, m.max_context_len = T;
+    m.query_start = ints_to_device({0, T}, {2});
+    m.context_lens = ints_to_device({T}, {1});
+    m.block_tables = ints_to_device(table, {1, nb});
+    AttentionArgs a{&q, &kv, &m, Hq, Hkv, D, 0.088f, &attn};
+    const LinearWeight wo = fp8w(H, Hq * D, 51);
+    const bool saved = b.prefill_attn_q8;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::pair<const char*, double>> v;
+      for (int q8 = 0; q8 < 2; ++q8) {
+        b.prefill_attn_q8 = q8 == 1;
+        v.push_back({q8 ? "attention (q8)" : "attention", event_median_ms([&] { b.attention(a); })});
+        v.push_back({q8 ? "attention (q8) + o_proj" : "attention + o_proj", event_median_ms([&] {
+                       b.attention(a);
+                       b.linear(attn, wo, o);
+                     })});
+      }
+      pr("attention + o_proj", v);
+    }
+    b.prefill_attn_q8 = saved;
+  }
+  {
+    MoeWeights moe;
+    moe.num_experts = E, moe.top_k = K;
+    moe.gate = b.alloc(DType::F32, {E, H});
+    b.fill_random(moe.gate, 21, 0.02f);
+    for (int e = 0; e < E; ++e) moe.experts.push_back({fp8w(I, H, 100 + 3 * e), fp8w(I, H, 101 + 3 * e), fp8w(H, I, 102 + 3 * e)});
+    Tensor res = b.alloc(DType::BF16, {T, H}), add = b.alloc(DType::BF16, {T, H}), nw = b.alloc(DType::BF16, {H});
+    Tensor x = b.alloc(DType::BF16, {T, H}), y = b.alloc(DType::BF16, {T, H});
+    b.fill_random(res, 41, 1.f);
+    b.fill_random(add, 42, 0.01f);  // (small: the residual barely grows over the repetitions)
+    b.fill_random(nw, 43, 1.f);
+    MoeRouting r;
+    const bool saved_nq = b.prefill_moe_norm_quant, saved_vec = b.prefill_moe_quant_vec;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::pair<const char*, double>> v;
+      for (int mode = 0; mode < 3; ++mode) {  // before, quantisations on the vec kernel, + x's fused into the norm
+        b.prefill_moe_quant_vec = mode >= 1;
+        b.prefill_moe_norm_quant = mode == 2;
+        const char* n[3] = {"before", "quant_vec", "quant_vec + norm fused"};
+        v.push_back({n[mode], event_median_ms([&] {
+                       b.add_rms_norm_route(res, add, nw, 1e-6f, x, moe, r);
+                       b.moe_experts(x, moe, r, y);
+                     })});
+      }
+      pr("norm + route + experts", v);
+    }
+    b.prefill_moe_norm_quant = saved_nq, b.prefill_moe_quant_vec = saved_vec;
+  }
 }
 
 }  // namespace

@@ -195,42 +195,38 @@ __device__ __forceinline__ void store_o_bf16(const float (&o)[64], const RowStat
   }
 }
 
-// FP8 epilogue (the o_proj input, prefill): each row's 128 outputs are one quantisation group
-// of the per-(token, 128 columns) e4m3 activation format (k_quant.cu / k_norm_quant.cu), held
-// by one quad (4 threads x 32 columns). The values quantised are the bf16 outputs the bf16
-// epilogue would store (bf16(O / l)): amax over the quad, sc = amax / 448, q = rn_e4m3(v / sc),
-// so codes and scales are bit-identical to storing bf16 and quantising it. q_lo / q_hi: the
-// rows' 128 codes (nullptr skips a padded row); the quad's first thread stores sc at *s_a_* and
-// *s_b_* (the two scale layouts the o_proj GEMMs read: token-fastest for cuBLASLt, row-major
-// for k_gemm_fp8.cu).
-__device__ __forceinline__ void quant_row_quad(const float (&o)[64], int half, float inv, int tig, uint8_t* q, float* sa,
-                                               float* sb) {
-  // Two passes over the accumulators (the bf16 rounding recomputed) rather than 32 more live
-  // registers next to O in the 200-register consumers.
+// FP8 epilogue (the o_proj input, prefill), after store_o_bf16: each row's 128 outputs are
+// one quantisation group of the per-(token, 128 columns) e4m3 activation format (k_quant.cu,
+// k_norm_quant.cu), held by one quad (4 threads x 32 columns). Each thread reads back the 32
+// bf16 values it has just stored (its own writes: no barrier; O's 64 registers are dead by
+// then, which keeps this epilogue out of the main loop's register budget), the quad takes
+// the amax by two shuffles, sc = amax / 448, q = rn_e4m3(v / sc): codes and scales
+// bit-identical to quantising the bf16 output. row: the bf16 row (nullptr: a padded row,
+// nothing stored); q: its 128 codes; the quad's first thread stores sc at *sa and *sb (the
+// two scale layouts the o_proj GEMMs read: token-fastest for cuBLASLt, row-major for
+// k_gemm_fp8.cu). Every lane must call it.
+__device__ __forceinline__ void quant_row_quad(const bf16* row, int tig, uint8_t* q, float* sa, float* sb) {
+  uint32_t w[16];
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float2 f = bf16x2_to_f2(pack2(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv));
+    w[i] = 0u;
+    // (an asm load: the compiler must not forward the stored values and keep O live instead)
+    if (row) asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(w[i]) : "l"(row + 8 * i + 2 * tig) : "memory");
+    const float2 f = bf16x2_to_f2(w[i]);
     amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
   }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  if (!q) return;  // (after the shuffles: every lane takes part)
+  if (!row) return;
   const float sc = fp8_group_scale(amax);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float2 f = bf16x2_to_f2(pack2(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv));
+    const float2 f = bf16x2_to_f2(w[i]);
     *reinterpret_cast<__nv_fp8x2_storage_t*>(q + 8 * i + 2 * tig) =
         __nv_cvt_float2_to_fp8x2(make_float2(f.x / sc, f.y / sc), __NV_SATFINITE, __NV_E4M3);
   }
   if (tig == 0) *sa = sc, *sb = sc;
-}
-__device__ __forceinline__ void store_o_fp8(const float (&o)[64], const RowState& st, int tig, uint8_t* q_lo,
-                                            uint8_t* q_hi, float* sa_lo, float* sb_lo, float* sa_hi, float* sb_hi) {
-  float inv_lo, inv_hi;
-  row_inv_l(st, inv_lo, inv_hi);
-  quant_row_quad(o, 0, inv_lo, tig, q_lo, sa_lo, sb_lo);
-  quant_row_quad(o, 1, inv_hi, tig, q_hi, sa_hi, sb_hi);
 }
 
 // Descriptors are built from two 32-bit words: lo = start >> 4 | LBO >> 4 << 16 (start < 2^18,

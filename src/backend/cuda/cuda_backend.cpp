@@ -151,6 +151,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     prefill_paths_in_graphs = false;
   if (const char* e = std::getenv("MOESERVE_MOE_GEMV_MAX"); e && *e) moe_gemv_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_FUSED_QUANT"); e && *e) moe_fused_quant = std::atoi(e) != 0;
+  if (const char* e = std::getenv("MOESERVE_ATTN_Q8"); e && *e) prefill_attn_q8 = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_YPAIR_BF16"); e && *e) moe_ypair_bf16 = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_COMBINE_VEC"); e && *e) moe_combine_vec = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_ALIGN_MULTI"); e && *e) moe_align_multi = std::atoi(e) != 0;
@@ -696,9 +697,8 @@ void CudaBackend::attention(const AttentionArgs& a) {
   const int64_t groups = int64_t(p.num_seqs) * qtiles * p.Hkv;
   if (splits > 1 && splits <= 32 && fuse_attn_combine && groups <= kAttnCounterSlots) p.counters = counters_ + kAttnCounterBase;
   if (use_attention_tc && use_attention_wgmma && splits == 1 && attention_wgmma_supported(p)) {
-    if (!attention_fp8_out(p)) launch_attention_wgmma(p, stream_);
-  }
-  else if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
+    if (!attention_fp8_out(p)) launch_attention_wgmma(p, stream_);  // (FP8 epilogue: o_proj's input too)
+  } else if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
     launch_attention_prefill(p, stream_);
   else if (use_attention_tc && splits == 1 && attention_tc_supported(p))
     launch_attention_tc(p, stream_);

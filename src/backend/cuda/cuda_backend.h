@@ -241,10 +241,11 @@ class CudaBackend final : public Backend {
   // layer); MOESERVE_PREFILL_OFF=gate_cache splits per call instead.
   bool gate_split_cache = true;
   // Prefill fusions into the FP8 activation format (cuda_prefill.cpp), A/B through
-  // MOESERVE_PREFILL_OFF: attn_q8 = the warp-specialised attention also writes o_proj's FP8
-  // input (next to its bf16 output) instead of o_proj quantising it in a separate pass;
-  // moe_nq = the post-attention add + RMSNorm (add_rms_norm_route) also writes the experts'.
-  bool prefill_attn_q8 = true;
+  // MOESERVE_PREFILL_OFF: moe_nq = the post-attention add + RMSNorm (add_rms_norm_route) also
+  // writes the experts' FP8 input. Opt-in (MOESERVE_ATTN_Q8=1; measured slower on the H200,
+  // docs/benchmarks.md): the warp-specialised attention also writes o_proj's FP8 input (next
+  // to its bf16 output) instead of o_proj quantising it in a separate pass.
+  bool prefill_attn_q8 = false;
   bool prefill_moe_norm_quant = true;
   // moe_quant_vec: the FP8 experts' activation quantisations (x when not fused into the norm,
   // and the [T x top_k, I] SiLU * up intermediate) on the 16-byte-load kernel

@@ -299,7 +299,7 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
 // the compute-bound kernel the store is mostly hidden).
 bool CudaBackend::attention_fp8_out(const AttnParams& p) {
   const int T = p.T, K = p.Hq * p.D, G = K / kQuantGroup;
-  if (!prefill_attn_q8 || !g_attn_ws || !prefill_path_allowed() || !use_fp8_act_gemm || T < fp8_act_min_tokens ||
+  if (!prefill_attn_q8 || !g_attn_ws || !attn_q8_supported() || !prefill_path_allowed() || !use_fp8_act_gemm || T < fp8_act_min_tokens ||
       p.D != kQuantGroup)
     return false;
   const size_t qbytes = round_up(size_t(T) * K, 256), sbytes = size_t(T) * G * 4;

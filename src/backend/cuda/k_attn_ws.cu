@@ -71,7 +71,7 @@ __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap* map, in
 // items in rounds of gridDim.x; a persistent grid (one block per SM) lets the producer load
 // the next item's Q and K/V while the consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
 // 128 tokens). pp: ping-pong order.
-template <bool kOverlap, int kStages, bool kTma>
+template <bool kOverlap, int kStages, bool kTma, bool kQ8>
 __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp, int page_loader,
                                                                 const __grid_constant__ CUtensorMap kmap,
                                                                 const __grid_constant__ CUtensorMap vmap,
@@ -349,13 +349,15 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
     r0 += ntiles;
 
     const int64_t t_lo = it.q0 + tw + r_lo, t_hi = it.q0 + tw + r_hi;
-    bf16* out = static_cast<bf16*>(p.out);
-    store_o_bf16(o, st, tig, pos_lo >= 0 ? out + (t_lo * p.Hq + h) * kD : nullptr,
-                 pos_hi >= 0 ? out + (t_hi * p.Hq + h) * kD : nullptr);
-    if (q8.q)  // o_proj's FP8 input too (one quantisation group per (token, head))
-      store_o_fp8(o, st, tig, pos_lo >= 0 ? q8.q + (t_lo * p.Hq + h) * kD : nullptr,
-                  pos_hi >= 0 ? q8.q + (t_hi * p.Hq + h) * kD : nullptr, q8.s_tok + int64_t(h) * p.T + t_lo,
-                  q8.s_row + t_lo * p.Hq + h, q8.s_tok + int64_t(h) * p.T + t_hi, q8.s_row + t_hi * p.Hq + h);
+    bf16* out_lo = pos_lo >= 0 ? static_cast<bf16*>(p.out) + (t_lo * p.Hq + h) * kD : nullptr;
+    bf16* out_hi = pos_hi >= 0 ? static_cast<bf16*>(p.out) + (t_hi * p.Hq + h) * kD : nullptr;
+    store_o_bf16(o, st, tig, out_lo, out_hi);
+    if constexpr (kQ8) {  // o_proj's FP8 input too (one quantisation group per (token, head))
+      quant_row_quad(out_lo, tig, q8.q + (t_lo * p.Hq + h) * kD, q8.s_tok + int64_t(h) * p.T + t_lo,
+                     q8.s_row + t_lo * p.Hq + h);
+      quant_row_quad(out_hi, tig, q8.q + (t_hi * p.Hq + h) * kD, q8.s_tok + int64_t(h) * p.T + t_hi,
+                     q8.s_row + t_hi * p.Hq + h);
+    }
   }
 #endif  // MS_WGMMA_ATTN
 }
@@ -380,16 +382,16 @@ bool make_kv_map(CUtensorMap* map, const void* base, int64_t rows, int Hkv) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool kOverlap, int kStages, bool kTma>
+template <bool kOverlap, int kStages, bool kTma, bool kQ8 = false>
 void launch_ws(const AttnParams& p, int qtiles, int hp, int grid, const CUtensorMap& kmap, const CUtensorMap& vmap,
                const AttnQ8Out& q8, cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_ws_kernel<kOverlap, kStages, kTma>,
+    CUDA_CHECK(cudaFuncSetAttribute(attn_ws_kernel<kOverlap, kStages, kTma, kQ8>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem_bytes(kStages)));
     attr_set = true;
   }
-  attn_ws_kernel<kOverlap, kStages, kTma><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
+  attn_ws_kernel<kOverlap, kStages, kTma, kQ8><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
       p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap, q8);
   CUDA_CHECK_LAUNCH();
 }
@@ -418,6 +420,8 @@ bool g_attn_ws_tma = false;  // opt-in: measured slower than cp.async (docs/benc
 
 void launch_attention_ws(const AttnParams& p, cudaStream_t s) { launch_attention_ws_q8(p, AttnQ8Out{}, s); }
 
+bool attn_q8_supported() { return g_attn_ws_overlap && g_attn_ws_stages < 3 && !g_attn_ws_tma; }
+
 void launch_attention_ws_q8(const AttnParams& p, const AttnQ8Out& q8, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");
   CU_REQUIRE(!q8.q || (q8.s_tok && q8.s_row), "attention_ws: FP8 output without scales");
@@ -436,6 +440,11 @@ void launch_attention_ws_q8(const AttnParams& p, const AttnQ8Out& q8, cudaStream
   // TMA needs the page loader's block sizes (16-key groups inside one block).
   CUtensorMap kmap{}, vmap{};
   const bool page = g_attn_ws_page_loader && p.block_size >= 16 && p.block_size <= kN;
+  if (q8.q) {  // one instantiation: the default variant (attn_q8_supported)
+    CU_REQUIRE(attn_q8_supported(), "attention_ws: the FP8 epilogue needs the default variant");
+    launch_ws<true, 2, false, true>(p, qtiles, hp, grid, kmap, vmap, q8, s);
+    return;
+  }
   const bool tma = page && g_attn_ws_tma && make_kv_map(&kmap, p.k_cache, p.kv_rows, p.Hkv) &&
                    make_kv_map(&vmap, p.v_cache, p.kv_rows, p.Hkv);
   if (g_attn_ws_overlap)

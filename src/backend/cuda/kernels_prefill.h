@@ -30,7 +30,10 @@ struct AttnQ8Out {
   float* s_tok = nullptr;
   float* s_row = nullptr;
 };
+// A separate instantiation of the kernel (the bf16-only one is unchanged), built for the
+// default variant only (overlap, 2 stages, cp.async loader): attn_q8_supported().
 void launch_attention_ws_q8(const AttnParams& p, const AttnQ8Out& q8, cudaStream_t s);
+bool attn_q8_supported();
 
 // Fused (add +) RMSNorm + FP8 quantisation of bf16 rows [R, K] (K % 128 == 0, K <= 4096):
 // residual != null: residual += x (stored bf16), v = residual; else v = x. out = bf16(rmsnorm(v)
