@@ -252,7 +252,8 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
 // Timings at M2.5 shapes and 8,192 tokens, fused vs unfused (run with MOESERVE_BENCH=1;
 // otherwise skipped): attention + o_proj with the FP8 epilogue off / on, and the
 // post-attention norm + router + experts with the experts' quantisations as before / on the
-// 16-byte-load kernel / fused into the norm. Each configuration three times, interleaved.
+// 16-byte-load kernel / fused into the norm / both. Four rounds, the configurations in turn,
+// in reverse order on odd rounds (the clock drifts within a round).
 TEST(CudaPrefillFusedBench, M25Ops8k) {
   SKIP_WITHOUT_GPU();
   if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
@@ -290,9 +291,10 @@ TEST(CudaPrefillFusedBench, M25Ops8k) {
     AttentionArgs a{&q, &kv, &m, Hq, Hkv, D, 0.088f, &attn};
     const LinearWeight wo = fp8w(H, Hq * D, 51);
     const bool saved = b.prefill_attn_q8;
-    for (int round = 0; round < 3; ++round) {
+    for (int round = 0; round < 4; ++round) {
       std::vector<std::pair<const char*, double>> v;
-      for (int q8 = 0; q8 < 2; ++q8) {
+      for (int k = 0; k < 2; ++k) {
+        const int q8 = round % 2 ? 1 - k : k;
         b.prefill_attn_q8 = q8 == 1;
         v.push_back({q8 ? "attention (q8)" : "attention", event_median_ms([&] { b.attention(a); })});
         v.push_back({q8 ? "attention (q8) + o_proj" : "attention + o_proj", event_median_ms([&] {
@@ -317,12 +319,13 @@ TEST(CudaPrefillFusedBench, M25Ops8k) {
     b.fill_random(nw, 43, 1.f);
     MoeRouting r;
     const bool saved_nq = b.prefill_moe_norm_quant, saved_vec = b.prefill_moe_quant_vec;
-    for (int round = 0; round < 3; ++round) {
+    for (int round = 0; round < 4; ++round) {
       std::vector<std::pair<const char*, double>> v;
-      for (int mode = 0; mode < 3; ++mode) {  // before, quantisations on the vec kernel, + x's fused into the norm
-        b.prefill_moe_quant_vec = mode >= 1;
-        b.prefill_moe_norm_quant = mode == 2;
-        const char* n[3] = {"before", "quant_vec", "quant_vec + norm fused"};
+      for (int k = 0; k < 4; ++k) {  // before, quantisations on the vec kernel, x's fused into the norm, both
+        const int mode = round % 2 ? 3 - k : k;
+        b.prefill_moe_quant_vec = mode & 1;
+        b.prefill_moe_norm_quant = mode & 2;
+        const char* n[4] = {"before", "quant_vec", "norm fused", "both"};
         v.push_back({n[mode], event_median_ms([&] {
                        b.add_rms_norm_route(res, add, nw, 1e-6f, x, moe, r);
                        b.moe_experts(x, moe, r, y);
