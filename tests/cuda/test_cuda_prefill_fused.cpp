@@ -258,38 +258,17 @@ TEST(CudaPrefillFusedBench, M25Ops8k) {
   SKIP_WITHOUT_GPU();
   if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
   CudaBackend& b = gpu();
-  const int T = 8192, H = 3072, Hq = 48, Hkv = 8, D = 128, bs = 16, nb = T / bs, E = 256, K = 8, I = 1536;
-  auto fp8w = [&](int N, int Kd, uint64_t seed) {
-    LinearWeight w;
-    w.weight = b.alloc(DType::F8_E4M3, {N, Kd});
-    w.scale_inv = b.alloc(DType::F32, {(N + 127) / 128, (Kd + 127) / 128});
-    b.fill_random(w.weight, seed, 1.f);
-    b.fill_random(w.scale_inv, seed + 1, 1.f / 64);
-    w.block_out = w.block_in = 128;
-    return w;
-  };
+  const int T = 8192, H = 3072, Hq = 48, Hkv = 8, D = 128, E = 256, K = 8, I = 1536;
   auto pr = [](const char* what, const std::vector<std::pair<const char*, double>>& v) {
     std::printf("[fused bench] %s:", what);
     for (auto& [n, ms] : v) std::printf(" %s %.4f ms |", n, ms);
     std::printf("\n");
   };
   {
-    Tensor q = b.alloc(DType::BF16, {T, Hq * D}), attn = b.alloc(DType::BF16, {T, Hq * D}), o = b.alloc(DType::BF16, {T, H});
-    b.fill_random(q, 31, 1.f);
-    KVCacheLayer kv{b.alloc(DType::BF16, {nb, bs, Hkv, D}), b.alloc(DType::BF16, {nb, bs, Hkv, D})};
-    b.fill_random(kv.k, 32, 1.f);
-    b.fill_random(kv.v, 33, 1.f);
-    std::vector<int32_t> table(nb);
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), std::mt19937(1));
-    AttentionMeta m;
-    m.num_seqs = 1, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = nb;
-    m.max_query_len = T, m.max_context_len = T;
-    m.query_start = ints_to_device({0, T}, {2});
-    m.context_lens = ints_to_device({T}, {1});
-    m.block_tables = ints_to_device(table, {1, nb});
-    AttentionArgs a{&q, &kv, &m, Hq, Hkv, D, 0.088f, &attn};
-    const LinearWeight wo = fp8w(H, Hq * D, 51);
+    PagedPrefill pp = make_paged_prefill(T, Hq, Hkv, D, 16);
+    Tensor attn = b.alloc(DType::BF16, {T, Hq * D}), o = b.alloc(DType::BF16, {T, H});
+    AttentionArgs a{&pp.q, &pp.kv, &pp.meta, Hq, Hkv, D, 0.088f, &attn};
+    const LinearWeight wo = rand_fp8(H, Hq * D, 51);
     const bool saved = b.prefill_attn_q8;
     for (int round = 0; round < 4; ++round) {
       std::vector<std::pair<const char*, double>> v;
@@ -311,7 +290,7 @@ TEST(CudaPrefillFusedBench, M25Ops8k) {
     moe.num_experts = E, moe.top_k = K;
     moe.gate = b.alloc(DType::F32, {E, H});
     b.fill_random(moe.gate, 21, 0.02f);
-    for (int e = 0; e < E; ++e) moe.experts.push_back({fp8w(I, H, 100 + 3 * e), fp8w(I, H, 101 + 3 * e), fp8w(H, I, 102 + 3 * e)});
+    for (int e = 0; e < E; ++e) moe.experts.push_back({rand_fp8(I, H, 100 + 3 * e), rand_fp8(I, H, 101 + 3 * e), rand_fp8(H, I, 102 + 3 * e)});
     Tensor res = b.alloc(DType::BF16, {T, H}), add = b.alloc(DType::BF16, {T, H}), nw = b.alloc(DType::BF16, {H});
     Tensor x = b.alloc(DType::BF16, {T, H}), y = b.alloc(DType::BF16, {T, H});
     b.fill_random(res, 41, 1.f);

@@ -463,15 +463,6 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
   b.fill_random(x, 1, 1.f);
   b.fill_random(res, 2, 1.f);
   b.fill_random(nw, 3, 1.f);
-  auto fp8w = [&](int N, int Kd, uint64_t seed) {
-    LinearWeight w;
-    w.weight = b.alloc(DType::F8_E4M3, {N, Kd});
-    w.scale_inv = b.alloc(DType::F32, {(N + 127) / 128, (Kd + 127) / 128});
-    b.fill_random(w.weight, seed, 1.f);
-    b.fill_random(w.scale_inv, seed + 1, 1.f / 64);
-    w.block_out = w.block_in = 128;
-    return w;
-  };
   auto pr = [](const char* what, double old_ms, double new_ms) {
     std::printf("[small bench] %-34s old %.4f ms  new %.4f ms  (x30 layers: %.2f -> %.2f ms)\n", what, old_ms, new_ms,
                 30 * old_ms, 30 * new_ms);
@@ -540,7 +531,7 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
   }
   // q/k/v with their input norm.
   {
-    LinearWeight wq = fp8w(QW, H, 31), wk = fp8w(KW, H, 33), wv = fp8w(KW, H, 35);
+    LinearWeight wq = rand_fp8(QW, H, 31), wk = rand_fp8(KW, H, 33), wv = rand_fp8(KW, H, 35);
     const LinearWeight* ws[3] = {&wq, &wk, &wv};
     Tensor q = b.alloc(DType::BF16, {T, QW}), k = b.alloc(DType::BF16, {T, KW}), v = b.alloc(DType::BF16, {T, KW});
     Tensor* outs[3] = {&q, &k, &v};
@@ -572,7 +563,7 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
     const double qk_new = med_ms([&] { b.qk_norm_rope_write_kv(a, v, kv, m); });
     pr("qk-norm + RoPE + KV write", qk_old, qk_new);
     // o_proj (quant + GEMM) for reference.
-    LinearWeight wo = fp8w(H, QW, 51);
+    LinearWeight wo = rand_fp8(H, QW, 51);
     Tensor o = b.alloc(DType::BF16, {T, H});
     b.prefill_quant_vec = false;
     const double op_old = med_ms([&] { b.linear(q, wo, o); });

@@ -123,6 +123,45 @@ inline void add_random_experts(int E, int H, int I, std::mt19937& rng, MoeWeight
   }
 }
 
+// A device-random FP8 weight [N, K] with 128 x 128 block scales (the benches: values unchecked).
+inline LinearWeight rand_fp8(int N, int K, uint64_t seed) {
+  LinearWeight w;
+  w.weight = gpu().alloc(DType::F8_E4M3, {N, K});
+  w.scale_inv = gpu().alloc(DType::F32, {(N + 127) / 128, (K + 127) / 128});
+  gpu().fill_random(w.weight, seed, 1.f);
+  gpu().fill_random(w.scale_inv, seed + 1, 1.f / 64);
+  w.block_out = w.block_in = 128;
+  return w;
+}
+
+// One causal prefill of T tokens (the benches): device-random q [T, Hq * D] and a paged bf16
+// KV cache of `bs`-token blocks in shuffled order holding the T keys.
+struct PagedPrefill {
+  Tensor q;
+  KVCacheLayer kv;
+  AttentionMeta meta;
+};
+inline PagedPrefill make_paged_prefill(int T, int Hq, int Hkv, int D, int bs) {
+  CudaBackend& b = gpu();
+  const int nb = (T + bs - 1) / bs;
+  PagedPrefill r;
+  r.q = b.alloc(DType::BF16, {T, Hq * D});
+  b.fill_random(r.q, 31, 1.f);
+  r.kv = {b.alloc(DType::BF16, {nb, bs, Hkv, D}), b.alloc(DType::BF16, {nb, bs, Hkv, D})};
+  b.fill_random(r.kv.k, 32, 1.f);
+  b.fill_random(r.kv.v, 33, 1.f);
+  std::vector<int32_t> table(nb);
+  for (int i = 0; i < nb; ++i) table[i] = i;
+  std::shuffle(table.begin(), table.end(), std::mt19937(1));
+  AttentionMeta& m = r.meta;
+  m.num_seqs = 1, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = nb;
+  m.max_query_len = T, m.max_context_len = T;
+  m.query_start = ints_to_device({0, T}, {2});
+  m.context_lens = ints_to_device({T}, {1});
+  m.block_tables = ints_to_device(table, {1, nb});
+  return r;
+}
+
 inline double rel_err(const std::vector<float>& out, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
