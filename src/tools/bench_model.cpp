@@ -18,6 +18,7 @@
 #include <set>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/event_timer.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/safetensors.h"
@@ -26,33 +27,7 @@
 namespace moeserve::tools {
 namespace {
 
-struct Timer {
-  cudaStream_t s;
-  cudaEvent_t a{}, b{};
-  explicit Timer(cudaStream_t st) : s(st) {
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-  }
-  ~Timer() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  template <typename F>
-  double median_ms(int reps, F&& f) {
-    std::vector<float> t;
-    for (int i = 0; i < reps; ++i) {
-      cudaEventRecord(a, s);
-      f();
-      cudaEventRecord(b, s);
-      cudaEventSynchronize(b);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
-};
+using Timer = cuda::EventTimer;
 
 
 // Eager step with an event after every op; returns ms per op name (summed over layers),

@@ -13,38 +13,7 @@
 namespace moeserve::test {
 namespace {
 
-double median_ms(const std::function<void()>& f) {
-  cudaStream_t s = gpu().stream();
-  f();
-  gpu().synchronize();
-  std::vector<double> t;
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 5; ++i) {
-    cudaEventRecord(a, s);
-    f();
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[2];
-}
-
-LinearWeight rand_fp8(int N, int K, uint64_t seed) {
-  LinearWeight w;
-  w.weight = gpu().alloc(DType::F8_E4M3, {N, K});
-  w.scale_inv = gpu().alloc(DType::F32, {(N + 127) / 128, (K + 127) / 128});
-  gpu().fill_random(w.weight, seed, 1.f);
-  gpu().fill_random(w.scale_inv, seed + 1, 1.f / 64);
-  w.block_out = w.block_in = 128;
-  return w;
-}
+double median_ms(const std::function<void()>& f) { return event_median_ms(f, 5); }
 
 TEST(CudaPrefillBench, M25Shapes8k) {
   SKIP_WITHOUT_GPU();
@@ -80,22 +49,10 @@ TEST(CudaPrefillBench, M25Shapes8k) {
 
   // Causal attention of one 8k sequence, 48 q / 8 kv heads x 128, paged cache of 16-token blocks.
   {
-    const int Hq = 48, Hkv = 8, D = 128, bs = 16, nb = T / bs;
-    Tensor q = b.alloc(DType::BF16, {T, Hq * D}), out = b.alloc(DType::BF16, {T, Hq * D});
-    b.fill_random(q, 31, 1.f);
-    KVCacheLayer kv{b.alloc(DType::BF16, {nb, bs, Hkv, D}), b.alloc(DType::BF16, {nb, bs, Hkv, D})};
-    b.fill_random(kv.k, 32, 1.f);
-    b.fill_random(kv.v, 33, 1.f);
-    std::vector<int32_t> table(nb);
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), std::mt19937(1));
-    AttentionMeta m;
-    m.num_seqs = 1, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = nb;
-    m.max_query_len = T, m.max_context_len = T;
-    m.query_start = ints_to_device({0, T}, {2});
-    m.context_lens = ints_to_device({T}, {1});
-    m.block_tables = ints_to_device(table, {1, nb});
-    AttentionArgs a{&q, &kv, &m, Hq, Hkv, D, 0.088f, &out};
+    const int Hq = 48, Hkv = 8, D = 128;
+    PagedPrefill pp = make_paged_prefill(T, Hq, Hkv, D, 16);
+    Tensor out = b.alloc(DType::BF16, {T, Hq * D});
+    AttentionArgs a{&pp.q, &pp.kv, &pp.meta, Hq, Hkv, D, 0.088f, &out};
     const double flop = 4.0 * double(T) * (T + 1) / 2 * D * Hq;
     b.use_attention_wgmma = false;
     b.use_attention_prefill = false;

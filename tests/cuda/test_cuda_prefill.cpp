@@ -184,22 +184,7 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
   MoeWeights moe, hmoe;
   moe.num_experts = hmoe.num_experts = c.E;
   moe.top_k = hmoe.top_k = c.K;
-  std::vector<HostWeight> keep;
-  auto host_copy = [](const HostWeight& hw, int N, int K) {
-    LinearWeight h;  // f32 copy of the exact dequantisation (the CPU op's reference numerics)
-    h.weight = Tensor::host(DType::F32, {N, K});
-    std::copy(hw.deq.begin(), hw.deq.end(), h.weight.ptr<float>());
-    return h;
-  };
-  for (int e = 0; e < c.E; ++e) {
-    keep.push_back(make_weight(c.I, c.H, true, rng));
-    keep.push_back(make_weight(c.I, c.H, true, rng));
-    keep.push_back(make_weight(c.H, c.I, true, rng));
-    const size_t n = keep.size();
-    moe.experts.push_back({keep[n - 3].dev, keep[n - 2].dev, keep[n - 1].dev});
-    hmoe.experts.push_back({host_copy(keep[n - 3], c.I, c.H), host_copy(keep[n - 2], c.I, c.H),
-                            host_copy(keep[n - 1], c.H, c.I)});
-  }
+  add_random_experts(c.E, c.H, c.I, rng, moe, hmoe);
   auto x = randn(size_t(c.T) * c.H, rng);
   std::vector<int32_t> ids(size_t(c.T) * c.K);
   std::vector<float> wts(ids.size());

@@ -87,6 +87,22 @@ LogitErr measure_logits(const RouterCase& c) {
   return r;
 }
 
+// The case's router (f32 gate, score bias) on the device.
+MoeWeights device_router(const RouterCase& c) {
+  MoeWeights moe;
+  moe.gate = to_device(c.gate, DType::F32, {c.E, c.H});
+  moe.score_bias = to_device(c.bias, DType::F32, {c.E});
+  moe.num_experts = c.E, moe.top_k = c.K;
+  return moe;
+}
+
+// One moe_route on the test backend; the chosen ids and weights, downloaded.
+void route_once(const Tensor& x, const MoeWeights& moe, std::vector<float>& ids, std::vector<float>& w) {
+  MoeRouting r;
+  gpu().moe_route(x, moe, r);
+  ids = gpu().download_f32(r.expert_ids), w = gpu().download_f32(r.weights);
+}
+
 class CudaRouterPrefill : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaRouterPrefill, SplitBf16MatchesReference) {
@@ -101,10 +117,7 @@ TEST_P(CudaRouterPrefill, SplitBf16MatchesReference) {
   // Selection through the backend (default path: split-bf16 GEMM + warp top-k).
   CudaBackend& b = gpu();
   ASSERT_TRUE(b.router_split_bf16 && cuda::g_route_topk_warp != 0);
-  MoeWeights moe;
-  moe.gate = to_device(c.gate, DType::F32, {E, H});
-  moe.score_bias = to_device(c.bias, DType::F32, {E});
-  moe.num_experts = E, moe.top_k = K;
+  const MoeWeights moe = device_router(c);
   MoeRouting r;
   b.moe_route(to_device(c.x, DType::BF16, {T, H}), moe, r);
   const auto ids = b.download_f32(r.expert_ids), w = b.download_f32(r.weights);
@@ -158,18 +171,13 @@ TEST(CudaRouterPrefill, SameAsF32Path) {
   const int T = 512, H = 3072, E = 256, K = 8;
   const RouterCase c = make_router_case(T, H, E, K, 7);
   CudaBackend& b = gpu();
-  MoeWeights moe;
-  moe.gate = to_device(c.gate, DType::F32, {E, H});
-  moe.score_bias = to_device(c.bias, DType::F32, {E});
-  moe.num_experts = E, moe.top_k = K;
+  const MoeWeights moe = device_router(c);
   Tensor dx = to_device(c.x, DType::BF16, {T, H});
   std::vector<float> ids[2], w[2];
   for (int path = 0; path < 2; ++path) {
     b.router_split_bf16 = path == 0;
     cuda::g_route_topk_warp = path == 0 ? 2 : 0;
-    MoeRouting r;
-    b.moe_route(dx, moe, r);
-    ids[path] = b.download_f32(r.expert_ids), w[path] = b.download_f32(r.weights);
+    route_once(dx, moe, ids[path], w[path]);
   }
   b.router_split_bf16 = true;
   cuda::g_route_topk_warp = 2;
@@ -192,6 +200,32 @@ TEST(CudaRouterPrefill, SameAsF32Path) {
     }
   }
   std::printf("[router prefill] split-bf16 + warp top-k vs f32 GEMM + route_kernel: %d of %d tokens differ\n", diff, T);
+}
+
+// The gate split once per gate tensor (gate_split_cache) gives the same routing, bit for bit,
+// as the split per call; a new gate (possibly at a freed gate's address) is split anew, and
+// the splits of freed gates are dropped.
+TEST(CudaRouterPrefill, GateSplitCacheSameAsPerCall) {
+  SKIP_WITHOUT_GPU();
+  const int T = 256, H = 3072, E = 256, K = 8;
+  CudaBackend& b = gpu();
+  ASSERT_TRUE(b.router_split_bf16);
+  for (int round = 0; round < 3; ++round) {
+    const RouterCase c = make_router_case(T, H, E, K, 300 + round);
+    const MoeWeights moe = device_router(c);
+    Tensor dx = to_device(c.x, DType::BF16, {T, H});
+    std::vector<float> ids[3], w[3];
+    for (int path = 0; path < 3; ++path) {  // per call, cache miss, cache hit
+      b.gate_split_cache = path > 0;
+      route_once(dx, moe, ids[path], w[path]);
+    }
+    b.gate_split_cache = true;
+    for (int path = 1; path < 3; ++path) {
+      EXPECT_EQ(ids[path], ids[0]) << "round " << round << " path " << path;
+      EXPECT_EQ(0, std::memcmp(w[path].data(), w[0].data(), w[0].size() * 4)) << "round " << round << " path " << path;
+    }
+    EXPECT_EQ(b.gate_split_count(), 1u);  // the freed gates of earlier rounds and tests dropped at the miss
+  }
 }
 
 // Warp top-k vs route_kernel on identical logits: same ids and weights bit for bit, including
@@ -380,7 +414,8 @@ TEST(CudaNormQuant, QuantVecSameAsQuant) {
   SKIP_WITHOUT_GPU();
   CudaBackend& b = gpu();
   for (const auto& [R, K, ldx, kmajor] : {std::tuple{37, 6144, 6144, false}, std::tuple{300, 3072, 3200, true},
-                                         std::tuple{5, 128, 136, false}, std::tuple{16, 8192, 8192, true}}) {
+                                         std::tuple{5, 128, 136, false}, std::tuple{16, 8192, 8192, true},
+                                         std::tuple{1000, 1536, 1536, true}}) {  // the experts' intermediate (row-major scales)
     std::mt19937 rng(R + K);
     auto x = randn(size_t(R) * ldx, rng, 3.f);
     for (int i = 0; i < 128; ++i) x[size_t(R / 2) * ldx + i] = 0.f;  // a zero group
@@ -416,28 +451,7 @@ TEST(CudaNormQuant, QuantVecSameAsQuant) {
 
 // Timings of the ops above at M2.5 shapes and 8,192 tokens, previous path vs new (run with
 // MOESERVE_BENCH=1; otherwise skipped). Medians of 7 event-timed runs after a warm-up.
-double med_ms(const std::function<void()>& f, int reps = 7) {
-  cudaStream_t s = gpu().stream();
-  f();
-  gpu().synchronize();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a, s);
-    f();
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+double med_ms(const std::function<void()>& f) { return event_median_ms(f, 7); }
 
 TEST(CudaSmallPrefillBench, M25Ops8k) {
   SKIP_WITHOUT_GPU();
@@ -449,15 +463,6 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
   b.fill_random(x, 1, 1.f);
   b.fill_random(res, 2, 1.f);
   b.fill_random(nw, 3, 1.f);
-  auto fp8w = [&](int N, int Kd, uint64_t seed) {
-    LinearWeight w;
-    w.weight = b.alloc(DType::F8_E4M3, {N, Kd});
-    w.scale_inv = b.alloc(DType::F32, {(N + 127) / 128, (Kd + 127) / 128});
-    b.fill_random(w.weight, seed, 1.f);
-    b.fill_random(w.scale_inv, seed + 1, 1.f / 64);
-    w.block_out = w.block_in = 128;
-    return w;
-  };
   auto pr = [](const char* what, double old_ms, double new_ms) {
     std::printf("[small bench] %-34s old %.4f ms  new %.4f ms  (x30 layers: %.2f -> %.2f ms)\n", what, old_ms, new_ms,
                 30 * old_ms, 30 * new_ms);
@@ -526,7 +531,7 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
   }
   // q/k/v with their input norm.
   {
-    LinearWeight wq = fp8w(QW, H, 31), wk = fp8w(KW, H, 33), wv = fp8w(KW, H, 35);
+    LinearWeight wq = rand_fp8(QW, H, 31), wk = rand_fp8(KW, H, 33), wv = rand_fp8(KW, H, 35);
     const LinearWeight* ws[3] = {&wq, &wk, &wv};
     Tensor q = b.alloc(DType::BF16, {T, QW}), k = b.alloc(DType::BF16, {T, KW}), v = b.alloc(DType::BF16, {T, KW});
     Tensor* outs[3] = {&q, &k, &v};
@@ -558,7 +563,7 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
     const double qk_new = med_ms([&] { b.qk_norm_rope_write_kv(a, v, kv, m); });
     pr("qk-norm + RoPE + KV write", qk_old, qk_new);
     // o_proj (quant + GEMM) for reference.
-    LinearWeight wo = fp8w(H, QW, 51);
+    LinearWeight wo = rand_fp8(H, QW, 51);
     Tensor o = b.alloc(DType::BF16, {T, H});
     b.prefill_quant_vec = false;
     const double op_old = med_ms([&] { b.linear(q, wo, o); });

@@ -3,12 +3,15 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/event_timer.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -22,6 +25,14 @@ namespace moeserve::test {
 inline CudaBackend& gpu() {
   static std::unique_ptr<CudaBackend> b = make_cuda_backend(0);
   return *b;
+}
+
+// Median of `reps` CUDA-event timings (ms) of f on the test backend's stream, after one
+// untimed warm-up call (the bench cases: old path vs new).
+inline double event_median_ms(const std::function<void()>& f, int reps = 7) {
+  f();
+  gpu().synchronize();
+  return cuda::EventTimer(gpu().stream()).median_ms(reps, f);
 }
 
 // Random normal values, rounded to bf16 when `bf16_exact` so the host reference sees the same inputs.
@@ -94,6 +105,61 @@ inline HostWeight make_weight(int N, int K, bool fp8, std::mt19937& rng, int bo 
     w.dev.weight = to_device(w.deq, DType::BF16, {N, K});
   }
   return w;
+}
+
+// E random FP8 experts (w1, w3 [I, H], w2 [H, I], 128 x 128 blocks) appended to `dev` (device)
+// and to `host` as f32 copies of their exact dequantisation (the CPU op's weights).
+inline void add_random_experts(int E, int H, int I, std::mt19937& rng, MoeWeights& dev, MoeWeights& host) {
+  auto host_copy = [](const HostWeight& hw, int N, int K) {
+    LinearWeight h;
+    h.weight = Tensor::host(DType::F32, {N, K});
+    std::copy(hw.deq.begin(), hw.deq.end(), h.weight.ptr<float>());
+    return h;
+  };
+  for (int e = 0; e < E; ++e) {
+    const HostWeight w1 = make_weight(I, H, true, rng), w3 = make_weight(I, H, true, rng), w2 = make_weight(H, I, true, rng);
+    dev.experts.push_back({w1.dev, w3.dev, w2.dev});
+    host.experts.push_back({host_copy(w1, I, H), host_copy(w3, I, H), host_copy(w2, H, I)});
+  }
+}
+
+// A device-random FP8 weight [N, K] with 128 x 128 block scales (the benches: values unchecked).
+inline LinearWeight rand_fp8(int N, int K, uint64_t seed) {
+  LinearWeight w;
+  w.weight = gpu().alloc(DType::F8_E4M3, {N, K});
+  w.scale_inv = gpu().alloc(DType::F32, {(N + 127) / 128, (K + 127) / 128});
+  gpu().fill_random(w.weight, seed, 1.f);
+  gpu().fill_random(w.scale_inv, seed + 1, 1.f / 64);
+  w.block_out = w.block_in = 128;
+  return w;
+}
+
+// One causal prefill of T tokens (the benches): device-random q [T, Hq * D] and a paged bf16
+// KV cache of `bs`-token blocks in shuffled order holding the T keys.
+struct PagedPrefill {
+  Tensor q;
+  KVCacheLayer kv;
+  AttentionMeta meta;
+};
+inline PagedPrefill make_paged_prefill(int T, int Hq, int Hkv, int D, int bs) {
+  CudaBackend& b = gpu();
+  const int nb = (T + bs - 1) / bs;
+  PagedPrefill r;
+  r.q = b.alloc(DType::BF16, {T, Hq * D});
+  b.fill_random(r.q, 31, 1.f);
+  r.kv = {b.alloc(DType::BF16, {nb, bs, Hkv, D}), b.alloc(DType::BF16, {nb, bs, Hkv, D})};
+  b.fill_random(r.kv.k, 32, 1.f);
+  b.fill_random(r.kv.v, 33, 1.f);
+  std::vector<int32_t> table(nb);
+  for (int i = 0; i < nb; ++i) table[i] = i;
+  std::shuffle(table.begin(), table.end(), std::mt19937(1));
+  AttentionMeta& m = r.meta;
+  m.num_seqs = 1, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = nb;
+  m.max_query_len = T, m.max_context_len = T;
+  m.query_start = ints_to_device({0, T}, {2});
+  m.context_lens = ints_to_device({T}, {1});
+  m.block_tables = ints_to_device(table, {1, nb});
+  return r;
 }
 
 inline double rel_err(const std::vector<float>& out, const std::vector<float>& ref) {

@@ -5,6 +5,7 @@
 // Tile shape: 64 query rows per warpgroup (kRows), 128 keys per tile (kN), head_dim 128 (kD).
 #pragma once
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/row_vec.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MS_WGMMA_ATTN 1
@@ -169,6 +170,63 @@ __device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&pa)[8][4
     pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
     pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
   }
+}
+
+// Epilogue: the quad's partial row sums give 1 / l per row; O / l is stored as bf16 into the
+// rows' 128 outputs (out_lo / out_hi: rows r_lo / r_hi; nullptr skips a padded row).
+__device__ __forceinline__ void row_inv_l(const RowState& st, float& inv_lo, float& inv_hi) {
+  float l_lo = st.l_lo, l_hi = st.l_hi;
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
+  }
+  inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+}
+__device__ __forceinline__ void store_o_bf16(const float (&o)[64], const RowState& st, int tig, bf16* out_lo,
+                                             bf16* out_hi) {
+  float inv_lo, inv_hi;
+  row_inv_l(st, inv_lo, inv_hi);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int col = 8 * i + 2 * tig;
+    if (out_lo) *reinterpret_cast<uint32_t*>(out_lo + col) = pack2(o[4 * i] * inv_lo, o[4 * i + 1] * inv_lo);
+    if (out_hi) *reinterpret_cast<uint32_t*>(out_hi + col) = pack2(o[4 * i + 2] * inv_hi, o[4 * i + 3] * inv_hi);
+  }
+}
+
+// FP8 epilogue (the o_proj input, prefill), after store_o_bf16: each row's 128 outputs are
+// one quantisation group of the per-(token, 128 columns) e4m3 activation format (k_quant.cu,
+// k_norm_quant.cu), held by one quad (4 threads x 32 columns). Each thread reads back the 32
+// bf16 values it has just stored (its own writes: no barrier; O's 64 registers are dead by
+// then, which keeps this epilogue out of the main loop's register budget), the quad takes
+// the amax by two shuffles, sc = amax / 448, q = rn_e4m3(v / sc): codes and scales
+// bit-identical to quantising the bf16 output. row: the bf16 row (nullptr: a padded row,
+// nothing stored); q: its 128 codes; the quad's first thread stores sc at *sa and *sb (the
+// two scale layouts the o_proj GEMMs read: token-fastest for cuBLASLt, row-major for
+// k_gemm_fp8.cu). Every lane must call it.
+__device__ __forceinline__ void quant_row_quad(const bf16* row, int tig, uint8_t* q, float* sa, float* sb) {
+  uint32_t w[16];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    w[i] = 0u;
+    // (an asm load: the compiler must not forward the stored values and keep O live instead)
+    if (row) asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(w[i]) : "l"(row + 8 * i + 2 * tig) : "memory");
+    const float2 f = bf16x2_to_f2(w[i]);
+    amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  if (!row) return;
+  const float sc = fp8_group_scale(amax);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float2 f = bf16x2_to_f2(w[i]);
+    *reinterpret_cast<__nv_fp8x2_storage_t*>(q + 8 * i + 2 * tig) =
+        __nv_cvt_float2_to_fp8x2(make_float2(f.x / sc, f.y / sc), __NV_SATFINITE, __NV_E4M3);
+  }
+  if (tig == 0) *sa = sc, *sb = sc;
 }
 
 // Descriptors are built from two 32-bit words: lo = start >> 4 | LBO >> 4 << 16 (start < 2^18,

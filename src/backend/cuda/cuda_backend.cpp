@@ -161,6 +161,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* e = std::getenv("MOESERVE_MOE_GEMV_MAX"); e && *e) moe_gemv_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_DIRECT_MAX"); e && *e) moe_direct_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_FUSED_QUANT"); e && *e) moe_fused_quant = std::atoi(e) != 0;
+  if (const char* e = std::getenv("MOESERVE_ATTN_Q8"); e && *e) prefill_attn_q8 = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_YPAIR_BF16"); e && *e) moe_ypair_bf16 = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_COMBINE_VEC"); e && *e) moe_combine_vec = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_ALIGN_MULTI"); e && *e) moe_align_multi = std::atoi(e) != 0;
@@ -179,10 +180,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // narrow down an accuracy difference (scripts/realshape_check.py): fp8_act = bf16
   // activations in the FP8 linears and experts, lt = k_gemm_fp8.cu instead of cuBLASLt,
   // attn = k_attn_tc.cu instead of the pipelined kernel, router = router logits on CUDA cores,
-  // router_split = the f32 cuBLASLt router GEMM instead of the split-bf16 one, topk = the
+  // router_split = the f32 cuBLASLt router GEMM instead of the split-bf16 one (gate_cache =
+  // the split-bf16 gate split per call instead of once per gate), topk = the
   // shared-memory top-k kernel, norm_quant = q/k/v's norm and per-weight quantisations unfused,
   // qk_rope = the generic QK-norm + RoPE kernel at prefill (k_rope_prefill.cu off), quant_vec
-  // = the dense linears' activations on k_quant.cu's kernel, topk_redux = the shuffle top-k.
+  // = the dense linears' activations on k_quant.cu's kernel, topk_redux = the shuffle top-k,
+  // attn_q8 / moe_nq = o_proj's / the experts' FP8 input by its own pass, moe_quant_vec = the
+  // experts' quantisations on k_quant.cu's kernel (cuda_backend.h).
   if (const char* e = std::getenv("MOESERVE_PREFILL_OFF")) {
     const std::string off = std::string(",") + e + ",";
     auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
@@ -191,6 +195,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("attn")) use_attention_prefill = false;
     if (has("router")) router_gemm_min_tokens = 0;
     if (has("router_split")) router_split_bf16 = false;
+    if (has("gate_cache")) gate_split_cache = false;
+    if (has("attn_q8")) prefill_attn_q8 = false;
+    if (has("moe_nq")) prefill_moe_norm_quant = false;
+    if (has("moe_quant_vec")) prefill_moe_quant_vec = false;
     if (has("topk")) cuda::g_route_topk_warp = 0;
     if (has("topk_redux")) cuda::g_route_topk_warp = 1;
     if (has("norm_quant")) prefill_norm_quant = false;
@@ -209,6 +217,7 @@ CudaBackend::~CudaBackend() {
   if (counters_) cudaFree(counters_);
   for (auto& w : mega_ws_) cudaFree(w.second);
   expert_tables_.clear();
+  gate_splits_.clear();
   lt_.reset();
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -332,7 +341,7 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
     auto q8 = [](size_t rows, size_t k) { return (rows * k + 255) / 256 * 256 + rows * (k / 128) * 4; };
     const size_t T = size_t(p.max_tokens);
     const size_t kmax = std::max<size_t>(size_t(p.hidden), size_t(p.num_q_heads) * p.head_dim);
-    workspace(kQuantX, q8(T, kmax));
+    workspace(kQuantX, q8(T, kmax) + T * (kmax / 128) * 4);  // (+ attention's second scale layout)
     workspace(kQuantAct, q8(P, size_t(p.intermediate)));
     if (cc_ == 90 && (use_lt_fp8 || router_gemm_min_tokens > 0)) workspace(kLt, LtGemm::kWorkspaceBytes);
     if (router_gemm_min_tokens > 0)  // f32 copy of x, or the split gate [2E, H] bf16
@@ -394,6 +403,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Ten
 }
 
 void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  prequant_ = {};
   check_dev(residual, "add_rms_norm", "residual");
   check_dev(x, "add_rms_norm", "x");
   check_dev(weight, "add_rms_norm", "weight");
@@ -447,6 +457,11 @@ LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, boo
 void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   const LinParams p = linear_params(x, w, out, use_gemv_tc);
   const int T = p.M, N = p.N;
+  // x's FP8 form from the op before (prefill attention), if made.
+  if (const Prequant pq = take_prequant(p.x, T, p.K); pq.q && linear_prequant(p, pq)) {
+    ++prequant_uses_;
+    return;
+  }
   // Narrow outputs (k/v projections: N = 1024) give the 64 x 128 GEMM tiles too few blocks at
   // decode batch sizes; the GEMV path (8-row tiles sharing weight rows through L2) measured
   // ~3x faster there at 64 rows on the H200, and slower for wide N, so only narrow N uses it.
@@ -713,9 +728,9 @@ void CudaBackend::attention(const AttentionArgs& a) {
   p.splits = splits;
   const int64_t groups = int64_t(p.num_seqs) * qtiles * p.Hkv;
   if (splits > 1 && splits <= 32 && fuse_attn_combine && groups <= kAttnCounterSlots) p.counters = counters_ + kAttnCounterBase;
-  if (use_attention_tc && use_attention_wgmma && splits == 1 && attention_wgmma_supported(p))
-    launch_attention_wgmma(p, stream_);
-  else if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
+  if (use_attention_tc && use_attention_wgmma && splits == 1 && attention_wgmma_supported(p)) {
+    if (!attention_fp8_out(p)) launch_attention_wgmma(p, stream_);  // (FP8 epilogue: o_proj's input too)
+  } else if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
     launch_attention_prefill(p, stream_);
   else if (use_attention_tc && splits == 1 && attention_tc_supported(p))
     launch_attention_tc(p, stream_);
@@ -724,6 +739,7 @@ void CudaBackend::attention(const AttentionArgs& a) {
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  prequant_ = {};
   check_dev(a, "add", "a");
   check_dev(b, "add", "b");
   check_dev(out, "add", "out");

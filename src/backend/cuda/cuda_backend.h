@@ -129,6 +129,10 @@ class CudaBackend final : public Backend {
   // Bumped whenever a workspace a forward step uses is reallocated (graphs captured before
   // then point at freed memory and must be recaptured). The sampling workspace is not counted.
   uint64_t workspace_generation() const { return ws_generation_; }
+  // Cached split-bf16 router gates (tests: the cache must not outlive its gates).
+  size_t gate_split_count() const { return gate_splits_.size(); }
+  // FP8 activations taken from the op before (attention -> o_proj, norm -> experts) so far.
+  uint64_t prequant_uses() const { return prequant_uses_; }
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_; }
   std::string device_name() const;
@@ -263,6 +267,20 @@ class CudaBackend final : public Backend {
   // ... as the split-bf16 tensor-core GEMM (x bf16 against the gate's bf16 hi / lo halves,
   // f32 accumulation) rather than the f32 CUDA-core GEMM; MOESERVE_PREFILL_OFF=router_split.
   bool router_split_bf16 = true;
+  // ... with the gate split once per gate tensor and kept (gate_split(), +2 bytes x 2 E H per
+  // layer); MOESERVE_PREFILL_OFF=gate_cache splits per call instead.
+  bool gate_split_cache = true;
+  // Prefill fusions into the FP8 activation format (cuda_prefill.cpp), A/B through
+  // MOESERVE_PREFILL_OFF: moe_nq = the post-attention add + RMSNorm (add_rms_norm_route) also
+  // writes the experts' FP8 input. Opt-in (MOESERVE_ATTN_Q8=1; measured slower on the H200,
+  // docs/benchmarks.md): the warp-specialised attention also writes o_proj's FP8 input (next
+  // to its bf16 output) instead of o_proj quantising it in a separate pass.
+  bool prefill_attn_q8 = false;
+  bool prefill_moe_norm_quant = true;
+  // moe_quant_vec: the FP8 experts' activation quantisations (x when not fused into the norm,
+  // and the [T x top_k, I] SiLU * up intermediate) on the 16-byte-load kernel
+  // (launch_quant_fp8_vec, same bits) instead of k_quant.cu's warp-per-group one.
+  bool prefill_moe_quant_vec = true;
   // Prefill linear_multi / add_rms_norm_linear_multi (q/k/v): quantise the (normed) input once
   // (fused with the add + RMSNorm) for all weights instead of once per weight after a separate
   // norm; MOESERVE_PREFILL_OFF=norm_quant.
@@ -309,15 +327,50 @@ class CudaBackend final : public Backend {
   bool run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
   // Prefill paths (cuda_prefill.cpp); each returns false when it does not apply.
   bool linear_fp8_act(const cuda::LinParams& p);
-  bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T);
+  // An FP8 activation made by the op before (the attention epilogue, the fused post-attention
+  // norm) in kQuantX for x (still written as bf16 too): codes [T, K], scales token-fastest
+  // (s_tok; null if not made) and row-major (s_row). Taken by the next linear() / moe_experts()
+  // on the same x; any linear, experts or q/k/v call drops it, as do add() and add_rms_norm().
+  struct Prequant {
+    const void* x = nullptr;
+    int T = 0, K = 0;
+    uint8_t* q = nullptr;
+    float* s_tok = nullptr;
+    float* s_row = nullptr;
+  };
+  Prequant prequant_;
+  uint64_t prequant_uses_ = 0;
+  Prequant take_prequant(const void* x, int T, int K) {
+    const Prequant p = prequant_;
+    prequant_ = {};
+    return p.x && p.x == x && p.T == T && p.K == K ? p : Prequant{};
+  }
+  // attention() at prefill: the warp-specialised kernel with the FP8 epilogue (sets prequant_).
+  bool attention_fp8_out(const cuda::AttnParams& p);
+  // linear() from prequant_; false (nothing launched) when no FP8 GEMM takes this weight.
+  bool linear_prequant(const cuda::LinParams& p, const Prequant& pq);
+  // add_rms_norm_route() at prefill: the add + norm also quantising for the experts.
+  bool norm_quant_for_experts(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                              const MoeWeights& moe);
+  bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T, const Prequant& pq);
   // Router logits as a GEMM (p: x, T, H, E set); sets p.logits (and p.logits_split) on success.
   bool route_logits_gemm(const Tensor& gate, cuda::RouteParams& p);
+  // The split-bf16 router's gate halves [2E, H] per f32 gate tensor, made on its first use
+  // outside a capture and kept while the gate's owner lives (a gate is a weight: it never
+  // changes); null (split per call) for borrowed gates or inside a capture on a miss.
+  struct GateSplit {
+    std::weak_ptr<void> owner;
+    Tensor split;
+  };
+  std::unordered_map<const void*, GateSplit> gate_splits_;
+  const void* gate_split(const Tensor& gate, int E, int H);
   // q/k/v-style linears sharing x at prefill: x (optionally with its fused add + RMSNorm)
   // quantised to FP8 once, then one cuBLASLt block-scaled GEMM per weight.
   bool linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws, Tensor* const* outs,
                             int n);
   cuda::LtGemm* lt();
   void quant_dense(const cuda::QuantParams& q);
+  void quant_moe(const cuda::QuantParams& q);
   // The device table of expert pointers (built outside capture); null if the experts are not
   // FP8 128x128 blocks. *I = intermediate size.
   const cuda::ExpertPtrs* expert_ptrs_fp8(const MoeWeights& moe, int* I);

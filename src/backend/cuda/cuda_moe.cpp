@@ -117,6 +117,7 @@ void CudaBackend::add_rms_norm_route(Tensor& residual, const Tensor& x, const Te
     NormFuse nf{&residual, &x, &weight, eps};
     if (moe_route_impl(out, moe, routing, &nf)) return;
   }
+  if (norm_quant_for_experts(residual, x, weight, eps, out, moe)) return moe_route(out, moe, routing);
   add_rms_norm(residual, x, weight, eps, out);
   moe_route(out, moe, routing);
 }
@@ -190,6 +191,7 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
            shape_str(out.shape), et.H);
   MS_CHECK(routing.expert_ids.numel() >= int64_t(T) * k && routing.weights.numel() >= int64_t(T) * k,
            "moe_experts: routing for fewer than {} tokens", T);
+  const Prequant pq = take_prequant(x.data, T, H);  // x's FP8 form from add_rms_norm_route, if made
   if (T == 0) return;
   const int P = T * k;
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
@@ -260,8 +262,8 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
       launch_gemv(down, stream_);
     }
   } else if (fp8_pair) {
-    MS_CHECK(moe_experts_fp8_act(up, down, T), "moe_experts: FP8 128-row-tile path refused its own shapes");
-  } else if (!moe_experts_fp8_act(up, down, T)) {
+    MS_CHECK(moe_experts_fp8_act(up, down, T, pq), "moe_experts: FP8 128-row-tile path refused its own shapes");
+  } else if (!moe_experts_fp8_act(up, down, T, pq)) {
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);
   }

@@ -42,6 +42,14 @@ void CudaBackend::quant_dense(const QuantParams& q) {
     launch_quant_fp8(q, stream_);
 }
 
+// ... and of the FP8 experts (x [T, H], the SiLU * up rows [P, I]).
+void CudaBackend::quant_moe(const QuantParams& q) {
+  if (prefill_moe_quant_vec && quant_vec_supported(q))
+    launch_quant_fp8_vec(q, stream_);
+  else
+    launch_quant_fp8(q, stream_);
+}
+
 LtGemm* CudaBackend::lt() {
   if (!lt_) {
     if (capturing_) return nullptr;
@@ -111,7 +119,7 @@ bool CudaBackend::fp8_experts_ws_fit(int T, int P, int H, int I) const {
          ws_fits(kQuantAct, round_up(size_t(P) * I, 256) + size_t(P) * (I / kQuantGroup) * 4);
 }
 
-bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down, int T) {
+bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down, int T, const Prequant& pq) {
   if (!prefill_path_allowed() || !use_fp8_act_gemm || T < fp8_act_min_tokens || !gemm_fp8_supported(up) ||
       !gemm_fp8_supported(down) || up.ldx != up.K || down.ldx != down.K)
     return false;
@@ -123,11 +131,16 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
     return false;
   }
   if (capturing_) ++graph_fp8_ops_;
-  uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, xbytes + size_t(T) * (H / kQuantGroup) * 4));
-  float* xs = reinterpret_cast<float*>(xq + xbytes);
-  QuantParams q;
-  q.x = up.x, q.ldx = H, q.R = T, q.K = H, q.q = xq, q.s = xs, q.s_row = H / kQuantGroup, q.s_grp = 1;
-  launch_quant_fp8(q, stream_);
+  uint8_t* xq = pq.q;  // made by the fused post-attention norm (row-major scales), or:
+  float* xs = pq.s_row;
+  if (xq) ++prequant_uses_;
+  if (!xq) {
+    xq = static_cast<uint8_t*>(workspace(kQuantX, xbytes + size_t(T) * (H / kQuantGroup) * 4));
+    xs = reinterpret_cast<float*>(xq + xbytes);
+    QuantParams q;
+    q.x = up.x, q.ldx = H, q.R = T, q.K = H, q.q = xq, q.s = xs, q.s_row = H / kQuantGroup, q.s_grp = 1;
+    quant_moe(q);
+  }
   const size_t abytes = round_up(size_t(P) * I, 256);
   uint8_t* aq = static_cast<uint8_t*>(workspace(kQuantAct, abytes + size_t(P) * (I / kQuantGroup) * 4));
   float* as = reinterpret_cast<float*>(aq + abytes);
@@ -144,7 +157,7 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
     // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
     QuantParams qa;
     qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
-    launch_quant_fp8(qa, stream_);
+    quant_moe(qa);
   }
   launch_gemm_fp8(down, Fp8Act{aq, as}, stream_);
   return true;
@@ -154,6 +167,7 @@ LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, boo
 
 bool CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws,
                                        Tensor* const* outs, int n) {
+  prequant_ = {};  // kQuantX is rewritten below
   if (!prefill_path_allowed() || !prefill_norm_quant || !use_fp8_act_gemm || !use_lt_fp8 || cc_ != 90 || n < 1 ||
       n > LinParams::kMaxSegs)
     return false;
@@ -207,6 +221,25 @@ bool CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, cons
   return true;
 }
 
+const void* CudaBackend::gate_split(const Tensor& gate, int E, int H) {
+  if (!gate.owner || !gate_split_cache) return nullptr;
+  auto same_owner = [&](const GateSplit& g) {
+    return !g.owner.expired() && !g.owner.owner_before(gate.owner) && !gate.owner.owner_before(g.owner);
+  };
+  auto it = gate_splits_.find(gate.data);
+  if (it != gate_splits_.end() && same_owner(it->second) && it->second.split.numel() == int64_t(2) * E * H)
+    return it->second.split.data;
+  if (capturing_) return nullptr;  // no allocation inside a capture
+  // Drop the splits of gates freed since (their memory may now hold another tensor).
+  for (auto g = gate_splits_.begin(); g != gate_splits_.end();)
+    g = g->second.owner.expired() ? gate_splits_.erase(g) : std::next(g);
+  GateSplit g{gate.owner, alloc(DType::BF16, {2 * E, H})};
+  launch_split_gate_bf16(gate.ptr<float>(), g.split.data, E, H, stream_);
+  const void* w2 = g.split.data;
+  gate_splits_[gate.data] = std::move(g);
+  return w2;
+}
+
 bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
   const int T = p.T, H = p.H, E = p.E;
   if (!prefill_path_allowed() || router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 ||
@@ -215,7 +248,7 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
   // In a graph only from fp8_act_min_tokens rows: smaller buckets keep the fused router kernel.
   if (capturing_ && T < fp8_act_min_tokens) return false;
   // Split-bf16 (default for bf16 x, H % 8 == 0): the gate's bf16 halves stacked as [2E, H]
-  // (split per call: 3 MB for M2.5, a few us), one bf16 tensor-core GEMM x [T, H] @ [2E, H]^T
+  // (3 MB for M2.5; split once per gate tensor and kept, gate_split()), one bf16 tensor-core GEMM x [T, H] @ [2E, H]^T
   // -> [T, 2E] f32, and the top-k adds the halves. x is bf16 already, so the only error next
   // to the f32 GEMM is the split's 2^-17 |w| per weight, and the tensor cores' f32
   // accumulation order (tests/cuda/test_cuda_router_prefill.cpp measures both).
@@ -235,8 +268,12 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
   float* logits = static_cast<float*>(workspace(kRouter, logit_bytes));
   bool ok = false;
   if (split) {
-    void* w2 = workspace(kRouterX, xbytes);
-    launch_split_gate_bf16(gate.ptr<float>(), w2, E, H, stream_);
+    const void* w2 = gate_split(gate, E, H);
+    if (!w2) {  // split per call into the workspace
+      void* buf = workspace(kRouterX, xbytes);
+      launch_split_gate_bf16(gate.ptr<float>(), buf, E, H, stream_);
+      w2 = buf;
+    }
     ok = g->bf16_nt_f32(T, 2 * E, H, p.x, w2, logits, ws, LtGemm::kWorkspaceBytes, stream_, capturing_);
   } else {
     const float* xf = static_cast<const float*>(p.x);
@@ -251,6 +288,81 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
   if (!ok) return false;  // the split kernel's output is unused then; the caller's kernels take over
   if (capturing_) ++graph_fp8_ops_;
   p.logits_split = split;
+  return true;
+}
+
+// ---- FP8 activations made by the op before (prequant_) ----
+
+// Prefill attention on the warp-specialised kernel, also writing o_proj's FP8 input: per
+// (token, head) = per 128 columns of [T, Hq * 128], so o_proj (linear_prequant) skips its
+// quantisation pass. The bf16 output is still written (any reader of it stays correct; inside
+// the compute-bound kernel the store is mostly hidden).
+bool CudaBackend::attention_fp8_out(const AttnParams& p) {
+  const int T = p.T, K = p.Hq * p.D, G = K / kQuantGroup;
+  if (!prefill_attn_q8 || !g_attn_ws || !attn_q8_supported() || !prefill_path_allowed() || !use_fp8_act_gemm || T < fp8_act_min_tokens ||
+      p.D != kQuantGroup)
+    return false;
+  const size_t qbytes = round_up(size_t(T) * K, 256), sbytes = size_t(T) * G * 4;
+  if (!ws_fits(kQuantX, qbytes + 2 * sbytes)) return false;
+  AttnQ8Out q8;
+  q8.q = static_cast<uint8_t*>(workspace(kQuantX, qbytes + 2 * sbytes));
+  q8.s_tok = reinterpret_cast<float*>(q8.q + qbytes);
+  q8.s_row = q8.s_tok + size_t(T) * G;
+  launch_attention_ws_q8(p, q8, stream_);
+  prequant_ = {p.out, T, K, q8.q, q8.s_tok, q8.s_row};
+  return true;
+}
+
+// A linear from prequant_ (linear_fp8_act's conditions): cuBLASLt on all rows (token-fastest
+// scales), else the mma.sync kernel (row-major scales). False: not an FP8-activation linear.
+bool CudaBackend::linear_prequant(const LinParams& p, const Prequant& pq) {
+  if (!prefill_path_allowed() || !use_fp8_act_gemm || !p.fp8 || p.bo != 128 || p.bi != 128 || p.ldx != p.K ||
+      p.M < fp8_act_min_tokens)
+    return false;
+  const int T = p.M, K = p.K, G = K / kQuantGroup;
+  const bool lt_shape = cc_ == 90 && !p.out_f32 && G % 4 == 0 && p.N % 128 == 0 && p.ldo == p.N;
+  if (use_lt_fp8 && lt_shape && T % 8 == 0 && pq.s_tok && ws_fits(kLt, LtGemm::kWorkspaceBytes)) {
+    if (LtGemm* g = lt()) {
+      LtFp8Args a;
+      a.T = T, a.N = p.N, a.K = K, a.xq = pq.q, a.xs = lt_act_scale_kmajor ? pq.s_row : pq.s_tok;
+      a.w = static_cast<const uint8_t*>(p.w), a.ws = p.s, a.out = p.out;
+      if (g->fp8_block(a, workspace(kLt, LtGemm::kWorkspaceBytes), LtGemm::kWorkspaceBytes, stream_, capturing_)) {
+        if (capturing_) ++graph_fp8_ops_;
+        return true;
+      }
+    }
+  }
+  if (!gemm_fp8_supported(p)) return false;
+  if (capturing_) ++graph_fp8_ops_;
+  launch_gemm_fp8(p, Fp8Act{pq.q, pq.s_row}, stream_);
+  return true;
+}
+
+// The post-attention add + RMSNorm at prefill, quantising its output for the FP8 experts as
+// well (k_norm_quant.cu: codes and scales bit-identical to quantising `out`, which is still
+// written for the router). The experts' quantisation pass over [T, H] goes away.
+bool CudaBackend::norm_quant_for_experts(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                                         Tensor& out, const MoeWeights& moe) {
+  if (!prefill_moe_norm_quant || !prefill_path_allowed() || !use_fp8_act_gemm || moe.experts.empty() ||
+      !moe.experts[0].w1.fp8() || x.rank() < 1)
+    return false;
+  const int H = int(x.dim(-1)), T = int(x.numel() / std::max<int64_t>(1, H)), G = H / kQuantGroup;
+  const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
+                  out.dtype == DType::BF16;
+  // (Up to moe_gemv_max_tokens the experts run the GEMVs on bf16 x: nothing would read the codes.)
+  if (T < fp8_act_min_tokens || T <= moe_gemv_max_tokens || !bf || residual.device != Device::CUDA || x.device != Device::CUDA ||
+      weight.device != Device::CUDA || out.device != Device::CUDA || residual.numel() != x.numel() ||
+      out.numel() != x.numel() || weight.numel() != H)
+    return false;
+  NormQuantParams nq;
+  nq.x = x.data, nq.residual = residual.data, nq.w = weight.data, nq.out = out.data;
+  nq.R = T, nq.K = H, nq.eps = eps;
+  const size_t qbytes = round_up(size_t(T) * H, 256), need = qbytes + size_t(T) * G * 4;
+  if (!norm_quant_supported(nq) || !ws_fits(kQuantX, need)) return false;
+  uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, need));
+  nq.q = xq, nq.s = reinterpret_cast<float*>(xq + qbytes), nq.s_row = G, nq.s_grp = 1;
+  launch_norm_quant_fp8(nq, stream_);
+  prequant_ = {out.data, T, H, xq, nullptr, nq.s};
   return true;
 }
 

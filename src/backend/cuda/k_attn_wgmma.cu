@@ -274,24 +274,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(AttnParams p, i
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
 
-  float l_lo = st.l_lo, l_hi = st.l_hi;
-#pragma unroll
-  for (int x = 1; x <= 2; x <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
-  }
   bf16* out = static_cast<bf16*>(p.out);
-  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int col = 8 * i + 2 * tig;
-    if (pos_lo >= 0)
-      *reinterpret_cast<uint32_t*>(out + (int64_t(q0 + tw + r_lo) * p.Hq + h) * kD + col) =
-          pack2(o[4 * i] * inv_lo, o[4 * i + 1] * inv_lo);
-    if (pos_hi >= 0)
-      *reinterpret_cast<uint32_t*>(out + (int64_t(q0 + tw + r_hi) * p.Hq + h) * kD + col) =
-          pack2(o[4 * i + 2] * inv_hi, o[4 * i + 3] * inv_hi);
-  }
+  store_o_bf16(o, st, tig, pos_lo >= 0 ? out + (int64_t(q0 + tw + r_lo) * p.Hq + h) * kD : nullptr,
+               pos_hi >= 0 ? out + (int64_t(q0 + tw + r_hi) * p.Hq + h) * kD : nullptr);
 #endif  // MS_WGMMA_ATTN
 }
 

@@ -26,11 +26,15 @@
 // Ping-pong (pp): named barriers 1 and 2 make the consumers issue their steps' products in
 // turn, so one consumer's softmax runs while the other's products occupy the tensor cores.
 // Shared layout as in k_attn_wgmma.cu (128-byte swizzle, two 64-dim halves per operand).
+// Epilogue: O / l as bf16 and, with q8 (launch_attention_ws_q8, prefill), also quantised to
+// FP8 per (token, head) for the o_proj GEMM (attn_wgmma.cuh store_o_fp8), so o_proj skips its
+// quantisation pass over [T, Hq * 128].
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include "backend/cuda/attn_wgmma.cuh"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_prefill.h"
 #include "backend/cuda/wgmma.cuh"
 
 namespace moeserve::cuda {
@@ -67,10 +71,11 @@ __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap* map, in
 // items in rounds of gridDim.x; a persistent grid (one block per SM) lets the producer load
 // the next item's Q and K/V while the consumers finish the previous one. hp: query heads per item (2: GQA pair mode, 1: one head,
 // 128 tokens). pp: ping-pong order.
-template <bool kOverlap, int kStages, bool kTma>
+template <bool kOverlap, int kStages, bool kTma, bool kQ8>
 __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, int qtiles, int hp, int pp, int page_loader,
                                                                 const __grid_constant__ CUtensorMap kmap,
-                                                                const __grid_constant__ CUtensorMap vmap) {
+                                                                const __grid_constant__ CUtensorMap vmap,
+                                                                const AttnQ8Out q8) {
 #ifdef MS_WGMMA_ATTN
   // bars: [0] Q full, [1] Q empty, [2 + s] K full, [2 + S + s] V full, [2 + 2S + s] K empty,
   // [2 + 3S + s] V empty.
@@ -343,23 +348,15 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
     ++items;
     r0 += ntiles;
 
-    float l_lo = st.l_lo, l_hi = st.l_hi;
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, x);
-      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, x);
-    }
-    bf16* out = static_cast<bf16*>(p.out);
-    const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int col = 8 * i + 2 * tig;
-      if (pos_lo >= 0)
-        *reinterpret_cast<uint32_t*>(out + (int64_t(it.q0 + tw + r_lo) * p.Hq + h) * kD + col) =
-            pack2(o[4 * i] * inv_lo, o[4 * i + 1] * inv_lo);
-      if (pos_hi >= 0)
-        *reinterpret_cast<uint32_t*>(out + (int64_t(it.q0 + tw + r_hi) * p.Hq + h) * kD + col) =
-            pack2(o[4 * i + 2] * inv_hi, o[4 * i + 3] * inv_hi);
+    const int64_t t_lo = it.q0 + tw + r_lo, t_hi = it.q0 + tw + r_hi;
+    bf16* out_lo = pos_lo >= 0 ? static_cast<bf16*>(p.out) + (t_lo * p.Hq + h) * kD : nullptr;
+    bf16* out_hi = pos_hi >= 0 ? static_cast<bf16*>(p.out) + (t_hi * p.Hq + h) * kD : nullptr;
+    store_o_bf16(o, st, tig, out_lo, out_hi);
+    if constexpr (kQ8) {  // o_proj's FP8 input too (one quantisation group per (token, head))
+      quant_row_quad(out_lo, tig, q8.q + (t_lo * p.Hq + h) * kD, q8.s_tok + int64_t(h) * p.T + t_lo,
+                     q8.s_row + t_lo * p.Hq + h);
+      quant_row_quad(out_hi, tig, q8.q + (t_hi * p.Hq + h) * kD, q8.s_tok + int64_t(h) * p.T + t_hi,
+                     q8.s_row + t_hi * p.Hq + h);
     }
   }
 #endif  // MS_WGMMA_ATTN
@@ -385,30 +382,30 @@ bool make_kv_map(CUtensorMap* map, const void* base, int64_t rows, int Hkv) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool kOverlap, int kStages, bool kTma>
+template <bool kOverlap, int kStages, bool kTma, bool kQ8 = false>
 void launch_ws(const AttnParams& p, int qtiles, int hp, int grid, const CUtensorMap& kmap, const CUtensorMap& vmap,
-               cudaStream_t s) {
+               const AttnQ8Out& q8, cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_ws_kernel<kOverlap, kStages, kTma>,
+    CUDA_CHECK(cudaFuncSetAttribute(attn_ws_kernel<kOverlap, kStages, kTma, kQ8>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem_bytes(kStages)));
     attr_set = true;
   }
-  attn_ws_kernel<kOverlap, kStages, kTma><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
-      p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap);
+  attn_ws_kernel<kOverlap, kStages, kTma, kQ8><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
+      p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap, q8);
   CUDA_CHECK_LAUNCH();
 }
 
 template <bool kOverlap>
 void launch_ws_stages(const AttnParams& p, int qtiles, int hp, int grid, bool tma, const CUtensorMap& kmap,
-                      const CUtensorMap& vmap, cudaStream_t s) {
+                      const CUtensorMap& vmap, const AttnQ8Out& q8, cudaStream_t s) {
   const bool three = g_attn_ws_stages >= 3;
   if (tma)
-    three ? launch_ws<kOverlap, 3, true>(p, qtiles, hp, grid, kmap, vmap, s)
-          : launch_ws<kOverlap, 2, true>(p, qtiles, hp, grid, kmap, vmap, s);
+    three ? launch_ws<kOverlap, 3, true>(p, qtiles, hp, grid, kmap, vmap, q8, s)
+          : launch_ws<kOverlap, 2, true>(p, qtiles, hp, grid, kmap, vmap, q8, s);
   else
-    three ? launch_ws<kOverlap, 3, false>(p, qtiles, hp, grid, kmap, vmap, s)
-          : launch_ws<kOverlap, 2, false>(p, qtiles, hp, grid, kmap, vmap, s);
+    three ? launch_ws<kOverlap, 3, false>(p, qtiles, hp, grid, kmap, vmap, q8, s)
+          : launch_ws<kOverlap, 2, false>(p, qtiles, hp, grid, kmap, vmap, q8, s);
 }
 
 }  // namespace
@@ -421,8 +418,13 @@ bool g_attn_ws_persistent = true;  // measured faster at every bench shape
 bool g_attn_ws_page_loader = true;
 bool g_attn_ws_tma = false;  // opt-in: measured slower than cp.async (docs/benchmarks.md)
 
-void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
+void launch_attention_ws(const AttnParams& p, cudaStream_t s) { launch_attention_ws_q8(p, AttnQ8Out{}, s); }
+
+bool attn_q8_supported() { return g_attn_ws_overlap && g_attn_ws_stages < 3 && !g_attn_ws_tma; }
+
+void launch_attention_ws_q8(const AttnParams& p, const AttnQ8Out& q8, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");
+  CU_REQUIRE(!q8.q || (q8.s_tok && q8.s_row), "attention_ws: FP8 output without scales");
   if (p.T == 0 || p.num_seqs == 0) return;
   const int group = p.Hq / p.Hkv;
   const int hp = group % 2 == 0 ? 2 : 1;
@@ -438,12 +440,17 @@ void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
   // TMA needs the page loader's block sizes (16-key groups inside one block).
   CUtensorMap kmap{}, vmap{};
   const bool page = g_attn_ws_page_loader && p.block_size >= 16 && p.block_size <= kN;
+  if (q8.q) {  // one instantiation: the default variant (attn_q8_supported)
+    CU_REQUIRE(attn_q8_supported(), "attention_ws: the FP8 epilogue needs the default variant");
+    launch_ws<true, 2, false, true>(p, qtiles, hp, grid, kmap, vmap, q8, s);
+    return;
+  }
   const bool tma = page && g_attn_ws_tma && make_kv_map(&kmap, p.k_cache, p.kv_rows, p.Hkv) &&
                    make_kv_map(&vmap, p.v_cache, p.kv_rows, p.Hkv);
   if (g_attn_ws_overlap)
-    launch_ws_stages<true>(p, qtiles, hp, grid, tma, kmap, vmap, s);
+    launch_ws_stages<true>(p, qtiles, hp, grid, tma, kmap, vmap, q8, s);
   else
-    launch_ws_stages<false>(p, qtiles, hp, grid, tma, kmap, vmap, s);
+    launch_ws_stages<false>(p, qtiles, hp, grid, tma, kmap, vmap, q8, s);
 }
 
 }  // namespace moeserve::cuda

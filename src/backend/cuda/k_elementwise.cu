@@ -10,6 +10,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_prefill.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/row_vec.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -71,67 +72,15 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_vec_kernel(RmsNormParam
   const int C = p.cols;
   const int64_t row = blockIdx.x;
   uint4 wv[kNormV];
-#pragma unroll
-  for (int i = 0; i < kNormV; ++i) {
-    const int c = (i * kNormThreads + threadIdx.x) * 8;
-    if (c < C) wv[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.weight) + c));
-  }
-  pdl_enter();
-  const bf16* x = static_cast<const bf16*>(p.x) + row * C;
-  bf16* res = static_cast<bf16*>(p.residual) + row * C;
-  uint4 xv[kNormV], rv[kNormV] = {};
-#pragma unroll
-  for (int i = 0; i < kNormV; ++i) {
-    const int c = (i * kNormThreads + threadIdx.x) * 8;
-    if (c < C) {
-      xv[i] = *reinterpret_cast<const uint4*>(x + c);
-      if (p.residual) rv[i] = *reinterpret_cast<const uint4*>(res + c);
-    }
-  }
   float v[kNormV][8];
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNormV; ++i) {
-    const int c = (i * kNormThreads + threadIdx.x) * 8;
-    const uint32_t xw[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
-    const uint32_t rw[4] = {rv[i].x, rv[i].y, rv[i].z, rv[i].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float2 a = bf16x2_to_f2(xw[e]);
-      if (p.residual) {
-        const float2 b = bf16x2_to_f2(rw[e]);
-        a.x = bf2f(f2bf(a.x + b.x)), a.y = bf2f(f2bf(a.y + b.y));  // the stored (bf16) sum
-      }
-      v[i][2 * e] = c < C ? a.x : 0.f;
-      v[i][2 * e + 1] = c < C ? a.y : 0.f;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss += v[i][e] * v[i][e];
-    if (p.residual && c < C) {
-      uint32_t o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e], v[i][2 * e + 1]);
-        o[e] = *reinterpret_cast<uint32_t*>(&h);
-      }
-      *reinterpret_cast<uint4*>(res + c) = make_uint4(o[0], o[1], o[2], o[3]);
-    }
-  }
-  ss = block_sum(ss, scratch);
-  const float r = rsqrtf(ss / C + p.eps);
+  const float r = norm_row_begin<kNormV, kNormThreads>(p.weight, p.x, p.residual, row, C, p.eps, wv, v, scratch);
   bf16* out = static_cast<bf16*>(p.out) + row * C;
 #pragma unroll
   for (int i = 0; i < kNormV; ++i) {
     const int c = (i * kNormThreads + threadIdx.x) * 8;
     if (c < C) {
-      const uint32_t ww[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
       uint32_t o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 wf = bf16x2_to_f2(ww[e]);
-        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e] * r * wf.x, v[i][2 * e + 1] * r * wf.y);
-        o[e] = *reinterpret_cast<uint32_t*>(&h);
-      }
+      norm_row_pack8(v[i], r, wv[i], o);
       *reinterpret_cast<uint4*>(out + c) = make_uint4(o[0], o[1], o[2], o[3]);
     }
   }

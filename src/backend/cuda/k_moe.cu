@@ -306,6 +306,37 @@ __global__ void route_kernel(RouteParams p) {
   route_token(p, blockIdx.x, score, choice);
 }
 
+// Expert offsets and the tile table from per-expert pair counts, by a block of kMaxExperts
+// threads (thread e owns expert e; my_cnt = 0 past num_local): a Hillis-Steele inclusive
+// scan of (pairs, tiles) over kMaxExperts entries, then expert e's tiles and, by the last
+// thread, *num_tiles. Returns e's exclusive pair offset. All threads must call it.
+__device__ __forceinline__ int align_scan_tiles(const MoeAlignParams& p, int my_cnt) {
+  __shared__ int scan_a[kMaxExperts], scan_b[kMaxExperts];  // (pairs, tiles) inclusive scans
+  const int e = threadIdx.x;
+  const int my_tiles = (my_cnt + p.tile_rows - 1) / p.tile_rows;
+  scan_a[e] = my_cnt;
+  scan_b[e] = my_tiles;
+  __syncthreads();
+  for (int d = 1; d < kMaxExperts; d <<= 1) {
+    const int va = e >= d ? scan_a[e - d] : 0, vb = e >= d ? scan_b[e - d] : 0;
+    __syncthreads();
+    scan_a[e] += va;
+    scan_b[e] += vb;
+    __syncthreads();
+  }
+  const int off = scan_a[e] - my_cnt;
+  if (e < p.num_local) {
+    const int t0 = scan_b[e] - my_tiles;
+    for (int j = 0; j < my_tiles; ++j) {
+      p.tile_expert[t0 + j] = e;
+      p.tile_begin[t0 + j] = off + j * p.tile_rows;
+      p.tile_end[t0 + j] = off + min(my_cnt, (j + 1) * p.tile_rows);
+    }
+  }
+  if (e == kMaxExperts - 1) *p.num_tiles = scan_b[e];
+  return off;
+}
+
 // Single block of 1024 threads. Pass 1 counts pairs per local expert (the atomic's return
 // value is the pair's rank within its expert); a block-wide scan turns counts and per-expert
 // tile counts into offsets (thread e owns expert e, so no serial loop over experts); each
@@ -315,7 +346,6 @@ __global__ void route_kernel(RouteParams p) {
 __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
   __shared__ int count[kMaxExperts];
   __shared__ int offset[kMaxExperts];
-  __shared__ int scan_a[kMaxExperts], scan_b[kMaxExperts];  // (pairs, tiles) inclusive scans
   pdl_enter();
   const int P = p.T * p.top_k;
   for (int e = threadIdx.x; e < p.num_local; e += blockDim.x) count[e] = 0;
@@ -337,30 +367,10 @@ __global__ void __launch_bounds__(1024) align_kernel(MoeAlignParams p) {
     }
   }
   __syncthreads();
-  // Hillis-Steele inclusive scan over kMaxExperts entries (num_local <= blockDim.x = 1024).
+  // Offsets by a block-wide scan (num_local <= blockDim.x = kMaxExperts).
   const int e = threadIdx.x;
-  const int my_cnt = e < p.num_local ? count[e] : 0;
-  const int my_tiles = (my_cnt + p.tile_rows - 1) / p.tile_rows;
-  scan_a[e] = my_cnt;
-  scan_b[e] = my_tiles;
-  __syncthreads();
-  for (int d = 1; d < kMaxExperts; d <<= 1) {
-    const int va = e >= d ? scan_a[e - d] : 0, vb = e >= d ? scan_b[e - d] : 0;
-    __syncthreads();
-    scan_a[e] += va;
-    scan_b[e] += vb;
-    __syncthreads();
-  }
-  if (e < p.num_local) {
-    const int off = scan_a[e] - my_cnt, t0 = scan_b[e] - my_tiles;
-    offset[e] = off;
-    for (int j = 0; j < my_tiles; ++j) {
-      p.tile_expert[t0 + j] = e;
-      p.tile_begin[t0 + j] = off + j * p.tile_rows;
-      p.tile_end[t0 + j] = off + min(my_cnt, (j + 1) * p.tile_rows);
-    }
-  }
-  if (e == kMaxExperts - 1) *p.num_tiles = scan_b[e];
+  const int off = align_scan_tiles(p, e < p.num_local ? count[e] : 0);
+  if (e < p.num_local) offset[e] = off;
   __syncthreads();
   for (int i0 = threadIdx.x; i0 < P; i0 += kU * blockDim.x) {
     int ex[kU], rank[kU];
@@ -405,7 +415,6 @@ __global__ void __launch_bounds__(1024) align_count_kernel(MoeAlignParams p, int
 }
 
 __global__ void __launch_bounds__(1024) align_scan_kernel(MoeAlignParams p, int nb) {
-  __shared__ int scan_a[kMaxExperts], scan_b[kMaxExperts];
   pdl_enter();
   const int e = threadIdx.x, L = p.num_local;
   int my_cnt = 0;
@@ -420,27 +429,8 @@ __global__ void __launch_bounds__(1024) align_scan_kernel(MoeAlignParams p, int 
         if (b0 + u < nb) p.scratch[size_t(b0 + u) * L + e] = my_cnt, my_cnt += c[u];
     }
   }
-  const int my_tiles = (my_cnt + p.tile_rows - 1) / p.tile_rows;
-  scan_a[e] = my_cnt;
-  scan_b[e] = my_tiles;
-  __syncthreads();
-  for (int d = 1; d < kMaxExperts; d <<= 1) {
-    const int va = e >= d ? scan_a[e - d] : 0, vb = e >= d ? scan_b[e - d] : 0;
-    __syncthreads();
-    scan_a[e] += va;
-    scan_b[e] += vb;
-    __syncthreads();
-  }
-  if (e < L) {
-    const int off = scan_a[e] - my_cnt, t0 = scan_b[e] - my_tiles;
-    p.scratch[size_t(nb) * L + e] = off;
-    for (int j = 0; j < my_tiles; ++j) {
-      p.tile_expert[t0 + j] = e;
-      p.tile_begin[t0 + j] = off + j * p.tile_rows;
-      p.tile_end[t0 + j] = off + min(my_cnt, (j + 1) * p.tile_rows);
-    }
-  }
-  if (e == kMaxExperts - 1) *p.num_tiles = scan_b[e];
+  const int off = align_scan_tiles(p, my_cnt);
+  if (e < L) p.scratch[size_t(nb) * L + e] = off;
 }
 
 __global__ void __launch_bounds__(1024) align_scatter_kernel(MoeAlignParams p, int chunk, int nb) {

@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/kernels_prefill.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/row_vec.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -25,54 +26,8 @@ __global__ void __launch_bounds__(kThreads) norm_quant_kernel(NormQuantParams p)
   const int C = p.K;
   const int64_t row = blockIdx.x;
   uint4 wv[kMaxV];
-#pragma unroll
-  for (int i = 0; i < kMaxV; ++i) {
-    const int c = (i * kThreads + threadIdx.x) * 8;
-    if (c < C) wv[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.w) + c));
-  }
-  pdl_enter();
-  const bf16* x = static_cast<const bf16*>(p.x) + row * C;
-  bf16* res = static_cast<bf16*>(p.residual) + row * C;
-  uint4 xv[kMaxV], rv[kMaxV] = {};
-#pragma unroll
-  for (int i = 0; i < kMaxV; ++i) {
-    const int c = (i * kThreads + threadIdx.x) * 8;
-    if (c < C) {
-      xv[i] = *reinterpret_cast<const uint4*>(x + c);
-      if (p.residual) rv[i] = *reinterpret_cast<const uint4*>(res + c);
-    }
-  }
   float v[kMaxV][8];
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < kMaxV; ++i) {
-    const int c = (i * kThreads + threadIdx.x) * 8;
-    const uint32_t xw[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
-    const uint32_t rw[4] = {rv[i].x, rv[i].y, rv[i].z, rv[i].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float2 a = bf16x2_to_f2(xw[e]);
-      if (p.residual) {
-        const float2 b = bf16x2_to_f2(rw[e]);
-        a.x = bf2f(f2bf(a.x + b.x)), a.y = bf2f(f2bf(a.y + b.y));  // the stored (bf16) sum
-      }
-      v[i][2 * e] = c < C ? a.x : 0.f;
-      v[i][2 * e + 1] = c < C ? a.y : 0.f;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss += v[i][e] * v[i][e];
-    if (p.residual && c < C) {
-      uint32_t o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e], v[i][2 * e + 1]);
-        o[e] = *reinterpret_cast<uint32_t*>(&h);
-      }
-      *reinterpret_cast<uint4*>(res + c) = make_uint4(o[0], o[1], o[2], o[3]);
-    }
-  }
-  ss = block_sum(ss, scratch);
-  const float r = rsqrtf(ss / C + p.eps);
+  const float r = norm_row_begin<kMaxV, kThreads>(p.w, p.x, p.residual, row, C, p.eps, wv, v, scratch);
 #pragma unroll
   for (int i = 0; i < kMaxV; ++i) {
     const int c = (i * kThreads + threadIdx.x) * 8;
@@ -80,13 +35,10 @@ __global__ void __launch_bounds__(kThreads) norm_quant_kernel(NormQuantParams p)
     float o[8];
     float amax = 0.f;
     if (ok) {
-      const uint32_t ww[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
       uint32_t packed[4];
+      norm_row_pack8(v[i], r, wv[i], packed);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float2 wf = bf16x2_to_f2(ww[e]);
-        __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e] * r * wf.x, v[i][2 * e + 1] * r * wf.y);
-        packed[e] = *reinterpret_cast<uint32_t*>(&h);
         const float2 st = bf16x2_to_f2(packed[e]);  // the stored values, as the quantiser reads them
         o[2 * e] = st.x, o[2 * e + 1] = st.y;
         amax = fmaxf(amax, fmaxf(fabsf(st.x), fabsf(st.y)));
@@ -95,22 +47,7 @@ __global__ void __launch_bounds__(kThreads) norm_quant_kernel(NormQuantParams p)
         *reinterpret_cast<uint4*>(static_cast<bf16*>(p.out) + row * C + c) =
             make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
-#pragma unroll
-    for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    if (ok) {
-      const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
-      uint32_t qw[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const __nv_fp8x2_storage_t lo =
-            __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h] / sc, o[4 * h + 1] / sc), __NV_SATFINITE, __NV_E4M3);
-        const __nv_fp8x2_storage_t hi =
-            __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h + 2] / sc, o[4 * h + 3] / sc), __NV_SATFINITE, __NV_E4M3);
-        qw[h] = uint32_t(lo) | (uint32_t(hi) << 16);
-      }
-      *reinterpret_cast<uint2*>(p.q + row * C + c) = make_uint2(qw[0], qw[1]);
-      if ((threadIdx.x & 15) == 0) p.s[row * p.s_row + int64_t(c / kQuantGroup) * p.s_grp] = sc;
-    }
+    quant_group16_store(o, amax, ok, p.q + row * C + c, p.s + row * p.s_row + int64_t(c / kQuantGroup) * p.s_grp);
   }
 }
 
@@ -154,22 +91,7 @@ __global__ void __launch_bounds__(kThreads) quant_vec_kernel(QuantParams p) {
           amax = fmaxf(amax, fmaxf(fabsf(a.x), fabsf(a.y)));
         }
       }
-#pragma unroll
-      for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-      if (ok) {
-        const float sc = amax > 0.f ? amax / kFp8Max : 1.f;
-        uint32_t qw[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const __nv_fp8x2_storage_t lo =
-              __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h] / sc, o[4 * h + 1] / sc), __NV_SATFINITE, __NV_E4M3);
-          const __nv_fp8x2_storage_t hi =
-              __nv_cvt_float2_to_fp8x2(make_float2(o[4 * h + 2] / sc, o[4 * h + 3] / sc), __NV_SATFINITE, __NV_E4M3);
-          qw[h] = uint32_t(lo) | (uint32_t(hi) << 16);
-        }
-        *reinterpret_cast<uint2*>(p.q + row * C + c) = make_uint2(qw[0], qw[1]);
-        if ((threadIdx.x & 15) == 0) p.s[row * p.s_row + int64_t(c / kQuantGroup) * p.s_grp] = sc;
-      }
+      quant_group16_store(o, amax, ok, p.q + row * C + c, p.s + row * p.s_row + int64_t(c / kQuantGroup) * p.s_grp);
     }
   }
 }
