@@ -3,7 +3,7 @@
 # GPU the two lanes share it and the benchmark runs alone after them). Prebuilt binaries and scripts from
 # scripts/gpu_pack.sh in the current directory; FIXTURES = a tests/fixtures/golden directory.
 #   GPU 0: test_cuda_ops shards 0,1 of 4 in parallel with the real-shape HF check (seed 1234),
-#          then test_cuda_golden + golden_cuda_check.sh and test_cuda_graphs
+#          then test_cuda_golden + golden_cuda_check.sh, test_cuda_graphs, test_cuda_decode_layer
 #   GPU 1: test_cuda_ops shards 2,3, then bench-model alone on the GPU (30 layers, batch 1 8 64,
 #          ctx 1k and 8k, 8k prefill, profile of batch 1; on one GPU: after both lanes), test_cuda_device_sampling, serve --device cuda
 #   both:  test_nccl and serve -tp 2 (+EP) (gpu_multigpu_check.sh nccl serve)
@@ -49,6 +49,10 @@ lane0() {
   echo "golden_cuda_check rc=$?"
   CUDA_VISIBLE_DEVICES=0 MOESERVE_SOURCE_DIR=$SRC timeout 60 ./test_cuda_graphs --gtest_color=no > "$OUT/graphs.log" 2>&1
   echo "test_cuda_graphs rc=$?"
+  if [ -x ./test_cuda_decode_layer ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout 60 ./test_cuda_decode_layer --gtest_color=no > "$OUT/decode_layer.log" 2>&1
+    echo "test_cuda_decode_layer rc=$?"
+  fi
 }
 lane1() {
   shard $G1 2 & shard $G1 3 & wait
@@ -76,6 +80,7 @@ grep -E "^\[  (PASSED|FAILED) |golden cuda\] .*: " "$OUT/golden_gtest.log" | hea
 tail -6 "$OUT/golden_script.log"
 grep -E "^\[graphs|^\[  (PASSED|FAILED) " "$OUT/graphs.log" | head -12
 grep -E "^\[  (PASSED|FAILED) " "$OUT/device_sampling.log"
+grep -E "^\[  (PASSED|FAILED) " "$OUT/decode_layer.log" 2>/dev/null
 grep -E "^(batch|[0-9]+ +[0-9]+ )|prefill 8192|roofline:|copy|profile|^  [a-z_]+ " "$OUT/bench30.log" | head -40
 grep -E "rows|bound|PASS|FAIL|ok" "$OUT/realshape.log" 2>/dev/null | tail -8
 grep -E "completion|chat|concurrent" "$OUT/serve/serve.log" 2>/dev/null | cut -c1-200 | head -4

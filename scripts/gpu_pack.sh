@@ -10,6 +10,7 @@ B=${BUILD_DIR:-build-cuda}
 rm -rf .gpubin && mkdir -p .gpubin/tests/fixtures .gpubin/scripts
 cp "$B/moeserve" "$B/tests/cuda/test_cuda_ops" "$B/tests/cuda/test_cuda_golden" "$B/tests/cuda/test_cuda_device_sampling" .gpubin/
 [ -f "$B/tests/cuda/test_cuda_graphs" ] && cp "$B/tests/cuda/test_cuda_graphs" .gpubin/
+[ -f "$B/tests/cuda/test_cuda_decode_layer" ] && cp "$B/tests/cuda/test_cuda_decode_layer" .gpubin/
 if [ -f "$B/tests/dist/test_nccl" ]; then cp "$B/tests/dist/test_nccl" .gpubin/; fi
 [ -f "$B/tests/cuda/realshape_replay" ] && cp "$B/tests/cuda/realshape_replay" .gpubin/
 cp scripts/gpu_prebuilt_check.sh scripts/gpu_multigpu_check.sh scripts/gpu_final_check.sh .gpubin/
