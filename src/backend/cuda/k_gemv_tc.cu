@@ -365,7 +365,19 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
     const char* e = std::getenv("MOESERVE_GEMV_WARPS");
     return e ? std::atoi(e) : 0;
   }();
-  const bool wide = env_warps ? env_warps == 8 : int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
+  // MOESERVE_GEMV_UP_WARPS / MOESERVE_GEMV_DOWN_WARPS=4|8: the same for the expert GEMVs only.
+  static const int env_up = [] {
+    const char* e = std::getenv("MOESERVE_GEMV_UP_WARPS");
+    return e ? std::atoi(e) : 0;
+  }();
+  static const int env_down = [] {
+    const char* e = std::getenv("MOESERVE_GEMV_DOWN_WARPS");
+    return e ? std::atoi(e) : 0;
+  }();
+  const int mode_warps = MODE == int(LinMode::kSwiglu) ? env_up : MODE == int(LinMode::kDown) ? env_down : 0;
+  const bool wide = mode_warps  ? mode_warps == 8
+                    : env_warps ? env_warps == 8
+                                : int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
   if constexpr (MODE == int(LinMode::kStore)) {
     if (p.norm) {
       if (wide)
