@@ -10,6 +10,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_layer.h"
+#include "backend/cuda/gemv_frag.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace moeserve::cuda {
@@ -59,17 +60,6 @@ struct Smem {
 
 __device__ __forceinline__ float bfr(float v) { return bf2f(f2bf(v)); }
 
-__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t v16) {
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
 __device__ __forceinline__ __half to_h(float v) { return __float2half_rn(fminf(fmaxf(v, -65504.f), 65504.f)); }
 __device__ __forceinline__ uint4 ld_w(const void* ptr) {
   uint4 v;

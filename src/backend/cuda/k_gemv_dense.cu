@@ -31,6 +31,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_frag.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 
@@ -45,18 +46,7 @@ constexpr int kDNormK = 4096;     // max K of the fused norm
 constexpr int kDNormV = kDNormK / (8 * kDW * 32);  // 16-byte vectors per thread and row
 constexpr int kDSmemMax = 112 * 1024;  // dynamic shared memory cap (2 blocks per SM at least)
 
-__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t v16) {
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-// Two floats -> f16x2 word, clamped to the finite f16 range (as k_gemv_tc.cu's bf2_to_h2).
+// Two floats -> f16x2 word, clamped to the finite f16 range (as gemv_frag.cuh's bf2_to_h2).
 __device__ __forceinline__ uint32_t f2_to_h2(float a, float b) {
   a = fminf(fmaxf(a, -65504.f), 65504.f);
   b = fminf(fmaxf(b, -65504.f), 65504.f);

@@ -19,6 +19,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_frag.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 
@@ -27,28 +28,6 @@ namespace {
 
 constexpr int kChunk = 128;  // columns per block scale (bi)
 constexpr int kNormTok = 4, kNormK = 3072;  // fused add + RMSNorm (p.norm): rows, width
-
-__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t v16) {
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-
-// bf16x2 word -> f16x2 word, clamped to the finite f16 range.
-__device__ __forceinline__ uint32_t bf2_to_h2(uint32_t w) {
-  float2 f = bf16x2_to_f2(w);
-  f.x = fminf(fmaxf(f.x, -65504.f), 65504.f);
-  f.y = fminf(fmaxf(f.y, -65504.f), 65504.f);
-  __half2 h = __floats2half2_rn(f.x, f.y);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
 
 // Weight load (16 bytes, read-only path) with the cache hint of LinParams::ld_hint.
 template <int HINT>

@@ -7,6 +7,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/route_topk.cuh"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/kernels_prefill.h"
 
@@ -201,10 +202,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_logits_kernel(RoutePar
 // Decode router (T <= kRouteTok, f32 gate, H % 128 == 0, H <= 128 * kRoutePre, top_k <= 32):
 // one warp per expert row (E / 8 blocks of 8 warps; the row's 24 float4 per lane are loaded
 // before the PDL wait, so the 3 MB gate streams during the predecessor's tail), then the
-// last block (threadfence reduction) runs the top-k of each token with the whole block:
-// thread e ranks expert e by counting the experts ahead of it (biased score desc, id asc:
-// the order route_token uses), so the k winners are known after one pass over E in shared
-// memory instead of k serial warp-wide argmax rounds.
+// last block (threadfence reduction) runs the top-k of each token with the whole block
+// (block_rank_topk, route_topk.cuh).
 constexpr int kDecWarps = 8;
 __global__ void __launch_bounds__(kDecWarps * 32) route_decode_kernel(RouteParams p) {
   __shared__ float score[kMaxExperts];
@@ -249,42 +248,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) route_decode_kernel(RouteParam
   if (tid == 0) *p.counter = 0;  // ready for the next layer / graph replay
   __threadfence();
   if (p.pf_pairs == 1) return;
-  const int E4 = (p.E + 3) / 4 * 4;
-  for (int t = 0; t < p.T; ++t) {
-    for (int x = tid; x < E4; x += blockDim.x) {
-      if (x < p.E) {
-        const float sc = 1.f / (1.f + expf(-__ldcg(p.logits + int64_t(t) * p.E + x)));
-        const float c = sc + (p.bias ? p.bias[x] : 0.f);
-        score[x] = sc;
-        choice[x] = c == c ? c : -INFINITY;  // NaN ranks last
-      } else {
-        choice[x] = -INFINITY;  // padding: behind every real expert (ties: higher id)
-      }
-    }
-    if (tid < 32) sel[tid] = 0;
-    __syncthreads();
-    for (int x = tid; x < p.E; x += blockDim.x) {
-      const float c = choice[x];
-      int rank = 0;
-      for (int j = 0; j < E4; j += 4) {
-        const float4 o = *reinterpret_cast<const float4*>(&choice[j]);
-        rank += (o.x > c || (o.x == c && j < x)) + (o.y > c || (o.y == c && j + 1 < x)) +
-                (o.z > c || (o.z == c && j + 2 < x)) + (o.w > c || (o.w == c && j + 3 < x));
-      }
-      if (rank < p.top_k) sel[rank] = x;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      const int id = lane < p.top_k ? sel[lane] : 0;
-      const float sc = lane < p.top_k ? score[id] : 0.f;
-      const float sum = warp_sum(sc);
-      if (lane < p.top_k) {
-        p.ids[t * p.top_k + lane] = id;
-        p.weights[t * p.top_k + lane] = sc * (sum > 0.f ? 1.f / sum : 0.f);
-      }
-    }
-    __syncthreads();  // score / choice / sel reused by the next token
-  }
+  block_rank_topk(p, p.T, score, choice, sel);
 }
 
 // MOESERVE_ROUTE_DIAG (timing only, wrong routing): 1 skips the top-k, 2 the logits GEMV.

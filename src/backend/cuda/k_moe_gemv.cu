@@ -40,6 +40,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_frag.cuh"
 #include "backend/cuda/k_moe_gemv.h"
 #include "backend/cuda/pdl.cuh"
 
@@ -121,25 +122,6 @@ __device__ __forceinline__ uint32_t fp8x2_h2_alu(uint32_t w, bool high) {
 // Barrier 1 over the consumer warps only (the producer warp never joins it).
 __device__ __forceinline__ void consumers_sync(int threads) {
   asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
-}
-
-__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t fp8x2_h2(uint32_t v16) {
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-__device__ __forceinline__ uint32_t bf2_h2(uint32_t w) {
-  float2 f = bf16x2_to_f2(w);
-  f.x = fminf(fmaxf(f.x, -65504.f), 65504.f);
-  f.y = fminf(fmaxf(f.y, -65504.f), 65504.f);
-  __half2 h = __floats2half2_rn(f.x, f.y);
-  return *reinterpret_cast<uint32_t*>(&h);
 }
 
 // Unit u of the work list: local expert (-1: not local, direct pairs only), first problem
@@ -237,7 +219,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
       const int r = t / per_row, c8 = t % per_row;
       const uint4 v =
           __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.x) + int64_t(r0 + r) * p.ldx) + c8);
-      const uint4 h = {bf2_h2(v.x), bf2_h2(v.y), bf2_h2(v.z), bf2_h2(v.w)};
+      const uint4 h = {bf2_to_h2(v.x), bf2_to_h2(v.y), bf2_to_h2(v.z), bf2_to_h2(v.w)};
       *reinterpret_cast<uint4*>(xs + int64_t(r) * K + c8 * 8) = h;
     }
     consumers_sync(kThreads);
@@ -283,7 +265,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
               af[0] = fp8x2_h2_alu(wl, false), af[1] = fp8x2_h2_alu(wh, false);
               af[2] = fp8x2_h2_alu(wl, true), af[3] = fp8x2_h2_alu(wh, true);
             } else {
-              af[0] = fp8x2_h2(wl), af[1] = fp8x2_h2(wh), af[2] = fp8x2_h2(wl >> 16), af[3] = fp8x2_h2(wh >> 16);
+              af[0] = fp8x2_to_h2(wl), af[1] = fp8x2_to_h2(wh), af[2] = fp8x2_to_h2(wl >> 16), af[3] = fp8x2_to_h2(wh >> 16);
             }
             mma_f16(part[CVT == 2 ? (k4 & 1) : s], af, xw[2 * k4], xw[2 * k4 + 1]);
           }

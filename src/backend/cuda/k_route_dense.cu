@@ -15,6 +15,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/route_topk.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -148,43 +149,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
         *reinterpret_cast<const uint4*>(xrow(j) + 8 * c);
   }
 
-  // Top-k of each token: thread x ranks expert x by counting the experts ahead of it.
-  const int E4 = (p.E + 3) / 4 * 4;
-  for (int t = 0; t < T; ++t) {
-    for (int x = tid; x < E4; x += kW * 32) {
-      if (x < p.E) {
-        const float sc = 1.f / (1.f + expf(-__ldcg(p.logits + int64_t(t) * p.E + x)));
-        const float c = sc + (p.bias ? p.bias[x] : 0.f);
-        score[x] = sc;
-        choice[x] = c == c ? c : -INFINITY;  // NaN ranks last
-      } else {
-        choice[x] = -INFINITY;  // padding: behind every real expert (ties: higher id)
-      }
-    }
-    if (tid < 32) sel[tid] = 0;
-    __syncthreads();
-    for (int x = tid; x < p.E; x += kW * 32) {
-      const float c = choice[x];
-      int rank = 0;
-      for (int j = 0; j < E4; j += 4) {
-        const float4 o = *reinterpret_cast<const float4*>(&choice[j]);
-        rank += (o.x > c || (o.x == c && j < x)) + (o.y > c || (o.y == c && j + 1 < x)) +
-                (o.z > c || (o.z == c && j + 2 < x)) + (o.w > c || (o.w == c && j + 3 < x));
-      }
-      if (rank < p.top_k) sel[rank] = x;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      const int id = lane < p.top_k ? sel[lane] : 0;
-      const float sc = lane < p.top_k ? score[id] : 0.f;
-      const float sum = warp_sum(sc);
-      if (lane < p.top_k) {
-        p.ids[t * p.top_k + lane] = id;
-        p.weights[t * p.top_k + lane] = sc * (sum > 0.f ? 1.f / sum : 0.f);
-      }
-    }
-    __syncthreads();  // score / choice / sel reused by the next token
-  }
+  block_rank_topk(p, T, score, choice, sel);
 }
 
 bool a16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
