@@ -265,7 +265,8 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) moe_gemv_stream_kernel(const 
               af[0] = fp8x2_h2_alu(wl, false), af[1] = fp8x2_h2_alu(wh, false);
               af[2] = fp8x2_h2_alu(wl, true), af[3] = fp8x2_h2_alu(wh, true);
             } else {
-              af[0] = fp8x2_to_h2(wl), af[1] = fp8x2_to_h2(wh), af[2] = fp8x2_to_h2(wl >> 16), af[3] = fp8x2_to_h2(wh >> 16);
+              af[0] = fp8x2_to_h2(wl), af[1] = fp8x2_to_h2(wh);
+              af[2] = fp8x2_to_h2(wl >> 16), af[3] = fp8x2_to_h2(wh >> 16);
             }
             mma_f16(part[CVT == 2 ? (k4 & 1) : s], af, xw[2 * k4], xw[2 * k4 + 1]);
           }
