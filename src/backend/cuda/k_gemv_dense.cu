@@ -34,6 +34,7 @@
 #include "backend/cuda/gemv_frag.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/row_vec.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -162,32 +163,9 @@ __global__ void __launch_bounds__(kDW * 32) gemv_dense_kernel(LinParams p, Dense
     const bf16* add = static_cast<const bf16*>(p.x);
     const bf16* nw = static_cast<const bf16*>(p.norm_w);
     for (int j = 0; j < M; ++j) {
-      uint4 ra[kDNormV], xa[kDNormV];
-#pragma unroll
-      for (int i = 0; i < kDNormV; ++i) {
-        const int v = i * kDW * 32 + tid;
-        if (v < kv) {
-          ra[i] = *reinterpret_cast<const uint4*>(res + int64_t(j) * K + 8 * v);
-          xa[i] = *reinterpret_cast<const uint4*>(add + int64_t(j) * K + 8 * v);
-        }
-      }
       float val[kDNormV][8];
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < kDNormV; ++i) {
-        const int v = i * kDW * 32 + tid;
-        const uint32_t rw[4] = {ra[i].x, ra[i].y, ra[i].z, ra[i].w}, xw[4] = {xa[i].x, xa[i].y, xa[i].z, xa[i].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 a = bf16x2_to_f2(rw[e]), b = bf16x2_to_f2(xw[e]);
-          val[i][2 * e] = v < kv ? bf2f(f2bf(a.x + b.x)) : 0.f;
-          val[i][2 * e + 1] = v < kv ? bf2f(f2bf(a.y + b.y)) : 0.f;
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) ss += val[i][e] * val[i][e];
-      }
-      ss = block_sum(ss, scratch);
-      const float r = rsqrtf(ss / K + p.eps);
+      const float r =
+          norm_row_stats<kDNormV, kDW * 32, false>(add + int64_t(j) * K, res + int64_t(j) * K, K, p.eps, val, scratch);
       if (tid == 0) rnorm[j] = r;
 #pragma unroll
       for (int i = 0; i < kDNormV; ++i) {

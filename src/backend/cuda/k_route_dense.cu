@@ -15,6 +15,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/row_vec.cuh"
 #include "backend/cuda/route_topk.cuh"
 
 namespace moeserve::cuda {
@@ -54,32 +55,9 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
   const bf16* nw = static_cast<const bf16*>(p.norm_w);
   const int hv = H / 8;
   for (int j = 0; j < T; ++j) {
-    uint4 ra[kV], xa[kV];
-#pragma unroll
-    for (int i = 0; i < kV; ++i) {
-      const int v = i * kW * 32 + tid;
-      if (v < hv) {
-        ra[i] = *reinterpret_cast<const uint4*>(res + int64_t(j) * H + 8 * v);
-        xa[i] = *reinterpret_cast<const uint4*>(add + int64_t(j) * H + 8 * v);
-      }
-    }
     float val[kV][8];
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < kV; ++i) {
-      const int v = i * kW * 32 + tid;
-      const uint32_t rw[4] = {ra[i].x, ra[i].y, ra[i].z, ra[i].w}, xw[4] = {xa[i].x, xa[i].y, xa[i].z, xa[i].w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 a = bf16x2_to_f2(rw[k]), b = bf16x2_to_f2(xw[k]);
-        val[i][2 * k] = v < hv ? bf2f(f2bf(a.x + b.x)) : 0.f;
-        val[i][2 * k + 1] = v < hv ? bf2f(f2bf(a.y + b.y)) : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) ss += val[i][k] * val[i][k];
-    }
-    ss = block_sum(ss, scratch);
-    const float r = rsqrtf(ss / H + p.eps);
+    const float r =
+        norm_row_stats<kV, kW * 32, false>(add + int64_t(j) * H, res + int64_t(j) * H, H, p.eps, val, scratch);
     if (tid == 0) rnorm[j] = r;
 #pragma unroll
     for (int i = 0; i < kV; ++i) {

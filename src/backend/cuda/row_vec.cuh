@@ -24,9 +24,11 @@ __device__ __forceinline__ void norm_row_load_w(const bf16* w, int C, uint4 (&wv
 // v = x (+ res, rounded to bf16 as stored; res != nullptr also gets v written back), every
 // 16-byte load issued before the first use (one L2 round trip per row); returns r =
 // rsqrt(mean(v^2) + eps) over the row's C columns (C % 8 == 0, C <= 8 * kThreads * kV).
-// Columns past C read as 0. All threads must call it (block_sum).
-template <int kV, int kThreads>
-__device__ __forceinline__ float norm_row_stats(const bf16* x, bf16* res, int C, float eps, float (&v)[kV][8],
+// Columns past C read as 0. All threads must call it (block_sum). kWriteRes = false: the sum is
+// only computed, not written back (kernels where every block normalises the same row and one
+// block stores it).
+template <int kV, int kThreads, bool kWriteRes = true>
+__device__ __forceinline__ float norm_row_stats(const bf16* x, const bf16* res, int C, float eps, float (&v)[kV][8],
                                                 float* scratch) {
   uint4 xv[kV], rv[kV] = {};
 #pragma unroll
@@ -55,14 +57,15 @@ __device__ __forceinline__ float norm_row_stats(const bf16* x, bf16* res, int C,
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += v[i][e] * v[i][e];
-    if (res && c < C) {
+    if (kWriteRes && res && c < C) {
       uint32_t o[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         __nv_bfloat162 h = __floats2bfloat162_rn(v[i][2 * e], v[i][2 * e + 1]);
         o[e] = *reinterpret_cast<uint32_t*>(&h);
       }
-      *reinterpret_cast<uint4*>(res + c) = make_uint4(o[0], o[1], o[2], o[3]);
+      // (kWriteRes callers pass their writable residual row)
+      *reinterpret_cast<uint4*>(const_cast<bf16*>(res) + c) = make_uint4(o[0], o[1], o[2], o[3]);
     }
   }
   ss = block_sum(ss, scratch);
