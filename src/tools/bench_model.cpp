@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -23,6 +24,9 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "tools/bench_synth.h"
+#ifdef MOESERVE_KTRACE
+#include "backend/cuda/ktrace.h"
+#endif
 
 namespace moeserve::tools {
 namespace {
@@ -209,9 +213,19 @@ int run_bench_model(const BenchModelOptions& opt) {
       std::set<int> distinct(ids.begin(), ids.end());
       double ms;
       if (opt.graphs) {
+#ifdef MOESERVE_KTRACE
+        const char* ktrace_out = std::getenv("MOESERVE_KTRACE_OUT");
+        if (ktrace_out) {
+          cuda::ktrace_enable(1u << 20);
+          cuda::ktrace_notes(true);
+        }
+#endif
         b.begin_capture();
         step.forward();
         CudaGraph g = b.end_capture();
+#ifdef MOESERVE_KTRACE
+        cuda::ktrace_notes(false);
+#endif
         g.replay(b.stream());
         // Optional warm-up: an idle GPU sits at low clocks and ramps up over ~100 ms of work;
         // a serving GPU under load is warm.
@@ -221,6 +235,15 @@ int run_bench_model(const BenchModelOptions& opt) {
           b.synchronize();
         }
         ms = timer.median_ms(opt.iters, [&] { g.replay(b.stream()); });
+#ifdef MOESERVE_KTRACE
+        if (ktrace_out) {  // one more replay, traced (after the timed ones: same warm state)
+          b.synchronize();
+          cuda::ktrace_reset();
+          g.replay(b.stream());
+          b.synchronize();
+          cuda::ktrace_dump(fmt::format("{}_b{}_c{}", ktrace_out, B, C));
+        }
+#endif
       } else {
         ms = timer.median_ms(opt.iters, [&] { step.forward(); });
       }

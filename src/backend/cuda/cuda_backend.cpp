@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "backend/cuda/cublaslt.h"
@@ -30,6 +32,21 @@ bool pdl_enabled() {
     return e && std::strcmp(e, "0") == 0;
   }();
   return !env_off && code_arch() >= 900;  // griddepcontrol is compiled only for sm_90+
+}
+
+void decode_carveout(const void* func, size_t dynamic_smem) {
+  static const int carveout = [] {
+    const char* e = std::getenv("MOESERVE_CARVEOUT");
+    return e && *e ? std::atoi(e) : -1;
+  }();
+  if (carveout < 0 || dynamic_smem > 48 * 1024) return;
+  static std::mutex mu;
+  static std::set<std::pair<int, const void*>> done;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({dev, func}).second) return;
+  CUDA_CHECK(cudaFuncSetAttribute(func, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
 }
 }  // namespace cuda
 using namespace cuda;

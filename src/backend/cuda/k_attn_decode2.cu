@@ -639,10 +639,10 @@ void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int spl
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  if (warps == 4)
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, push ? attn_decode2_kernel<true, 4> : attn_decode2_kernel<false, 4>, a, n));
-  else
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, push ? attn_decode2_kernel<true, 8> : attn_decode2_kernel<false, 8>, a, n));
+  auto* k = warps == 4 ? (push ? attn_decode2_kernel<true, 4> : attn_decode2_kernel<false, 4>)
+                       : (push ? attn_decode2_kernel<true, 8> : attn_decode2_kernel<false, 8>);
+  decode_carveout(reinterpret_cast<const void*>(k), cfg.dynamicSmemBytes);
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, a, n));
 }
 
 }  // namespace moeserve::cuda

@@ -24,12 +24,19 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/ktrace.h"
 
 namespace moeserve::cuda {
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef MOESERVE_KTRACE
+  const uint64_t kt_t0 = ktrace_now();
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  ktrace_record(kt_t0);
+#else
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #endif
 }
 __device__ __forceinline__ void pdl_trigger() {
@@ -46,6 +53,14 @@ __device__ __forceinline__ void pdl_enter() {
 // True when the current device is sm_90+ and MOESERVE_PDL is not "0" (cached per device).
 bool pdl_enabled();
 
+// Decode-path L1 / shared-memory split (MOESERVE_CARVEOUT=0..100, percent of the maximum shared
+// memory; unset: the driver's choice per kernel) for kernels with at most 48 KB of dynamic
+// shared memory (the others keep their own setting). Why it matters: an SM changes its split
+// only when idle, and under PDL the next kernel's blocks arrive before it is, so a split set
+// for a shared-memory-heavy kernel can stay for the register GEMVs that follow, whose loads in
+// flight are bounded by the L1 left. Sets the attribute once per kernel function and device.
+void decode_carveout(const void* func, size_t dynamic_smem);
+
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};
@@ -58,6 +73,10 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  decode_carveout(reinterpret_cast<const void*>(kernel), smem);
+#ifdef MOESERVE_KTRACE
+  ktrace_note_launch(reinterpret_cast<const void*>(kernel), grid, block);
+#endif
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
