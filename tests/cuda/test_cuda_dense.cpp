@@ -75,49 +75,6 @@ INSTANTIATE_TEST_SUITE_P(
                       DenseCase{2, 16, 8192, true},     // largest K
                       DenseCase{1, 40, 640, true}, DenseCase{2, 768, 640, true}));  // 5 chunks: pieces of 4, 1
 
-// k_gemv_tc.cu's cp.async weight ring (g_gemv_ring bit 2) for plain FP8 linears: the same
-// loads and math in the same order as the register path, so the outputs are bit-identical.
-// Shapes: 8-warp blocks with a 3-chunk ring (grids under 264 blocks: o_proj / k_proj at a few
-// tokens) and 4-warp blocks with 2 chunks (N = 8704: 272 blocks), partial 16-row groups, fewer
-// chunks than warps, the largest K.
-struct RingCase {
-  int T, N, K;
-};
-class CudaLinearRing : public ::testing::TestWithParam<RingCase> {};
-
-TEST_P(CudaLinearRing, BitIdenticalToRegisterLoads) {
-  SKIP_WITHOUT_GPU();
-  const RingCase c = GetParam();
-  std::mt19937 rng(c.T * 5 + c.N + c.K);
-  HostWeight w = make_weight(c.N, c.K, true, rng);
-  auto x = randn(size_t(c.T) * c.K, rng);
-  Tensor dx = to_device(x, DType::BF16, {c.T, c.K});
-  auto ref = ref_linear(x, w.deq, c.T, c.N, c.K);
-  const int saved_ring = cuda::g_gemv_ring, saved_single = gpu().gemv_dense_single_max_tokens;
-  gpu().gemv_dense_single_max_tokens = 0;  // the k_gemv_tc.cu path at every T
-  std::vector<float> got[2];
-  for (int ring = 0; ring < 2; ++ring) {
-    cuda::g_gemv_ring = ring ? 2 : 0;
-    const uint64_t before = cuda::g_gemv_ring_launches;
-    Tensor out = gpu().alloc(DType::BF16, {c.T, c.N});
-    gpu().linear(dx, w.dev, out);
-    got[ring] = gpu().download_f32(out);
-    EXPECT_EQ(cuda::g_gemv_ring_launches - before, uint64_t(ring)) << "ring kernel ran: " << ring;
-    EXPECT_LT(rel_err(got[ring], ref), 1e-2) << "ring " << ring;
-  }
-  EXPECT_EQ(got[1], got[0]) << "ring vs register loads";
-  cuda::g_gemv_ring = saved_ring;
-  gpu().gemv_dense_single_max_tokens = saved_single;
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, CudaLinearRing,
-                         ::testing::Values(RingCase{1, 3072, 6144},   // o_proj: 96 blocks of 8 warps
-                                           RingCase{2, 1024, 3072},   // k_proj: 32 blocks
-                                           RingCase{4, 8704, 256},    // 272 blocks of 4 warps
-                                           RingCase{3, 48, 384},      // a partial 32-row block, 3 chunks
-                                           RingCase{1, 16, 8192},     // largest K, one block
-                                           RingCase{8, 8704, 640}));  // 4 warps, 5 chunks
-
 // linear_multi (q/k/v in one launch) on the dense kernel against references and the old path.
 class CudaLinearMultiDense : public ::testing::TestWithParam<int> {};
 

@@ -48,16 +48,6 @@ __device__ __forceinline__ uint4 ld_w(const void* ptr) {
   return v;
 }
 
-// One 16-byte weight copy global -> shared (cp.async, L2 only) with LinParams::ld_hint's hint.
-template <int HINT>
-__device__ __forceinline__ void cp_async_w(uint4* dst, const void* src) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-  if constexpr (HINT == 1)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-  else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-
 struct Chunk {
   uint4 a[2][2][2];  // [matrix group][step][row g / g + 8]
   uint4 x[2][2];     // [step][two uint4 = 16 bf16]
@@ -67,16 +57,9 @@ struct Chunk {
 // NORM: the fused add + RMSNorm variant (kStore only; the shared row buffer is only in it).
 // kSwiglu keeps <= 128 registers (4 blocks of 4 warps per SM, as before the PDL / direct-pair
 // additions pushed it to 138 and 3 blocks).
-// kD > 0 (not with NORM): the weights go through a per-warp cp.async ring of kD chunks in
-// shared memory instead of registers (see gemv_tc_async_smem): the same loads, layout and math,
-// so results are bit-identical, but registers no longer bound the blocks per SM (the expert
-// GEMVs' 768 blocks then fit in one wave) and chunk i + kD is in flight while i is computed.
-template <int MODE, int kWarps, bool NORM, int LD, int kD = 0>
-__global__ void __launch_bounds__(kWarps * 32, kD > 0                          ? (kWarps == 4 ? 6 : 1)
-                                                : MODE == int(LinMode::kSwiglu) ? 16 / kWarps
-                                                                                : 1)
+template <int MODE, int kWarps, bool NORM, int LD>
+__global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 16 / kWarps : 1)
     gemv_tc_kernel(LinParams p) {
-  static_assert(kD == 0 || !NORM, "the cp.async ring is not combined with the fused norm");
   __shared__ float red[kWarps - 1][2][4][32];
   // p.norm: the block's activation rows, residual + addend normalised here (bf16).
   __shared__ __align__(16) bf16 xs[NORM ? kNormTok : 1][NORM ? kNormK : 8];
@@ -198,37 +181,10 @@ __global__ void __launch_bounds__(kWarps * 32, kD > 0                          ?
         for (int h = 0; h < 2; ++h) ch.a[m][s][h] = ld_w<LD>(wm[m] + row_off[m][h] + col);
     }
   };
-  // cp.async ring (kD > 0): lane-private 16-byte slots [warp][stage][8][lane], so a lane reads
-  // back only what it copied itself (cp.async.wait_group makes it visible to the thread: no
-  // warp or block barrier). Chunk i of the warp (column block warp + i * kWarps) uses stage i % kD.
-  extern __shared__ __align__(16) uint4 ring[];
-  uint4* my_ring = ring + size_t(warp) * (kD > 0 ? kD : 1) * 8 * 32 + lane;
-  const int nmine = warp < nchunks ? (nchunks - warp + kWarps - 1) / kWarps : 0;
-  auto issue_w = [&](int i) {  // chunk i of this warp into stage i % kD, one commit group
-    if (i < nmine) {
-      uint4* dst = my_ring + (i % (kD > 0 ? kD : 1)) * 8 * 32;
-      const int c = warp + i * kWarps;
-#pragma unroll
-      for (int st = 0; st < 2; ++st) {
-        const int col = c * kChunk + st * 64 + q * 16;
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            cp_async_w<LD>(dst + ((st * 2 + m) * 2 + h) * 32, wm[m] + row_off[m][h] + col);
-      }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  };
-  // First iteration's weights (two chunks per warp; kD with the ring) before the dependency wait.
+  // First iteration's weights (two chunks per warp) before the dependency wait.
   Chunk c0, c1;
-  if constexpr (kD > 0) {
-#pragma unroll
-    for (int i = 0; i < kD; ++i) issue_w(i);
-  } else {
-    if (warp < nchunks) load_w(warp, c0);
-    if (warp + kWarps < nchunks) load_w(warp + kWarps, c1);
-  }
+  if (warp < nchunks) load_w(warp, c0);
+  if (warp + kWarps < nchunks) load_w(warp + kWarps, c1);
   if (early) pdl_enter();
 
   if (NORM) {  // rows begin..end-1 = 0..M-1 (one tile): x_j = rmsnorm(residual_j + addend_j) * w
@@ -256,8 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32, kD > 0                          ?
       }
     }
   };
-  // scp: the chunk's two block scales, loaded ahead by the caller (else read here).
-  auto compute = [&](int c, const Chunk& ch, const float* scp = nullptr) {
+  auto compute = [&](int c, const Chunk& ch) {
     float part[2][4];
 #pragma unroll
     for (int m = 0; m < 2; ++m)
@@ -282,39 +237,11 @@ __global__ void __launch_bounds__(kWarps * 32, kD > 0                          ?
     }
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
-      const float sc = scp ? scp[m] : __ldg(sm[m] + srow[m] + c);
+      const float sc = __ldg(sm[m] + srow[m] + c);
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][e] = fmaf(part[m][e], sc, acc[m][e]);
     }
   };
-  if constexpr (kD > 0) {
-    // Chunk i: wait for its group (kD - 1 younger ones may stay in flight), read its slots and
-    // the activations, compute, then refill the stage with chunk i + kD. The next chunk's
-    // activations are loaded one iteration ahead (an L2 round trip off the critical path).
-    Chunk cx;
-    float scx[2] = {0.f, 0.f};
-    auto load_s = [&](int c) {
-#pragma unroll
-      for (int m = 0; m < 2; ++m) scx[m] = __ldg(sm[m] + srow[m] + c);
-    };
-    if (nmine > 0) load_x(warp, cx), load_s(warp);
-    for (int i = 0; i < nmine; ++i) {
-      const int c = warp + i * kWarps;
-      asm volatile("cp.async.wait_group %0;" ::"n"(kD - 1) : "memory");
-      const uint4* src = my_ring + (i % kD) * 8 * 32;
-#pragma unroll
-      for (int st = 0; st < 2; ++st)
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) c0.a[m][st][h] = src[((st * 2 + m) * 2 + h) * 32];
-      c0.x[0][0] = cx.x[0][0], c0.x[0][1] = cx.x[0][1], c0.x[1][0] = cx.x[1][0], c0.x[1][1] = cx.x[1][1];
-      const float sc[2] = {scx[0], scx[1]};
-      if (i + 1 < nmine) load_x(c + kWarps, cx), load_s(c + kWarps);
-      compute(c, c0, sc);
-      issue_w(i + kD);
-    }
-  } else
   // Two chunks in flight per warp (16 x 16-byte weight loads per lane) before any math.
   for (int c = warp; c < nchunks; c += 2 * kWarps) {
     const int c2 = c + kWarps;
@@ -439,34 +366,6 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
       return;
     }
   }
-  // cp.async weight ring (kD > 0), MOESERVE_GEMV_RING bit mask: 1 = expert gate/up, 4 = expert
-  // down (direct pairs, 4 warps: 2 chunks per warp, 32 KB, 6 blocks per SM), 2 = plain
-  // linears (8 warps: 3 chunks, 96 KB; 4 warps: 2 chunks).
-  if (p.ld_hint == 1 && !(MODE == int(LinMode::kStore) && p.norm)) {
-    const int bit = MODE == int(LinMode::kStore) ? 2 : MODE == int(LinMode::kSwiglu) ? 1 : 4;
-    const bool ring = (g_gemv_ring & bit) && (MODE == int(LinMode::kStore) ? !p.pair_ids && !p.tile_expert
-                                                                          : p.pair_ids && !wide);
-    if (ring) {
-      ++g_gemv_ring_launches;
-      if constexpr (MODE == int(LinMode::kStore)) {
-        if (wide) {
-          constexpr size_t kSmem = size_t(8) * 3 * 8 * 32 * 16;
-          static const bool attr = [] {
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<MODE, 8, false, 1, 3>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-            return true;
-          }();
-          (void)attr;
-          launch_pdl(gemv_tc_kernel<MODE, 8, false, 1, 3>, grid, dim3(8 * 32), kSmem, s, p);
-          return;
-        }
-      }
-      if (!wide) {
-        launch_pdl(gemv_tc_kernel<MODE, 4, false, 1, 2>, grid, dim3(4 * 32), size_t(4) * 2 * 8 * 32 * 16, s, p);
-        return;
-      }
-    }
-  }
   if (p.ld_hint == 1) {
     if (wide)
       launch_pdl(gemv_tc_kernel<MODE, 8, false, 1>, grid, dim3(8 * 32), 0, s, p);
@@ -489,12 +388,6 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
 }
 
 }  // namespace
-
-int g_gemv_ring = [] {
-  const char* e = std::getenv("MOESERVE_GEMV_RING");
-  return e && *e ? std::atoi(e) : 0;
-}();
-uint64_t g_gemv_ring_launches = 0;
 
 bool gemv_tc_norm_supported(const LinParams& p) {
   return p.mode == LinMode::kStore && !p.tile_expert && !p.pair_ids && p.M <= kNormTok && p.K <= kNormK &&

@@ -174,11 +174,6 @@ void launch_gemv(const LinParams& p, cudaStream_t s);  // memory-bound path, sma
 // Tensor-core decode path (FP8 weights, 128x128 scales, K % 128 == 0, N % 16 == 0);
 // launch_gemv dispatches to it when supported and p.tc is set.
 bool gemv_tc_supported(const LinParams& p);
-// k_gemv_tc.cu's cp.async weight ring (bit mask; MOESERVE_GEMV_RING at start, tests pin it):
-// 1 = expert gate/up and 4 = expert down on direct pairs, 2 = plain FP8 linears. Counts the
-// ring launches.
-extern int g_gemv_ring;
-extern uint64_t g_gemv_ring_launches;
 bool gemv_tc_norm_supported(const LinParams& p);
 void launch_gemv_tc(const LinParams& p, cudaStream_t s);
 // Dense decode GEMV (k_gemv_dense.cu; sm_90+): kStore, no tile table, FP8 128 x 128 scales,
