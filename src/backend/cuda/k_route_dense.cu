@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
     const float v = warp_sum(acc[j]);
     if (lane == 0 && j < T && e < p.E) p.logits[int64_t(j) * p.E + e] = v;
   }
+  if (p.pf_pairs == 3) return;  // MOESERVE_ROUTE_DIAG=3 (timing only): no last-block tail at all
   __threadfence();
   __syncthreads();
   if (tid == 0) is_last = atomicAdd(p.counter, 1) == int(gridDim.x) - 1;
@@ -127,6 +128,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
         *reinterpret_cast<const uint4*>(xrow(j) + 8 * c);
   }
 
+  if (p.pf_pairs == 1) return;  // MOESERVE_ROUTE_DIAG=1 (timing only): no top-k
   block_rank_topk(p, T, score, choice, sel);
 }
 
@@ -147,11 +149,20 @@ void launch_route_norm_decode(const RouteParams& p, cudaStream_t s) {
     const char* e = std::getenv("MOESERVE_ROUTE_W");
     return e ? std::atoi(e) : 8;
   }();
+  // MOESERVE_ROUTE_DIAG (timing only, WRONG results: stale expert ids, and with 3 a stale
+  // residual): 1 skips the last block's top-k, 3 the whole last-block tail (counter, residual
+  // and normed-row stores, top-k). Carried in pf_pairs, which this kernel does not use otherwise.
+  static const int diag = [] {
+    const char* e = std::getenv("MOESERVE_ROUTE_DIAG");
+    return e ? std::atoi(e) : 0;
+  }();
+  RouteParams d = p;
+  d.pf_pairs = diag;
   const size_t smem = size_t(p.T) * p.H * 2;  // <= 32 KB (T <= 4, H <= 4096): no opt-in needed
   if (env_w == 4)
-    launch_pdl(route_norm_decode_kernel<4>, dim3(ceil_div(p.E, 4)), dim3(4 * 32), smem, s, p);
+    launch_pdl(route_norm_decode_kernel<4>, dim3(ceil_div(p.E, 4)), dim3(4 * 32), smem, s, d);
   else
-    launch_pdl(route_norm_decode_kernel<8>, dim3(ceil_div(p.E, 8)), dim3(8 * 32), smem, s, p);
+    launch_pdl(route_norm_decode_kernel<8>, dim3(ceil_div(p.E, 8)), dim3(8 * 32), smem, s, d);
   CUDA_CHECK_LAUNCH();
 }
 
