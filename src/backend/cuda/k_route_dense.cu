@@ -100,7 +100,6 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
     const float v = warp_sum(acc[j]);
     if (lane == 0 && j < T && e < p.E) p.logits[int64_t(j) * p.E + e] = v;
   }
-  if (p.pf_pairs == 3) return;  // MOESERVE_ROUTE_DIAG=3 (timing only): no last-block tail at all
   __threadfence();
   __syncthreads();
   if (tid == 0) is_last = atomicAdd(p.counter, 1) == int(gridDim.x) - 1;
@@ -128,7 +127,14 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
         *reinterpret_cast<const uint4*>(xrow(j) + 8 * c);
   }
 
-  if (p.pf_pairs == 1) return;  // MOESERVE_ROUTE_DIAG=1 (timing only): no top-k
+  if (p.pf_pairs == 1) {  // MOESERVE_ROUTE_DIAG=1 (timing only): fixed distinct experts, no top-k
+    if (warp == 0 && lane < p.top_k)
+      for (int t = 0; t < T; ++t) {
+        p.ids[t * p.top_k + lane] = (lane * 37 + 11 + t) % p.E;
+        p.weights[t * p.top_k + lane] = 1.f / p.top_k;
+      }
+    return;
+  }
   block_rank_topk(p, T, score, choice, sel);
 }
 
@@ -149,9 +155,10 @@ void launch_route_norm_decode(const RouteParams& p, cudaStream_t s) {
     const char* e = std::getenv("MOESERVE_ROUTE_W");
     return e ? std::atoi(e) : 8;
   }();
-  // MOESERVE_ROUTE_DIAG (timing only, WRONG results: stale expert ids, and with 3 a stale
-  // residual): 1 skips the last block's top-k, 3 the whole last-block tail (counter, residual
-  // and normed-row stores, top-k). Carried in pf_pairs, which this kernel does not use otherwise.
+  // MOESERVE_ROUTE_DIAG=1 (timing only, WRONG routing): the last block writes 8 fixed distinct
+  // experts (weights 1/k) instead of ranking them, to time the top-k inside the step (merely
+  // skipping it leaves the ids at their zeroed start: every pair on expert 0, served from L2).
+  // Carried in pf_pairs, which this kernel does not use otherwise.
   static const int diag = [] {
     const char* e = std::getenv("MOESERVE_ROUTE_DIAG");
     return e ? std::atoi(e) : 0;
