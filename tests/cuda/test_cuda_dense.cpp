@@ -205,10 +205,14 @@ TEST_P(CudaAddNormRouteDense, MatchesCpuAndOldPath) {
     std::copy(gate.begin() + 5 * H, gate.begin() + 6 * H, gate.begin() + 9 * H);
     bias[9] = bias[5];
     if (variant == 1) gate[size_t(3) * H + 7] = NAN;
-    std::vector<std::vector<float>> got[2];
-    for (int dense = 1; dense >= 0; --dense) {
+    // cfg 2: the fused kernel (at T = 1 with its one-token tail), 1: the fused kernel with the
+    // block_rank_topk tail, 0: the old path.
+    std::vector<std::vector<float>> got[3];
+    for (int cfg = 2; cfg >= 0; --cfg) {
+      const int dense = cfg >= 1;
       gpu().route_norm_dense = dense == 1;
       gpu().fuse_norm_route = false;
+      cuda::g_route_fast_tail = cfg == 2;
       for (int rep = 0; rep < 2; ++rep) {
         Tensor tres = to_device(res, DType::BF16, {T, H}), tdx = to_device(dx, DType::BF16, {T, H});
         Tensor tnw = to_device(nw, DType::BF16, {H}), out = poisoned(T, H);
@@ -223,12 +227,16 @@ TEST_P(CudaAddNormRouteDense, MatchesCpuAndOldPath) {
         std::vector<std::vector<float>> g = {gpu().download_f32(tres), gpu().download_f32(out),
                                              gpu().download_f32(r.expert_ids), gpu().download_f32(r.weights)};
         if (rep == 0) {
-          got[dense] = g;
+          got[cfg] = g;
         } else {
-          EXPECT_EQ(g, got[dense]) << "second call differs, dense " << dense;
+          EXPECT_EQ(g, got[cfg]) << "second call differs, cfg " << cfg;
         }
       }
     }
+    cuda::g_route_fast_tail = true;
+    // The one-token tail (loads first, per-warp argmax top-k) against block_rank_topk: the same
+    // residual, normed row, ids and weights, bit for bit (ties and the NaN row included).
+    EXPECT_EQ(got[2], got[1]) << "one-token tail vs block_rank_topk tail";
     // Against the old path: the same residual; normed rows equal up to the norm's summation
     // order (a bf16 rounding flip here and there); the same experts (a near-tie aside) and
     // weights where they agree.
@@ -243,7 +251,7 @@ TEST_P(CudaAddNormRouteDense, MatchesCpuAndOldPath) {
       }
       EXPECT_GE(same, K - 2) << "token " << t << " vs old path";
     }
-    const auto& g = got[1];
+    const auto& g = got[2];
     // Norm and residual against the CPU backend.
     Tensor cres = host_f32(res, {T, H}), cout = cpu->alloc(DType::F32, {T, H});
     cpu->add_rms_norm(cres, host_f32(dx, {T, H}), host_f32(nw, {H}), 1e-6f, cout);
@@ -285,6 +293,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAddNormRouteDense,
                                            RouteCase{2, 3072, 256, 8}, RouteCase{4, 3072, 256, 8},
                                            RouteCase{8, 3072, 256, 8},   // above the fused limit: old path
                                            RouteCase{3, 384, 60, 4},     // E not a multiple of 8
+                                           RouteCase{1, 384, 60, 4},     // one-token tail with padding lanes
+                                           RouteCase{1, 3072, 128, 8},   // 16 blocks
                                            RouteCase{1, 4096, 32, 32}));  // widest H, top_k 32
 
 }  // namespace

@@ -11,6 +11,7 @@
 // token with the whole block as route_decode_kernel does (biased sigmoid score desc, id asc;
 // NaN last; weights renormalised over the k chosen sigmoid scores).
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -25,6 +26,102 @@ constexpr int kRTok = 4;        // max tokens (the normed rows stay under 48 KB 
 constexpr int kRMaxH = 4096;    // max hidden width
 constexpr int kRPre = kRMaxH / 128;  // float4 per lane of a gate row
 constexpr int kRMaxE = 1024;
+
+// The last block's work at one token (fast_tail): every L2 read it needs (the 8-byte-per-thread
+// residual and o slices, this thread's logit) is issued before any is used, then the top-k
+// without the rank pass over all E: each warp takes its k best (value desc, id asc: k rounds of
+// a shuffle argmax, the winner's lane drops out), warp 0 picks the k best of those 8k candidates
+// the same way, and the weights are formed exactly as block_rank_topk does (same scores, same
+// warp_sum over the chosen in rank order): the same ids and bit-identical weights.
+// cand: 8 x 8 (value, id) pairs; score: E sigmoid scores; sel: k ids.
+template <int kW>
+__device__ void last_block_tail_t1(const RouteParams& p, bf16* resw, const bf16* add, const bf16* xs, float* score,
+                                   float2* cand, int* sel, float bias_x) {
+  constexpr int kRV = (kRMaxH / 8 + kW * 32 - 1) / (kW * 32);  // 16-byte residual pieces per thread
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hv = p.H / 8, k = p.top_k;
+  uint4 ra[kRV], xa[kRV];
+#pragma unroll
+  for (int r = 0; r < kRV; ++r) {
+    const int c = tid + r * kW * 32;
+    if (c < hv) {
+      ra[r] = __ldcg(reinterpret_cast<const uint4*>(resw) + c);
+      xa[r] = __ldcg(reinterpret_cast<const uint4*>(add) + c);
+    }
+  }
+  const float logit = tid < p.E ? __ldcg(p.logits + tid) : 0.f;
+  // Residual + o and the normed row (every other block is done with the old residual).
+#pragma unroll
+  for (int r = 0; r < kRV; ++r) {
+    const int c = tid + r * kW * 32;
+    if (c >= hv) continue;
+    const uint32_t rw[4] = {ra[r].x, ra[r].y, ra[r].z, ra[r].w}, xw[4] = {xa[r].x, xa[r].y, xa[r].z, xa[r].w};
+    uint32_t ro[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 a = bf16x2_to_f2(rw[q]), b = bf16x2_to_f2(xw[q]);
+      __nv_bfloat162 v = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
+      ro[q] = *reinterpret_cast<uint32_t*>(&v);
+    }
+    reinterpret_cast<uint4*>(resw)[c] = make_uint4(ro[0], ro[1], ro[2], ro[3]);
+    reinterpret_cast<uint4*>(p.norm_out)[c] = reinterpret_cast<const uint4*>(xs)[c];
+  }
+  // Scores as block_rank_topk forms them.
+  float v = -INFINITY;
+  if (tid < p.E) {
+    const float sc = 1.f / (1.f + expf(-logit));
+    const float c = sc + (p.bias ? bias_x : 0.f);
+    score[tid] = sc;
+    v = c == c ? c : -INFINITY;  // NaN ranks last
+  }
+  // (value, id) argmax over a warp: larger value, then smaller id.
+  auto warp_best = [&](float bv, int bi, float& ov, int& oi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (v2 > bv || (v2 == bv && i2 < bi)) bv = v2, bi = i2;
+    }
+    ov = bv, oi = bi;
+  };
+  int my_id = tid;  // tid >= E: padding, behind every expert (as in block_rank_topk)
+  for (int r = 0; r < k; ++r) {
+    float bv;
+    int bi;
+    warp_best(v, my_id, bv, bi);
+    if (lane == 0) cand[warp * 8 + r] = make_float2(bv, __int_as_float(bi));
+    if (bi == my_id) v = -INFINITY, my_id = 1 << 30;  // taken: behind everything
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  // Warp 0: the k best of the kW x k candidates (two per lane).
+  float cv[2];
+  int ci[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int w = (lane + 32 * h) / 8, r = (lane + 32 * h) % 8;
+    const bool ok = w < kW && r < k;
+    const float2 c = ok ? cand[w * 8 + r] : make_float2(-INFINITY, __int_as_float(1 << 30));
+    cv[h] = c.x, ci[h] = __float_as_int(c.y);
+  }
+  for (int r = 0; r < k; ++r) {
+    const int h = (cv[1] > cv[0] || (cv[1] == cv[0] && ci[1] < ci[0])) ? 1 : 0;
+    float bv;
+    int bi;
+    warp_best(cv[h], ci[h], bv, bi);
+    if (lane == 0) sel[r] = bi;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (ci[j] == bi) cv[j] = -INFINITY, ci[j] = 1 << 30;
+  }
+  __syncwarp();
+  const int id = lane < k ? sel[lane] : 0;
+  const float sc = lane < k ? score[id] : 0.f;
+  const float sum = warp_sum(sc);
+  if (lane < k) {
+    p.ids[lane] = id;
+    p.weights[lane] = sc * (sum > 0.f ? 1.f / sum : 0.f);
+  }
+}
 
 template <int kW>
 __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams p) {
@@ -47,6 +144,9 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
 #pragma unroll
   for (int i = 0; i < kRPre; ++i)
     if (i < nv) w[i] = __ldg(g + i * 32 + lane);
+  // Fast batch-1 tail (fast_tail): thread x ranks expert x; its correction bias is a weight.
+  const bool fast_tail = T == 1 && p.E <= kW * 32 && p.top_k <= 8 && p.pf_pairs == 2 && kW <= 8;
+  const float bias_x = fast_tail && p.bias && tid < p.E ? __ldg(p.bias + tid) : 0.f;
   pdl_enter();
 
   // x_j = bf16(rmsnorm(bf16(res_j + add_j)) * nw) into shared memory (every block).
@@ -108,8 +208,12 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
   if (tid == 0) *p.counter = 0;  // ready for the next layer / graph replay
   __threadfence();
 
-  // Residual and normed rows (every other block is done with the old residual).
   bf16* resw = static_cast<bf16*>(p.residual);
+  if (fast_tail) {
+    last_block_tail_t1<kW>(p, resw, add, xs, score, reinterpret_cast<float2*>(choice), sel, bias_x);
+    return;
+  }
+  // Residual and normed rows (every other block is done with the old residual).
   for (int i = tid; i < T * hv; i += kW * 32) {
     const int j = i / hv, c = i - j * hv;
     const uint4 ra = __ldcg(reinterpret_cast<const uint4*>(resw + int64_t(j) * H + 8 * c));
@@ -142,6 +246,8 @@ bool a16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
 
 }  // namespace
 
+bool g_route_fast_tail = true;
+
 bool route_norm_decode_supported(const RouteParams& p) {
   return p.norm && p.counter && p.x_bf16 && !p.gate_bf16 && !p.logits_split && p.T >= 1 && p.T <= kRTok &&
          p.H % 128 == 0 && p.H <= kRMaxH && p.E <= kRMaxE && p.top_k >= 1 && p.top_k <= 32 && p.top_k <= p.E &&
@@ -163,8 +269,14 @@ void launch_route_norm_decode(const RouteParams& p, cudaStream_t s) {
     const char* e = std::getenv("MOESERVE_ROUTE_DIAG");
     return e ? std::atoi(e) : 0;
   }();
+  // MOESERVE_ROUTE_TAIL=rank: the last block's previous tail at one token (residual loop, then
+  // block_rank_topk) instead of last_block_tail_t1 (pf_pairs 2).
+  static const bool rank_tail = [] {
+    const char* e = std::getenv("MOESERVE_ROUTE_TAIL");
+    return e && std::string(e) == "rank";
+  }();
   RouteParams d = p;
-  d.pf_pairs = diag;
+  d.pf_pairs = diag ? diag : (rank_tail || !g_route_fast_tail ? 0 : 2);
   const size_t smem = size_t(p.T) * p.H * 2;  // <= 32 KB (T <= 4, H <= 4096): no opt-in needed
   if (env_w == 4)
     launch_pdl(route_norm_decode_kernel<4>, dim3(ceil_div(p.E, 4)), dim3(4 * 32), smem, s, d);

@@ -219,6 +219,9 @@ bool route_norm_supported(const RouteParams& p);
 // Decode add + RMSNorm + router in one kernel (k_route_dense.cu): p.norm set, T <= 4, f32
 // gate, H % 128 == 0, H <= 4096, top_k <= 32, p.counter set.
 bool route_norm_decode_supported(const RouteParams& p);
+// k_route_dense.cu: the one-token last-block tail (loads first, per-warp then warp-0 argmax top-k);
+// false: residual loop then block_rank_topk (tests compare the two; MOESERVE_ROUTE_TAIL=rank).
+extern bool g_route_fast_tail;
 void launch_route_norm_decode(const RouteParams& p, cudaStream_t s);
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
 
