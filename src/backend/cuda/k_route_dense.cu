@@ -54,15 +54,7 @@ __device__ void last_block_tail_t1(const RouteParams& p, bf16* resw, const bf16*
   for (int r = 0; r < kRV; ++r) {
     const int c = tid + r * kW * 32;
     if (c >= hv) continue;
-    const uint32_t rw[4] = {ra[r].x, ra[r].y, ra[r].z, ra[r].w}, xw[4] = {xa[r].x, xa[r].y, xa[r].z, xa[r].w};
-    uint32_t ro[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float2 a = bf16x2_to_f2(rw[q]), b = bf16x2_to_f2(xw[q]);
-      __nv_bfloat162 v = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
-      ro[q] = *reinterpret_cast<uint32_t*>(&v);
-    }
-    reinterpret_cast<uint4*>(resw)[c] = make_uint4(ro[0], ro[1], ro[2], ro[3]);
+    reinterpret_cast<uint4*>(resw)[c] = add_bf16x8(ra[r], xa[r]);
     reinterpret_cast<uint4*>(p.norm_out)[c] = reinterpret_cast<const uint4*>(xs)[c];
   }
   // Scores as block_rank_topk forms them.
@@ -218,15 +210,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
     const int j = i / hv, c = i - j * hv;
     const uint4 ra = __ldcg(reinterpret_cast<const uint4*>(resw + int64_t(j) * H + 8 * c));
     const uint4 xa = __ldcg(reinterpret_cast<const uint4*>(add + int64_t(j) * H + 8 * c));
-    const uint32_t rw[4] = {ra.x, ra.y, ra.z, ra.w}, xw[4] = {xa.x, xa.y, xa.z, xa.w};
-    uint32_t ro[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 a = bf16x2_to_f2(rw[k]), b = bf16x2_to_f2(xw[k]);
-      __nv_bfloat162 v = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
-      ro[k] = *reinterpret_cast<uint32_t*>(&v);
-    }
-    *reinterpret_cast<uint4*>(resw + int64_t(j) * H + 8 * c) = make_uint4(ro[0], ro[1], ro[2], ro[3]);
+    *reinterpret_cast<uint4*>(resw + int64_t(j) * H + 8 * c) = add_bf16x8(ra, xa);
     *reinterpret_cast<uint4*>(static_cast<bf16*>(p.norm_out) + int64_t(j) * H + 8 * c) =
         *reinterpret_cast<const uint4*>(xrow(j) + 8 * c);
   }

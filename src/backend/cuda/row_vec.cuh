@@ -84,6 +84,19 @@ __device__ __forceinline__ float norm_row_begin(const void* w, const void* x, vo
                                       residual ? static_cast<bf16*>(residual) + row * C : nullptr, C, eps, v, scratch);
 }
 
+// bf16(a + b) of 8 bf16 pairs (the residual update as the unfused add_rms_norm stores it).
+__device__ __forceinline__ uint4 add_bf16x8(uint4 a, uint4 b) {
+  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 x = bf16x2_to_f2(aw[e]), y = bf16x2_to_f2(bw[e]);
+    __nv_bfloat162 v = __floats2bfloat162_rn(x.x + y.x, x.y + y.y);
+    o[e] = *reinterpret_cast<uint32_t*>(&v);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // The normalised vector as stored: bf16(v * r * w), packed in pairs (low column first).
 __device__ __forceinline__ void norm_row_pack8(const float (&v)[8], float r, uint4 wv, uint32_t (&o)[4]) {
   const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
