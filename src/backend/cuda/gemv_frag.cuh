@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
 
 namespace moeserve::cuda {
 
@@ -33,6 +34,25 @@ __device__ __forceinline__ uint32_t bf2_to_h2(uint32_t w) {
   f.y = fminf(fmaxf(f.y, -65504.f), 65504.f);
   __half2 h = __floats2half2_rn(f.x, f.y);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// The matrix a GEMV block works on: p's own, or with linear_multi segments (p.nseg > 0) the
+// segment that owns block bx (seg_block in the caller's block units); bx becomes relative to it.
+struct GemvMatrix {
+  const void* w;
+  const float* s;
+  void* out;
+  int N, s_cols, ldo;
+};
+__device__ __forceinline__ GemvMatrix gemv_matrix(const LinParams& p, int& bx) {
+  if (p.nseg <= 0) return {p.w, p.s, p.out, p.N, p.s_cols, p.ldo};
+  int i = 0;
+#pragma unroll
+  for (int j = 1; j < LinParams::kMaxSegs; ++j)
+    if (j < p.nseg && bx >= p.seg_block[j]) i = j;
+  const LinParams::Seg& sg = p.seg[i];
+  bx -= p.seg_block[i];
+  return {sg.w, sg.s, sg.out, sg.N, sg.s_cols, sg.ldo};
 }
 
 }  // namespace moeserve::cuda

@@ -106,19 +106,12 @@ __global__ void __launch_bounds__(kDW * 32) gemv_dense_kernel(LinParams p, Dense
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
 
   // The segment that owns this block (blocks of R rows; seg_block in those units).
-  const void* W = p.w;
-  const float* S = p.s;
-  void* OUT = p.out;
-  int N = p.N, s_cols = p.s_cols, ldo = p.ldo, bx = blockIdx.x;
-  if (p.nseg > 0) {
-    int i = 0;
-#pragma unroll
-    for (int j = 1; j < LinParams::kMaxSegs; ++j)
-      if (j < p.nseg && bx >= p.seg_block[j]) i = j;
-    const LinParams::Seg& sg = p.seg[i];
-    W = sg.w, S = sg.s, OUT = sg.out, N = sg.N, s_cols = sg.s_cols, ldo = sg.ldo;
-    bx -= p.seg_block[i];
-  }
+  int bx = blockIdx.x;
+  const GemvMatrix mat = gemv_matrix(p, bx);
+  const void* W = mat.w;
+  const float* S = mat.s;
+  void* OUT = mat.out;
+  const int N = mat.N, s_cols = mat.s_cols, ldo = mat.ldo;
   const int K = p.K, M = p.M, nchunks = K / 128, n0 = bx * R;
   const int ldw = K + 16, ldxs = K + 8;  // shared row strides (bytes, f16 elements)
   uint8_t* ws = smem;

@@ -79,15 +79,8 @@ __global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 1
   int N = p.N, s_cols = p.s_cols, ldo = p.ldo;
   if (!moe) {
     int bx = blockIdx.x;
-    if (p.nseg > 0) {
-      int i = 0;
-#pragma unroll
-      for (int j = 1; j < LinParams::kMaxSegs; ++j)
-        if (j < p.nseg && bx >= p.seg_block[j]) i = j;
-      const LinParams::Seg& sg = p.seg[i];
-      W = sg.w, S = sg.s, OUT = sg.out, N = sg.N, s_cols = sg.s_cols, ldo = sg.ldo;
-      bx -= p.seg_block[i];
-    }
+    const GemvMatrix mat = gemv_matrix(p, bx);
+    W = mat.w, S = mat.s, OUT = mat.out, N = mat.N, s_cols = mat.s_cols, ldo = mat.ldo;
     const int ntiles = ceil_div(p.M, kGemvTile);
     tile = bx % ntiles;
     nblk = bx / ntiles;

@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
 #pragma unroll
   for (int i = 0; i < kRPre; ++i)
     if (i < nv) w[i] = __ldg(g + i * 32 + lane);
-  // Fast batch-1 tail (fast_tail): thread x ranks expert x; its correction bias is a weight.
-  const bool fast_tail = T == 1 && p.E <= kW * 32 && p.top_k <= 8 && p.pf_pairs == 2 && kW <= 8;
+  // One-token tail: thread x ranks expert x; its correction bias is a weight.
+  const bool fast_tail = p.decode_tail == 1;
   const float bias_x = fast_tail && p.bias && tid < p.E ? __ldg(p.bias + tid) : 0.f;
   pdl_enter();
 
@@ -155,15 +155,8 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
     for (int i = 0; i < kV; ++i) {
       const int v = i * kW * 32 + tid;
       if (v < hv) {
-        const uint4 wv = *reinterpret_cast<const uint4*>(nw + 8 * v);
-        const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
         uint32_t o[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 wf = bf16x2_to_f2(ww[k]);
-          __nv_bfloat162 h = __floats2bfloat162_rn(val[i][2 * k] * r * wf.x, val[i][2 * k + 1] * r * wf.y);
-          o[k] = *reinterpret_cast<uint32_t*>(&h);
-        }
+        norm_row_pack8(val[i], r, *reinterpret_cast<const uint4*>(nw + 8 * v), o);
         *reinterpret_cast<uint4*>(xrow(j) + 8 * v) = make_uint4(o[0], o[1], o[2], o[3]);
       }
     }
@@ -215,7 +208,7 @@ __global__ void __launch_bounds__(kW * 32) route_norm_decode_kernel(RouteParams 
         *reinterpret_cast<const uint4*>(xrow(j) + 8 * c);
   }
 
-  if (p.pf_pairs == 1) {  // MOESERVE_ROUTE_DIAG=1 (timing only): fixed distinct experts, no top-k
+  if (p.decode_tail == 2) {  // MOESERVE_ROUTE_DIAG=1 (timing only): fixed distinct experts, no top-k
     if (warp == 0 && lane < p.top_k)
       for (int t = 0; t < T; ++t) {
         p.ids[t * p.top_k + lane] = (lane * 37 + 11 + t) % p.E;
@@ -230,7 +223,10 @@ bool a16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
 
 }  // namespace
 
-bool g_route_fast_tail = true;
+bool g_route_fast_tail = [] {
+  const char* e = std::getenv("MOESERVE_ROUTE_TAIL");
+  return !(e && std::string(e) == "rank");
+}();
 
 bool route_norm_decode_supported(const RouteParams& p) {
   return p.norm && p.counter && p.x_bf16 && !p.gate_bf16 && !p.logits_split && p.T >= 1 && p.T <= kRTok &&
@@ -248,19 +244,13 @@ void launch_route_norm_decode(const RouteParams& p, cudaStream_t s) {
   // MOESERVE_ROUTE_DIAG=1 (timing only, WRONG routing): the last block writes 8 fixed distinct
   // experts (weights 1/k) instead of ranking them, to time the top-k inside the step (merely
   // skipping it leaves the ids at their zeroed start: every pair on expert 0, served from L2).
-  // Carried in pf_pairs, which this kernel does not use otherwise.
-  static const int diag = [] {
+  static const bool diag = [] {
     const char* e = std::getenv("MOESERVE_ROUTE_DIAG");
-    return e ? std::atoi(e) : 0;
+    return e && std::atoi(e) == 1;
   }();
-  // MOESERVE_ROUTE_TAIL=rank: the last block's previous tail at one token (residual loop, then
-  // block_rank_topk) instead of last_block_tail_t1 (pf_pairs 2).
-  static const bool rank_tail = [] {
-    const char* e = std::getenv("MOESERVE_ROUTE_TAIL");
-    return e && std::string(e) == "rank";
-  }();
+  const int threads = (env_w == 4 ? 4 : 8) * 32;
   RouteParams d = p;
-  d.pf_pairs = diag ? diag : (rank_tail || !g_route_fast_tail ? 0 : 2);
+  d.decode_tail = diag ? 2 : g_route_fast_tail && p.T == 1 && p.E <= threads && p.top_k <= 8 ? 1 : 0;
   const size_t smem = size_t(p.T) * p.H * 2;  // <= 32 KB (T <= 4, H <= 4096): no opt-in needed
   if (env_w == 4)
     launch_pdl(route_norm_decode_kernel<4>, dim3(ceil_div(p.E, 4)), dim3(4 * 32), smem, s, d);

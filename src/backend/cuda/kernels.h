@@ -209,6 +209,10 @@ struct RouteParams {
   const void* norm_w = nullptr;
   void* norm_out = nullptr;
   float eps = 1e-6f;
+  // route_norm_decode_kernel's last block (set by launch_route_norm_decode): 0 residual loop +
+  // block_rank_topk, 1 the one-token tail (last_block_tail_t1), 2 MOESERVE_ROUTE_DIAG=1
+  // (timing only: fixed distinct experts, no top-k).
+  int decode_tail = 0;
   // Optional L2 prefetch of the gate/up weights (pf_bytes each, a multiple of 16) of the
   // experts chosen for the first pf_pairs (token, k) pairs, issued as they are chosen.
   const ExpertPtrs* pf_experts = nullptr;
@@ -219,8 +223,9 @@ bool route_norm_supported(const RouteParams& p);
 // Decode add + RMSNorm + router in one kernel (k_route_dense.cu): p.norm set, T <= 4, f32
 // gate, H % 128 == 0, H <= 4096, top_k <= 32, p.counter set.
 bool route_norm_decode_supported(const RouteParams& p);
-// k_route_dense.cu: the one-token last-block tail (loads first, per-warp then warp-0 argmax top-k);
-// false: residual loop then block_rank_topk (tests compare the two; MOESERVE_ROUTE_TAIL=rank).
+// k_route_dense.cu: the one-token last-block tail where it applies (loads first, per-warp then
+// warp-0 argmax top-k); false: residual loop then block_rank_topk. MOESERVE_ROUTE_TAIL=rank
+// sets it false at start; tests compare the two.
 extern bool g_route_fast_tail;
 void launch_route_norm_decode(const RouteParams& p, cudaStream_t s);
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
