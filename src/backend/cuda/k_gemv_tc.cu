@@ -29,29 +29,6 @@ namespace {
 constexpr int kChunk = 128;  // columns per block scale (bi)
 constexpr int kNormTok = 4, kNormK = 3072;  // fused add + RMSNorm (p.norm): rows, width
 
-// Weight load (16 bytes, read-only path) with the cache hint of LinParams::ld_hint.
-template <int HINT>
-__device__ __forceinline__ uint4 ld_w(const void* ptr) {
-  uint4 v;
-  if constexpr (HINT == 1) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(ptr));
-  } else if constexpr (HINT == 2) {
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(ptr), "l"(pol));
-  } else
-    v = __ldg(reinterpret_cast<const uint4*>(ptr));
-  return v;
-}
-
-struct Chunk {
-  uint4 a[2][2][2];  // [matrix group][step][row g / g + 8]
-  uint4 x[2][2];     // [step][two uint4 = 16 bf16]
-};
 
 // kWarps: split-K ways (4, or 8 for grids too small to fill the GPU, e.g. k/v projections).
 // NORM: the fused add + RMSNorm variant (kStore only; the shared row buffer is only in it).
@@ -207,27 +184,7 @@ __global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 1
   };
   auto compute = [&](int c, const Chunk& ch) {
     float part[2][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) part[m][e] = 0.f;
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const uint32_t xw[8] = {ch.x[s][0].x, ch.x[s][0].y, ch.x[s][0].z, ch.x[s][0].w,
-                              ch.x[s][1].x, ch.x[s][1].y, ch.x[s][1].z, ch.x[s][1].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t b0 = bf2_to_h2(xw[2 * i]), b1 = bf2_to_h2(xw[2 * i + 1]);
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const uint4 lo = ch.a[m][s][0], hi = ch.a[m][s][1];
-          const uint32_t wl = i == 0 ? lo.x : i == 1 ? lo.y : i == 2 ? lo.z : lo.w;
-          const uint32_t wh = i == 0 ? hi.x : i == 1 ? hi.y : i == 2 ? hi.z : hi.w;
-          const uint32_t a[4] = {fp8x2_to_h2(wl), fp8x2_to_h2(wh), fp8x2_to_h2(wl >> 16), fp8x2_to_h2(wh >> 16)};
-          mma_f16(part[m], a, b0, b1);
-        }
-      }
-    }
+    chunk_mma(ch, part);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       const float sc = __ldg(sm[m] + srow[m] + c);
