@@ -127,22 +127,16 @@ TEST_P(CudaMoeExperts, MatchesReference) {
   //   5 default thresholds, streaming (the tile table at 2..8 tokens), 6 the same on the old
   //     kernels (5 vs 6 as 3 vs 4)
   //   7, 8 direct pairs forced, streaming, cvt 1 / 2 (vs mode 3 likewise)
-  //   9, 10 direct pairs forced, old kernels as ONE persistent launch (k_moe_chain.cu), twice
-  //     (the second run checks that the kernel reset its counters): the same per-item
-  //     arithmetic and combine order as mode 4, so bit-identical to it; mode 4 runs without it
   const uint64_t launches0 = cuda::g_moe_gemv_stream_launches;
-  const uint64_t chain0 = gpu().moe_chain_launches;
-  std::vector<std::vector<float>> results(11);
-  for (int mode = 0; mode < 11; ++mode) {
+  std::vector<std::vector<float>> results(9);
+  for (int mode = 0; mode < 9; ++mode) {
     const int saved = gpu().moe_gemv_max_tokens, saved_direct = gpu().moe_direct_max_tokens;
     const int saved_v = cuda::g_moe_gemv_v, saved_cvt = cuda::g_moe_gemv_cvt;
-    const bool saved_chain = gpu().moe_chain;
     const bool direct = mode == 3 || mode == 4 || mode >= 7;
-    gpu().moe_chain = mode >= 9 || (mode != 4 && saved_chain);
     gpu().moe_gemv_max_tokens = mode == 2 ? 0 : saved;
     gpu().moe_direct_max_tokens = direct ? 1 << 20 : mode == 0 || mode == 5 || mode == 6 ? saved_direct : 0;
     gpu().use_gemv_tc = mode != 1;
-    cuda::g_moe_gemv_v = mode == 4 || mode == 6 || mode >= 9 ? 1 : mode >= 3 ? 3 : saved_v;
+    cuda::g_moe_gemv_v = mode == 4 || mode == 6 ? 1 : mode >= 3 ? 3 : saved_v;
     cuda::g_moe_gemv_cvt = mode == 7 ? 1 : mode == 8 ? 2 : mode >= 3 ? 0 : saved_cvt;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
@@ -151,12 +145,9 @@ TEST_P(CudaMoeExperts, MatchesReference) {
     gpu().use_gemv_tc = true;
     cuda::g_moe_gemv_v = saved_v;
     cuda::g_moe_gemv_cvt = saved_cvt;
-    gpu().moe_chain = saved_chain;
     auto got = gpu().download_f32(out);
     results[mode] = got;
-    if (mode >= 9) {
-      EXPECT_EQ(results[4], got) << "chained experts (mode " << mode << ") vs two launches: must be bit-identical";
-    } else if (mode == 4 || mode >= 7) {
+    if (mode == 4 || mode >= 7) {
       EXPECT_LT(rel_err(results[3], got), 4e-3) << "direct pairs: streaming (cvt 0) vs mode " << mode;
     }
     if (mode == 6) {
@@ -174,10 +165,6 @@ TEST_P(CudaMoeExperts, MatchesReference) {
                              cuda::code_arch() >= 900;
   if (stream_shapes) {
     EXPECT_GE(cuda::g_moe_gemv_stream_launches - launches0, 2u);
-  }
-  // The chained kernel ran in modes 9 and 10 wherever the tensor-core GEMV takes the shapes.
-  if (c.fp8 && c.H % 128 == 0 && c.I % 128 == 0 && c.T * c.K <= cuda::kMoeChainMaxPairs) {
-    EXPECT_GE(gpu().moe_chain_launches - chain0, 2u);
   }
 }
 

@@ -104,7 +104,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cc_ = major * 10 + minor;
   cuda::attention_wgmma_available();  // probes (a synchronous copy) here, never inside a capture
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  const size_t cbytes = size_t(kCounterInts) * sizeof(int);
+  const size_t cbytes = size_t(kAttnCounterBase + kAttnCounterSlots) * sizeof(int);
   CUDA_CHECK(cudaMalloc(&counters_, cbytes));
   CUDA_CHECK(cudaMemsetAsync(counters_, 0, cbytes, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -177,11 +177,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     prefill_paths_in_graphs = false;
   if (const char* e = std::getenv("MOESERVE_MOE_GEMV_MAX"); e && *e) moe_gemv_max_tokens = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_DIRECT_MAX"); e && *e) moe_direct_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_MOE_CHAIN"); e && *e) {
-    moe_chain = std::atoi(e) != 0;
-    if (std::atoi(e) == 3) moe_chain_min_blocks = 3;
-  }
-  if (const char* e = std::getenv("MOESERVE_MOE_CHAIN_GRID"); e && *e) moe_chain_max_blocks = std::atoi(e);
   if (const char* e = std::getenv("MOESERVE_MOE_FUSED_QUANT"); e && *e) moe_fused_quant = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_ATTN_Q8"); e && *e) prefill_attn_q8 = std::atoi(e) != 0;
   if (const char* e = std::getenv("MOESERVE_MOE_YPAIR_BF16"); e && *e) moe_ypair_bf16 = std::atoi(e) != 0;

@@ -202,7 +202,7 @@ class CudaBackend final : public Backend {
   // block, top-k in the last); MOESERVE_ROUTE_V=0 turns it off (norm kernel + router).
   bool route_norm_dense = true;
   // Launch counts of the two kernels above (tests check that a path really ran).
-  uint64_t gemv_dense_launches = 0, route_dense_launches = 0, moe_chain_launches = 0;
+  uint64_t gemv_dense_launches = 0, route_dense_launches = 0;
   // qk_norm_rope_write_kv as one kernel.
   bool fuse_qk_write_kv = true;
   // Split-KV attention merges its splits in the last block of each group (no combine kernel).
@@ -232,14 +232,6 @@ class CudaBackend final : public Backend {
   // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint (default), 2 L2 evict_first
   // policy (so the streamed experts do not evict prefetched attention weights; no gain measured).
   int moe_ld_hint = 1;
-  // Batch-1 experts (direct pairs) as one persistent launch (k_moe_chain.cu: both GEMVs as
-  // work items; a down item waits for its pair's gate/up items, not for a whole grid);
-  // Off by default: measured slower in the batch-1 graph on the H200 (52-63 us per layer for
-  // both GEMVs against 42, docs/benchmarks.md). MOESERVE_MOE_CHAIN=1 on; =3: compiled for 3
-  // blocks per SM; MOESERVE_MOE_CHAIN_GRID=n caps its grid (A/B).
-  bool moe_chain = false;
-  int moe_chain_min_blocks = 4, moe_chain_max_blocks = 0;
-  uint64_t moe_chain_launch_count = 0;  // alternates the kernel's two counter sets
   // decode_layer as the persistent one-kernel layer where it applies (MOESERVE_DECODE_MEGA=1).
   // Off by default: on one H200 it is faster than the separate ops at 8192 context (5.45 vs
   // 5.73 ms, 30 layers) but slower at 1024 (4.21 vs 3.26 ms); docs/benchmarks.md.
@@ -415,10 +407,6 @@ class CudaBackend final : public Backend {
   // [0] router, [1] norm + linear_multi, [kMoeCounterBase, +kMoeCounterSlots) the fused MoE combine, then attention.
   static constexpr int kMoeCounterBase = 64, kMoeCounterSlots = 1 << 15;
   static constexpr int kAttnCounterBase = kMoeCounterBase + kMoeCounterSlots, kAttnCounterSlots = 1 << 15;
-  // The persistent decode experts (moe_chain): two sets of ticket, exit, a count per pair.
-  static constexpr int kChainCounterBase = kAttnCounterBase + kAttnCounterSlots;
-  static constexpr int kChainSetInts = 2 + 64;  // 64 = cuda::kMoeChainMaxPairs (asserted in cuda_moe.cpp)
-  static constexpr int kCounterInts = kChainCounterBase + 2 * kChainSetInts;
   int* counters_ = nullptr;
   void* pinned_ = nullptr;  // host staging for sampling parameters
   size_t pinned_bytes_ = 0;

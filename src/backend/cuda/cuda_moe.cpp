@@ -313,16 +313,6 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
     launch_moe_gemv_stream(down, stream_);
     return true;
   }
-  static_assert(kChainSetInts == 2 + cuda::kMoeChainMaxPairs, "one chain counter set: ticket, exit, a count per pair");
-  if (moe_chain && moe_chain_supported(up, down)) {
-    cuda::MoeChain c;
-    c.ticket = counters_ + kChainCounterBase + int(moe_chain_launch_count++ & 1) * kChainSetInts;
-    c.exit = c.ticket + 1, c.done = c.ticket + 2;
-    c.min_blocks = moe_chain_min_blocks, c.max_blocks = moe_chain_max_blocks;
-    launch_moe_chain(up, down, c, stream_);
-    ++moe_chain_launches;
-    return true;
-  }
   launch_gemv_tc(up, stream_);
   launch_gemv_tc(down, stream_);
   return true;

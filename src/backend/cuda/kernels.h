@@ -173,18 +173,6 @@ constexpr int kGemmTileM = 64;
 void launch_gemv(const LinParams& p, cudaStream_t s);  // memory-bound path, small row counts
 // Tensor-core decode path (FP8 weights, 128x128 scales, K % 128 == 0, N % 16 == 0);
 // launch_gemv dispatches to it when supported and p.tc is set.
-// Decode experts for direct pairs as one persistent launch (k_moe_chain.cu): the gate/up
-// (kSwiglu) and down (kDown, fused combine) GEMVs of run_moe_direct, items in ticket order.
-constexpr int kMoeChainMaxPairs = 64;
-struct MoeChain {
-  int* ticket = nullptr;  // [1]  zeroed ints, reset by the kernel; two launches that share
-  int* exit = nullptr;    // [1]  them must not be adjacent on the stream (alternate two sets)
-  int* done = nullptr;    // [kMoeChainMaxPairs] gate/up items done per pair
-  int min_blocks = 4;     // blocks per SM the kernel is compiled for: 4, or 3 (A/B)
-  int max_blocks = 0;     // grid cap (0: every block the GPU holds at once)
-};
-bool moe_chain_supported(const LinParams& up, const LinParams& down);
-void launch_moe_chain(const LinParams& up, const LinParams& down, const MoeChain& c, cudaStream_t s);
 bool gemv_tc_supported(const LinParams& p);
 bool gemv_tc_norm_supported(const LinParams& p);
 void launch_gemv_tc(const LinParams& p, cudaStream_t s);
