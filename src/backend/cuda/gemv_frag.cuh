@@ -62,6 +62,7 @@ __device__ __forceinline__ uint4 ld_w(const void* ptr) {
 struct Chunk {
   uint4 a[2][2][2];  // [matrix group][step][row g / g + 8]
   uint4 x[2][2];     // [step][two uint4 = 16 bf16]
+  float sc[2];       // block scale of each group (loaded with the weights)
 };
 
 // part[m] = the chunk's unscaled 16 x 8 products of group m (C fragment of m16n8k16).

@@ -150,6 +150,8 @@ __global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 1
 #pragma unroll
         for (int h = 0; h < 2; ++h) ch.a[m][s][h] = ld_w<LD>(wm[m] + row_off[m][h] + col);
     }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) ch.sc[m] = __ldg(sm[m] + srow[m] + c);
   };
   // First iteration's weights (two chunks per warp) before the dependency wait.
   Chunk c0, c1;
@@ -163,6 +165,14 @@ __global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 1
           static_cast<const bf16*>(p.norm_res) + int64_t(j) * K, static_cast<const bf16*>(p.x) + int64_t(j) * K,
           static_cast<const bf16*>(p.norm_w), K, p.eps, &xs[j][0], scratch);
     __syncthreads();
+  }
+  // kDown: the routing weights of this lane's output tokens (2q, 2q + 1), requested now so
+  // the epilogue does not wait for them after the reduction.
+  float row_scale[2] = {1.f, 1.f};
+  if (MODE == int(LinMode::kDown)) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (2 * q + j < nrows) row_scale[j] = p.row_scale[begin + 2 * q + j];
   }
   const int xr_local = begin + min(g, nrows - 1);
   const bf16* xrow = NORM ? &xs[xr_local][0]
@@ -187,9 +197,8 @@ __global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 1
     chunk_mma(ch, part);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
-      const float sc = __ldg(sm[m] + srow[m] + c);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][e] = fmaf(part[m][e], sc, acc[m][e]);
+      for (int e = 0; e < 4; ++e) acc[m][e] = fmaf(part[m][e], ch.sc[m], acc[m][e]);
     }
   };
   // Two chunks in flight per warp (16 x 16-byte weight loads per lane) before any math.
@@ -233,7 +242,7 @@ __global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 1
         const float gt = acc[0][2 * h + j], up = acc[1][2 * h + j];
         static_cast<bf16*>(OUT)[int64_t(r) * ldo + n_base + g + 8 * h] = f2bf(silu(gt) * up);
       } else {
-        const float scale = MODE == int(LinMode::kDown) ? p.row_scale[r] : 1.f;
+        const float scale = row_scale[j];  // 1 unless kDown
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
           if (!gvalid[m]) continue;
