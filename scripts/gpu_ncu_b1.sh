@@ -16,3 +16,19 @@ ncu --clock-control none -k 'regex:gemv_tc_kernel|gemv_dense_kernel|route_norm_d
   --prefill-tokens 0 > "$R/ncu.txt" 2>&1
 echo "ncu rc=$? $(grep -c 'Section: GPU Speed Of Light' "$R/ncu.txt") kernels profiled"
 grep -E '^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|No Eligible|Issued Warp' "$R/ncu.txt" | head -120
+# SASS_DETAIL=1: also the gate/up GEMV's warp stall sampling by SASS line (SourceCounters) and
+# its SASS (cuobjdump), into $OUT/ncu/gateup_source.txt and gateup_sass.txt.
+if [ -n "${SASS_DETAIL:-}" ]; then
+  ncu --clock-control none --kernel-name-base demangled -k 'regex:gemv_tc_kernel<\(int\)1, \(int\)4' --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --print-details all \
+    "$BIN/moeserve" bench-model --synthetic minimax-m2.5 --layers 3 --batch-sizes 1 --contexts 1024 --iters 1 \
+    --prefill-tokens 0 > "$R/gateup_source.txt" 2>&1
+  echo "ncu source rc=$?"
+  # SASS from the object file (GEMV_OBJ=.../k_gemv_tc.cu.o, carried from the build; the stripped
+  # executable's fatbin holds every kernel): the gate/up kernel's function only.
+  if [ -n "${GEMV_OBJ:-}" ]; then
+    cuobjdump -sass "$GEMV_OBJ" | awk '/Function : .*gemv_tc_kernelILi1ELi4ELb0ELi1E/{p=1} /Function : /{if(!/gemv_tc_kernelILi1ELi4ELb0ELi1E/)p=0} p' \
+      > "$R/gateup_sass.txt" 2>&1
+    echo "sass: $(wc -l < "$R/gateup_sass.txt") lines"
+  fi
+fi
