@@ -29,7 +29,6 @@ namespace {
 constexpr int kChunk = 128;  // columns per block scale (bi)
 constexpr int kNormTok = 4, kNormK = 3072;  // fused add + RMSNorm (p.norm): rows, width
 
-
 // kWarps: split-K ways (4, or 8 for grids too small to fill the GPU, e.g. k/v projections).
 // NORM: the fused add + RMSNorm variant (kStore only; the shared row buffer is only in it).
 // kSwiglu keeps <= 128 registers (4 blocks of 4 warps per SM, as before the PDL / direct-pair
