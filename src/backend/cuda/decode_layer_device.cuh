@@ -61,13 +61,6 @@ struct Smem {
 __device__ __forceinline__ float bfr(float v) { return bf2f(f2bf(v)); }
 
 __device__ __forceinline__ __half to_h(float v) { return __float2half_rn(fminf(fmaxf(v, -65504.f), 65504.f)); }
-__device__ __forceinline__ uint4 ld_w(const void* ptr) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
-  return v;
-}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
@@ -155,7 +148,7 @@ __device__ __forceinline__ void load_item(const Item& it, WBuf& b) {
     for (int s = 0; s < 2; ++s)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        if (c < it.nch) b.v[c][s][h] = ld_w(it.w + int64_t(g + 8 * h) * it.K + (it.c0 + c) * 128 + s * 64 + q * 16);
+        if (c < it.nch) b.v[c][s][h] = ld_w<1>(it.w + int64_t(g + 8 * h) * it.K + (it.c0 + c) * 128 + s * 64 + q * 16);
 #pragma unroll
   for (int c = 0; c < kCpi; ++c)
     if (c < it.nch) b.sc[c] = __ldg(it.s + it.c0 + c);
