@@ -3,7 +3,8 @@
 # GPU the two lanes share it and the benchmark runs alone after them). Prebuilt binaries and scripts from
 # scripts/gpu_pack.sh in the current directory; FIXTURES = a tests/fixtures/golden directory.
 #   GPU 0: test_cuda_ops shards 0,1 of 4 in parallel with the real-shape HF check (seed 1234),
-#          then test_cuda_golden + golden_cuda_check.sh, test_cuda_graphs, test_cuda_decode_layer
+#          then test_cuda_golden + golden_cuda_check.sh, sweep_vs_hf.py --device cuda (100 random
+#          tiny checkpoints vs HF), test_cuda_graphs, test_cuda_decode_layer
 #   GPU 1: test_cuda_ops shards 2,3, then bench-model alone on the GPU (30 layers, batch 1 8 64,
 #          ctx 1k and 8k, 8k prefill, profile of batch 1; on one GPU: after both lanes), test_cuda_device_sampling, serve --device cuda
 #   both:  test_nccl and serve -tp 2 (+EP) (gpu_multigpu_check.sh nccl serve)
@@ -47,6 +48,13 @@ lane0() {
   CUDA_VISIBLE_DEVICES=0 BIN=$PWD/moeserve OUT=/tmp/final_golden timeout 60 scripts/golden_cuda_check.sh \
     > "$OUT/golden_script.log" 2>&1
   echo "golden_cuda_check rc=$?"
+  # Randomised tiny checkpoints (odd shapes, dtypes, FP8 block sizes, rope spellings) vs HF
+  # transformers on --device cuda (scripts/sweep_vs_hf.py; needs torch + transformers here).
+  if [ -f scripts/sweep_vs_hf.py ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/sweep_vs_hf.py --bin "$PWD/moeserve" --device cuda \
+      --cases "${SWEEP_CASES:-100}" --seed 1 2>&1 | grep -v "Loading weights" > "$OUT/sweep_cuda.log"
+    echo "sweep_vs_hf --device cuda rc=${PIPESTATUS[0]}"
+  fi
   CUDA_VISIBLE_DEVICES=0 MOESERVE_SOURCE_DIR=$SRC timeout 60 ./test_cuda_graphs --gtest_color=no > "$OUT/graphs.log" 2>&1
   echo "test_cuda_graphs rc=$?"
   if [ -x ./test_cuda_decode_layer ]; then
@@ -78,6 +86,7 @@ cat "$OUT"/ops_shard*.log | grep -E "^\[  FAILED  \] [A-Za-z]" | sort -u | head 
 grep -E "^\[  (PASSED|FAILED) " "$OUT"/ops_shard*.log
 grep -E "^\[  (PASSED|FAILED) |golden cuda\] .*: " "$OUT/golden_gtest.log" | head -8
 tail -6 "$OUT/golden_script.log"
+grep -E "FAIL|excused|failed" "$OUT/sweep_cuda.log" 2>/dev/null | head -12
 grep -E "^\[graphs|^\[  (PASSED|FAILED) " "$OUT/graphs.log" | head -12
 grep -E "^\[  (PASSED|FAILED) " "$OUT/device_sampling.log"
 grep -E "^\[  (PASSED|FAILED) " "$OUT/decode_layer.log" 2>/dev/null

@@ -15,11 +15,18 @@ For each case: HF float32 eager `MiniMaxM2ForCausalLM` (loaded by `from_pretrain
 dequantised float32 copy in hub naming) greedy-generates; `moeserve generate --json
 --dump-logits` must give the same ids (a divergence is accepted only where HF's top-2 margin
 is below 1e-5 * max|logit|; rows are compared up to it) and max|dlogits|/max|ref| <= 1e-4.
+With `--device cuda` (a CUDA build on the GPU machine) the same checkpoints run on the CUDA
+backend, which computes in bf16 / FP8: the bound is --tol (default 5e-2, as
+golden_cuda_check.sh), a greedy divergence is accepted only where HF's top-2 margin at that
+step is at most twice the logits error measured there (the error explains the flip), and a
+row above the bound only where HF's own routing margin on that row's token (k-th minus
+(k+1)-th biased expert score, min over layers) is below --route-margin (default 5e-3): an
+expert choice that bf16 rounding can flip. Every excused row is printed.
 `moeserve inspect --json` must report HF's parameter count, the MTP modules declared and
 present, and a complete checkpoint.
 
 Usage: python3 scripts/sweep_vs_hf.py [--bin build/moeserve] [--cases 40] [--seed 1]
-       [--only 3 7] [--keep DIR] [-v]
+       [--only 3 7] [--keep DIR] [-v] [--device cuda [--tol 5e-2]]
 Needs torch, transformers (5.x with MiniMaxM2) and safetensors; CPU only; ~1-3 s per case.
 """
 import argparse
@@ -299,15 +306,50 @@ def hf_reference(c, cfg, values, ref_dir, prompt):
             layer.mlp.e_score_correction_bias.zero_()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
+    # Routing margins (diagnostic, printed with -v): per position, over the layers, the smallest
+    # gap between the k-th and (k+1)-th biased expert scores HF chose by. A flip there under
+    # bf16 rounding changes that token's expert set (a large error on its row only).
+    gaps = {}  # layer -> list of per-token gaps in position order
+    hooks = []
+    for li, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        bias = getattr(mlp, "e_score_correction_bias", None)
+
+        def hook(_m, _inp, out, li=li, bias=bias):
+            t = next((x for x in (out if isinstance(out, (tuple, list)) else (out,))
+                      if torch.is_tensor(x) and x.shape[-1] == c["experts"]), None)
+            if t is None:
+                return
+            sc = torch.sigmoid(t.detach().float().reshape(-1, c["experts"]))
+            if bias is not None:
+                sc = sc + bias.detach().float()
+            srt = torch.sort(sc, dim=-1, descending=True).values
+            k = c["top_k"]
+            g = (srt[:, k - 1] - srt[:, k]) if k < c["experts"] else torch.full((srt.shape[0],), float("inf"))
+            gaps.setdefault(li, []).extend(g.tolist())
+        if hasattr(mlp, "gate"):
+            hooks.append(mlp.gate.register_forward_hook(hook))
     with torch.no_grad():
         # Explicit mask: HF would otherwise mask prompt tokens equal to pad_token_id.
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              max_new_tokens=c["new_tokens"], min_new_tokens=c["new_tokens"],
                              do_sample=False, output_logits=True, return_dict_in_generate=True)
+    for h in hooks:
+        h.remove()
     ids = out.sequences[0, len(prompt):].tolist()
+    npos = len(prompt) + len(ids) - 1
+    route_gap = [min((gaps[li][pos] for li in gaps if pos < len(gaps[li])), default=float("inf"))
+                 for pos in range(len(prompt) - 1, npos)]
     logits = torch.stack([x[0] for x in out.logits]).to(torch.float32).numpy()
     n_params = sum(p.numel() for p in model.parameters()) + (c["layers"] * c["experts"] if c["routing_bias"] else 0)
-    return ids, logits, n_params
+    # How sensitive the case is to bf16 arithmetic: the same model in bf16 on the same tokens
+    # (teacher-forced: prompt + the float32 ids), its logits error against the float32 ones.
+    # A near-tie in an expert choice makes this large too; a kernel bug does not.
+    with torch.no_grad():
+        seq = out.sequences[:, :-1] if len(ids) else out.sequences
+        bl = model.to(torch.bfloat16)(seq).logits[0, len(prompt) - 1:].to(torch.float32).numpy()
+    err_bf16 = float(np.abs(bl - logits).max() / np.abs(logits).max())
+    return ids, logits, n_params, err_bf16, route_gap
 
 
 def run(binary, *args):
@@ -317,7 +359,7 @@ def run(binary, *args):
     return p.stdout
 
 
-def check_case(c, binary, work, verbose):
+def check_case(c, binary, work, verbose, device="cpu", tol=TOL, gen_args=(), route_margin=0.0):
     d = os.path.join(work, "ckpt")
     os.makedirs(d)
     cfg = hub_config(c)
@@ -327,30 +369,44 @@ def check_case(c, binary, work, verbose):
     rnd = random.Random(c["seed"] + 1)
     write_checkpoint(d, stored, c["shards"], rnd)
     prompt = [rnd.randrange(c["vocab"]) for _ in range(c["prompt_len"])]
-    ref_ids, ref_logits, n_params = hf_reference(c, cfg, values, os.path.join(work, "hf"), prompt)
+    ref_ids, ref_logits, n_params, err_bf16, route_gap = hf_reference(c, cfg, values, os.path.join(work, "hf"), prompt)
 
     npy = os.path.join(work, "logits.npy")
-    out = json.loads(run(binary, "generate", "--model", d, "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens",
-                         str(c["new_tokens"]), "--json", "--dump-logits", npy))
+    out = json.loads(run(binary, "generate", "--device", device, "--model", d, "--prompt-ids",
+                         ",".join(map(str, prompt)), "--max-tokens", str(c["new_tokens"]), "--json", "--dump-logits",
+                         npy, *gen_args))
     got_ids, got = out["generated_ids"], np.load(npy)
     problems = []
     if out["prompt_ids"] != prompt:
         problems.append("prompt_ids echoed wrongly")
     if got.shape != ref_logits.shape or got.dtype != np.float32:
         problems.append(f"logits shape {got.shape} {got.dtype}, expected {ref_logits.shape} float32")
-        return problems, float("nan")
+        return problems, float("nan"), err_bf16, []
     scale = float(np.abs(ref_logits).max())
     rows = len(ref_ids)
     if got_ids != ref_ids:
         k = next(i for i, (a, b) in enumerate(zip(got_ids, ref_ids)) if a != b)
         top2 = np.sort(ref_logits[k])[-2:]
         margin = float(top2[1] - top2[0])
-        if margin > 1e-5 * scale:
+        # CPU: float32 throughout, so only a near-tie may flip. CUDA: the flip must be explained
+        # by the error measured at that step (bf16 / FP8 arithmetic).
+        allowed = 1e-5 * scale if device == "cpu" else 2.0 * float(np.abs(got[k] - ref_logits[k]).max())
+        if margin > allowed:
             problems.append(f"ids differ at {k}: got {got_ids}, HF {ref_ids} (HF margin {margin:.3g})")
         rows = k + 1
-    err = float(np.abs(got[:rows] - ref_logits[:rows]).max() / scale)
-    if not err <= TOL:
-        problems.append(f"logits error {err:.3g} > {TOL}")
+    row_err = [float(np.abs(got[i] - ref_logits[i]).max() / scale) for i in range(rows)]
+    # CUDA: a row above the bound is excused only where HF's own routing margin on that row's
+    # token is below route_margin (an expert choice within bf16 rounding of a tie; measured:
+    # such rows reach 0.07-0.12 while every other row stays below ~1e-2).
+    excused = [i for i in range(rows) if device != "cpu" and not row_err[i] <= tol and route_gap[i] < route_margin]
+    kept = [e for i, e in enumerate(row_err) if i not in excused]
+    err = max(kept) if kept else 0.0
+    if not err <= tol:
+        problems.append(f"logits error {err:.3g} > {tol}")
+    notes = []
+    if excused:
+        notes.append(f"rows {excused} excused: error " + ", ".join(f"{row_err[i]:.3g}" for i in excused) +
+                     " at HF routing margin " + ", ".join(f"{route_gap[i]:.2g}" for i in excused))
 
     r = json.loads(run(binary, "inspect", d, "--json"))
     if r["params_total"] != n_params:
@@ -365,7 +421,10 @@ def check_case(c, binary, work, verbose):
         problems.append(f"inspect dims {r['head_dim']}, {r['rotary_dim']}, {r['vocab_size']}")
     if verbose:
         print(f"    ids {got_ids} HF {ref_ids}")
-    return problems, err
+        print("    error by row: " + " ".join(f"{e:.2g}" for e in row_err))
+        print("    HF routing margin by row (own token, min over layers): " +
+              " ".join(f"{g:.2g}" for g in route_gap[:rows]))
+    return problems, err, err_bf16, notes
 
 
 def main():
@@ -377,7 +436,13 @@ def main():
     ap.add_argument("--only", type=int, nargs="*", help="case indices to run")
     ap.add_argument("--keep", help="keep each case's files under this directory")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="moeserve's backend")
+    ap.add_argument("--gen-args", default="", help="extra `moeserve generate` arguments, e.g. '--prefill-chunk 1'")
+    ap.add_argument("--route-margin", type=float, default=5e-3,
+                    help="cuda: a row above --tol is excused where HF's routing margin on its token is below this")
+    ap.add_argument("--tol", type=float, help=f"logits error bound (default {TOL} on cpu, 5e-2 on cuda)")
     args = ap.parse_args()
+    tol = args.tol if args.tol is not None else (TOL if args.device == "cpu" else 5e-2)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     transformers.logging.set_verbosity_error()
     rng = random.Random(args.seed)
@@ -392,12 +457,14 @@ def main():
                 f"({c['rope']}) E{c['experts']}k{c['top_k']} I{c['inter']} V{c['vocab']} {c['dtype']}"
                 f" fp8={c['fp8']} shards={c['shards']} P{c['prompt_len']}")
         try:
-            problems, err = check_case(c, args.bin, work, args.verbose)
+            problems, err, err_bf16, notes = check_case(c, args.bin, work, args.verbose, args.device, tol,
+                                                 args.gen_args.split(), args.route_margin)
         except Exception as e:  # a crash of either side is a failure of the case
-            problems, err = [f"{type(e).__name__}: {e}"], float("nan")
+            problems, err, err_bf16, notes = [f"{type(e).__name__}: {e}"], float("nan"), float("nan"), []
         status = "ok  " if not problems else "FAIL"
-        print(f"[{i:2d}] {status} {c['name']:24} err {err:.2e}  {desc}  ({time.time() - t0:.1f}s)", flush=True)
-        for p in problems:
+        print(f"[{i:2d}] {status} {c['name']:24} err {err:.2e} (HF bf16 {err_bf16:.1e})  {desc}  "
+              f"({time.time() - t0:.1f}s)", flush=True)
+        for p in problems + notes:
             print(f"       {p}")
         if problems:
             failed.append(i)
