@@ -1,6 +1,6 @@
 // The grouped FP8 GEMM kernels called directly (k_gemm_fp8.cu's mma.sync kernel everywhere; on
-// sm_90a also k_gemm_fp8_wgmma.cu with 64-row tile tables, with 128-row tables (its 128 x 192
-// and 128 x 256 tiles) and with 256-row tables (256 x 128 tiles)), in all three modes, against a host reference built from the same quantised
+// sm_90a also k_gemm_fp8_wgmma.cu with 64-row tile tables and with 128-row tables, its 128 x 192
+// tiles), in all three modes, against a host reference built from the same quantised
 // activations and the exact weight dequantisation. Expert row counts include 0, 1, 63/64/65
 // (tile edges) and thousands (more tiles than SMs: the persistent loop wraps). Errors are
 // measured per expert so a single wrong row of a 1-row expert cannot hide in a global norm.
@@ -107,8 +107,8 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
     t = {ints_to_device(te, {n + 3}), ints_to_device(tb, {n + 3}), ints_to_device(tn, {n + 3}), ints_to_device({n}, {1})};
     return n;
   };
-  std::vector<Tensor> t64, t128, t256;
-  const int n64 = make_table(64, t64), n128 = make_table(128, t128), n256 = make_table(256, t256);
+  std::vector<Tensor> t64, t128;
+  const int n64 = make_table(64, t64), n128 = make_table(128, t128);
   Tensor d_rows = ints_to_device(x_rows.empty() ? std::vector<int32_t>{0} : x_rows, {std::max(P, 1)});
   Tensor d_scale = to_device(row_scale.empty() ? std::vector<float>{0.f} : row_scale, DType::F32, {std::max(P, 1)});
   void* d_ptrs = nullptr;
@@ -142,15 +142,13 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
   std::vector<std::vector<float>> outs;
   const int saved_tile_m = cuda::g_fp8_wgmma_tile_m;
   const bool saved_wide = cuda::g_fp8_wgmma_wide;
-  const char* names[5] = {"mma.sync", "wgmma 64x256", "wgmma 128x192", "wgmma 128x256", "wgmma 256x128"};
-  // 0: mma.sync, 1: wgmma 64-row, 2 / 3: wgmma 128-row tiles (128 x 192, 128 x 256), 4: wgmma
-  // 256-row tables on 256 x 128 tiles (expert tables only)
-  for (int path = 0; path < (wgmma ? (table ? 5 : 4) : 1); ++path) {
+  const char* names[4] = {"mma.sync", "wgmma 64x256", "wgmma 128x192", "wgmma 128x256"};
+  // 0: mma.sync, 1: wgmma 64-row, 2 / 3: wgmma 128-row tiles (128 x 192, 128 x 256)
+  for (int path = 0; path < (wgmma ? 4 : 1); ++path) {
     Tensor out = to_device(std::vector<float>(size_t(std::max(P, 1)) * c.N, NAN),
                            p.out_f32 ? DType::F32 : DType::BF16, {std::max(P, 1), c.N});
     p.out = out.data;
     if (table && path == 2) use_table(t128, n128, 128);
-    if (table && path == 4) use_table(t256, n256, 256);
     cuda::g_fp8_wgmma_tile_m = path >= 2 ? 128 : 64;
     cuda::g_fp8_wgmma_wide = path == 3;
     cuda::g_fp8_gemm_wgmma = false;

@@ -203,12 +203,12 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   // checked here too).
   const bool fp8_pair = !gemv && prefill_path_allowed() && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
                         et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
-                        fp8_wgmma_moe_tile_rows() >= kFp8PairTileM && fp8_wgmma_available() &&
+                        fp8_wgmma_moe_tile_rows() == kFp8PairTileM && fp8_wgmma_available() &&
                         int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31) &&
                         // in a capture its quantisation workspaces must already be there
                         // (moe_experts_fp8_act checks the same; eager steps always fit)
                         fp8_experts_ws_fit(T, P, H, et.I);
-  const int tile_rows = gemv ? kGemvTile : fp8_pair ? fp8_wgmma_moe_tile_rows() : kGemmTileM;
+  const int tile_rows = gemv ? kGemvTile : fp8_pair ? kFp8PairTileM : kGemmTileM;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
 
   // Workspaces (the ints first, then sorted weights).

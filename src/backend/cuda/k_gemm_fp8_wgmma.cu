@@ -34,8 +34,7 @@ namespace moeserve::cuda {
 // Tile shapes. Default: MoE expert tables of 128 rows on the 128 x 256 tiles (wide), linears
 // (plain row ranges) on 64 x 256. MOESERVE_FP8_WGMMA_TILE=64x256: both on 64 x 256 (the
 // previous default); =128x192 (or MOESERVE_FP8_WGMMA_TILE_M=128): both on 128 x 192;
-// =128x256: both on 128 x 256; =256x128: expert tables of 256 rows on 256 x 128 tiles
-// (tall), linears on 64 x 256.
+// =128x256: both on 128 x 256.
 namespace {
 const char* tile_env() {
   const char* w = std::getenv("MOESERVE_FP8_WGMMA_TILE");
@@ -50,9 +49,8 @@ int g_fp8_wgmma_tile_m = [] {
 }();
 bool g_fp8_wgmma_wide = [] {
   const char* w = tile_env();
-  return std::strcmp(w, "64x256") != 0 && std::strcmp(w, "128x192") != 0 && std::strcmp(w, "256x128") != 0;
+  return std::strcmp(w, "64x256") != 0 && std::strcmp(w, "128x192") != 0;
 }();
-bool g_fp8_wgmma_tall = [] { return std::strcmp(tile_env(), "256x128") == 0; }();
 // MOESERVE_FP8_WGMMA=0 turns the wgmma path off process-wide (A/B runs of bench-model).
 bool g_fp8_gemm_wgmma = [] {
   const char* e = std::getenv("MOESERVE_FP8_WGMMA");
@@ -74,27 +72,19 @@ constexpr int BK = 128, kThreads = 384;
 //    by the shared B [256 x 128] in two halves of 128 weight rows (wgmma N = 128 each, one
 //    partial tile reused, so the registers hold acc 2 x 64 + part 64); 128-row tile table;
 //    1/128 + 1/256 bytes per flop (40% less L2 traffic than kShapeN); 4 stages.
-//  - kShapeTall, 256 rows x 128 weight rows (MoE tables of 256 rows only): the roles of the
-//    wide shape's halves swapped: consumer w multiplies A rows [64 w, +64) and [64 (w + 2), +64)
-//    by the shared B [128 x 128]. The same bytes per flop from L2 as kShapeWide, but an
-//    expert's weights are streamed once per 256 of its rows instead of once per 128: at 8k
-//    prefill tokens (~256 rows per expert) the 128-row tables re-read most weight tiles from
-//    DRAM (ncu: 5.3 GB per gate/up GEMM against 2.4 GB of weights).
-constexpr int kShapeN = 0, kShapePair = 1, kShapeWide = 2, kShapeTall = 3;
+constexpr int kShapeN = 0, kShapePair = 1, kShapeWide = 2;
 template <int SHAPE>
 struct Cfg {
-  static constexpr bool PAIR = SHAPE == kShapePair, WIDE = SHAPE == kShapeWide, TALL = SHAPE == kShapeTall;
-  static constexpr int kStages = WIDE || TALL ? 4 : 5;
-  static constexpr int BM = TALL ? 256 : PAIR || WIDE ? 128 : 64;
-  static constexpr int BNW = PAIR ? 192 : TALL ? 128 : 256;  // weight rows per tile
+  static constexpr bool PAIR = SHAPE == kShapePair, WIDE = SHAPE == kShapeWide;
+  static constexpr int kStages = WIDE ? 4 : 5;
+  static constexpr int BM = PAIR || WIDE ? 128 : 64;
+  static constexpr int BNW = PAIR ? 192 : 256;  // weight rows per tile
   static constexpr int NW = PAIR ? 192 : 128;   // wgmma N per consumer (per half for WIDE)
   static constexpr int NJ = NW / 8;             // 8-column accumulator groups per consumer (half)
   // Stage = A tile, B tile, scales: the A rows' activation scales (BM floats) at +0 and
-  // per consumer the weight scales {W1 lo, W1 hi, W3 lo, W3 hi} block at float kWsOff + 4 cw
-  // (kShapeTall: one set, both consumers share the weight rows).
+  // per consumer the weight scales {W1 lo, W1 hi, W3 lo, W3 hi} block at float 128 + 4 cw.
   static constexpr int kABytes = BM * BK, kBBytes = BNW * BK, kScaleOff = kABytes + kBBytes;
-  static constexpr int kWsOff = TALL ? 256 : 128, kWsCount = TALL ? 4 : 8;
-  static constexpr int kStageBytes = kScaleOff + (TALL ? 2048 : 1024);
+  static constexpr int kStageBytes = kScaleOff + 1024;
   // After the ring: the full / empty mbarriers, then (fused quantising epilogue) per-row
   // |max| exchange between the two consumers, double-buffered by tile parity [2][2][64].
   static constexpr int kBarOff = kStages * kStageBytes, kRedOff = kBarOff + 128;
@@ -185,7 +175,7 @@ __device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem,
       const float sa0 = ss[sa_idx], sa1 = ss[sa_idx + 8];
       float ws[8];  // per half {W1 lo, W1 hi, W3 lo, W3 hi}
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ws[i] = ss[C::kWsOff + i];
+      for (int i = 0; i < 8; ++i) ws[i] = ss[128 + i];
       if (active) {
         sm90::fence_proxy_async();
         const uint64_t da = sm90::smem_desc_sw128(a_tile + s * C::kStageBytes);
@@ -315,109 +305,6 @@ __device__ __forceinline__ void wide_consumer(const LinParams& p, uint8_t* smem,
     }
   }
 }
-
-// Consumer of the 256 x 128 tiles (kShapeTall): the B tile [128 weight rows x 128 k] is shared
-// (kSwiglu: 64 W1 rows then the same 64 rows of W3, i.e. 64 output columns); consumer cw owns
-// the A row blocks b = cw and cw + 2 ([64 b, 64 b + 64), "halves" hf = 0, 1), so a tile of
-// <= 128 rows still keeps both consumers busy. One set of weight scales (the 64- or 128-row
-// column slice lies inside one 128-row scale block); activation scales per A row.
-template <int MODE>
-__device__ __forceinline__ void tall_consumer(const LinParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                              int total, int ncol, int cw, int warp, int lane) {
-  using C = Cfg<kShapeTall>;
-  constexpr bool kSwiglu = MODE == int(LinMode::kSwiglu);
-  constexpr int BM = C::BM, NJ = C::NJ, kCols = C::cols(kSwiglu), kStages = C::kStages;
-  const uint8_t* b_tile = smem + C::kABytes;
-  uint32_t it = 0;
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const Tile tl = tile_of(p, tile, ncol, BM);
-    bool active[2];
-    int lr[2];  // this lane's first row (and + 8) within the tile, per half
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int b = cw + 2 * hf;
-      active[hf] = tl.row_begin + 64 * b < tl.row_end;
-      lr[hf] = 64 * b + 16 * warp + lane / 4;
-    }
-    const int c0 = tl.ct * kCols;
-    float acc[2][4 * NJ], part[4 * NJ];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-      for (int i = 0; i < 4 * NJ; ++i) acc[hf][i] = 0.f;
-    for (int kt = 0; kt < p.K / BK; ++kt, ++it) {
-      const int s = int(it % kStages);
-      sm90::mbar_wait(full + s, (it / kStages) & 1);
-      const uint8_t* stage = smem + s * C::kStageBytes;
-      const float* ss = reinterpret_cast<const float*>(stage + C::kScaleOff);
-      const float wg = ss[C::kWsOff], wu = kSwiglu ? ss[C::kWsOff + 2] : 0.f;
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        if (!active[hf]) continue;
-        const float sa0 = ss[lr[hf]], sa1 = ss[lr[hf] + 8];
-        sm90::fence_proxy_async();
-        const uint64_t da = sm90::smem_desc_sw128(stage + (cw + 2 * hf) * 64 * BK);
-        const uint64_t db = sm90::smem_desc_sw128(b_tile + s * C::kStageBytes);
-#pragma unroll
-        for (int i = 0; i < 4 * NJ; ++i) sm90::reg_fence(part[i]);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < BK / 32; ++k) sm90::wgmma_m64n128k32_e4m3(part, da + 2 * k, db + 2 * k, k > 0);
-        sm90::wgmma_commit();
-        sm90::wgmma_wait0();
-#pragma unroll
-        for (int i = 0; i < 4 * NJ; ++i) sm90::reg_fence(part[i]);
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-          const float sb = kSwiglu && j >= NJ / 2 ? wu : wg;
-          const float f0 = sa0 * sb, f1 = sa1 * sb;
-          acc[hf][4 * j + 0] = fmaf(part[4 * j + 0], f0, acc[hf][4 * j + 0]);
-          acc[hf][4 * j + 1] = fmaf(part[4 * j + 1], f0, acc[hf][4 * j + 1]);
-          acc[hf][4 * j + 2] = fmaf(part[4 * j + 2], f1, acc[hf][4 * j + 2]);
-          acc[hf][4 * j + 3] = fmaf(part[4 * j + 3], f1, acc[hf][4 * j + 3]);
-        }
-      }
-      if (lane == 0) sm90::mbar_arrive(empty + s);
-    }
-
-    // ---- epilogue (lane holds 2 adjacent columns per 8-column group) ----
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      if (!active[hf]) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = tl.row_begin + lr[hf] + 8 * h;
-        if (r >= tl.row_end) continue;
-        if (kSwiglu) {
-          bf16* o = static_cast<bf16*>(p.out) + size_t(r) * p.ldo;
-#pragma unroll
-          for (int j = 0; j < NJ / 2; ++j) {
-            const int c = c0 + 8 * j + 2 * (lane % 4);
-            if (c < p.N) {
-              const float ga = acc[hf][4 * j + 2 * h], gb = acc[hf][4 * j + 2 * h + 1];
-              const float ua = acc[hf][4 * (j + NJ / 2) + 2 * h], ub = acc[hf][4 * (j + NJ / 2) + 2 * h + 1];
-              *reinterpret_cast<__nv_bfloat162*>(o + c) = __floats2bfloat162_rn(silu(ga) * ua, silu(gb) * ub);
-            }
-          }
-        } else {
-          const float scale = MODE == int(LinMode::kDown) ? p.row_scale[r] : 1.f;
-#pragma unroll
-          for (int j = 0; j < NJ; ++j) {
-            const int c = c0 + 8 * j + 2 * (lane % 4);
-            if (c < p.N) {
-              const float va = acc[hf][4 * j + 2 * h] * scale, vb = acc[hf][4 * j + 2 * h + 1] * scale;
-              const size_t o = size_t(r) * p.ldo + c;
-              if (p.out_f32)
-                *reinterpret_cast<float2*>(static_cast<float*>(p.out) + o) = make_float2(va, vb);
-              else
-                *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.out) + o) = __floats2bfloat162_rn(va, vb);
-            }
-          }
-        }
-      }
-    }
-  }
-}
 #endif
 
 // QOUT (kSwiglu, 256-weight-row tiles): the epilogue quantises bf16(silu(g) * u) to e4m3 per
@@ -471,20 +358,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
       const int n0 = tl.ct * kCols + rr;
       // Scales copied with each stage (so the consumers never wait on global loads): thread
       // t < BM the activation scale of A row t, thread t < 8 weight scale t % 4 of consumer t / 4.
-      constexpr int kSaPer = (BM + 127) / 128;  // activation scales per producer thread
-      uint32_t sa_src[kSaPer];                  // element offsets into act.xs
-#pragma unroll
-      for (int u = 0; u < kSaPer; ++u) {
-        const int t = tid + 128 * u;
-        sa_src[u] = ~0u;
-        if (t < BM && tl.row_begin + t < tl.row_end) {
-          const int r = tl.row_begin + t;
-          sa_src[u] = uint32_t(p.x_rows ? p.x_rows[r] : r) * uint32_t(KT);
-        }
+      uint32_t sa_src = ~0u;  // element offset into act.xs
+      if (tid < BM && tl.row_begin + tid < tl.row_end) {
+        const int r = tl.row_begin + tid;
+        sa_src = uint32_t(p.x_rows ? p.x_rows[r] : r) * uint32_t(KT);
       }
       const float* sw_src = nullptr;
-      if (tid < C::kWsCount) {
-        const int q = tid % 4, c0 = tl.ct * kCols + (PAIR || C::TALL ? 0 : (kSwiglu ? 64 : 128) * (tid / 4));
+      if (tid < 8) {
+        const int q = tid % 4, c0 = tl.ct * kCols + (PAIR ? 0 : (kSwiglu ? 64 : 128) * (tid / 4));
         const int nblk = (p.N + 127) / 128, blo = min(c0 / 128, nblk - 1), blk = q & 1 ? min(blo + 1, nblk - 1) : blo;
         const float* base = q >= 2 ? (kSwiglu ? ep->s3 : nullptr) : (kSwiglu ? ep->s1 : (ep ? ep->s2 : p.s));
         if (base) sw_src = base + size_t(blk) * KT;
@@ -507,12 +388,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
           cp_async16(bs + swz(rr + 16 * i, chunk), base + (ok ? b_off + uint32_t(row16) * k16 + kb : 0u), ok);
         }
         float* ss = reinterpret_cast<float*>(as + C::kScaleOff);
-#pragma unroll
-        for (int u = 0; u < kSaPer; ++u) {
-          if (tid + 128 * u < BM)
-            cp_async4(ss + tid + 128 * u, act.xs + (sa_src[u] == ~0u ? 0u : sa_src[u] + kt), sa_src[u] != ~0u);
-        }
-        if (tid < C::kWsCount) cp_async4(ss + C::kWsOff + tid, sw_src ? sw_src + kt : act.xs, sw_src != nullptr);
+        if (tid < BM) cp_async4(ss + tid, act.xs + (sa_src == ~0u ? 0u : sa_src + kt), sa_src != ~0u);
+        if (tid < 8) cp_async4(ss + 128 + tid, sw_src ? sw_src + kt : act.xs, sw_src != nullptr);
         sm90::cp_async_mbar_arrive(full + s);
       }
     }
@@ -526,10 +403,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
   const int lt = tid % 128, warp = lt / 32, lane = lt % 32;
   if constexpr (WIDE) {
     wide_consumer<MODE, QOUT>(p, smem, full, empty, total, ncol, cw, warp, lane);
-    return;
-  }
-  if constexpr (C::TALL) {
-    tall_consumer<MODE>(p, smem, full, empty, total, ncol, cw, warp, lane);
     return;
   }
   uint32_t it = 0, tile_iter = 0;
@@ -557,8 +430,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_fp8_wgmma_kernel(LinParams p
       sm90::mbar_wait(full + s, (it / kStages) & 1);
       const float* ss = reinterpret_cast<const float*>(smem + s * C::kStageBytes + C::kScaleOff);
       const float sa0 = ss[sa_idx], sa1 = ss[sa_idx + 8];
-      const float w1lo = ss[C::kWsOff + 4 * cw], w1hi = ss[C::kWsOff + 1 + 4 * cw];
-      const float w3lo = kSwiglu ? ss[C::kWsOff + 2 + 4 * cw] : 0.f, w3hi = kSwiglu ? ss[C::kWsOff + 3 + 4 * cw] : 0.f;
+      const float w1lo = ss[128 + 4 * cw], w1hi = ss[129 + 4 * cw];
+      const float w3lo = kSwiglu ? ss[130 + 4 * cw] : 0.f, w3hi = kSwiglu ? ss[131 + 4 * cw] : 0.f;
       if (active) {
         sm90::fence_proxy_async();
         const uint64_t da = sm90::smem_desc_sw128(a_tile + s * C::kStageBytes);
@@ -732,7 +605,7 @@ void launch_variant(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
   switch (p.mode) {
     case LinMode::kStore: launch_mode<int(LinMode::kStore), SHAPE>(p, a, s); break;
     case LinMode::kSwiglu:
-      if constexpr (SHAPE != kShapePair && SHAPE != kShapeTall)
+      if constexpr (SHAPE != kShapePair)
         if (p.out_q) return launch_mode<int(LinMode::kSwiglu), SHAPE, true>(p, a, s);
       launch_mode<int(LinMode::kSwiglu), SHAPE>(p, a, s);
       break;
@@ -743,7 +616,6 @@ void launch_variant(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
 // 128-row tiles: the table's height, or for plain row ranges the process-wide choice; then
 // 128 x 256 (g_fp8_wgmma_wide) or 128 x 192.
 int shape_of(const LinParams& p) {
-  if (p.tile_expert && p.tile_rows == 256) return kShapeTall;
   const bool tall = p.tile_expert ? p.tile_rows == 128 : g_fp8_wgmma_tile_m == 128;
   return !tall ? kShapeN : g_fp8_wgmma_wide ? kShapeWide : kShapePair;
 }
@@ -758,11 +630,10 @@ bool gemm_fp8_wgmma_supported(const LinParams& p) {
   // are no more tokens than rows M (pairs), so M * K bounds both cases.
   const bool small = int64_t(p.M) * p.K < (int64_t(1) << 31) && int64_t(p.N) * p.K < (int64_t(1) << 31);
   // Fused quantising epilogue: kSwiglu on the 256-weight-row tiles, whole 128-column groups.
-  const bool qout_ok = !p.out_q || (p.mode == LinMode::kSwiglu && shape_of(p) != kShapePair &&
-                                    shape_of(p) != kShapeTall && p.N % 128 == 0 &&
+  const bool qout_ok = !p.out_q || (p.mode == LinMode::kSwiglu && shape_of(p) != kShapePair && p.N % 128 == 0 &&
                                     p.out_qs && p.ldo % 2 == 0 && int64_t(p.M) * p.ldo < (int64_t(1) << 31));
   return small && qout_ok && p.N % 64 == 0 && p.ldo % 2 == 0 && (p.mode != LinMode::kDown || p.row_scale) &&
-         (p.mode != LinMode::kSwiglu || p.experts) && (!p.tile_expert || p.tile_rows == 64 || p.tile_rows == 128 || p.tile_rows == 256);
+         (p.mode != LinMode::kSwiglu || p.experts) && (!p.tile_expert || p.tile_rows == 64 || p.tile_rows == 128);
 }
 
 void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
@@ -770,7 +641,6 @@ void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s) 
   switch (shape_of(p)) {
     case kShapeN: launch_variant<kShapeN>(p, a, s); break;
     case kShapePair: launch_variant<kShapePair>(p, a, s); break;
-    case kShapeTall: launch_variant<kShapeTall>(p, a, s); break;
     default: launch_variant<kShapeWide>(p, a, s); break;
   }
 }

@@ -56,12 +56,7 @@ extern int g_fp8_wgmma_tile_m;
 // align builds 128-row tables when either g_fp8_wgmma_tile_m == 128 or this is set (default:
 // set, tile_m 64: experts on 128 x 256, linears on 64 x 256; MOESERVE_FP8_WGMMA_TILE).
 extern bool g_fp8_wgmma_wide;
-// Expert tables of 256 rows on 256 x 128 tiles (MOESERVE_FP8_WGMMA_TILE=256x128): each expert's
-// weights are streamed once per 256 of its rows; takes precedence over the two above.
-extern bool g_fp8_wgmma_tall;
-inline int fp8_wgmma_moe_tile_rows() {
-  return g_fp8_wgmma_tall ? 256 : g_fp8_wgmma_tile_m == 128 || g_fp8_wgmma_wide ? 128 : 64;
-}
+inline int fp8_wgmma_moe_tile_rows() { return g_fp8_wgmma_tile_m == 128 || g_fp8_wgmma_wide ? 128 : 64; }
 bool fp8_wgmma_available();
 bool gemm_fp8_wgmma_supported(const LinParams& p);
 void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s);
