@@ -223,15 +223,6 @@ class Backend {
     add_rms_norm(residual, x, weight, eps, out);
     moe_route(out, moe, routing);
   }
-  // linear(attn, wo, o), then add_rms_norm_route(residual, o, weight, eps, out, moe, routing):
-  // the attention output projection and the MoE block's input (one rank: o is complete). CUDA
-  // runs it as one kernel at one token.
-  virtual void linear_add_rms_norm_route(const Tensor& attn, const LinearWeight& wo, Tensor& o, Tensor& residual,
-                                         const Tensor& weight, float eps, Tensor& out, const MoeWeights& moe,
-                                         MoeRouting& routing) {
-    linear(attn, wo, o);
-    add_rms_norm_route(residual, o, weight, eps, out, moe, routing);
-  }
   // qk_norm_rope(args), then write_kv(*args.k, v, kv, meta).
   virtual void qk_norm_rope_write_kv(const QkNormRopeArgs& args, const Tensor& v, KVCacheLayer& kv,
                                      const AttentionMeta& meta) {
@@ -255,8 +246,8 @@ class Backend {
     else
       add_rms_norm_linear_multi(*a.residual, *a.moe_out, *a.input_norm, a.eps, *a.x, w, outs, 3);
     qk_norm_rope_attention(a.qk, *a.v, *a.kv, *a.meta, a.attn_args);
-    linear_add_rms_norm_route(*a.attn, *a.wo, *a.o, *a.residual, *a.post_attention_norm, a.eps, *a.x, *a.moe,
-                              *a.routing);
+    linear(*a.attn, *a.wo, *a.o);
+    add_rms_norm_route(*a.residual, *a.o, *a.post_attention_norm, a.eps, *a.x, *a.moe, *a.routing);
     moe_experts(*a.x, *a.moe, *a.routing, *a.moe_out);
   }
   // decode_layer(layers[i]) for i < n: consecutive layers of one step (layers[i + 1] reads

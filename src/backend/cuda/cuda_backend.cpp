@@ -108,7 +108,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaMalloc(&counters_, cbytes));
   CUDA_CHECK(cudaMemsetAsync(counters_, 0, cbytes, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  // A/B switches: MOESERVE_DECODE_OFF=router,moe,qkv,norm_qkv,qk_kv,attn,oproj_route (comma list) turns
+  // A/B switches: MOESERVE_DECODE_OFF=router,moe,qkv,norm_qkv,qk_kv,attn (comma list) turns
   // single fusions off; MOESERVE_DECODE_FUSION=0 all of them.
   // MOESERVE_DECODE_ON=attn,norm_qkv,norm_route turns on the fusions that are off by default.
   if (const char* e = std::getenv("MOESERVE_DECODE_ON")) {
@@ -130,7 +130,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (has("qk_kv")) fuse_qk_write_kv = false;
     if (has("attn")) fuse_attn_combine = false;
     if (has("attn_decode")) attn_decode_max_tokens = 0;
-    if (has("oproj_route")) fuse_oproj_route = false;
   }
   // MOESERVE_ATTN_WGMMA=0: prefill attention on the mma.sync kernel even on Hopper; a comma
   // list with "overlap" (softmax under the previous P V), "mbar" (3 buffers, mbarriers), "seq"
@@ -193,7 +192,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     fuse_norm_route = false;
     moe_l2_prefetch_pairs = 0;
     attn_decode_max_tokens = 0;
-    fuse_oproj_route = false;
   }
   // MOESERVE_PREFILL_OFF=fp8_act,lt,attn,router (comma list) turns prefill fast paths off, to
   // narrow down an accuracy difference (scripts/realshape_check.py): fp8_act = bf16
@@ -439,8 +437,8 @@ void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& 
   launch_rms_norm(p, stream_);
 }
 
-// Checks one linear and fills its GEMV/GEMM parameters (single-matrix fields). Not file-local
-// (cuda_backend.h): cuda_prefill.cpp and cuda_moe.cpp use it too.
+// Checks one linear and fills its GEMV/GEMM parameters (single-matrix fields). Not file-local:
+// cuda_prefill.cpp uses it too.
 LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc) {
   check_dev(x, "linear", "x");
   check_dev(w.weight, "linear", "weight");

@@ -74,9 +74,6 @@ class CudaGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-// Checks one linear and fills its GEMV/GEMM parameters (single-matrix fields); cuda_backend.cpp.
-cuda::LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc);
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device = 0);
@@ -114,11 +111,6 @@ class CudaBackend final : public Backend {
                               const AttentionArgs& attn) override;
   void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
                           const MoeWeights& moe, MoeRouting& routing) override;
-  // One token (fuse_oproj_route): one kernel (k_gemv_tc.cu's o_proj GEMV with the router
-  // tail); else the default body.
-  void linear_add_rms_norm_route(const Tensor& attn, const LinearWeight& wo, Tensor& o, Tensor& residual,
-                                 const Tensor& weight, float eps, Tensor& out, const MoeWeights& moe,
-                                 MoeRouting& routing) override;
   // One token, every linear FP8 128x128, head_dim 128, one rank: one persistent kernel
   // (k_decode_layer.cu, cuda_decode_layer.cpp); else the default body.
   void decode_layer(const DecodeLayerArgs& a) override;
@@ -211,13 +203,6 @@ class CudaBackend final : public Backend {
   bool route_norm_dense = true;
   // Launch counts of the two kernels above (tests check that a path really ran).
   uint64_t gemv_dense_launches = 0, route_dense_launches = 0;
-  // linear_add_rms_norm_route at one token as ONE kernel: the o_proj tensor-core GEMV's blocks
-  // also form residual + o for their 32 rows and those columns' partial router logits; the
-  // last block finishes the norm, the normed row and the top-k (k_gemv_tc.cu). One kernel
-  // boundary fewer per batch-1 layer than o_proj then route_norm_decode_kernel.
-  // MOESERVE_DECODE_OFF=oproj_route turns it off; oproj_route_launches counts its launches.
-  bool fuse_oproj_route = true;
-  uint64_t oproj_route_launches = 0;
   // qk_norm_rope_write_kv as one kernel.
   bool fuse_qk_write_kv = true;
   // Split-KV attention merges its splits in the last block of each group (no combine kernel).
@@ -333,10 +318,6 @@ class CudaBackend final : public Backend {
     float eps;
   };
   bool moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf);
-  // The router's parameters for x (checks, routing buffers, logits workspace); nf as above.
-  cuda::RouteParams route_params(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf);
-  bool oproj_route(const Tensor& attn, const LinearWeight& wo, Tensor& o, Tensor& residual, const Tensor& weight,
-                   float eps, Tensor& out, const MoeWeights& moe, MoeRouting& routing);
   bool dense_gemv(const cuda::LinParams& p);
   // Fills the QK-norm parameters (with the KV write when kv is given); launches nothing.
   cuda::QkNormRopeParams qk_norm_rope_params(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,

@@ -122,67 +122,9 @@ void CudaBackend::add_rms_norm_route(Tensor& residual, const Tensor& x, const Te
   moe_route(out, moe, routing);
 }
 
-void CudaBackend::linear_add_rms_norm_route(const Tensor& attn, const LinearWeight& wo, Tensor& o, Tensor& residual,
-                                            const Tensor& weight, float eps, Tensor& out, const MoeWeights& moe,
-                                            MoeRouting& routing) {
-  if (fuse_oproj_route && oproj_route(attn, wo, o, residual, weight, eps, out, moe, routing)) return;
-  Backend::linear_add_rms_norm_route(attn, wo, o, residual, weight, eps, out, moe, routing);
-}
-
-// The fused one-token form (launch_gemv_tc_route) where it applies; false: nothing launched.
-// It replaces what linear() and add_rms_norm_route() would run at one token (the tensor-core
-// o_proj GEMV, route_norm_decode_kernel), so it applies only where those would.
-bool CudaBackend::oproj_route(const Tensor& attn, const LinearWeight& wo, Tensor& o, Tensor& residual,
-                              const Tensor& weight, float eps, Tensor& out, const MoeWeights& moe,
-                              MoeRouting& routing) {
-  const bool bf = residual.dtype == DType::BF16 && o.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
-                  out.dtype == DType::BF16;
-  if (!(use_gemv_tc && fuse_router && route_norm_dense && bf && attn.defined() && attn.device == Device::CUDA &&
-        o.device == Device::CUDA && residual.device == Device::CUDA && out.device == Device::CUDA &&
-        weight.device == Device::CUDA && moe.gate.device == Device::CUDA))
-    return false;
-  const int H = int(o.dim(-1));
-  if (o.numel() != H || residual.numel() != H || out.numel() != H || weight.numel() != H ||
-      !aligned16({residual.data, o.data, weight.data, out.data}))
-    return false;
-  const cuda::LinParams p = linear_params(attn, wo, o, true);
-  if (p.M != 1 || (gemv_dense_single_max_tokens >= 1 && cuda::gemv_dense_supported(p)) ||
-      (fp8_act_min_tokens <= 1 && use_fp8_act_gemm))
-    return false;
-  if (moe.gate.dtype != DType::F32 || moe.gate.rank() != 2 || moe.gate.dim(0) != moe.num_experts ||
-      moe.gate.dim(1) != H)
-    return false;
-  NormFuse nf{&residual, &o, &weight, eps};
-  const cuda::RouteParams rp = route_params(out, moe, routing, &nf);
-  if (!cuda::gemv_tc_route_supported(p, rp)) return false;
-  cuda::RouteParams r = rp;
-  r.logits = static_cast<float*>(workspace(kRouter, cuda::gemv_tc_route_workspace_bytes(p, rp)));
-  cuda::launch_gemv_tc_route(p, r, stream_);
-  ++oproj_route_launches;
-  return true;
-}
-
 // nf: fused add + RMSNorm whose output is x (the kernel reads nf's tensors and writes x).
 // Returns false, having launched nothing, when the fused form does not apply.
 bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf) {
-  RouteParams p = route_params(x, moe, out, nf);
-  if (nf) {
-    if (route_norm_dense && route_norm_decode_supported(p)) {  // k_route_dense.cu
-      launch_route_norm_decode(p, stream_);
-      ++route_dense_launches;
-      return true;
-    }
-    if (!fuse_norm_route || !route_norm_supported(p)) return false;
-  }
-  // Prefill (eager, >= 64 tokens, no fused norm): logits as an f32 GEMM, then top-k alone.
-  if (!nf && route_logits_gemm(moe.gate, p))
-    launch_moe_route_topk(p, stream_);
-  else
-    launch_moe_route(p, stream_);
-  return true;
-}
-
-RouteParams CudaBackend::route_params(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf) {
   MS_CHECK(x.defined() && x.device == Device::CUDA && moe.gate.device == Device::CUDA, "moe_route: tensors must be on the GPU");
   const int T = x.rank() == 1 ? 1 : int(x.numel() / x.dim(-1));
   const int H = int(x.dim(-1)), E = moe.num_experts, k = moe.top_k;
@@ -224,8 +166,19 @@ RouteParams CudaBackend::route_params(const Tensor& x, const MoeWeights& moe, Mo
     p.norm = true;
     p.x = nf->addend->data, p.x_bf16 = true;
     p.residual = nf->residual->data, p.norm_w = nf->weight->data, p.norm_out = x.data, p.eps = nf->eps;
+    if (route_norm_dense && route_norm_decode_supported(p)) {  // k_route_dense.cu
+      launch_route_norm_decode(p, stream_);
+      ++route_dense_launches;
+      return true;
+    }
+    if (!fuse_norm_route || !route_norm_supported(p)) return false;
   }
-  return p;
+  // Prefill (eager, >= 64 tokens, no fused norm): logits as an f32 GEMM, then top-k alone.
+  if (!nf && route_logits_gemm(moe.gate, p))
+    launch_moe_route_topk(p, stream_);
+  else
+    launch_moe_route(p, stream_);
+  return true;
 }
 
 void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) {

@@ -163,6 +163,8 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   return true;
 }
 
+LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc);  // cuda_backend.cpp
+
 bool CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws,
                                        Tensor* const* outs, int n) {
   prequant_ = {};  // kQuantX is rewritten below

@@ -17,140 +17,25 @@
 // {2q+8, 2q+9}: the fragments come straight from the 16-byte loads, no shuffles.
 // Each 128-column chunk is accumulated separately and added with its block scale.
 #include <cstdlib>
-#include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_frag.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/route_topk.cuh"
-#include "backend/cuda/row_vec.cuh"
 
 namespace moeserve::cuda {
 namespace {
 
 constexpr int kChunk = 128;  // columns per block scale (bi)
 constexpr int kNormTok = 4, kNormK = 3072;  // fused add + RMSNorm (p.norm): rows, width
-constexpr int kRouteMaxE = 256;             // fused router tail: one thread per expert
-
-// The fused router tail of the o_proj GEMV at one token (ROUTE; launch_gemv_tc_route), run by
-// every thread of each 8-warp block after its split-K main loop. acc: this warp's partials of
-// the block's 32 rows (C fragments; token 0 is lane q == 0). res / gam: rows n_base + t of
-// the residual and the norm weight (t < 32); bias_x: expert t's correction bias.
-//  1. The split-K sum of row t (t < 32) in the order the plain epilogue adds (o bit-identical),
-//     o = bf16, h = bf16(res + o) stored into the residual (each block owns its 32 rows).
-//  2. The block's partial logits of its 32 columns, thread e: sum_c gate[e, c] * (h_c * w_c),
-//     and its sum of h^2, into rp.logits [nblocks][E] (+ [nblocks] sums); threadfence + counter.
-//  3. The last block: the row's 1 / rms from the partial sums (fixed order), logits = that
-//     times the summed partials (fixed order), the normed row bf16(h * r * w) (as
-//     norm_row_pack8) into norm_out, then rank_topk_t1.
-template <int kWarps>
-__device__ __forceinline__ void oproj_route_tail(const LinParams& p, const RouteParams& rp, const float (&acc)[2][4],
-                                                 float (*red)[2][4][32], int n_base, float res, float gam,
-                                                 float bias_x) {
-  static_assert(kWarps == 8, "one thread per expert: 8 warps");
-  __shared__ float acc0[2][4][32];
-  __shared__ float hw[32];
-  __shared__ float score[kRouteMaxE];
-  __shared__ float2 cand[64];
-  __shared__ int sel[8];
-  __shared__ float ssq[2];
-  __shared__ int is_last;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, E = rp.E, H = rp.H, nb = gridDim.x;
-  if (rp.decode_tail == 1) pdl_trigger();  // (late trigger: every block is resident and past its weight stream)
-  // The gate slice of expert t over this block's columns (prefetched into L2 before the wait).
-  float wg[32];
-  if (t < E) {
-    const float4* g4 = reinterpret_cast<const float4*>(static_cast<const float*>(rp.gate) + int64_t(t) * H + n_base);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float4 v = __ldg(g4 + i);
-      wg[4 * i] = v.x, wg[4 * i + 1] = v.y, wg[4 * i + 2] = v.z, wg[4 * i + 3] = v.w;
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (warp > 0)
-        red[warp - 1][m][e][lane] = acc[m][e];
-      else
-        acc0[m][e][lane] = acc[m][e];
-    }
-  __syncthreads();
-  float h = 0.f;
-  if (t < 32) {  // row n_base + t = rb[m] + g + 8 hh (C fragment element 2 hh of lane 4 g)
-    const int m = t / 16, e = 2 * ((t / 8) & 1), ln = 4 * (t & 7);
-    float v = acc0[m][e][ln];
-#pragma unroll
-    for (int w = 0; w < kWarps - 1; ++w) v += red[w][m][e][ln];
-    const bf16 ob = f2bf(v);
-    static_cast<bf16*>(p.out)[n_base + t] = ob;
-    h = bf2f(f2bf(res + bf2f(ob)));
-    static_cast<bf16*>(rp.residual)[n_base + t] = f2bf(h);
-    hw[t] = h * gam;
-    const float sq = warp_sum(h * h);
-    if (lane == 0) ssq[0] = sq;
-  }
-  __syncthreads();
-  float* part = rp.logits;  // [nb][E] partial logits, then [nb] sums of squares
-  if (t < E) {
-    float l = 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) l = fmaf(wg[j], hw[j], l);
-    part[int64_t(blockIdx.x) * E + t] = l;
-  }
-  if (t == 0) part[int64_t(nb) * E + blockIdx.x] = ssq[0];
-  __threadfence();
-  __syncthreads();
-  if (t == 0) is_last = atomicAdd(rp.counter, 1) == nb - 1;
-  __syncthreads();
-  if (!is_last) return;
-  if (t == 0) *rp.counter = 0;  // ready for the next layer / graph replay
-  __threadfence();
-  if (warp == 0) {
-    float sq = 0.f;
-    for (int b = lane; b < nb; b += 32) sq += __ldcg(part + int64_t(nb) * E + b);
-    sq = warp_sum(sq);
-    if (lane == 0) ssq[1] = sq;
-  }
-  float lsum = 0.f;
-  if (t < E) {
-    float l[8] = {};
-    int b = 0;
-    for (; b + 8 <= nb; b += 8) {  // eight loads in flight, summed in block order
-#pragma unroll
-      for (int i = 0; i < 8; ++i) l[i] = __ldcg(part + int64_t(b + i) * E + t);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) lsum += l[i];
-    }
-    for (; b < nb; ++b) lsum += __ldcg(part + int64_t(b) * E + t);
-  }
-  __syncthreads();
-  const float r = rsqrtf(ssq[1] / H + rp.eps);
-  // The normed row for the experts (every block has stored its rows of h).
-  for (int c = t; c < H / 8; c += kWarps * 32) {
-    const uint4 hv = __ldcg(reinterpret_cast<const uint4*>(rp.residual) + c);
-    const uint4 wv = __ldg(reinterpret_cast<const uint4*>(rp.norm_w) + c);
-    const uint32_t hw4[4] = {hv.x, hv.y, hv.z, hv.w};
-    float v[8];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = bf16x2_to_f2(hw4[e]);
-      v[2 * e] = f.x, v[2 * e + 1] = f.y;
-    }
-    uint32_t o[4];
-    norm_row_pack8(v, r, wv, o);
-    reinterpret_cast<uint4*>(rp.norm_out)[c] = make_uint4(o[0], o[1], o[2], o[3]);
-  }
-  rank_topk_t1<kWarps>(rp, lsum * r, bias_x, score, cand, sel);
-}
 
 // kWarps: split-K ways (4, or 8 for grids too small to fill the GPU, e.g. k/v projections).
 // NORM: the fused add + RMSNorm variant (kStore only; the shared row buffer is only in it).
-// ROUTE: the o_proj GEMV at one token with the router tail above (gemv_tc_route_kernel).
-template <int MODE, int kWarps, bool NORM, int LD, bool ROUTE>
-__device__ __forceinline__ void gemv_tc_body(const LinParams& p, const RouteParams& rp) {
+// kSwiglu keeps <= 128 registers (4 blocks of 4 warps per SM, as before the PDL / direct-pair
+// additions pushed it to 138 and 3 blocks).
+template <int MODE, int kWarps, bool NORM, int LD>
+__global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 16 / kWarps : 1)
+    gemv_tc_kernel(LinParams p) {
   __shared__ float red[kWarps - 1][2][4][32];
   // p.norm: the block's activation rows, residual + addend normalised here (bf16).
   __shared__ __align__(16) bf16 xs[NORM ? kNormTok : 1][NORM ? kNormK : 8];
@@ -271,27 +156,7 @@ __device__ __forceinline__ void gemv_tc_body(const LinParams& p, const RoutePara
   Chunk c0, c1;
   if (warp < nchunks) load_w(warp, c0);
   if (warp + kWarps < nchunks) load_w(warp + kWarps, c1);
-  // ROUTE: the gate slice [E, this block's 32 columns] into L2, the norm weight and the bias
-  // into registers, before the wait (weights); the residual rows after it.
-  float route_res = 0.f, route_gam = 0.f, route_bias = 0.f;
-  if constexpr (ROUTE) {
-    const int t = threadIdx.x;
-    if (t < rp.E) {
-      const float* g = static_cast<const float*>(rp.gate) + int64_t(t) * rp.H + n_base;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(g));
-      if (rp.bias) route_bias = __ldg(rp.bias + t);
-    }
-    if (t < 32) route_gam = bf2f(static_cast<const bf16*>(rp.norm_w)[n_base + t]);
-  }
-  // ROUTE with rp.decode_tail == 1: the successor (the expert GEMV, whose blocks can only wait
-  // for the routing) is triggered at the router tail, not here (see oproj_route_tail).
-  if (ROUTE && early && rp.decode_tail == 1)
-    pdl_wait();
-  else if (early)
-    pdl_enter();
-  if constexpr (ROUTE) {
-    if (threadIdx.x < 32) route_res = bf2f(static_cast<const bf16*>(rp.residual)[n_base + threadIdx.x]);
-  }
+  if (early) pdl_enter();
 
   if (NORM) {  // rows begin..end-1 = 0..M-1 (one tile): x_j = rmsnorm(residual_j + addend_j) * w
     for (int j = 0; j < nrows; ++j)
@@ -348,10 +213,6 @@ __device__ __forceinline__ void gemv_tc_body(const LinParams& p, const RoutePara
     if (c2 < nchunks) compute(c2, c1);
   }
 
-  if constexpr (ROUTE) {
-    oproj_route_tail<kWarps>(p, rp, acc, red, n_base, route_res, route_gam, route_bias);
-    return;
-  }
   // Split-K reduction: warps 1..3 hand their partials to warp 0.
   if (warp > 0) {
 #pragma unroll
@@ -425,19 +286,6 @@ __device__ __forceinline__ void gemv_tc_body(const LinParams& p, const RoutePara
   }
 }
 
-// kSwiglu keeps <= 128 registers (4 blocks of 4 warps per SM, as before the PDL / direct-pair
-// additions pushed it to 138 and 3 blocks).
-template <int MODE, int kWarps, bool NORM, int LD>
-__global__ void __launch_bounds__(kWarps * 32, MODE == int(LinMode::kSwiglu) ? 16 / kWarps : 1)
-    gemv_tc_kernel(LinParams p) {
-  gemv_tc_body<MODE, kWarps, NORM, LD, false>(p, RouteParams{});
-}
-
-template <int LD>
-__global__ void __launch_bounds__(8 * 32, 1) gemv_tc_route_kernel(LinParams p, RouteParams rp) {
-  gemv_tc_body<int(LinMode::kStore), 8, false, LD, true>(p, rp);
-}
-
 template <int MODE>
 void launch_tc_mode(const LinParams& p, cudaStream_t s) {
   const int rows_per_block = MODE == int(LinMode::kSwiglu) ? 16 : 32;
@@ -507,36 +355,6 @@ bool gemv_tc_norm_supported(const LinParams& p) {
 bool gemv_tc_supported(const LinParams& p) {
   return p.tc && p.fp8 && p.bo == 128 && p.bi == kChunk && p.K % kChunk == 0 && p.N % 16 == 0 && p.ldx % 8 == 0 &&
          p.K > 0;
-}
-
-bool gemv_tc_route_supported(const LinParams& p, const RouteParams& rp) {
-  auto a16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
-  return gemv_tc_supported(p) && p.mode == LinMode::kStore && !p.tile_expert && !p.pair_ids && p.nseg == 0 &&
-         !p.norm && p.M == 1 && !p.out_f32 && p.N % 32 == 0 && p.N / 32 <= 65535 && rp.norm && rp.T == 1 &&
-         rp.H == p.N && rp.H % 8 == 0 && rp.E >= 1 && rp.E <= kRouteMaxE && rp.top_k >= 1 && rp.top_k <= 8 &&
-         rp.top_k <= rp.E && !rp.gate_bf16 && !rp.logits_split && rp.counter && rp.residual && rp.norm_w &&
-         rp.norm_out && a16(rp.gate) && a16(rp.residual) && a16(rp.norm_w) && a16(rp.norm_out);
-}
-
-size_t gemv_tc_route_workspace_bytes(const LinParams& p, const RouteParams& rp) {
-  return size_t(p.N / 32) * (rp.E + 1) * sizeof(float);
-}
-
-void launch_gemv_tc_route(const LinParams& p, const RouteParams& rp, cudaStream_t s) {
-  CU_REQUIRE(gemv_tc_route_supported(p, rp) && rp.logits, "gemv_tc_route: unsupported arguments");
-  // MOESERVE_OPROJ_ROUTE_TRIGGER=early: trigger the successor right after the dependency wait
-  // (as every other decode kernel) instead of at the router tail (A/B).
-  static const bool trigger_early = [] {
-    const char* e = std::getenv("MOESERVE_OPROJ_ROUTE_TRIGGER");
-    return e && std::string(e) == "early";
-  }();
-  RouteParams r = rp;
-  r.decode_tail = trigger_early ? 0 : 1;
-  if (p.ld_hint == 1)
-    launch_pdl(gemv_tc_route_kernel<1>, dim3(p.N / 32), dim3(8 * 32), 0, s, p, r);
-  else
-    launch_pdl(gemv_tc_route_kernel<0>, dim3(p.N / 32), dim3(8 * 32), 0, s, p, r);
-  CUDA_CHECK_LAUNCH();
 }
 
 void launch_gemv_tc(const LinParams& p0, cudaStream_t s) {

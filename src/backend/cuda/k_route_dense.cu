@@ -29,14 +29,16 @@ constexpr int kRMaxE = 1024;
 
 // The last block's work at one token (fast_tail): every L2 read it needs (the 8-byte-per-thread
 // residual and o slices, this thread's logit) is issued before any is used, then the top-k
-// without the rank pass over all E (rank_topk_t1, route_topk.cuh): the same ids and
-// bit-identical weights as block_rank_topk. cand: 8 x 8 (value, id) pairs; score: E sigmoid
-// scores; sel: k ids.
+// without the rank pass over all E: each warp takes its k best (value desc, id asc: k rounds of
+// a shuffle argmax, the winner's lane drops out), warp 0 picks the k best of those 8k candidates
+// the same way, and the weights are formed exactly as block_rank_topk does (same scores, same
+// warp_sum over the chosen in rank order): the same ids and bit-identical weights.
+// cand: 8 x 8 (value, id) pairs; score: E sigmoid scores; sel: k ids.
 template <int kW>
 __device__ void last_block_tail_t1(const RouteParams& p, bf16* resw, const bf16* add, const bf16* xs, float* score,
                                    float2* cand, int* sel, float bias_x) {
   constexpr int kRV = (kRMaxH / 8 + kW * 32 - 1) / (kW * 32);  // 16-byte residual pieces per thread
-  const int tid = threadIdx.x, hv = p.H / 8;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hv = p.H / 8, k = p.top_k;
   uint4 ra[kRV], xa[kRV];
 #pragma unroll
   for (int r = 0; r < kRV; ++r) {
@@ -55,7 +57,62 @@ __device__ void last_block_tail_t1(const RouteParams& p, bf16* resw, const bf16*
     reinterpret_cast<uint4*>(resw)[c] = add_bf16x8(ra[r], xa[r]);
     reinterpret_cast<uint4*>(p.norm_out)[c] = reinterpret_cast<const uint4*>(xs)[c];
   }
-  rank_topk_t1<kW>(p, logit, bias_x, score, cand, sel);
+  // Scores as block_rank_topk forms them.
+  float v = -INFINITY;
+  if (tid < p.E) {
+    const float sc = 1.f / (1.f + expf(-logit));
+    const float c = sc + (p.bias ? bias_x : 0.f);
+    score[tid] = sc;
+    v = c == c ? c : -INFINITY;  // NaN ranks last
+  }
+  // (value, id) argmax over a warp: larger value, then smaller id.
+  auto warp_best = [&](float bv, int bi, float& ov, int& oi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (v2 > bv || (v2 == bv && i2 < bi)) bv = v2, bi = i2;
+    }
+    ov = bv, oi = bi;
+  };
+  int my_id = tid;  // tid >= E: padding, behind every expert (as in block_rank_topk)
+  for (int r = 0; r < k; ++r) {
+    float bv;
+    int bi;
+    warp_best(v, my_id, bv, bi);
+    if (lane == 0) cand[warp * 8 + r] = make_float2(bv, __int_as_float(bi));
+    if (bi == my_id) v = -INFINITY, my_id = 1 << 30;  // taken: behind everything
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  // Warp 0: the k best of the kW x k candidates (two per lane).
+  float cv[2];
+  int ci[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int w = (lane + 32 * h) / 8, r = (lane + 32 * h) % 8;
+    const bool ok = w < kW && r < k;
+    const float2 c = ok ? cand[w * 8 + r] : make_float2(-INFINITY, __int_as_float(1 << 30));
+    cv[h] = c.x, ci[h] = __float_as_int(c.y);
+  }
+  for (int r = 0; r < k; ++r) {
+    const int h = (cv[1] > cv[0] || (cv[1] == cv[0] && ci[1] < ci[0])) ? 1 : 0;
+    float bv;
+    int bi;
+    warp_best(cv[h], ci[h], bv, bi);
+    if (lane == 0) sel[r] = bi;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (ci[j] == bi) cv[j] = -INFINITY, ci[j] = 1 << 30;
+  }
+  __syncwarp();
+  const int id = lane < k ? sel[lane] : 0;
+  const float sc = lane < k ? score[id] : 0.f;
+  const float sum = warp_sum(sc);
+  if (lane < k) {
+    p.ids[lane] = id;
+    p.weights[lane] = sc * (sum > 0.f ? 1.f / sum : 0.f);
+  }
 }
 
 template <int kW>

@@ -211,8 +211,7 @@ struct RouteParams {
   float eps = 1e-6f;
   // route_norm_decode_kernel's last block (set by launch_route_norm_decode): 0 residual loop +
   // block_rank_topk, 1 the one-token tail (last_block_tail_t1), 2 MOESERVE_ROUTE_DIAG=1
-  // (timing only: fixed distinct experts, no top-k). gemv_tc_route_kernel (set by
-  // launch_gemv_tc_route): 1 triggers its successor at the router tail, 0 after its wait.
+  // (timing only: fixed distinct experts, no top-k).
   int decode_tail = 0;
   // Optional L2 prefetch of the gate/up weights (pf_bytes each, a multiple of 16) of the
   // experts chosen for the first pf_pairs (token, k) pairs, issued as they are chosen.
@@ -229,16 +228,6 @@ bool route_norm_decode_supported(const RouteParams& p);
 // sets it false at start; tests compare the two.
 extern bool g_route_fast_tail;
 void launch_route_norm_decode(const RouteParams& p, cudaStream_t s);
-// linear + add_rms_norm_route at one token as one kernel (k_gemv_tc.cu): the o_proj GEMV p
-// (kStore, M = 1, FP8 tensor-core path, N % 32 == 0) and the router rp (norm set, T = 1, f32
-// gate [E, N], E <= 256, top_k <= 8, counter set; rp.logits a workspace of
-// gemv_tc_route_workspace_bytes). Writes p.out (o), residual += o, norm_out and the routing.
-// The logits are formed as (1 / rms) * sum_c gate[e, c] * (h_c * w_c) over the unrounded f32
-// products, not from the bf16-rounded normed row: within its rounding (2^-9 relative per
-// element), so a choice between experts whose scores lie that close may differ.
-bool gemv_tc_route_supported(const LinParams& p, const RouteParams& rp);
-size_t gemv_tc_route_workspace_bytes(const LinParams& p, const RouteParams& rp);
-void launch_gemv_tc_route(const LinParams& p, const RouteParams& rp, cudaStream_t s);
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
 
 // Groups (token, k) pairs by local expert. Outputs (device, caller-sized):
