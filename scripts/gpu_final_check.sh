@@ -86,7 +86,7 @@ cat "$OUT"/ops_shard*.log | grep -E "^\[  FAILED  \] [A-Za-z]" | sort -u | head 
 grep -E "^\[  (PASSED|FAILED) " "$OUT"/ops_shard*.log
 grep -E "^\[  (PASSED|FAILED) |golden cuda\] .*: " "$OUT/golden_gtest.log" | head -8
 tail -6 "$OUT/golden_script.log"
-grep -E "FAIL|excused|failed" "$OUT/sweep_cuda.log" 2>/dev/null | head -12
+grep -E "FAIL|excused|ill-conditioned|failed" "$OUT/sweep_cuda.log" 2>/dev/null | head -12
 grep -E "^\[graphs|^\[  (PASSED|FAILED) " "$OUT/graphs.log" | head -12
 grep -E "^\[  (PASSED|FAILED) " "$OUT/device_sampling.log"
 grep -E "^\[  (PASSED|FAILED) " "$OUT/decode_layer.log" 2>/dev/null
