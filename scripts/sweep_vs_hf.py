@@ -29,7 +29,7 @@ present, and a complete checkpoint.
 
 Usage: python3 scripts/sweep_vs_hf.py [--bin build/moeserve] [--cases 40] [--seed 1]
        [--only 3 7] [--keep DIR] [-v] [--device cuda [--tol 5e-2]]
-Needs torch, transformers (5.x with MiniMaxM2) and safetensors; CPU only; ~1-3 s per case.
+Needs torch, transformers (5.x with MiniMaxM2) and safetensors; HF runs on the CPU; ~1-3 s per case.
 """
 import argparse
 import json
@@ -448,7 +448,8 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="moeserve's backend")
     ap.add_argument("--gen-args", default="", help="extra `moeserve generate` arguments, e.g. '--prefill-chunk 1'")
     ap.add_argument("--route-margin", type=float, default=5e-3,
-                    help="cuda: a row above --tol is excused where HF's routing margin on its token is below this")
+                    help="cuda: the first row above --tol ends the comparison where HF's routing margin on its "
+                         "token is below this")
     ap.add_argument("--tol", type=float, help=f"logits error bound (default {TOL} on cpu, 5e-2 on cuda)")
     args = ap.parse_args()
     tol = args.tol if args.tol is not None else (TOL if args.device == "cpu" else 5e-2)
