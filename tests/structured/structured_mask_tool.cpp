@@ -25,6 +25,16 @@ static std::string unhex(const std::string& h) {
   return out;
 }
 
+// Mask words as hex, word by word (8 digits each, most significant first).
+static std::string hex_mask(const std::vector<uint32_t>& mask) {
+  static const char* hx = "0123456789abcdef";
+  std::string s;
+  s.reserve(mask.size() * 8);
+  for (uint32_t w : mask)
+    for (int k = 7; k >= 0; --k) s.push_back(hx[(w >> (4 * k)) & 15]);
+  return s;
+}
+
 int main() {
   std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   json out;
@@ -54,12 +64,14 @@ int main() {
     out["compile_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     int repeat = job.value("repeat", 1);
     bool want_masks = job.value("masks", true);
+    bool all_steps = job.value("all_steps", false);  // masks before every token too
     std::vector<uint32_t> mask(vocab->mask_words());
     json results = json::array();
     json cold = json::array(), warm = json::array();
     for (int rep = 0; rep < repeat; ++rep) {
       for (auto& prefix : job["prefixes"]) {
         Matcher m(g);
+        json step_masks = json::array();
         int accepted = 0;
         bool ok = true;
         // Per-token mask time: the mask before each token of the prefix, then after the last.
@@ -70,6 +82,7 @@ int main() {
           m.fill_mask(mask);
           total_us += std::chrono::duration<double, std::micro>(Clock::now() - a).count();
           ++n_masks;
+          if (all_steps && rep == 0) step_masks.push_back(hex_mask(mask));
           if (!m.accept_token(t.get<int>())) { ok = false; break; }
           ++accepted;
         }
@@ -80,14 +93,8 @@ int main() {
           m.fill_mask(mask);
           total_us += std::chrono::duration<double, std::micro>(Clock::now() - a).count();
           ++n_masks;
-          if (want_masks) {
-            static const char* hx = "0123456789abcdef";
-            std::string s;
-            s.reserve(mask.size() * 8);
-            for (uint32_t w : mask)
-              for (int k = 7; k >= 0; --k) s.push_back(hx[(w >> (4 * k)) & 15]);
-            r["mask"] = s;
-          }
+          if (want_masks) r["mask"] = hex_mask(mask);
+          if (all_steps) r["step_masks"] = std::move(step_masks);
           r["accepting"] = m.accepting();
         } else {
           r["mask"] = nullptr;
