@@ -19,6 +19,9 @@
 #include "engine/executor.h"
 
 namespace moeserve {
+namespace structured {
+struct StructuredConstraint;  // structured/constraint.h
+}
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy (ties break to the lowest token id)
@@ -34,6 +37,9 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;  // -1: none; k >= 0: sampled token's logprob plus k top alternatives
+  // Structured outputs / forced tool calls: the compiled grammar the output must follow
+  // (null: unconstrained). Shared by the request's choices; see engine/structured_sampling.h.
+  std::shared_ptr<const structured::StructuredConstraint> structured;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
