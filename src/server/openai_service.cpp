@@ -195,6 +195,25 @@ OpenAIService::OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& 
   created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+const StructuredContext& OpenAIService::structured_context() {
+  std::call_once(structured_once_, [&] {
+    std::vector<std::string> bytes;
+    std::vector<bool> special;
+    if (frontend_.token_bytes(bytes, special))
+      structured_ctx_.vocab = make_token_vocab(std::move(bytes), std::move(special), engine_.config().eos_token_ids,
+                                               std::max(engine_.executor_info().vocab_size, frontend_.vocab_size()));
+    structured_ctx_.cache = &grammar_cache_;
+    structured_ctx_.tool_parser = cfg_.tool_parser;
+    // With a reasoning parser the constraint starts after the reasoning section ends (vLLM):
+    // at the "</think>" token, when the tokenizer has it as one token.
+    if (!cfg_.reasoning_parser.empty()) {
+      std::vector<int32_t> end = frontend_.encode("</think>", false);
+      if (end.size() == 1) structured_ctx_.start_after = end;
+    }
+  });
+  return structured_ctx_;
+}
+
 void OpenAIService::check_model(const std::string& model) const {
   if (model.empty()) return;
   for (auto& n : cfg_.served_model_names)
@@ -308,12 +327,18 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   for (auto& ids : call->prompt_ids)
     if (ids.empty()) throw bad_request("The decoder prompt cannot be empty", "prompt");
 
+  // Structured outputs / forced tool calls: compiled (or taken from the cache) before anything
+  // is submitted, so an invalid schema, regex or grammar is a 400.
+  auto constraint = make_structured_constraint(r, structured_context());
+
   // Validate every prompt before submitting anything.
   std::vector<std::vector<SamplingParams>> params(call->prompt_ids.size());
   for (size_t p = 0; p < call->prompt_ids.size(); ++p)
-    for (int i = 0; i < r.n; ++i)
+    for (int i = 0; i < r.n; ++i) {
       params[p].push_back(make_sampling_params(r, cfg_.defaults, static_cast<int>(call->prompt_ids[p].size()),
                                                cfg_.max_model_len, i));
+      params[p].back().structured = constraint;
+    }
 
   ResponseContext& ctx = call->ctx;
   // As vLLM: the X-Request-Id header, else the body's `request_id`, else a random id. Engine

@@ -1,4 +1,5 @@
 #include "server/protocol.h"
+#include "server/structured_request.h"
 
 #include <fmt/format.h>
 
@@ -149,7 +150,7 @@ void parse_common(const ojson& body, GenRequest& r) {
   r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output").value_or(false);
   r.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
   r.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
-  // response_format: constrained decoding is not implemented; the field is accepted and ignored.
+  parse_structured_fields(body, r);  // response_format, structured_outputs, guided_*
 }
 
 ojson flatten_content(const ojson& content, size_t msg_index) {

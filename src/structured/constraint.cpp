@@ -26,14 +26,15 @@ Grammar build_grammar(const ConstraintSpec& spec) {
     case ConstraintKind::JsonObject: return grammar_for_any_json_object(o);
     case ConstraintKind::Regex: return grammar_from_regex(spec.text);
     case ConstraintKind::Choice: return grammar_from_choices(spec.choices);
-    case ConstraintKind::Grammar:
-    case ConstraintKind::ToolCalls: return parse_ebnf(spec.text);
+    case ConstraintKind::Grammar: return parse_ebnf(spec.text);
+    case ConstraintKind::ToolCalls: throw GrammarError("a tool-call constraint needs its parser's grammar builder");
   }
   throw GrammarError("unknown constraint kind");
 }
 
 std::shared_ptr<CompiledGrammar> GrammarCache::get(const ConstraintSpec& spec,
-                                                   const std::shared_ptr<const TokenVocab>& vocab) {
+                                                   const std::shared_ptr<const TokenVocab>& vocab,
+                                                   const std::function<Grammar()>& build) {
   const uint64_t key = spec.hash() ^ (vocab->fingerprint * 0x9e3779b97f4a7c15ull);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -50,7 +51,7 @@ std::shared_ptr<CompiledGrammar> GrammarCache::get(const ConstraintSpec& spec,
     ++misses_;
   }
   // Compile outside the lock (errors propagate to the caller: a 400).
-  auto compiled = std::make_shared<CompiledGrammar>(build_grammar(spec), vocab);
+  auto compiled = std::make_shared<CompiledGrammar>(build ? build() : build_grammar(spec), vocab);
   compiled->initial_state();  // "matches nothing" surfaces here, at compile time
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(key);

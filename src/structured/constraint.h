@@ -1,6 +1,7 @@
 // What a request asks for (ConstraintSpec), compiled once per (spec, vocabulary) and cached
 // (GrammarCache), and the engine-facing constraint carried by SamplingParams.
 #pragma once
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -42,7 +43,10 @@ class GrammarCache {
  public:
   explicit GrammarCache(size_t capacity = 256, size_t max_grammar_bytes = size_t(1) << 30)
       : capacity_(capacity), max_bytes_(max_grammar_bytes) {}
-  std::shared_ptr<CompiledGrammar> get(const ConstraintSpec& spec, const std::shared_ptr<const TokenVocab>& vocab);
+  // `build` (optional) makes the Grammar instead of build_grammar(spec): forced tool calls,
+  // whose grammar comes from the tool parser's family (spec.text then identifies it).
+  std::shared_ptr<CompiledGrammar> get(const ConstraintSpec& spec, const std::shared_ptr<const TokenVocab>& vocab,
+                                       const std::function<Grammar()>& build = {});
   size_t size() const;
   uint64_t hits() const { return hits_; }
   uint64_t misses() const { return misses_; }

@@ -157,8 +157,9 @@ class SchemaCompiler {
   int32_t integer() {
     if (integer_ >= 0) return integer_;
     Alt nz{Symbol::byte('-')};
-    int32_t rest = g_.star(Alt{Symbol::set(digits(0, 9))}, "json_digits");
-    Alt pos{Symbol::set(digits(1, 9)), Symbol::ref(rest)};
+    Alt pos{Symbol::set(digits(1, 9))};
+    if (o_.bounded_numbers) g_.repeat(Alt{Symbol::set(digits(0, 9))}, 0, 17, "json_digits", pos);
+    else pos.push_back(Symbol::ref(g_.star(Alt{Symbol::set(digits(0, 9))}, "json_digits")));
     nz.insert(nz.end(), pos.begin(), pos.end());
     integer_ = g_.add_rule("json_integer", {lit("0"), pos, nz});
     return integer_;
@@ -166,13 +167,19 @@ class SchemaCompiler {
   int32_t number() {
     if (number_ >= 0) return number_;
     Alt d1{Symbol::set(digits(0, 9))};
-    int32_t more = g_.plus(d1, "json_frac");
-    int32_t intpart = g_.add_rule("json_int_part", {lit("0"), Alt{Symbol::set(digits(1, 9)), Symbol::ref(g_.star(d1, "json_digits"))}});
+    const bool b = o_.bounded_numbers;
+    auto digits_rule = [&](int lo, int hi) {  // [0-9]{lo,hi} (hi < 0: unbounded)
+      Alt a;
+      g_.repeat(d1, lo, hi, "json_digits", a);
+      return g_.add_rule("json_digits", {a});
+    };
+    Alt nonzero{Symbol::set(digits(1, 9)), Symbol::ref(digits_rule(0, b ? 17 : -1))};
+    int32_t intpart = g_.add_rule("json_int_part", {lit("0"), nonzero});
     Alt frac = lit(".");
-    frac.push_back(Symbol::ref(more));
+    frac.push_back(Symbol::ref(digits_rule(1, b ? 16 : -1)));
     ByteSet e, sign;
     e.set('e'); e.set('E'); sign.set('+'); sign.set('-');
-    Alt exp{Symbol::set(e), Symbol::ref(g_.optional(Alt{Symbol::set(sign)}, "json_sign")), Symbol::ref(more)};
+    Alt exp{Symbol::set(e), Symbol::ref(g_.optional(Alt{Symbol::set(sign)}, "json_sign")), Symbol::ref(digits_rule(1, b ? 2 : -1))};
     Alt a{Symbol::ref(g_.optional(lit("-"), "json_minus")), Symbol::ref(intpart), Symbol::ref(g_.optional(frac, "json_frac")),
           Symbol::ref(g_.optional(exp, "json_exp"))};
     number_ = g_.add_rule("json_number", {a});

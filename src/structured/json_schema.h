@@ -19,6 +19,10 @@ struct JsonSchemaOptions {
   // ", " and ": " separators (xgrammar's any_whitespace=False).
   bool any_whitespace = true;
   int max_depth = 64;
+  // Numbers with at most 18 integer digits, 16 fraction digits and a 2-digit exponent (so
+  // every number a reader parses is a finite double): for tool-call arguments, whose parser
+  // falls back to a string for a number it cannot read.
+  bool bounded_numbers = false;
 };
 
 Grammar grammar_from_json_schema(const nlohmann::ordered_json& schema, const JsonSchemaOptions& opts = {});
