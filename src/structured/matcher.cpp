@@ -124,7 +124,9 @@ CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVo
 }
 
 size_t CompiledGrammar::memory_bytes() const {
-  return pos_.size() * sizeof(Pos) + nodes_.size() * 24 + states_.size() * 96 + trans_.size() * 24 +
+  size_t dense = 0;
+  for (auto& st : states_) dense += st.next ? 256 * sizeof(int32_t) : 0;
+  return pos_.size() * sizeof(Pos) + nodes_.size() * 28 + states_.size() * 96 + dense +
          masks_.size() * size_t(vocab_->mask_words()) * 4;
 }
 
@@ -145,11 +147,16 @@ int32_t CompiledGrammar::make_state(std::vector<int32_t> seeds) {
   std::vector<int32_t> ready;
   bool accept = false;
   std::vector<int32_t>& work = seeds;
-  std::unordered_map<int32_t, bool> seen;
+  if (++stamp_ == 0) {  // wrapped: clear the stamps
+    std::fill(seen_stamp_.begin(), seen_stamp_.end(), 0u);
+    stamp_ = 1;
+  }
   while (!work.empty()) {
     int32_t n = work.back();
     work.pop_back();
-    if (!seen.emplace(n, true).second) continue;
+    if (seen_stamp_.size() < nodes_.size()) seen_stamp_.resize(nodes_.size() * 2, 0u);
+    if (seen_stamp_[n] == stamp_) continue;
+    seen_stamp_[n] = stamp_;
     auto [p, parent] = nodes_[n];
     const Pos& at = pos_[p];
     if (at.kind == kBytes) {
@@ -191,16 +198,18 @@ int32_t CompiledGrammar::initial_state() {
 
 int32_t CompiledGrammar::step_locked(int32_t state, uint8_t byte) {
   if (!states_[state].first.test(byte)) return -1;
-  uint64_t key = (static_cast<uint64_t>(state) << 8) | byte;
-  auto it = trans_.find(key);
-  if (it != trans_.end()) return it->second;
+  if (!states_[state].next) {
+    states_[state].next.reset(new int32_t[256]);
+    std::fill(states_[state].next.get(), states_[state].next.get() + 256, -2);
+  }
+  if (int32_t known = states_[state].next[byte]; known != -2) return known;
   std::vector<int32_t> seeds;
   for (int32_t n : states_[state].nodes) {
     auto [p, parent] = nodes_[n];
     if (sets_[pos_[p].arg].test(byte)) seeds.push_back(node(p + 1, parent));
   }
   int32_t next = seeds.empty() ? -1 : make_state(std::move(seeds));
-  trans_.emplace(key, next);
+  states_[state].next[byte] = next;  // states_ may have grown: index again
   return next;
 }
 

@@ -86,6 +86,8 @@ class CompiledGrammar {
     bool accept = false;
     ByteSet first;               // union of the nodes' byte sets
     int32_t mask_slot = -1;      // index into masks_ when cached
+    // Dense byte transitions, made on the first step out of this state: -2 unknown, -1 dead.
+    std::unique_ptr<int32_t[]> next;
   };
   struct VecHash {
     size_t operator()(const std::vector<int32_t>& v) const;
@@ -102,7 +104,8 @@ class CompiledGrammar {
   std::unordered_map<uint64_t, int32_t> node_ids_;
   std::vector<State> states_;
   std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_ids_[2];  // by accept flag
-  std::unordered_map<uint64_t, int32_t> trans_;  // (state << 8 | byte) -> state or -1
+  std::vector<uint32_t> seen_stamp_;  // per node: closure visit stamp (make_state)
+  uint32_t stamp_ = 0;
   std::vector<std::vector<uint32_t>> masks_;
   int32_t initial_ = -1;
 

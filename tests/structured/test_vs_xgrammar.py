@@ -7,9 +7,15 @@ Documented differences (each differing token must be explained, else the test fa
   raw control characters (invalid JSON) and no escapes; we count JSON string characters
   (escapes allowed, control characters not). Differing tokens must contain a backslash or a
   control byte.
+- UTF-8-encoded surrogates (ED A0..BF, U+D800-DFFF): xgrammar accepts them inside character
+  classes, we do not (they are not valid UTF-8). A differing token must complete such a
+  sequence, and a walk is compared only up to the first token that xgrammar let into one.
 JSON Schema `format` is left out of the corpus (our date/time/email/uri regexes are our own,
 so those languages differ from xgrammar's by design)."""
 import os
+import zlib
+
+import re
 
 import numpy as np
 import pytest
@@ -21,6 +27,10 @@ xgr = xo.import_xgrammar()
 DATA = os.environ.get("MOESERVE_SHARED_DATA", os.path.join(os.path.dirname(__file__), "../fixtures/shared-data"))
 QWEN = os.path.join(DATA, "tokenizers/qwen3/tokenizer.json")
 STOP = [151645, 151643]  # <|im_end|>, <|endoftext|>
+SEED_OFFSET = int(os.environ.get("MOESERVE_ORACLE_SEED", "0"))  # fixed walks; other seeds to explore
+
+
+SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +68,24 @@ def test_masks_equal_xgrammar(vocab, name, spec):
     toks, special, compiler = vocab
     size = len(toks)
     compiled = xo.xgr_compile(xgr, compiler, spec)
-    walks = xgr_walks(compiled, size, seed=hash(name) % 1000, n_walks=6, n_steps=24)
+    walks = xgr_walks(compiled, size, seed=zlib.crc32(name.encode()) + SEED_OFFSET, n_walks=6, n_steps=24)
     out = xo.run_tool(xo.tool_job(toks, special, STOP, spec, [w[0] for w in walks], all_steps=True))
     checked = 0
     for (prefix, xmasks), res in zip(walks, out["results"]):
-        assert res["accepted"] == len(prefix), f"{name}: we reject a token xgrammar allowed at step {res['accepted']}"
-        ours = [xo.hex_to_bool(h, size) for h in res["step_masks"]] + [xo.hex_to_bool(res["mask"], size)]
+        text = b""
+        for k, t in enumerate(prefix):  # stop at the first surrogate xgrammar allowed
+            if SURROGATE.search(text[-1:] + toks[t]):
+                prefix, xmasks = prefix[:k], xmasks[:k + 1]
+                break
+            text += toks[t]
+        assert res["accepted"] >= len(prefix), f"{name}: we reject a token xgrammar allowed at step {res['accepted']}"
+        ours = [xo.hex_to_bool(h, size) for h in res["step_masks"]]
+        if res["mask"] is not None:
+            ours.append(xo.hex_to_bool(res["mask"], size))
         for step, theirs in enumerate(xmasks):
+            before = b"".join(toks[t] for t in prefix[:step])[-1:]
             diff = np.flatnonzero(ours[step] != theirs)
+            diff = [i for i in diff if not (theirs[i] and not ours[step][i] and SURROGATE.search(before + toks[i]))]
             if spec.get("explained") == "length_strings":
                 diff = [i for i in diff if not (b"\\" in toks[i] or any(c < 0x20 for c in toks[i]))]
             if len(diff):
