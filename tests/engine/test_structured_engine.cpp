@@ -85,12 +85,12 @@ std::shared_ptr<structured::StructuredConstraint> constraint(const std::string& 
 
 // Returns (requests finished by EOS, total preemptions).
 int exited = 0;  // requests that generated the reasoning-end token (reasoning runs)
-std::pair<int, int> run_case(const ToyExecutorConfig& toy, int num_requests, bool reasoning) {
+std::pair<int, int> run_case(const ToyExecutorConfig& toy, int num_requests, bool reasoning,
+                             const std::string& re = "(ab|cd)+-x{2,3}") {
   EngineConfig cfg{.max_num_seqs = 8, .max_num_batched_tokens = 64};
   cfg.eos_token_ids = {kEos};
   auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(toy));
   Collector c;
-  const std::string re = "(ab|cd)+-x{2,3}";
   auto con = constraint(re, reasoning ? std::vector<int32_t>{kThinkEnd} : std::vector<int32_t>{});
   for (int i = 0; i < num_requests; ++i) {
     Request r;
@@ -136,8 +136,11 @@ std::pair<int, int> run_case(const ToyExecutorConfig& toy, int num_requests, boo
 TEST(StructuredEngine, OutputsFollowTheGrammar) { EXPECT_GT(run_case(ToyExecutorConfig{.vocab_size = 64}, 12, false).first, 0); }
 
 TEST(StructuredEngine, UnderPreemption) {
+  // Outputs of at least 22 tokens (12-token prompts): ~9 blocks each of 20, so running
+  // sequences must be preempted as they grow.
   auto [stopped, preempted] =
-      run_case(ToyExecutorConfig{.vocab_size = 64, .max_model_len = 96, .block_size = 4, .num_kv_blocks = 20}, 10, false);
+      run_case(ToyExecutorConfig{.vocab_size = 64, .max_model_len = 96, .block_size = 4, .num_kv_blocks = 20}, 10, false,
+               "(ab|cd|a|b|c|d){20,30}-xx");
   EXPECT_GT(stopped, 0);
   EXPECT_GT(preempted, 0);
 }
