@@ -277,6 +277,26 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   GenRequest& r = call->req;
   r = chat ? parse_chat_request(body, limits_) : parse_completion_request(body, limits_);
   check_model(r.model);
+  const int vocab_size = engine_.executor_info().vocab_size > 0 ? engine_.executor_info().vocab_size
+                                                                 : frontend_.vocab_size();
+  check_token_ids(r, vocab_size);
+  // Text prompt -> ids with truncate_prompt_tokens applied (special tokens the tokenizer adds
+  // around the text are kept, as HF's truncation keeps them).
+  auto encode_prompt = [&](const std::string& text, bool add_special) {
+    std::vector<int32_t> ids = frontend_.encode(text, add_special);
+    if (!r.truncate_prompt_tokens) return ids;
+    size_t prefix = 0, suffix = 0;
+    if (add_special) {
+      const std::vector<int32_t> plain = frontend_.encode(text, false);
+      if (plain.size() <= ids.size()) {
+        while (prefix < plain.size() && prefix < ids.size() - plain.size() && ids[prefix] != plain[0]) ++prefix;
+        if (std::equal(plain.begin(), plain.end(), ids.begin() + prefix)) suffix = ids.size() - plain.size() - prefix;
+        else prefix = 0;
+      }
+    }
+    truncate_prompt(ids, *r.truncate_prompt_tokens, cfg_.max_model_len, prefix, suffix);
+    return ids;
+  };
 
   // Prompts -> token ids.
   if (chat) {
@@ -286,22 +306,26 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     in.add_generation_prompt = r.add_generation_prompt;
     in.continue_final_message = r.continue_final_message;
     in.extra = r.chat_template_kwargs;
+    // vLLM passes `documents` to the template; chat_template_kwargs override it.
+    if (!r.documents.is_null() && !in.extra.contains("documents")) in.extra["documents"] = r.documents;
     std::string prompt = frontend_.render_chat(in);
     bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean() &&
                        body["add_special_tokens"].get<bool>();
-    call->prompt_ids.push_back(frontend_.encode(prompt, add_special));
+    call->prompt_ids.push_back(encode_prompt(prompt, add_special));
     call->echo_text.emplace_back();
   } else {
     int vocab = frontend_.vocab_size();
     for (auto& p : r.prompts) {
       if (p.text) {
-        call->prompt_ids.push_back(frontend_.encode(*p.text, r.add_special_tokens));
+        call->prompt_ids.push_back(encode_prompt(*p.text, r.add_special_tokens));
         call->echo_text.push_back(r.echo ? *p.text : std::string());
       } else {
         for (int32_t id : p.ids)
           if (vocab > 0 && id >= vocab) throw bad_request(fmt::format("Token id {} is out of vocabulary", id), "prompt");
         call->prompt_ids.push_back(p.ids);
-        call->echo_text.push_back(r.echo ? frontend_.decode(p.ids, r.skip_special_tokens) : std::string());
+        if (r.truncate_prompt_tokens) truncate_prompt(call->prompt_ids.back(), *r.truncate_prompt_tokens, cfg_.max_model_len);
+        call->echo_text.push_back(r.echo ? frontend_.decode(call->prompt_ids.back(), r.skip_special_tokens)
+                                         : std::string());
       }
     }
   }
@@ -309,11 +333,15 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     if (ids.empty()) throw bad_request("The decoder prompt cannot be empty", "prompt");
 
   // Validate every prompt before submitting anything.
+  const std::vector<std::vector<int32_t>> bad_words =
+      bad_words_token_ids(r.bad_words, [&](const std::string& w) { return frontend_.encode(w, false); }, vocab_size);
   std::vector<std::vector<SamplingParams>> params(call->prompt_ids.size());
   for (size_t p = 0; p < call->prompt_ids.size(); ++p)
-    for (int i = 0; i < r.n; ++i)
+    for (int i = 0; i < r.n; ++i) {
       params[p].push_back(make_sampling_params(r, cfg_.defaults, static_cast<int>(call->prompt_ids[p].size()),
                                                cfg_.max_model_len, i));
+      params[p].back().bad_words_token_ids = bad_words;
+    }
 
   ResponseContext& ctx = call->ctx;
   // As vLLM: the X-Request-Id header, else the body's `request_id`, else a random id. Engine
@@ -327,6 +355,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   ctx.model = r.model.empty() ? cfg_.served_model_names[0] : r.model;
   ctx.chat = chat;
   ctx.frontend = &frontend_;
+  ctx.tokens_as_ids = r.return_tokens_as_token_ids;
   ctx.init_prefix();
 
   ChoiceSettings cs;
@@ -335,6 +364,8 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   cs.include_stop_str_in_output = r.include_stop_str_in_output;
   cs.skip_special_tokens = r.skip_special_tokens;
   cs.num_logprobs = r.num_logprobs;
+  cs.min_tokens = r.min_tokens;
+  cs.include_reasoning = r.include_reasoning;
   if (chat) {
     cs.reasoning_parser = cfg_.reasoning_parser;
     // tool_choice none: tools are rendered but never parsed. required/named: no guided

@@ -53,13 +53,15 @@ static void append_bytes(std::string& out, const std::string& s) {
   out += "]";
 }
 
-static std::string token_text(const Frontend* f, int32_t id) {
+static std::string token_text(const ResponseContext& ctx, int32_t id) {
+  if (ctx.tokens_as_ids) return "token_id:" + std::to_string(id);  // vLLM's return_tokens_as_token_ids
+  const Frontend* f = ctx.frontend;
   std::string s = f ? f->decode({id}, false) : std::to_string(id);
   return valid_utf8(s) ? s : std::string("\xEF\xBF\xBD");
 }
 
 // {"content":[{"token","logprob","bytes","top_logprobs":[...]}]}
-static void append_chat_logprobs(std::string& out, const Frontend* f, const std::vector<TokenLogprobOut>& lps) {
+static void append_chat_logprobs(std::string& out, const ResponseContext& f, const std::vector<TokenLogprobOut>& lps) {
   out += "{\"content\":[";
   for (size_t i = 0; i < lps.size(); ++i) {
     if (i) out += ",";
@@ -91,7 +93,7 @@ static int64_t utf8_chars(const std::string& s) {
 }
 
 // {"text_offset":[],"token_logprobs":[],"tokens":[],"top_logprobs":[{tok: lp}]}
-static void append_completion_logprobs(std::string& out, const Frontend* f, const std::vector<TokenLogprobOut>& lps,
+static void append_completion_logprobs(std::string& out, const ResponseContext& f, const std::vector<TokenLogprobOut>& lps,
                                        int64_t& offset) {
   std::vector<std::string> toks;
   for (auto& lp : lps) toks.push_back(token_text(f, lp.token_id));
@@ -194,13 +196,13 @@ void append_delta_chunk(std::string& out, const ResponseContext& ctx, int index,
       out += "]";
     }
     out += "},\"logprobs\":";
-    if (!d.logprobs.empty()) append_chat_logprobs(out, ctx.frontend, d.logprobs);
+    if (!d.logprobs.empty()) append_chat_logprobs(out, ctx, d.logprobs);
     else out += "null";
   } else {
     out += ",\"text\":";
     append_json_string(out, d.text);
     out += ",\"logprobs\":";
-    if (!d.logprobs.empty()) append_completion_logprobs(out, ctx.frontend, d.logprobs, text_offset);
+    if (!d.logprobs.empty()) append_completion_logprobs(out, ctx, d.logprobs, text_offset);
     else out += "null";
   }
   if (d.finished) {
@@ -272,7 +274,7 @@ std::string chat_response_json(const ResponseContext& ctx, const std::vector<con
     else reasoning = "null";
     out += reasoning + ",\"reasoning_content\":" + reasoning;
     out += "},\"logprobs\":";
-    if (!p.all_logprobs().empty()) append_chat_logprobs(out, ctx.frontend, p.all_logprobs());
+    if (!p.all_logprobs().empty()) append_chat_logprobs(out, ctx, p.all_logprobs());
     else out += "null";
     out += ",\"finish_reason\":";
     append_json_string(out, p.finish_reason());
@@ -298,7 +300,7 @@ std::string completion_response_json(const ResponseContext& ctx, const std::vect
     append_json_string(out, text);
     out += ",\"logprobs\":";
     int64_t offset = 0;
-    if (!p.all_logprobs().empty()) append_completion_logprobs(out, ctx.frontend, p.all_logprobs(), offset);
+    if (!p.all_logprobs().empty()) append_completion_logprobs(out, ctx, p.all_logprobs(), offset);
     else out += "null";
     out += ",\"finish_reason\":";
     append_json_string(out, p.finish_reason());

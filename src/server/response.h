@@ -22,6 +22,7 @@ struct ResponseContext {
   bool chat = true;
   const Frontend* frontend = nullptr;  // for logprob token strings
   std::string chunk_prefix;            // cached `data: {"id":...,"choices":[`
+  bool tokens_as_ids = false;          // return_tokens_as_token_ids: "token_id:<id>" strings
   void init_prefix();
 };
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -242,6 +243,55 @@ TEST(CudaDeviceSampling, DistributionAtFullVocab) {
   EXPECT_EQ(f[0], 1.0);
   std::tie(f, n) = freq(DeviceSampling{1.f, 0, 1.f, 0}, true);  // one seed on every row: one draw
   EXPECT_EQ(n, 1u);
+}
+
+// The kernel is total as the host sampler: a row without a finite maximum gets -1 (every
+// entry -inf or NaN) or -2 (+inf) in every mode, never a made-up token; NaN entries among
+// finite ones are never drawn; extreme finite logits and parameters give the host's argmax
+// (greedy) or a token of the finite maximum's set.
+TEST(CudaDeviceSampling, NonFiniteAndExtremeRows) {
+  SKIP_WITHOUT_GPU();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf(""), big = std::numeric_limits<float>::max();
+  const int V = 4099;  // not a multiple of the block size
+  struct Case {
+    std::vector<std::pair<int, float>> set;  // entries over a base value
+    float base;
+    int32_t want;  // -1 / -2, or the only acceptable tokens' count below
+    std::set<int32_t> ok;
+  };
+  const std::vector<Case> cases = {
+      {{}, -inf, kDeviceNoCandidate, {}},
+      {{}, nan, kDeviceNoCandidate, {}},
+      {{{7, -inf}, {9, nan}}, nan, kDeviceNoCandidate, {}},
+      {{{100, inf}}, 0.f, kDeviceInfLogit, {}},
+      {{{5, inf}, {6, nan}}, -inf, kDeviceInfLogit, {}},
+      {{{11, 0.5f}, {4000, 0.25f}}, nan, 0, {11, 4000}},   // NaN everywhere else
+      {{{3, big}, {4098, big}}, -big, 0, {3, 4098}},       // extreme finite values
+  };
+  const std::vector<DeviceSampling> modes = {{0.f, 0, 1.f, 1}, {1.f, 0, 1.f, 2},   {0.7f, 2, 1.f, 3},
+                                             {0.7f, 0, 0.5f, 4}, {1e30f, 3, 0.3f, 5}, {0.01f, 1 << 30, 1e-30f, 6}};
+  auto be = make_cuda_backend(0);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Tensor h = Tensor::host(DType::F32, {int64_t(modes.size()), V});
+    float* hp = h.ptr<float>();
+    for (size_t r = 0; r < modes.size(); ++r) {
+      std::fill(hp + r * V, hp + (r + 1) * V, cases[c].base);
+      for (auto [i, v] : cases[c].set) hp[r * V + i] = v;
+    }
+    Tensor logits = be->upload(h);
+    Tensor out = be->alloc(DType::I32, {int64_t(modes.size())});
+    cuda_device_sampler(be.get())(logits, modes, out);
+    const std::vector<float> got = be->download_f32(out);
+    for (size_t r = 0; r < modes.size(); ++r) {
+      const int32_t t = int32_t(got[r]);
+      if (cases[c].ok.empty()) {
+        EXPECT_EQ(t, cases[c].want) << "case " << c << " mode " << r;
+      } else {
+        EXPECT_TRUE(cases[c].ok.count(t)) << "case " << c << " mode " << r << " sampled " << t;
+        if (modes[r].temperature == 0.f) EXPECT_EQ(t, *cases[c].ok.begin()) << "greedy: lowest id of the maximum";
+      }
+    }
+  }
 }
 
 }  // namespace
