@@ -37,6 +37,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     int64_t text_offset = 0;
     Clock::time_point last_token{};
     double ttft = -1;
+    std::string error;  // the engine's message when it failed this choice
   };
 
   OpenAIService& svc;
@@ -115,9 +116,8 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
         const Usage* u = continuous ? &running : nullptr;
         if (!c.started) {
           c.started = true;
-          if (req.chat) {
-            append_chat_role_chunk(out, ctx, index, u);
-          } else if (req.echo && !echo_text[c.prompt_index].empty()) {
+          if (req.chat) append_chat_role_chunk(out, ctx, index, u);
+          if (req.echo && !echo_text[c.prompt_index].empty()) {  // chat: the echoed last message
             ChoiceDelta e;
             e.text = echo_text[c.prompt_index];
             append_delta_chunk(out, ctx, index, e, c.text_offset, u);
@@ -139,6 +139,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
 
   void finish_choice(Choice& c, const RequestOutput& ro) {
     c.done = true;
+    c.error = ro.error;
     ++num_done;
     FinishedRequestStats st;
     st.finished_reason = c.proc->finish_reason();
@@ -168,18 +169,21 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     }
     for (auto& c : choices) {
       if (c.proc->finish_reason() == "error") {
-        sink->send(500, kJson, error_body(500, "InternalServerError", "generation failed"));
+        // The engine's reason (e.g. the sampler's "no token can be sampled ..."), as vLLM's
+        // GenerationError is a 500.
+        sink->send(500, kJson,
+                   error_body(500, "InternalServerError", c.error.empty() ? "generation failed" : c.error));
         return;
       }
     }
     std::vector<const OutputProcessor*> procs;
     for (auto& c : choices) procs.push_back(c.proc.get());
+    std::vector<std::string> echo;
+    if (req.echo)
+      for (auto& c : choices) echo.push_back(echo_text[c.prompt_index]);
     if (req.chat) {
-      sink->send(200, kJson, chat_response_json(ctx, procs, u));
+      sink->send(200, kJson, chat_response_json(ctx, procs, u, echo));
     } else {
-      std::vector<std::string> echo;
-      if (req.echo)
-        for (auto& c : choices) echo.push_back(echo_text[c.prompt_index]);
       sink->send(200, kJson, completion_response_json(ctx, procs, echo, u));
     }
   }
@@ -312,7 +316,16 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean() &&
                        body["add_special_tokens"].get<bool>();
     call->prompt_ids.push_back(encode_prompt(prompt, add_special));
-    call->echo_text.emplace_back();
+    // vLLM's chat echo: the last message's content is prepended to the reply when it has the
+    // reply's role (assistant with add_generation_prompt, else the last message's own role).
+    std::string echo;
+    if (r.echo && !r.messages.empty()) {
+      const ojson& last = r.messages.back();
+      const std::string role = r.add_generation_prompt ? "assistant" : last["role"].get<std::string>();
+      if (last["role"] == role && last.contains("content") && last["content"].is_string())
+        echo = last["content"].get<std::string>();
+    }
+    call->echo_text.push_back(std::move(echo));
   } else {
     int vocab = frontend_.vocab_size();
     for (auto& p : r.prompts) {

@@ -182,8 +182,6 @@ void refuse_unimplemented(const ojson& body, bool chat) {
   for (const char* dict : {"kv_transfer_params", "vllm_xargs", "mm_processor_kwargs"})
     if (const ojson* v = field(body, dict); v && !v->is_object()) type_error(dict, "a valid dictionary", *v);
   if (chat) {
-    if (auto e = get_bool(body, "echo"); e && *e)
-      not_supported("echo", "echoing the last message on /v1/chat/completions is not implemented");
     if (field(body, "chat_template"))
       throw bad_request("Chat template is passed with request, but --trust-request-chat-template is not set. "
                         "Refused request with untrusted chat template.",
@@ -472,6 +470,7 @@ GenRequest parse_chat_request(const ojson& body, const ProtocolLimits& limits) {
     r.documents = *d;
   }
   r.include_reasoning = get_bool(body, "include_reasoning").value_or(true);
+  r.echo = get_bool(body, "echo").value_or(false);  // the last message, see openai_service.cpp
   if (const ojson* e = field(body, "reasoning_effort"); e && !e->is_string())
     type_error("reasoning_effort", "a valid string", *e);
   return r;

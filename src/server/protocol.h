@@ -58,7 +58,7 @@ struct GenRequest {
   // Logprobs: chat (logprobs bool, top_logprobs k) and completions (logprobs k) both map to
   // `num_logprobs` = k (-1: none).
   int num_logprobs = -1;
-  bool echo = false;  // completions
+  bool echo = false;  // completions: the prompt; chat: the last message when it has the reply's role
   // vLLM's logits processors (SamplingParams); token ids are checked against the vocabulary
   // by check_token_ids once it is known.
   std::vector<std::pair<int64_t, float>> logit_bias;  // ascending id, values clamped to [-100, 100]

@@ -243,7 +243,7 @@ static void append_head(std::string& out, const ResponseContext& ctx, const char
 }
 
 std::string chat_response_json(const ResponseContext& ctx, const std::vector<const OutputProcessor*>& choices,
-                               const Usage& u) {
+                               const Usage& u, const std::vector<std::string>& echo_prefix) {
   std::string out;
   append_head(out, ctx, "chat.completion");
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -251,9 +251,10 @@ std::string chat_response_json(const ResponseContext& ctx, const std::vector<con
     if (i) out += ",";
     out += "{\"index\":" + std::to_string(i) + ",\"message\":{\"role\":\"assistant\",\"content\":";
     // With tool calls or a reasoning split, an empty content is reported as null (vLLM).
-    bool null_content = p.text().empty() && (p.has_tool_calls() || p.reports_reasoning());
+    const std::string echo = i < echo_prefix.size() ? echo_prefix[i] : std::string();
+    bool null_content = echo.empty() && p.text().empty() && (p.has_tool_calls() || p.reports_reasoning());
     if (null_content) out += "null";
-    else append_json_string(out, p.text());
+    else append_json_string(out, echo + p.text());
     out += ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[";
     if (auto* calls = p.tool_calls()) {
       for (size_t k = 0; k < calls->size(); ++k) {

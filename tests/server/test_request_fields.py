@@ -197,10 +197,30 @@ def test_unimplemented_fields_refused(srv, route, field, value):
     expect_400(fn, field)
 
 
+def test_chat_echo(srv):
+    c = srv.client()
+    m = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure: "}]
+    # The last message has the reply's role only without a generation prompt (as vLLM).
+    r = c.chat.completions.create(model="replay", messages=m, max_tokens=3, temperature=0,
+                                  extra_body={"echo": True, "add_generation_prompt": False,
+                                              "continue_final_message": True})
+    full = r.choices[0].message.content
+    plain = c.chat.completions.create(model="replay", messages=m, max_tokens=3, temperature=0,
+                                      extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    assert full == "Sure: " + (plain.choices[0].message.content or "")
+    r = c.chat.completions.create(model="replay", messages=m[:1], max_tokens=3, temperature=0,
+                                  extra_body={"echo": True})  # user last, assistant reply: nothing echoed
+    assert not (r.choices[0].message.content or "").startswith("x")
+    stream = c.chat.completions.create(model="replay", messages=m, max_tokens=3, temperature=0, stream=True,
+                                       extra_body={"echo": True, "add_generation_prompt": False,
+                                                   "continue_final_message": True})
+    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    assert text == full
+
+
 def test_route_specific_refusals(srv):
     c = srv.client()
     m = [{"role": "user", "content": "x"}]
-    expect_400(lambda: c.chat.completions.create(model="replay", messages=m, extra_body={"echo": True}), "echo")
     expect_400(lambda: c.chat.completions.create(model="replay", messages=m, extra_body={"chat_template": "{{ 1 }}"}),
                "chat_template")
     expect_400(lambda: c.completions.create(model="replay", prompt="x", extra_body={"prompt_embeds": "AAAA"}),
@@ -254,3 +274,21 @@ def test_extreme_valid_values_serve(srv, extra):
         r = c.completions.create(model="replay", prompt="x", max_tokens=4, n=n, extra_body=extra)
         assert all(ch.finish_reason in ("length", "stop") for ch in r.choices), r
     assert httpx.get(srv.base + "/health").status_code == 200
+
+
+def test_everything_masked_fails_only_that_request(srv):
+    c = srv.client()
+    amp = encode("&")
+    assert len(amp) == 1
+    for stream in (False, True):
+        body = {"allowed_token_ids": amp, "bad_words": ["&"]}
+        if stream:
+            with pytest.raises(openai.APIError) as e:
+                for _ in c.completions.create(model="replay", prompt="x", max_tokens=3, stream=True, extra_body=body):
+                    pass
+        else:
+            with pytest.raises(openai.InternalServerError) as e:
+                c.completions.create(model="replay", prompt="x", max_tokens=3, extra_body=body)
+        assert "no token can be sampled" in str(e.value), str(e.value)
+    assert httpx.get(srv.base + "/health").status_code == 200
+    assert completion_ids(c)[0] == encode(PLAIN)[:6]
