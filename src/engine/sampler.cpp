@@ -126,8 +126,8 @@ std::string no_candidate_message(float max) {
 
 void apply_allowed_token_ids(std::span<float> logits, std::span<const int32_t> allowed) {
   // Keep the allowed values, then mask everything and put them back: O(|allowed| + V).
-  std::vector<std::pair<int32_t, float>> keep;
-  keep.reserve(allowed.size());
+  thread_local std::vector<std::pair<int32_t, float>> keep;
+  keep.clear();
   const int64_t vocab = static_cast<int64_t>(logits.size());
   for (int32_t t : allowed)
     if (t >= 0 && t < vocab) keep.emplace_back(t, logits[t]);

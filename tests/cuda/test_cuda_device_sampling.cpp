@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <limits>
 #include <random>
 #include <set>
@@ -17,6 +19,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/device_sampler.h"
 #include "model/model_executor.h"
@@ -292,6 +295,57 @@ TEST(CudaDeviceSampling, NonFiniteAndExtremeRows) {
       }
     }
   }
+}
+
+// vLLM's logits processors through the engine on the real CUDA executor with its device
+// sampler: rows of requests that use them are sampled on the host whichever sampler the
+// engine prefers, so a device-sampling engine gives exactly the host-sampling engine's tokens,
+// and each feature has its effect.
+TEST(CudaDeviceSampling, LogitsProcessorsThroughTheEngineMatchHostSampling) {
+  SKIP_WITHOUT_GPU();
+  const int V = 4096, N = 6, kMaxTokens = 10;
+  std::vector<SamplingParams> params(N);
+  params[0] = SamplingParams{.temperature = 0};
+  params[0].logit_bias = {{1234, 100.f}};
+  params[1] = SamplingParams{.temperature = 0.8f, .seed = 5};
+  params[1].allowed_token_ids = {3, 17, 99, 1000};
+  params[2] = SamplingParams{.temperature = 0.9f, .seed = 6};
+  for (int32_t t = 0; t < V / 2; ++t) params[2].bad_words_token_ids.push_back({t});
+  params[3] = SamplingParams{.temperature = 0.7f, .presence_penalty = 0.5f, .frequency_penalty = 0.5f,
+                             .repetition_penalty = 1.3f, .seed = 7};
+  params[4] = SamplingParams{.temperature = 0, .min_tokens = 5};
+  params[5] = SamplingParams{.temperature = 1.f, .seed = 9};
+  for (int32_t t = 0; t < 100; ++t) params[5].logit_bias.emplace_back(t, -100.f);
+  auto run = [&](bool device) {
+    EngineConfig cfg{.max_num_seqs = N, .device_sampling = device};
+    auto engine = make_engine(cfg, make_exec(V, true, N));
+    std::mutex mu;
+    std::map<int, std::vector<int32_t>> out;
+    std::map<int, FinishReason> reason;
+    for (int i = 0; i < N; ++i) {
+      Request r;
+      r.id = "r" + std::to_string(i);
+      r.prompt_ids = prompt_of(4 + i, 90 + i, V);
+      r.params = params[i];
+      r.params.max_tokens = kMaxTokens;
+      r.on_output = [&, i](RequestOutput&& o) {
+        std::lock_guard lk(mu);
+        out[i].insert(out[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        if (o.finished) reason[i] = o.finish_reason;
+      };
+      EXPECT_TRUE(engine->submit(std::move(r)));
+    }
+    engine->shutdown(std::chrono::seconds(60));
+    for (int i = 0; i < N; ++i) EXPECT_EQ(reason[i], FinishReason::Length) << "request " << i;
+    return out;
+  };
+  const auto dev = run(true), host = run(false);
+  EXPECT_EQ(dev, host);
+  ASSERT_EQ(dev.size(), size_t(N));
+  EXPECT_EQ(dev.at(0), std::vector<int32_t>(kMaxTokens, 1234));
+  for (int32_t t : dev.at(1)) EXPECT_TRUE(t == 3 || t == 17 || t == 99 || t == 1000) << t;
+  for (int32_t t : dev.at(2)) EXPECT_GE(t, V / 2);
+  for (int32_t t : dev.at(5)) EXPECT_GE(t, 100);
 }
 
 }  // namespace
