@@ -79,6 +79,10 @@ struct Request {
   SamplingParams params;
   std::function<void(RequestOutput&&)> on_output;
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+  // 0: the shared prefix cache. Else the request's cache_salt as an identity with the top bit
+  // set (content ids count up from 1 and never reach it): its blocks chain from this root, so
+  // only requests with the same salt share cached prefixes (vLLM's cache_salt).
+  uint64_t prefix_cache_root = 0;
 };
 
 struct EngineConfig {

@@ -405,6 +405,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     er.id = c.engine_id;
     er.prompt_ids = call->prompt_ids[c.prompt_index];
     er.params = params[c.prompt_index][k % r.n];
+    er.prefix_cache_root = prefix_cache_root(r.cache_salt);
     er.arrival = arrival;
     int index = static_cast<int>(k);
     // Engine thread: hold the call alive until its last delivery is queued.

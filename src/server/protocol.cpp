@@ -174,11 +174,6 @@ void refuse_unimplemented(const ojson& body, bool chat) {
     throw bad_request("The `logits_processors` argument is not supported by this server. See "
                       "--logits-processor-pattern engine argument for more information.",
                       "logits_processors");
-  if (const ojson* cs = field(body, "cache_salt")) {
-    if (!cs->is_string() || cs->get<std::string>().empty())
-      throw bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt");
-    not_supported("cache_salt", "the prefix cache is shared by all requests; omit it");
-  }
   for (const char* dict : {"kv_transfer_params", "vllm_xargs", "mm_processor_kwargs"})
     if (const ojson* v = field(body, dict); v && !v->is_object()) type_error(dict, "a valid dictionary", *v);
   if (chat) {
@@ -290,6 +285,11 @@ void parse_common(const ojson& body, GenRequest& r) {
       throw bad_request(fmt::format("truncate_prompt_tokens must be at least 1, or -1 (the model's length), got {}.", *k),
                         "truncate_prompt_tokens");
     r.truncate_prompt_tokens = *k;
+  }
+  if (const ojson* cs = field(body, "cache_salt")) {
+    if (!cs->is_string() || cs->get<std::string>().empty())
+      throw bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt");
+    r.cache_salt = cs->get<std::string>();
   }
   check_prompt_logprobs(body, r);
   refuse_unimplemented(body, r.chat);
@@ -563,6 +563,15 @@ SamplingParams make_sampling_params(const GenRequest& r, const SamplingDefaults&
   if (r.allowed_token_ids)
     for (int64_t id : *r.allowed_token_ids) p.allowed_token_ids.push_back(static_cast<int32_t>(id));
   return p;
+}
+
+uint64_t prefix_cache_root(const std::string& salt) {
+  if (salt.empty()) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then a splitmix finaliser
+  for (unsigned char c : salt) h = (h ^ c) * 0x100000001b3ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return (h ^ (h >> 31)) | (uint64_t(1) << 63);
 }
 
 void check_token_ids(const GenRequest& r, int vocab) {

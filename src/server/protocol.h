@@ -71,6 +71,7 @@ struct GenRequest {
   bool spaces_between_special_tokens = true;
   bool return_tokens_as_token_ids = false;  // logprob tokens as "token_id:<id>"
   bool include_reasoning = true;  // chat: false drops the reasoning text from the response
+  std::string cache_salt;  // non-empty: prefix-cache sharing only with the same salt
   // chat
   ojson messages;
   ojson tools;  // null or array
@@ -97,6 +98,9 @@ GenRequest parse_completion_request(const ojson& body, const ProtocolLimits& lim
 // Default max_tokens: max_model_len - prompt_len (chat) or 16 (completions).
 SamplingParams make_sampling_params(const GenRequest& r, const SamplingDefaults& defaults, int prompt_len,
                                     int max_model_len, int choice_index);
+
+// Request::prefix_cache_root for a cache_salt (0 for none): a 64-bit hash with the top bit set.
+uint64_t prefix_cache_root(const std::string& salt);
 
 // The token-id fields (logit_bias, allowed_token_ids) against the model's vocabulary size,
 // with vLLM's messages (400).

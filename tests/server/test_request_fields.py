@@ -184,8 +184,8 @@ def test_include_reasoning(srv):
 
 @pytest.mark.parametrize("route", ["chat", "completions"])
 @pytest.mark.parametrize("field,value", [
-    ("prompt_logprobs", 1), ("use_beam_search", True), ("best_of", 2), ("priority", 1), ("cache_salt", "s4lt"),
-    ("logits_processors", ["my.Processor"]),
+    ("prompt_logprobs", 1), ("use_beam_search", True), ("best_of", 2), ("priority", 1), ("cache_salt", ""),
+    ("cache_salt", 5), ("logits_processors", ["my.Processor"]),
 ])
 def test_unimplemented_fields_refused(srv, route, field, value):
     c = srv.client()
@@ -292,3 +292,23 @@ def test_everything_masked_fails_only_that_request(srv):
         assert "no token can be sampled" in str(e.value), str(e.value)
     assert httpx.get(srv.base + "/health").status_code == 200
     assert completion_ids(c)[0] == encode(PLAIN)[:6]
+
+
+def test_cache_salt_separates_prefix_cache(srv):
+    c = srv.client()
+    prompt = list(range(1000, 1100))  # 100 tokens: 6 full blocks of 16
+
+    def counter():
+        return sum(v for k, v in srv.metrics().items() if k.startswith("vllm:prefix_cache_hits_total"))
+
+    def hits(**extra):
+        before = counter()
+        c.completions.create(model="replay", prompt=prompt, max_tokens=1, extra_body=extra)
+        return counter() - before
+
+    hits()  # caches the unsalted prefix
+    assert hits() == 96
+    assert hits(cache_salt="alice") == 0  # salted: the unsalted blocks are not visible
+    assert hits(cache_salt="alice") == 96
+    assert hits(cache_salt="bob") == 0
+    assert hits() == 96
