@@ -5,68 +5,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/bounded_json.h"
+#include "server/request_fields.h"
+
 namespace moeserve::server {
 
 namespace {
 
-std::string type_name(const ojson& v) {
-  switch (v.type()) {
-    case ojson::value_t::null: return "null";
-    case ojson::value_t::boolean: return "boolean";
-    case ojson::value_t::string: return "string";
-    case ojson::value_t::array: return "array";
-    case ojson::value_t::object: return "object";
-    default: return "number";
-  }
-}
-
-[[noreturn]] void type_error(const std::string& field, const char* want, const ojson& got) {
-  throw bad_request(fmt::format("1 validation error: body.{}: Input should be {} (got {})", field, want, type_name(got)),
-                    field);
-}
-
-const ojson* field(const ojson& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<bool> get_bool(const ojson& body, const char* key) {
-  const ojson* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) type_error(key, "a valid boolean", *v);
-  return v->get<bool>();
-}
-
-std::optional<int64_t> get_int(const ojson& body, const char* key) {
-  const ojson* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (v->is_number_unsigned()) {
-    uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(INT64_MAX)) type_error(key, "an integer that fits in 64 bits", *v);
-    return static_cast<int64_t>(u);
-  }
-  if (v->is_number_integer()) return v->get<int64_t>();
-  if (v->is_number_float()) {  // pydantic accepts integral floats (5.0)
-    double d = v->get<double>();
-    if (std::isfinite(d) && d == std::trunc(d) && std::fabs(d) < 9.2e18) return static_cast<int64_t>(d);
-  }
-  type_error(key, "a valid integer", *v);
-}
-
-std::optional<double> get_num(const ojson& body, const char* key) {
-  const ojson* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) type_error(key, "a valid number", *v);
-  return v->get<double>();
-}
-
-std::optional<std::string> get_str(const ojson& body, const char* key) {
-  const ojson* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) type_error(key, "a valid string", *v);
-  return v->get<std::string>();
-}
+// Field readers (field, get_bool, get_int, get_num, get_str, type_error): server/request_fields.h.
 
 int clamp_int(int64_t v) { return static_cast<int>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)); }
 
@@ -77,8 +23,8 @@ void parse_common(const ojson& body, GenRequest& r) {
   if (const ojson* so = field(body, "stream_options")) {
     if (!so->is_object()) type_error("stream_options", "a valid dictionary", *so);
     if (!r.stream) throw bad_request("Stream options can only be defined when `stream=True`.", "stream_options");
-    r.include_usage = get_bool(*so, "include_usage").value_or(true);
-    r.continuous_usage_stats = get_bool(*so, "continuous_usage_stats").value_or(false);
+    r.include_usage = get_bool(*so, "include_usage", "stream_options").value_or(true);
+    r.continuous_usage_stats = get_bool(*so, "continuous_usage_stats", "stream_options").value_or(false);
   }
   if (auto n = get_int(body, "n")) {
     if (*n < 1) throw bad_request(fmt::format("n must be at least 1, got {}.", *n), "n");
@@ -141,10 +87,7 @@ void parse_common(const ojson& body, GenRequest& r) {
   }
   if (const ojson* s = field(body, "stop_token_ids")) {
     if (!s->is_array()) type_error("stop_token_ids", "a valid list", *s);
-    for (auto& e : *s) {
-      if (!e.is_number_integer()) type_error("stop_token_ids", "a list of integers", e);
-      r.stop_token_ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
-    }
+    r.stop_token_ids = *get_token_ids(body, "stop_token_ids", 0);
   }
   r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output").value_or(false);
   r.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
@@ -202,7 +145,7 @@ ojson normalise_messages(const ojson& msgs) {
           auto& f = tc["function"];
           if (f.contains("arguments") && f["arguments"].is_string()) {
             try {
-              f["arguments"] = ojson::parse(f["arguments"].get<std::string>());
+              f["arguments"] = parse_json_bounded<ojson>(f["arguments"].get<std::string>(), "tool call arguments");
             } catch (const std::exception&) {
               // leave the string as is
             }
@@ -236,12 +179,7 @@ SamplingDefaults SamplingDefaults::from_json(const ojson& g) {
 }
 
 ojson parse_json_body(std::string_view body) {
-  if (!valid_utf8(body)) throw bad_request("Request body is not valid UTF-8");
-  try {
-    return ojson::parse(body);
-  } catch (const ojson::parse_error& e) {
-    throw bad_request(fmt::format("JSON decode error: {}", e.what()));
-  }
+  return parse_request_object(body);
 }
 
 GenRequest parse_chat_request(const ojson& body, const ProtocolLimits& limits) {

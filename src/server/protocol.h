@@ -75,7 +75,8 @@ GenRequest parse_completion_request(const ojson& body, const ProtocolLimits& lim
 SamplingParams make_sampling_params(const GenRequest& r, const SamplingDefaults& defaults, int prompt_len,
                                     int max_model_len, int choice_index);
 
-// Parses a JSON request body; malformed JSON or invalid UTF-8 throws ApiError 400.
+// Parses a JSON request body (parse_request_object): malformed JSON, invalid UTF-8, 1e400,
+// nesting beyond the limit or a non-object throws ApiError 400.
 ojson parse_json_body(std::string_view body);
 
 }  // namespace moeserve::server

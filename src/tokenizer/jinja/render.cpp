@@ -33,7 +33,7 @@ bool has_line_prefix(const char* msg) { return std::string_view(msg).substr(0, 5
 
 class Renderer {
  public:
-  explicit Renderer(Scope& root) : root_(root) {}
+  Renderer(Scope& root, const RenderLimits& limits) : root_(root), limits_(limits) {}
 
   Flow exec(const Body& body, Scope& sc, std::string& out) {
     for (const auto& st : body) {
@@ -55,8 +55,8 @@ class Renderer {
 
   Flow exec_stmt(const Stmt& st, Scope& sc, std::string& out) {
     switch (st.kind) {
-      case Stmt::Kind::Data: out += st.text; return Flow::Normal;
-      case Stmt::Kind::Output: out += py_str(eval(*st.expr, sc)); return Flow::Normal;
+      case Stmt::Kind::Data: append(out, st.text); return Flow::Normal;
+      case Stmt::Kind::Output: append(out, py_str(eval(*st.expr, sc))); return Flow::Normal;
       case Stmt::Kind::If:
         for (const auto& [cond, body] : st.branches)
           if (eval(*cond, sc).truthy()) return exec(body, sc, out);
@@ -78,14 +78,14 @@ class Renderer {
       }
       case Stmt::Kind::CallBlock: {
         Value caller = make_macro(st, "caller");
-        out += py_str(eval_call(*st.expr, sc, &caller));
+        append(out, py_str(eval_call(*st.expr, sc, &caller)));
         return Flow::Normal;
       }
       case Stmt::Kind::FilterBlock: {
         std::string buf;
         exec(st.body, sc, buf);
         Value v = Value::string(std::move(buf));
-        out += py_str(eval_filter(*st.filter, sc, &v));
+        append(out, py_str(eval_filter(*st.filter, sc, &v)));
         return Flow::Normal;
       }
       case Stmt::Kind::Scope: return exec(st.body, sc, out);
@@ -100,6 +100,10 @@ class Renderer {
       const Value* ns = sc.lookup(t.names[0]);
       if (!ns || ns->kind != Value::Kind::Namespace)
         fail("line {}: cannot assign attribute on non-namespace object", line);
+      // Namespaces are the one mutable value: storing one inside another could build cycles
+      // and chains whose depth no constructor saw (kMaxValueDepth), so it is refused.
+      if (v.kind == Value::Kind::Namespace || v.holds_namespace)
+        fail("line {}: storing a namespace object in a namespace attribute is not supported", line);
       for (auto& [k, e] : *ns->dict)
         if (k == t.attr) {
           e = v;
@@ -127,6 +131,7 @@ class Renderer {
     if (st.cond) {  // `for x in xs if cond`: filter first, so loop.length/last see the filtered list
       List kept;
       for (const Value& item : all) {
+        count_iteration();
         Scope fs;
         fs.parent = &sc;
         assign(st.target, item, fs, st.line);
@@ -141,6 +146,7 @@ class Renderer {
     int64_t n = static_cast<int64_t>(all.size());
     auto last_changed = std::make_shared<std::optional<Value>>();  // loop.changed() state, shared by iterations
     for (int64_t k = 0; k < n; ++k) {
+      count_iteration();
       Scope it;
       it.parent = &sc;
       assign(st.target, all[static_cast<size_t>(k)], it, st.line);
@@ -180,7 +186,8 @@ class Renderer {
     Renderer* self = this;
     std::string mname = name.empty() ? st.text : name;
     return Value::function([def, self, mname](CallArgs& a) -> Value {
-      if (++self->depth_ > 256) fail("maximum recursion depth exceeded in macro '{}'", mname);
+      if (++self->depth_ > self->limits_.max_recursion_depth)
+        fail("maximum recursion depth ({}) exceeded in macro '{}'", self->limits_.max_recursion_depth, mname);
       struct Guard {
         int& d;
         ~Guard() { --d; }
@@ -223,7 +230,9 @@ class Renderer {
  public:
   Value eval(const Expr& e, Scope& sc) {
     try {
-      return eval_inner(e, sc);
+      Value v = eval_inner(e, sc);
+      check_size(v);
+      return v;
     } catch (const Error& err) {
       if (has_line_prefix(err.what())) throw;
       throw Error(fmt::format("line {}: {}", e.line, err.what()));
@@ -287,6 +296,7 @@ class Renderer {
         if (!v.is_number()) fail("bad operand type for unary {}: '{}'", e.name, v.type_name());
         if (e.name == "+") return v.kind == Value::Kind::Bool ? Value::integer(v.b) : v;
         if (v.kind == Value::Kind::Float) return Value::floating(-v.f);
+        if (v.kind == Value::Kind::Int && v.i == INT64_MIN) checked(true, &v.i);
         return Value::integer(-(v.kind == Value::Kind::Bool ? int64_t(v.b) : v.i));
       }
       case K::Binary: {
@@ -414,6 +424,9 @@ class Renderer {
       if (op == "//" || op == "%") {
         if (y == 0) fail("integer division or modulo by zero");
         if (ints) {
+          // a / -1 traps for INT64_MIN (the quotient 2^63 does not fit): Python gives
+          // -a and 0, so only INT64_MIN // -1 overflows.
+          if (b == -1) return op == "%" ? Value::integer(0) : Value::integer(checked(a == INT64_MIN, &a) * -1);
           int64_t q = a / b, m = a % b;
           if (m != 0 && ((m < 0) != (b < 0))) --q, m += b;
           return Value::integer(op == "//" ? q : m);
@@ -470,8 +483,28 @@ class Renderer {
     return type_err();
   }
 
+  void append(std::string& out, const std::string& text) {
+    if (out.size() + text.size() > limits_.max_output_bytes)
+      fail("template output exceeds {} bytes (the output limit)", limits_.max_output_bytes);
+    out += text;
+  }
+  void count_iteration() {
+    if (++iterations_ > limits_.max_loop_iterations)
+      fail("template loops ran more than {} iterations (the loop limit)", limits_.max_loop_iterations);
+  }
+  // Strings and lists built by expressions (~, +, *, filters, methods) stay within the
+  // output limit, so doubling in a loop fails cleanly instead of exhausting memory.
+  void check_size(const Value& v) const {
+    if (v.kind == Value::Kind::String && v.s.size() > limits_.max_output_bytes)
+      fail("string of {} bytes exceeds the template output limit ({} bytes)", v.s.size(), limits_.max_output_bytes);
+    if (v.kind == Value::Kind::List && v.list->size() > limits_.max_output_bytes / sizeof(Value))
+      fail("list of {} items exceeds the template size limit", v.list->size());
+  }
+
   Scope& root_;
+  const RenderLimits& limits_;
   int depth_ = 0;
+  int64_t iterations_ = 0;
 };
 
 }  // namespace
@@ -482,12 +515,12 @@ CompiledTemplate CompiledTemplate::compile(const std::string& source) {
   return t;
 }
 
-std::string CompiledTemplate::render(const nlohmann::ordered_json& context) const {
+std::string CompiledTemplate::render(const nlohmann::ordered_json& context, const RenderLimits& limits) const {
   MS_CHECK(tpl_, "render() called on a template that was never compiled");
   Scope root;
   if (context.is_object())
     for (auto it = context.begin(); it != context.end(); ++it) root.vars[it.key()] = Value::from_json(it.value());
-  Renderer r(root);
+  Renderer r(root, limits);
   std::string out;
   r.exec(tpl_->body, root, out);
   return out;
