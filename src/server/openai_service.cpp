@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "server/request_fields.h"
 #include "server/response.h"
+#include "server/tokenize_request.h"
 
 namespace moeserve::server {
 
@@ -392,18 +393,16 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
 }
 
 void OpenAIService::tokenize(const HttpRequest& http, ResponseSink& sink) {
-  ojson body = parse_json_body(http.body);
-  if (auto model = get_str(body, "model")) check_model(*model);
-  bool return_strs = get_bool(body, "return_token_strs").value_or(false);
+  TokenizeRequest t = parse_tokenize_request(parse_json_body(http.body), ProtocolLimits{cfg_.max_logprobs, true});
+  if (t.model) check_model(*t.model);
+  const bool return_strs = t.return_token_strs;
   std::vector<int32_t> ids;
-  if (field(body, "messages")) {
-    GenRequest r = parse_chat_request(body, ProtocolLimits{cfg_.max_logprobs, true});
+  if (t.chat) {
+    const GenRequest& r = *t.chat;
     ChatRenderInputs in{r.messages, r.tools, r.add_generation_prompt, r.continue_final_message, r.chat_template_kwargs};
-    ids = frontend_.encode(frontend_.render_chat(in), get_bool(body, "add_special_tokens").value_or(false));
-  } else if (auto prompt = get_str(body, "prompt")) {
-    ids = frontend_.encode(*prompt, get_bool(body, "add_special_tokens").value_or(true));
+    ids = frontend_.encode(frontend_.render_chat(in), t.add_special_tokens);
   } else {
-    throw bad_request("Either `prompt` (a string) or `messages` is required", "prompt");
+    ids = frontend_.encode(*t.prompt, t.add_special_tokens);
   }
   std::string out = "{\"count\":" + std::to_string(ids.size()) + ",\"max_model_len\":" +
                     std::to_string(cfg_.max_model_len) + ",\"tokens\":[";
@@ -424,11 +423,9 @@ void OpenAIService::tokenize(const HttpRequest& http, ResponseSink& sink) {
 }
 
 void OpenAIService::detokenize(const HttpRequest& http, ResponseSink& sink) {
-  ojson body = parse_json_body(http.body);
-  if (auto model = get_str(body, "model")) check_model(*model);
-  auto tokens = get_token_ids(body, "tokens", frontend_.vocab_size());
-  if (!tokens) throw bad_request("1 validation error: body.tokens: Field required", "tokens");
-  const std::vector<int32_t>& ids = *tokens;
+  DetokenizeRequest d = parse_detokenize_request(parse_json_body(http.body), frontend_.vocab_size());
+  if (d.model) check_model(*d.model);
+  const std::vector<int32_t>& ids = d.tokens;
   std::string text = frontend_.decode(ids, false);
   if (!valid_utf8(text)) text = "\xEF\xBF\xBD";
   sink.send(200, kJson, "{\"prompt\":" + json_string(text) + "}");

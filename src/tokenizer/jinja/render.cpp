@@ -497,7 +497,7 @@ class Renderer {
   void check_size(const Value& v) const {
     if (v.kind == Value::Kind::String && v.s.size() > limits_.max_output_bytes)
       fail("string of {} bytes exceeds the template output limit ({} bytes)", v.s.size(), limits_.max_output_bytes);
-    if (v.kind == Value::Kind::List && v.list->size() > limits_.max_output_bytes / sizeof(Value))
+    if (v.kind == Value::Kind::List && v.list->size() > limits_.max_output_bytes / 16)  // >= 16 bytes an item
       fail("list of {} items exceeds the template size limit", v.list->size());
   }
 
