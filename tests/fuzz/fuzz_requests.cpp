@@ -5,6 +5,7 @@
 //
 // Adding a route: one more entry in kRoutes.
 #include "fuzz_common.h"
+#include "core/error.h"
 #include "server/protocol.h"
 #include "server/tokenize_request.h"
 #include "tokenizer/chat_template.h"
