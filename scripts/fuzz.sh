@@ -78,15 +78,14 @@ rm -f "$FZ"/*.result
 printf '%s\n' "${TARGETS[@]}" | xargs -P "$JOBS" -I{} bash -c 'run_one "$@"' _ {} "$FZ" "$SECONDS_PER_TARGET"
 t2=$(date +%s)
 status=0
-{
-  echo "| target | result | executions | coverage (edges) | corpus files | seconds |"
-  echo "|---|---|---|---|---|---|"
-  for t in "${TARGETS[@]}"; do
-    if [ ! -f "$FZ/$t.result" ]; then echo "| $t | did not run | | | | |"; status=1; continue; fi
-    IFS=$'\t' read -r name rc execs cov files secs < "$FZ/$t.result"
-    [ "$rc" = 0 ] && res=ok || { res="CRASH (exit $rc)"; status=1; }
-    echo "| $name | $res | $execs | $cov | $files | $secs |"
-  done
-} | tee "$FZ/summary.md"
+summary="| target | result | executions | coverage (edges) | corpus files | seconds |
+|---|---|---|---|---|---|"
+for t in "${TARGETS[@]}"; do
+  if [ ! -f "$FZ/$t.result" ]; then summary+=$'\n'"| $t | did not run | | | | |"; status=1; continue; fi
+  IFS=$'\t' read -r name rc execs cov files secs < "$FZ/$t.result"
+  if [ "$rc" = 0 ]; then res=ok; else res="CRASH (exit $rc)"; status=1; fi
+  summary+=$'\n'"| $name | $res | $execs | $cov | $files | $secs |"
+done
+echo "$summary" | tee "$FZ/summary.md"
 echo "fuzz lane: build $((t1 - t0)) s, runs $((t2 - t1)) s, total $((t2 - t0)) s (jobs $JOBS)"
 exit $status

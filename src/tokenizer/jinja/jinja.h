@@ -18,6 +18,7 @@ struct RenderLimits {
   int max_recursion_depth = 256;              // nested macro / caller() calls
   int64_t max_loop_iterations = 1'000'000;    // for-loop iterations of the whole render
   size_t max_output_bytes = size_t{64} << 20;  // the output, each buffer and each string/list built
+  size_t max_stack_bytes = size_t{2} << 20;    // stack used by recursion (at most half the thread's)
 };
 
 class CompiledTemplate {

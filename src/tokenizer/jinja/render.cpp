@@ -1,6 +1,9 @@
 // Tree-walking renderer: evaluates expressions with Python semantics and executes
 // statements with jinja2's scoping (for-loop iterations and macros get their own scope;
 // if/set do not; namespace() objects are the way to carry state out of loops).
+#include <pthread.h>
+
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -29,11 +32,29 @@ struct Scope {
 
 enum class Flow { Normal, Break, Continue };
 
+// This thread's stack size (the main thread's comes from RLIMIT_STACK); 8 MiB if unknown.
+size_t thread_stack_bytes() {
+  thread_local const size_t bytes = [] {
+    size_t n = 0;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      pthread_attr_getstacksize(&attr, &n);
+      pthread_attr_destroy(&attr);
+    }
+    return n > 0 ? n : size_t{8} << 20;
+  }();
+  return bytes;
+}
+
 bool has_line_prefix(const char* msg) { return std::string_view(msg).substr(0, 5) == "line "; }
 
 class Renderer {
  public:
-  Renderer(Scope& root, const RenderLimits& limits) : root_(root), limits_(limits) {}
+  Renderer(Scope& root, const RenderLimits& limits)
+      : root_(root),
+        limits_(limits),
+        stack_base_(static_cast<const char*>(__builtin_frame_address(0))),
+        stack_budget_(std::min(limits.max_stack_bytes, thread_stack_bytes() / 2)) {}
 
   Flow exec(const Body& body, Scope& sc, std::string& out) {
     for (const auto& st : body) {
@@ -45,6 +66,7 @@ class Renderer {
 
  private:
   Flow exec_one(const Stmt& st, Scope& sc, std::string& out) {
+    check_stack();
     try {
       return exec_stmt(st, sc, out);
     } catch (const Error& e) {
@@ -229,6 +251,7 @@ class Renderer {
 
  public:
   Value eval(const Expr& e, Scope& sc) {
+    check_stack();
     try {
       Value v = eval_inner(e, sc);
       check_size(v);
@@ -488,6 +511,13 @@ class Renderer {
       fail("template output exceeds {} bytes (the output limit)", limits_.max_output_bytes);
     out += text;
   }
+  // Recursion (macros, nested expressions and blocks) is bounded by the stack this render has
+  // used, whatever combination produced it: frame sizes differ between builds (sanitizers).
+  void check_stack() const {
+    const char* here = static_cast<const char*>(__builtin_frame_address(0));
+    if (stack_base_ > here && static_cast<size_t>(stack_base_ - here) > stack_budget_)
+      fail("template recursion too deep (more than {} KiB of stack)", stack_budget_ >> 10);
+  }
   void count_iteration() {
     if (++iterations_ > limits_.max_loop_iterations)
       fail("template loops ran more than {} iterations (the loop limit)", limits_.max_loop_iterations);
@@ -503,6 +533,8 @@ class Renderer {
 
   Scope& root_;
   const RenderLimits& limits_;
+  const char* stack_base_;
+  size_t stack_budget_;
   int depth_ = 0;
   int64_t iterations_ = 0;
 };
