@@ -103,11 +103,13 @@ TEST(JinjaLimits, LoopIterationLimit) {
   EXPECT_NE(Err("{% for i in range(11) %}{% for j in range(100) %}{% endfor %}{% endfor %}", json::object(), lim)
                 .find("more than 1010 iterations"),
             std::string::npos);
-  // The default bounds a loop nest that would run 10^15 times.
+  // A nest that would run 10^15 times stops at the limit.
+  lim.max_loop_iterations = 100000;
   EXPECT_NE(Err("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
-                "{% endfor %}{% endfor %}{% endfor %}")
+                "{% endfor %}{% endfor %}{% endfor %}", json::object(), lim)
                 .find("(the loop limit)"),
             std::string::npos);
+  EXPECT_EQ(RenderLimits{}.max_loop_iterations, 10000000);
 }
 
 TEST(JinjaLimits, OutputAndStringSizeLimit) {

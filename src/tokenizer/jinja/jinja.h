@@ -16,7 +16,9 @@ struct Template;
 // model repositories and requests can pass chat_template_kwargs and deep messages).
 struct RenderLimits {
   int max_recursion_depth = 256;              // nested macro / caller() calls
-  int64_t max_loop_iterations = 1'000'000;    // for-loop iterations of the whole render
+  // For-loop iterations of the whole render: above what a body within the size limit can
+  // drive (10^6 messages, a few passes), far below a nest of range() loops (10^10 and more).
+  int64_t max_loop_iterations = 10'000'000;
   size_t max_output_bytes = size_t{64} << 20;  // the output, each buffer and each string/list built
   size_t max_stack_bytes = size_t{2} << 20;    // stack used by recursion (at most half the thread's)
 };
