@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/bounded_json.h"
 
@@ -64,8 +65,11 @@ std::optional<double> get_num(const ojson& obj, const char* key, std::string_vie
   const ojson* v = field(obj, key);
   if (!v) return std::nullopt;
   if (!v->is_number()) type_error(path_of(where, key), "a valid number", *v);
-  double d = v->get<double>();
-  if (!std::isfinite(d)) type_error(path_of(where, key), "a finite number", *v);
+  const double d = v->get<double>();
+  // No numeric request field may be non-finite or beyond a float (the engine's type).
+  if (!std::isfinite(d) || std::fabs(d) > double(std::numeric_limits<float>::max()))
+    throw bad_request(fmt::format("1 validation error: body.{}: Input should be a finite number", path_of(where, key)),
+                      path_of(where, key));
   return d;
 }
 

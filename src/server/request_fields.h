@@ -28,7 +28,8 @@ const ojson* field(const ojson& obj, const char* key);
 std::optional<bool> get_bool(const ojson& obj, const char* key, std::string_view where = {});
 // Integers that fit in int64 (integral floats such as 5.0 too, as pydantic accepts them).
 std::optional<int64_t> get_int(const ojson& obj, const char* key, std::string_view where = {});
-// Any finite number (the JSON parser already refuses numbers that overflow a double).
+// A finite number within a float's range (the JSON parser already refuses numbers that
+// overflow a double; the engine computes in float).
 std::optional<double> get_num(const ojson& obj, const char* key, std::string_view where = {});
 std::optional<std::string> get_str(const ojson& obj, const char* key, std::string_view where = {});
 // Present-and-typed containers; nullptr when absent or null.
