@@ -20,3 +20,30 @@ function(moeserve_test name)
     ENVIRONMENT "MOESERVE_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOESERVE_BINARY_DIR=${CMAKE_BINARY_DIR};MOESERVE_SHARED_DATA=${CMAKE_SOURCE_DIR}/tests/fixtures/shared-data"
     DISCOVERY_TIMEOUT 60)
 endfunction()
+
+# moeserve_fuzz_target(NAME SOURCES... LIBS... [SEEDS files-or-folders...]) (tests/fuzz):
+# a libFuzzer binary when MOESERVE_FUZZ is on, else a `<name>_replay` unit test over
+# tests/fuzz/seeds/<name>/, tests/fuzz/regressions/<name>/ and SEEDS. The seed list for
+# scripts/fuzz.sh is written to <build>/fuzz/<name>.seeds, one path a line.
+function(moeserve_fuzz_target name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;SEEDS" ${ARGN})
+  set(dirs ${CMAKE_CURRENT_SOURCE_DIR}/seeds/${name} ${CMAKE_CURRENT_SOURCE_DIR}/regressions/${name})
+  set(exe ${name})
+  if(NOT MOESERVE_FUZZ)
+    set(exe ${name}_replay)
+  endif()
+  add_executable(${exe} ${ARG_SOURCES})
+  target_link_libraries(${exe} PRIVATE ${ARG_LIBS})
+  target_compile_definitions(${exe} PRIVATE MOESERVE_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  if(MOESERVE_FUZZ)
+    target_link_options(${exe} PRIVATE -fsanitize=fuzzer)
+    set_target_properties(${exe} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz)
+    string(REPLACE ";" "\n" seed_lines "${dirs};${ARG_SEEDS}")
+    file(WRITE ${CMAKE_BINARY_DIR}/fuzz/${name}.seeds "${seed_lines}\n")
+    add_dependencies(fuzz_all ${exe})
+  else()
+    target_sources(${exe} PRIVATE ${CMAKE_SOURCE_DIR}/tests/fuzz/replay_main.cpp)
+    add_test(NAME ${name}_replay COMMAND ${exe} ${dirs} ${ARG_SEEDS})
+    set_tests_properties(${name}_replay PROPERTIES LABELS unit TIMEOUT 600)
+  endif()
+endfunction()

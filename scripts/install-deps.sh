@@ -11,6 +11,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pip curl
   systemd                     # systemd-analyze verify (service unit test)
+  clang libclang-rt-dev       # scripts/fuzz.sh: libFuzzer, ASan and UBSan runtimes
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -6,6 +6,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/bounded_json.h"
 #include "tokenizer/chat_template.h"
 
 namespace {
@@ -20,7 +21,7 @@ std::string slurp(const std::string& path) {
 
 nlohmann::ordered_json parse_json(const std::string& text, const std::string& what) {
   try {
-    return nlohmann::ordered_json::parse(text);
+    return moeserve::parse_json_bounded<nlohmann::ordered_json>(text, what);
   } catch (const nlohmann::json::exception& e) {
     moeserve::fail("{}: invalid JSON: {}", what, e.what());
   }

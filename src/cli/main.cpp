@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/registry.h"
+#include "core/bounded_json.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -22,6 +23,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  int max_json_depth = moeserve::kDefaultJsonDepthLimit;
+  app.add_option("--max-json-depth", max_json_depth,
+                 "nesting limit for every JSON document read (request bodies, config and tokenizer files, "
+                 "safetensors headers, hub answers); deeper ones are refused")
+      ->capture_default_str()
+      ->check(CLI::Range(1, moeserve::kMaxJsonDepthLimit));
   app.set_version_flag("--version", std::string("moeserve ") + MOESERVE_VERSION);
 
   auto& subs = cli::registry();
@@ -58,6 +65,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   init_logging(log_level);
+  set_json_depth_limit(max_json_depth);
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) {
       try {

@@ -6,6 +6,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/bounded_json.h"
 #include "tools/plan.h"
 
 namespace {
@@ -23,7 +24,7 @@ struct Args {
 
 json parse_json(const std::string& text, const std::string& where) {
   try {
-    return json::parse(text);
+    return moeserve::parse_json_bounded<json>(text, where);
   } catch (const std::exception& e) {
     moeserve::fail("{}: not valid JSON: {}", where, e.what());
   }

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/parse.h"
+#include "core/bounded_json.h"
 #include "engine/engine.h"
 #include "engine/stop.h"
 #include "server/http_server.h"
@@ -77,7 +78,7 @@ nlohmann::json read_json_file(const fs::path& p) {
   std::ifstream f(p);
   MS_CHECK(f.good(), "cannot read {}", p.string());
   try {
-    return nlohmann::json::parse(f);
+    return moeserve::parse_json_bounded(std::string(std::istreambuf_iterator<char>(f), {}), p.string());
   } catch (const std::exception& e) {
     fail("{}: {}", p.string(), e.what());
   }

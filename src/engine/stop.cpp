@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/bounded_json.h"
 
 namespace moeserve {
 
@@ -54,7 +55,7 @@ std::vector<int32_t> read_eos_token_ids(const std::string& model_dir) {
     MS_CHECK(in.good(), "cannot read {}", path.string());
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = parse_json_bounded(std::string(std::istreambuf_iterator<char>(in), {}), path.string());
     } catch (const std::exception& e) {
       fail("{}: invalid JSON: {}", path.string(), e.what());
     }

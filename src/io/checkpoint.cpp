@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/bounded_json.h"
 #include "io/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -64,7 +65,10 @@ Checkpoint Checkpoint::open(const std::string& dir_or_file) {
   fs::path index_path = fs::path(dir_or_file) / kIndexName;
   if (fs::exists(index_path, ec)) {
     const std::string ip = index_path.string();
-    nlohmann::json index = nlohmann::json::parse(read_text(ip), nullptr, false);
+    const std::string index_text = read_text(ip);
+    MS_CHECK(json_nesting_depth(index_text, json_depth_limit()) <= json_depth_limit(),
+             "{}: JSON nested deeper than {} levels (the nesting limit)", ip, json_depth_limit());
+    nlohmann::json index = parse_json_bounded_or_discarded(index_text);
     MS_CHECK(!index.is_discarded(), "{}: not valid JSON", ip);
     MS_CHECK(index.is_object(), "{}: not a JSON object", ip);
     auto wm = index.find("weight_map");

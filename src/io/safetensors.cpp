@@ -28,6 +28,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/bounded_json.h"
 
 namespace moeserve {
 namespace {
@@ -177,8 +178,10 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
            size);
 
   const char* hbegin = reinterpret_cast<const char*>(base + 8);
-  nlohmann::json header = nlohmann::json::parse(hbegin, hbegin + n, nullptr,
-                                                /*allow_exceptions=*/false);
+  const std::string_view header_text(hbegin, n);
+  MS_CHECK(json_nesting_depth(header_text, json_depth_limit()) <= json_depth_limit(),
+           "{}: header JSON nested deeper than {} levels (the nesting limit)", path, json_depth_limit());
+  nlohmann::json header = parse_json_bounded_or_discarded(header_text);
   MS_CHECK(!header.is_discarded(), "{}: header ({} bytes) is not valid JSON", path, n);
   MS_CHECK(header.is_object(), "{}: header is JSON but not an object", path);
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/bounded_json.h"
 
 namespace moeserve {
 namespace {
@@ -240,7 +241,7 @@ MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path) {
   MS_CHECK(in.good(), "cannot open model config {}", path);
   json j;
   try {
-    j = json::parse(in);
+    j = parse_json_bounded<json>(std::string(std::istreambuf_iterator<char>(in), {}), path);
   } catch (const json::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
   }

@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/request_fields.h"
 #include "server/response.h"
+#include "server/tokenize_request.h"
 
 namespace moeserve::server {
 
@@ -243,11 +245,11 @@ void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink
   if (path.size() > 1 && path.back() == '/') path.pop_back();  // /metrics/ == /metrics
   bool is_get = req.method == "GET" || req.method == "HEAD";
   bool is_post = req.method == "POST";
-  if (cfg_.enable_request_id_headers) {
-    // vLLM's middleware: the client's X-Request-Id, else a fresh one, on every response.
-    std::string rid = req.header("x-request-id");
-    sink->add_header("x-request-id", rid.empty() ? random_hex(32) : rid);
-  }
+  // vLLM's middleware: the client's X-Request-Id, else a fresh one (on every response when
+  // enabled; always in the log line of an internal error).
+  std::string rid = req.header("x-request-id");
+  if (rid.empty()) rid = random_hex(32);
+  if (cfg_.enable_request_id_headers) sink->add_header("x-request-id", rid);
   try {
     if (!cfg_.api_key.empty() && path.rfind("/v1", 0) == 0 && req.method != "OPTIONS") {
       std::string auth = req.header("authorization");
@@ -287,7 +289,10 @@ void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink
     // Template errors and invalid requests rejected by the engine.
     sink->send(400, kJson, error_body(400, "BadRequestError", e.what()));
   } catch (const std::exception& e) {
-    sink->send(500, kJson, error_body(500, "InternalServerError", e.what()));
+    // Bad input never gets here (every field is validated, request_fields.h): this is a
+    // fault of the server, logged with the request id so it can be found.
+    spdlog::error("internal error on {} {} (request id {}): {}", req.method, path, rid, e.what());
+    sink->send(500, kJson, error_body(500, "InternalServerError", "internal server error (request id " + rid + ")"));
   }
 }
 
@@ -332,8 +337,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     // vLLM passes `documents` to the template; chat_template_kwargs override it.
     if (!r.documents.is_null() && !in.extra.contains("documents")) in.extra["documents"] = r.documents;
     std::string prompt = frontend_.render_chat(in);
-    bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean() &&
-                       body["add_special_tokens"].get<bool>();
+    bool add_special = get_bool(body, "add_special_tokens").value_or(false);
     call->prompt_ids.push_back(encode_prompt(prompt, add_special));
     // vLLM's chat echo: the last message's content is prepended to the reply when it has the
     // reply's role (assistant with add_generation_prompt, else the last message's own role).
@@ -384,8 +388,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   // As vLLM: the X-Request-Id header, else the body's `request_id`, else a random id. Engine
   // ids get a random suffix, so a client reusing an id cannot collide with a live request.
   std::string base_id = http.header("x-request-id");
-  if (base_id.empty() && body.is_object() && body.contains("request_id") && body["request_id"].is_string())
-    base_id = body["request_id"].get<std::string>();
+  if (base_id.empty()) base_id = get_str(body, "request_id").value_or("");
   const bool client_id = !base_id.empty();
   ctx.id = (chat ? "chatcmpl-" : "cmpl-") + (client_id ? base_id : random_hex(32));
   ctx.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -459,19 +462,16 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
 }
 
 void OpenAIService::tokenize(const HttpRequest& http, ResponseSink& sink) {
-  ojson body = parse_json_body(http.body);
-  if (!body.is_object()) throw bad_request("Input should be a valid dictionary");
-  if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>());
-  bool return_strs = body.value("return_token_strs", false);
+  TokenizeRequest t = parse_tokenize_request(parse_json_body(http.body), ProtocolLimits{cfg_.max_logprobs, true});
+  if (t.model) check_model(*t.model);
+  const bool return_strs = t.return_token_strs;
   std::vector<int32_t> ids;
-  if (body.contains("messages")) {
-    GenRequest r = parse_chat_request(body, ProtocolLimits{cfg_.max_logprobs, true});
+  if (t.chat) {
+    const GenRequest& r = *t.chat;
     ChatRenderInputs in{r.messages, r.tools, r.add_generation_prompt, r.continue_final_message, r.chat_template_kwargs};
-    ids = frontend_.encode(frontend_.render_chat(in), body.value("add_special_tokens", false));
-  } else if (body.contains("prompt") && body["prompt"].is_string()) {
-    ids = frontend_.encode(body["prompt"].get<std::string>(), body.value("add_special_tokens", true));
+    ids = frontend_.encode(frontend_.render_chat(in), t.add_special_tokens);
   } else {
-    throw bad_request("Either `prompt` (a string) or `messages` is required", "prompt");
+    ids = frontend_.encode(*t.prompt, t.add_special_tokens);
   }
   std::string out = "{\"count\":" + std::to_string(ids.size()) + ",\"max_model_len\":" +
                     std::to_string(cfg_.max_model_len) + ",\"tokens\":[";
@@ -492,18 +492,9 @@ void OpenAIService::tokenize(const HttpRequest& http, ResponseSink& sink) {
 }
 
 void OpenAIService::detokenize(const HttpRequest& http, ResponseSink& sink) {
-  ojson body = parse_json_body(http.body);
-  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
-    throw bad_request("1 validation error: body.tokens: Field required", "tokens");
-  if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>());
-  std::vector<int32_t> ids;
-  int vocab = frontend_.vocab_size();
-  for (auto& t : body["tokens"]) {
-    if (!t.is_number_integer()) throw bad_request("tokens: Input should be a list of integers", "tokens");
-    int64_t v = t.get<int64_t>();
-    if (v < 0 || (vocab > 0 && v >= vocab)) throw bad_request(fmt::format("Token id {} is out of vocabulary", v), "tokens");
-    ids.push_back(static_cast<int32_t>(v));
-  }
+  DetokenizeRequest d = parse_detokenize_request(parse_json_body(http.body), frontend_.vocab_size());
+  if (d.model) check_model(*d.model);
+  const std::vector<int32_t>& ids = d.tokens;
   std::string text = frontend_.decode(ids, false);
   if (!valid_utf8(text)) text = "\xEF\xBF\xBD";
   sink.send(200, kJson, "{\"prompt\":" + json_string(text) + "}");

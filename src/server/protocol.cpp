@@ -10,73 +10,14 @@
 #include <limits>
 #include <map>
 
+#include "core/bounded_json.h"
+#include "server/request_fields.h"
+
 namespace moeserve::server {
 
 namespace {
 
-std::string type_name(const ojson& v) {
-  switch (v.type()) {
-    case ojson::value_t::null: return "null";
-    case ojson::value_t::boolean: return "boolean";
-    case ojson::value_t::string: return "string";
-    case ojson::value_t::array: return "array";
-    case ojson::value_t::object: return "object";
-    default: return "number";
-  }
-}
-
-[[noreturn]] void type_error(const std::string& field, const char* want, const ojson& got) {
-  throw bad_request(fmt::format("1 validation error: body.{}: Input should be {} (got {})", field, want, type_name(got)),
-                    field);
-}
-
-const ojson* field(const ojson& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<bool> get_bool(const ojson& body, const char* key) {
-  const ojson* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) type_error(key, "a valid boolean", *v);
-  return v->get<bool>();
-}
-
-std::optional<int64_t> get_int(const ojson& body, const char* key) {
-  const ojson* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (v->is_number_unsigned()) {
-    uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(INT64_MAX)) type_error(key, "an integer that fits in 64 bits", *v);
-    return static_cast<int64_t>(u);
-  }
-  if (v->is_number_integer()) return v->get<int64_t>();
-  if (v->is_number_float()) {  // pydantic accepts integral floats (5.0)
-    double d = v->get<double>();
-    if (std::isfinite(d) && d == std::trunc(d) && std::fabs(d) < 9.2e18) return static_cast<int64_t>(d);
-  }
-  type_error(key, "a valid integer", *v);
-}
-
-std::optional<double> get_num(const ojson& body, const char* key) {
-  const ojson* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) type_error(key, "a valid number", *v);
-  const double d = v->get<double>();
-  // 1e400 parses as inf: no sampling parameter may be non-finite (or beyond a float, which
-  // the engine uses).
-  if (!std::isfinite(d) || std::fabs(d) > double(std::numeric_limits<float>::max()))
-    throw bad_request(fmt::format("1 validation error: body.{}: Input should be a finite number", key), key);
-  return d;
-}
-
-std::optional<std::string> get_str(const ojson& body, const char* key) {
-  const ojson* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) type_error(key, "a valid string", *v);
-  return v->get<std::string>();
-}
+// Field readers (field, get_bool, get_int, get_num, get_str, type_error): server/request_fields.h.
 
 constexpr float kMinTemperature = 0.01f;
 constexpr double kMinRepetitionPenalty = 1e-3, kMaxRepetitionPenalty = 1e3;
@@ -194,8 +135,8 @@ void parse_common(const ojson& body, GenRequest& r) {
   if (const ojson* so = field(body, "stream_options")) {
     if (!so->is_object()) type_error("stream_options", "a valid dictionary", *so);
     if (!r.stream) throw bad_request("Stream options can only be defined when `stream=True`.", "stream_options");
-    r.include_usage = get_bool(*so, "include_usage").value_or(true);
-    r.continuous_usage_stats = get_bool(*so, "continuous_usage_stats").value_or(false);
+    r.include_usage = get_bool(*so, "include_usage", "stream_options").value_or(true);
+    r.continuous_usage_stats = get_bool(*so, "continuous_usage_stats", "stream_options").value_or(false);
   }
   if (auto n = get_int(body, "n")) {
     if (*n < 1) throw bad_request(fmt::format("n must be at least 1, got {}.", *n), "n");
@@ -346,7 +287,7 @@ ojson normalise_messages(const ojson& msgs) {
           auto& f = tc["function"];
           if (f.contains("arguments") && f["arguments"].is_string()) {
             try {
-              f["arguments"] = ojson::parse(f["arguments"].get<std::string>());
+              f["arguments"] = parse_json_bounded<ojson>(f["arguments"].get<std::string>(), "tool call arguments");
             } catch (const std::exception&) {
               // leave the string as is
             }
@@ -380,14 +321,7 @@ SamplingDefaults SamplingDefaults::from_json(const ojson& g) {
 }
 
 ojson parse_json_body(std::string_view body) {
-  if (!valid_utf8(body)) throw bad_request("Request body is not valid UTF-8");
-  try {
-    return ojson::parse(body);
-  } catch (const ojson::parse_error& e) {
-    throw bad_request(fmt::format("JSON decode error: {}", e.what()));
-  } catch (const ojson::out_of_range& e) {  // a number beyond a double (1e400) is bad input, not a fault
-    throw bad_request(fmt::format("JSON decode error: {}", e.what()));
-  }
+  return parse_request_object(body);
 }
 
 GenRequest parse_chat_request(const ojson& body, const ProtocolLimits& limits) {

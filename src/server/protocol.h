@@ -123,7 +123,8 @@ std::vector<std::vector<int32_t>> bad_words_token_ids(
 void truncate_prompt(std::vector<int32_t>& ids, int64_t k, int max_model_len, size_t num_special_prefix = 0,
                      size_t num_special_suffix = 0);
 
-// Parses a JSON request body; malformed JSON or invalid UTF-8 throws ApiError 400.
+// Parses a JSON request body (parse_request_object): malformed JSON, invalid UTF-8, 1e400,
+// nesting beyond the limit or a non-object throws ApiError 400.
 ojson parse_json_body(std::string_view body);
 
 }  // namespace moeserve::server

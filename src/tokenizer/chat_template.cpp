@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/bounded_json.h"
 
 namespace moeserve {
 
@@ -82,7 +83,7 @@ TokenizerConfig TokenizerConfig::load(const std::string& dir) {
   if (fs::exists(cfg_path)) {
     nlohmann::ordered_json cfg;
     try {
-      cfg = nlohmann::ordered_json::parse(read_file(cfg_path));
+      cfg = parse_json_bounded<nlohmann::ordered_json>(read_file(cfg_path), cfg_path.string());
     } catch (const nlohmann::json::exception& e) {
       fail("{}: invalid JSON: {}", cfg_path.string(), e.what());
     }

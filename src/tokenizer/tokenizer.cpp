@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/bounded_json.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
 
@@ -82,7 +83,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_file(const std::string& path) {
 std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& text, const std::string& origin) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json_bounded(text, origin);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not valid JSON: {}", origin, e.what());
   }

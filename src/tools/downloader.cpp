@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "tools/hub_cache.h"
+#include "core/bounded_json.h"
 
 namespace moeserve::hub {
 namespace {
@@ -197,6 +198,7 @@ void Puller::prepare(const RepoFile& f) {
       mark_present(f.path, j->etag);
       return;
     }
+    MS_CHECK(is_sha256(j->etag) || is_commit_sha(j->etag), "{}: ETag '{}' is not a hex digest", f.path, j->etag);
     if (cache_mode_) {
       j->final_path = cl_.blob(j->etag);
       j->incomplete = j->final_path.string() + ".incomplete";
@@ -209,6 +211,10 @@ void Puller::prepare(const RepoFile& f) {
       j->lock_path = md.parent_path() / (md.filename().string() + ".lock");
     }
     j->sidecar = j->incomplete.string() + ".json";
+    // Every path this job creates stays inside the target (no "..", no symlinked folder
+    // leading out of it).
+    const fs::path& root = cache_mode_ ? cl_.repo_dir.parent_path() : local_;
+    for (const fs::path* p : {&j->final_path, &j->incomplete, &j->sidecar, &j->lock_path}) check_inside(root, *p);
     fs::create_directories(j->incomplete.parent_path());
     fs::create_directories(j->lock_path.parent_path());
     // One process (and one worker) per blob: files with equal content share a blob.
@@ -243,7 +249,7 @@ void Puller::plan_and_start(Job& j) {
   try {
     std::ifstream sf(j.sidecar);
     if (sf && have_file == j.size) {
-      auto s = nlohmann::json::parse(sf);
+      auto s = parse_json_bounded(std::string(std::istreambuf_iterator<char>(sf), {}), j.sidecar.string());
       if (s.at("etag") == j.etag && s.at("size") == j.size) {
         for (auto& c : s.at("chunks")) j.chunks.push_back({c.at(0), c.at(1), c.at(2)});
         j.multi = true;
@@ -476,9 +482,9 @@ void Puller::finalize(Job& j) {
     } else if (!j.sha256.empty()) {
       const std::string h = sha256_file(j.incomplete);
       if (h != j.sha256) bad = fmt::format("sha256 checksum mismatch: expected {}, got {}", j.sha256, h);
-    } else if (is_commit_sha(j.etag) && !git_etag_matches(j.incomplete, j.etag)) {
-      spdlog::warn("{}: content does not hash to the ETag {} (git blob sha1); kept, its size is right", j.entry.path,
-                   j.etag);
+    } else if (!git_etag_matches(j.incomplete, j.etag)) {
+      // The ETag of a git-stored file is its git blob sha1 (prepare() accepts no other shape).
+      bad = fmt::format("git blob sha1 mismatch: the ETag is {}, the bytes hash to something else", j.etag);
     }
     if (!bad.empty()) {
       fs::remove(j.incomplete, ec);
@@ -494,6 +500,7 @@ void Puller::finalize(Job& j) {
       return;
     }
     fs::create_directories(j.final_path.parent_path());
+    check_inside(cache_mode_ ? cl_.repo_dir.parent_path() : local_, j.final_path);  // again: folders exist now
     MS_CHECK(!fs::is_directory(j.final_path, ec), "{} is a directory", j.final_path.string());
     fs::rename(j.incomplete, j.final_path);
     fs::remove(j.sidecar, ec);
@@ -518,7 +525,10 @@ PullSummary Puller::run() {
   cache_mode_ = opt_.local_dir.empty();
   const auto& cfg = hub_.config();
   const std::string rev = opt_.revision.empty() ? "main" : opt_.revision;
+  MS_CHECK(rev.find("..") == std::string::npos && rev.front() != '/' && rev.find('\0') == std::string::npos,
+           "unsafe revision name '{}'", rev);
   commit_ = is_commit_sha(rev) ? rev : hub_.resolve_revision(rev);
+  MS_CHECK(is_commit_sha(commit_), "the hub resolved {} to '{}', not a 40-hex commit", rev, commit_);
   if (cache_mode_) {
     cl_ = cache_layout(opt_.cache_dir.empty() ? hf_hub_cache() : opt_.cache_dir, cfg.repo_id, cfg.repo_type);
     if (rev != commit_) write_ref(cl_, rev, commit_);

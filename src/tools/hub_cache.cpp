@@ -45,6 +45,7 @@ void make_snapshot_link(const CacheLayout& c, const std::string& commit, const s
   const fs::path link = c.snapshot_file(commit, path);
   const std::string target = snapshot_link_target(path, etag);
   fs::create_directories(link.parent_path());
+  check_inside(c.repo_dir, link.parent_path());
   std::error_code ec;
   if (fs::is_symlink(link, ec) && fs::read_symlink(link, ec).string() == target) return;
   const fs::path tmp = link.string() + fmt::format(".tmp{}", ::getpid());
@@ -54,6 +55,7 @@ void make_snapshot_link(const CacheLayout& c, const std::string& commit, const s
 }
 
 void write_ref(const CacheLayout& c, const std::string& revision, const std::string& commit) {
+  check_inside(c.repo_dir / "refs", c.ref(revision));
   write_file_atomic(c.ref(revision), commit);
 }
 
@@ -108,6 +110,18 @@ void check_repo_path(const std::string& path) {
   while (std::getline(ss, part, '/'))
     MS_CHECK(!part.empty() && part != "." && part != "..", "unsafe file path in the repository listing: '{}'", path);
   MS_CHECK(path.back() != '/', "unsafe file path in the repository listing: '{}'", path);
+}
+
+void check_inside(const fs::path& root, const fs::path& p) {
+  std::error_code ec;
+  const fs::path r = fs::weakly_canonical(fs::absolute(root), ec);
+  MS_CHECK(!ec, "cannot resolve {}: {}", root.string(), ec.message());
+  const fs::path q = fs::weakly_canonical(fs::absolute(p), ec);
+  MS_CHECK(!ec, "cannot resolve {}: {}", p.string(), ec.message());
+  auto ri = r.begin(), qi = q.begin();
+  for (; ri != r.end() && !ri->empty(); ++ri, ++qi)
+    MS_CHECK(qi != q.end() && *qi == *ri, "refusing to write {}: it resolves to {}, outside {}", p.string(),
+             q.string(), r.string());
 }
 
 namespace {

@@ -51,6 +51,10 @@ void init_local_dir(const fs::path& dir);
 // A repository path must stay inside the output folder: relative, no "..", no empty parts.
 void check_repo_path(const std::string& path);
 
+// Throws unless `p`, with symlinks of its existing parts resolved and "." / ".." removed,
+// lies inside `root` (resolved the same way): no created path may leave the target folder.
+void check_inside(const fs::path& root, const fs::path& p);
+
 // Lower-case hex sha256 of a file's contents (OpenSSL EVP).
 std::string sha256_file(const fs::path& p);
 std::string sha256_hex(const std::string& data);

@@ -4,11 +4,15 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <random>
 #include <thread>
+
+#include "core/bounded_json.h"
 
 namespace moeserve::hub {
 namespace {
@@ -30,11 +34,77 @@ std::string server_message(const HttpResponse& r) {
   std::string m = r.header("x-error-message");
   if (!m.empty()) return m;
   try {
-    auto j = nlohmann::json::parse(r.body);
+    auto j = parse_json_bounded_or_discarded(r.body);
     if (j.is_object() && j.contains("error") && j["error"].is_string()) return j["error"].get<std::string>();
   } catch (...) {
   }
   return "";
+}
+
+// A value from the hub, cut and with control bytes shown as '?', for an error message.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (char c : s.substr(0, 120)) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  return s.size() > 120 ? out + "..." : out;
+}
+
+// Hub answers are untrusted: bounded nesting; unreadable answers are retried.
+nlohmann::json parse_hub_json(const std::string& body, const std::string& url) {
+  nlohmann::json j = parse_json_bounded_or_discarded(body);
+  if (j.is_discarded())
+    throw TransientError(fmt::format("invalid JSON (or nested deeper than {} levels) from {}", json_depth_limit(), url));
+  return j;
+}
+
+// Redirects go to http(s) only (no file://, ftp://, gopher://, ...).
+void check_redirect_scheme(const std::string& target, const std::string& from) {
+  const std::string lower = [&] {
+    std::string t = target.substr(0, 8);
+    for (auto& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return t;
+  }();
+  if (lower.rfind("http://", 0) != 0 && lower.rfind("https://", 0) != 0)
+    throw HubError(fmt::format("{} redirected to '{}': only http and https redirects are followed", from,
+                               printable(target)),
+                   0);
+}
+
+// One listing entry (tree or siblings), every field type-checked: a hostile or broken
+// answer fails with the field named instead of an exception from the JSON library.
+RepoFile listing_entry(const nlohmann::json& e, const char* path_key, const char* oid_key, const char* lfs_sha_key,
+                       const std::string& url) {
+  auto bad = [&](const std::string& field, const std::string& want) -> HubError {
+    return HubError(fmt::format("file listing from {}: entry field '{}' is not {}", url, field, want), 0);
+  };
+  RepoFile f;
+  const auto p = e.find(path_key);
+  if (p == e.end() || !p->is_string()) throw bad(path_key, "a string");
+  f.path = p->get<std::string>();
+  auto read_size = [&](const nlohmann::json& obj, const std::string& name) {
+    const auto sz = obj.find("size");
+    if (sz == obj.end()) return;
+    if (!sz->is_number_integer() || sz->get<int64_t>() < 0) throw bad(name, "a non-negative integer");
+    f.size = sz->get<int64_t>();
+  };
+  read_size(e, "size");
+  const auto oid = e.find(oid_key);
+  if (oid != e.end()) {
+    if (!oid->is_string() || !all_hex(oid->get<std::string>(), 40)) throw bad(oid_key, "a 40-hex git sha1");
+    f.oid = oid->get<std::string>();
+  }
+  const auto lfs = e.find("lfs");
+  if (lfs != e.end() && !lfs->is_null()) {
+    if (!lfs->is_object()) throw bad("lfs", "an object");
+    for (const char* key : {"oid", "sha256"}) {
+      if (std::string(key) != "sha256" && std::string(key) != lfs_sha_key) continue;
+      const auto h = lfs->find(key);
+      if (h == lfs->end()) continue;
+      if (!h->is_string() || !all_hex(h->get<std::string>(), 64)) throw bad(std::string("lfs.") + key, "a 64-hex sha256");
+      f.lfs_sha256 = h->get<std::string>();
+    }
+    read_size(*lfs, "lfs.size");
+  }
+  return f;
 }
 
 }  // namespace
@@ -147,6 +217,7 @@ HttpResponse HubClient::get_json(const std::string& url, const std::string& what
   for (int hop = 0; hop < 10; ++hop) {
     HttpResponse r = http_perform(req);
     if (!r.transport_error && r.status >= 300 && r.status < 400 && !r.header("location").empty()) {
+      check_redirect_scheme(url_join(req.url, r.header("location")), req.url);
       req.url = url_join(req.url, r.header("location"));
       req.headers = headers_for(req.url);
       req.headers.push_back("Accept: application/json");
@@ -162,12 +233,7 @@ std::string HubClient::resolve_revision(const std::string& revision) {
   const std::string url = api_url("revision/" + url_quote(revision, ""));
   return with_retries("resolving revision " + revision, [&] {
     HttpResponse r = get_json(url, "revision " + revision);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(r.body);
-    } catch (const std::exception& e) {
-      throw TransientError(fmt::format("invalid JSON from {}: {}", url, e.what()));
-    }
+    nlohmann::json j = parse_hub_json(r.body, url);
     MS_CHECK(j.is_object() && j.contains("sha") && j["sha"].is_string(),
              "revision info from {} has no 'sha' commit field", url);
     std::string sha = j["sha"].get<std::string>();
@@ -184,28 +250,16 @@ std::vector<RepoFile> HubClient::list_files(const std::string& commit) {
       MS_CHECK(page < 100000, "listing of {} does not end", cfg_.repo_id);
       HttpResponse r = with_retries("listing files", [&] {
         HttpResponse resp = get_json(url, "file listing at " + commit);
-        try {
-          if (nlohmann::json::parse(resp.body).is_discarded()) throw TransientError("unreadable listing");
-        } catch (const std::exception& e) {
-          throw TransientError(fmt::format("invalid JSON from {}: {}", url, e.what()));
-        }
+        parse_hub_json(resp.body, url);  // retried while unreadable
         return resp;
       });
-      auto j = nlohmann::json::parse(r.body);
+      auto j = parse_hub_json(r.body, url);
       MS_CHECK(j.is_array(), "file listing from {} is not a JSON array", url);
       for (auto& e : j) {
-        if (!e.is_object() || e.value("type", "file") != "file" || !e.contains("path")) continue;
-        RepoFile f;
-        f.path = e["path"].get<std::string>();
-        if (e.contains("size") && e["size"].is_number_integer()) f.size = e["size"].get<int64_t>();
-        if (e.contains("oid") && e["oid"].is_string()) f.oid = e["oid"].get<std::string>();
-        if (e.contains("lfs") && e["lfs"].is_object()) {
-          auto& l = e["lfs"];
-          if (l.contains("oid") && l["oid"].is_string()) f.lfs_sha256 = l["oid"].get<std::string>();
-          if (l.contains("sha256") && l["sha256"].is_string()) f.lfs_sha256 = l["sha256"].get<std::string>();
-          if (l.contains("size") && l["size"].is_number_integer()) f.size = l["size"].get<int64_t>();
-        }
-        files.push_back(std::move(f));
+        if (!e.is_object()) continue;
+        const auto type = e.find("type");
+        if (type != e.end() && !(type->is_string() && *type == "file")) continue;  // directories
+        files.push_back(listing_entry(e, "path", "oid", "oid", url));
       }
       const std::string next = link_next(r.header("link"));
       url = next.empty() ? "" : url_join(url, next);
@@ -219,27 +273,13 @@ std::vector<RepoFile> HubClient::list_files(const std::string& commit) {
   const std::string rurl = api_url("revision/" + url_quote(commit, "")) + "?blobs=true";
   return with_retries("listing files", [&] {
     HttpResponse r = get_json(rurl, "revision " + commit);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(r.body);
-    } catch (const std::exception& e) {
-      throw TransientError(fmt::format("invalid JSON from {}: {}", rurl, e.what()));
-    }
+    nlohmann::json j = parse_hub_json(r.body, rurl);
     MS_CHECK(j.is_object() && j.contains("siblings") && j["siblings"].is_array(),
              "neither a tree listing nor siblings for {} at {}", cfg_.repo_id, commit);
     std::vector<RepoFile> out;
     for (auto& s : j["siblings"]) {
-      if (!s.is_object() || !s.contains("rfilename")) continue;
-      RepoFile f;
-      f.path = s["rfilename"].get<std::string>();
-      if (s.contains("size") && s["size"].is_number_integer()) f.size = s["size"].get<int64_t>();
-      if (s.contains("blobId") && s["blobId"].is_string()) f.oid = s["blobId"].get<std::string>();
-      if (s.contains("lfs") && s["lfs"].is_object()) {
-        auto& l = s["lfs"];
-        if (l.contains("sha256") && l["sha256"].is_string()) f.lfs_sha256 = l["sha256"].get<std::string>();
-        if (l.contains("size") && l["size"].is_number_integer()) f.size = l["size"].get<int64_t>();
-      }
-      out.push_back(std::move(f));
+      if (!s.is_object()) continue;
+      out.push_back(listing_entry(s, "rfilename", "blobId", "sha256", rurl));
     }
     return out;
   });
@@ -263,6 +303,7 @@ FileMeta HubClient::head_file(const std::string& commit, const std::string& path
       // relative Location) is followed; otherwise this response is the metadata and the
       // Location is where the bytes are (the file host).
       const bool has_meta = !r.header("x-linked-etag").empty() || !r.header("x-repo-commit").empty();
+      if (redirect) check_redirect_scheme(url_join(url, loc), url);
       if (redirect && !has_meta && same_origin_as_hub(url_join(url, loc))) {
         url = url_join(url, loc);
         continue;
@@ -279,6 +320,25 @@ FileMeta HubClient::head_file(const std::string& commit, const std::string& path
         throw HubError(fmt::format("{}: the hub sent no ETag/X-Linked-Etag for {}; is {} a hub endpoint?", url, path,
                                    cfg_.endpoint),
                        r.status);
+      // The ETag becomes a blob file name: only a hex digest may (git sha1 or LFS sha256).
+      if (!is_commit_sha(m.etag) && !is_sha256(m.etag))
+        throw HubError(fmt::format("{}: the hub's {} for {} is not a 40- or 64-character lower-case hex digest: '{}'",
+                                   url, r.header("x-linked-etag").empty() ? "ETag" : "X-Linked-Etag", path,
+                                   printable(m.etag)),
+                       r.status);
+      if (!m.commit.empty() && !is_commit_sha(m.commit))
+        throw HubError(fmt::format("{}: the hub's X-Repo-Commit for {} is not a 40-character hex commit: '{}'", url,
+                                   path, printable(m.commit)),
+                       r.status);
+      if (!size.empty()) {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(size.c_str(), &end, 10);
+        if (errno != 0 || *end != '\0' || v < 0)
+          throw HubError(fmt::format("{}: the hub's size for {} is not a non-negative integer: '{}'", url, path,
+                                     printable(size)),
+                         r.status);
+      }
       return m;
     }
     throw HubError(fmt::format("too many redirects resolving {}", first), 0);

@@ -24,6 +24,9 @@ Faults are set on `FakeHub.faults` (in-process) or as JSON via --faults (CLI):
   aliases:      {old_id: new_id} a renamed repository: requests for old_id get a 307 to new_id
   bare_listing: bool             tree entries without "lfs" (the sha256 then comes from X-Linked-Etag)
   no_tree:      bool             no tree endpoint (404): clients fall back to the revision's siblings
+  headers:      {substring: {name: value}}  hostile resolve headers (value None removes the header)
+  listing:      {path: {field: value}}      hostile tree / siblings entry fields (None removes the field)
+  revision_sha: str              the revision endpoint's "sha"
 Every request is appended to `FakeHub.log`: dicts with server, method, path, range, auth.
 """
 import argparse
@@ -306,7 +309,10 @@ class HubHandler(Base):
                     if "lfs" in e:
                         s["lfs"] = {"sha256": e["lfs"]["oid"], "size": e["size"], "pointerSize": 134}
                 sib.append(s)
-            body = {"_id": "x", "id": rid, "modelId": rid, "sha": commit, "private": repo.private,
+            for si in sib:
+                for k, v in (self.hub.faults.get("listing") or {}).get(si["rfilename"], {}).items():
+                    si.pop(k, None) if v is None else si.__setitem__(k, v)
+            body = {"_id": "x", "id": rid, "modelId": rid, "sha": self.hub.faults.get("revision_sha", commit), "private": repo.private,
                     "gated": repo.gated, "siblings": sib}
             return self.send(200, json.dumps(body).encode())
         if self.hub.faults.get("no_tree"):
@@ -315,6 +321,9 @@ class HubHandler(Base):
         if self.hub.faults.get("bare_listing"):
             for e in entries:
                 e.pop("lfs", None)
+        for e in entries:
+            for k, v in (self.hub.faults.get("listing") or {}).get(e["path"], {}).items():
+                e.pop(k, None) if v is None else e.__setitem__(k, v)
         dirs = sorted({"/".join(p.split("/")[:i]) for p in repo.files for i in range(1, p.count("/") + 1)})
         entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in dirs]
         cursor = int(q.get("cursor", ["0"])[0])
@@ -344,10 +353,16 @@ class HubHandler(Base):
         data = repo.files[path]
         e = repo.entry(path)
         h = {"X-Repo-Commit": commit, "ETag": '"%s"' % e["oid"]}
-        if path in repo.lfs:
+        lfs = path in repo.lfs
+        if lfs:
             sha = e["lfs"]["oid"]
             h.update({"X-Linked-Etag": '"%s"' % sha, "X-Linked-Size": str(len(data)),
                       "Location": "%s/lfs/%s?sig=%s" % (self.hub.file_origin, sha, sha[:8])})
+        for sub, hostile in (self.hub.faults.get("headers") or {}).items():
+            if sub in self.path:
+                for k, v in hostile.items():
+                    h.pop(k, None) if v is None else h.__setitem__(k, v)
+        if lfs or "Location" in h:
             return self.send(302, b"", h)
         self.send_bytes(data, h)
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <set>
+#include "core/bounded_json.h"
 
 namespace moeserve::server {
 
@@ -96,7 +97,7 @@ std::optional<double> py_float(std::string_view s) {
 
 std::optional<ojson> json_loads(std::string_view s) {
   try {
-    return ojson::parse(s);
+    return parse_json_bounded<ojson>(s, "tool call arguments");
   } catch (const std::exception&) {
     return std::nullopt;
   }

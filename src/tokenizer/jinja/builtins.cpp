@@ -543,9 +543,10 @@ Value g_range(CallArgs& a) {
   else fail("range expected 1 to 3 arguments, got {}", n.size());
   if (step == 0) fail("range() arg 3 must not be zero");
   List out;
-  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+  for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
     if (out.size() >= 100000) fail("range too big, a sandboxed template may not create more than 100000 items");
     out.push_back(Value::integer(k));
+    if (__builtin_add_overflow(k, step, &k)) break;  // past INT64_MAX/MIN: past `stop` too
   }
   return Value::make_list(std::move(out));
 }

@@ -12,6 +12,11 @@ namespace {
 
 using TT = Token::Type;
 
+// Statement blocks, expression levels (parentheses, `not`, unary signs, `else` branches)
+// and chain links together; bounds both this recursive-descent parser's stack and the depth
+// of the tree the renderer walks.
+constexpr int kMaxTemplateNesting = 400;
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> toks) : t_(std::move(toks)) {}
@@ -266,9 +271,23 @@ class Parser {
   struct DepthGuard {
     Parser& p;
     explicit DepthGuard(Parser& parser) : p(parser) {
-      if (++p.nesting_ > 200) p.error("template nesting too deep");
+      if (++p.nesting_ > kMaxTemplateNesting) p.error(fmt::format("template nesting too deep (limit {} levels)", kMaxTemplateNesting));
     }
     ~DepthGuard() { --p.nesting_; }
+  };
+  // Left-associative chains (a + b + c, a.b.c, x | f | g, a if b else c if ...) build trees
+  // as deep as they are long without recursing here; each link counts as one level of
+  // nesting until the chain's function returns, so the tree the renderer walks (and the
+  // destructor frees) recursively stays within the same limit.
+  struct ChainGuard {
+    Parser& p;
+    int links = 0;
+    explicit ChainGuard(Parser& parser) : p(parser) {}
+    void link() {
+      ++links;
+      if (++p.nesting_ > kMaxTemplateNesting) p.error(fmt::format("template nesting too deep (limit {} levels)", kMaxTemplateNesting));
+    }
+    ~ChainGuard() { p.nesting_ -= links; }
   };
 
   ExprPtr parse_expression(bool with_condexpr) {
@@ -277,8 +296,11 @@ class Parser {
   }
 
   ExprPtr parse_condexpr() {
+    DepthGuard g(*this);  // `else` recurses
+    ChainGuard chain(*this);
     ExprPtr e1 = parse_or();
     while (is_name("if")) {
+      chain.link();
       int line = cur().line;
       ++p_;
       ExprPtr e2 = parse_or();
@@ -301,24 +323,29 @@ class Parser {
   }
 
   ExprPtr parse_or() {
+    ChainGuard chain(*this);
     ExprPtr l = parse_and();
     while (is_name("or")) {
       int line = cur().line;
       ++p_;
+      chain.link();
       l = binary("or", std::move(l), parse_and(), line);
     }
     return l;
   }
   ExprPtr parse_and() {
+    ChainGuard chain(*this);
     ExprPtr l = parse_not();
     while (is_name("and")) {
       int line = cur().line;
       ++p_;
+      chain.link();
       l = binary("and", std::move(l), parse_not(), line);
     }
     return l;
   }
   ExprPtr parse_not() {
+    DepthGuard g(*this);
     if (is_name("not")) {
       auto e = make(Expr::Kind::Unary, cur().line);
       ++p_;
@@ -359,39 +386,47 @@ class Parser {
     return e;
   }
   ExprPtr parse_math1() {
+    ChainGuard chain(*this);
     ExprPtr l = parse_concat();
     while (is_op("+") || is_op("-")) {
       std::string op = cur().text;
       int line = cur().line;
       ++p_;
+      chain.link();
       l = binary(op, std::move(l), parse_concat(), line);
     }
     return l;
   }
   ExprPtr parse_concat() {
+    ChainGuard chain(*this);
     ExprPtr l = parse_math2();
     while (is_op("~")) {
       int line = cur().line;
       ++p_;
+      chain.link();
       l = binary("~", std::move(l), parse_math2(), line);
     }
     return l;
   }
   ExprPtr parse_math2() {
+    ChainGuard chain(*this);
     ExprPtr l = parse_pow();
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       std::string op = cur().text;
       int line = cur().line;
       ++p_;
+      chain.link();
       l = binary(op, std::move(l), parse_pow(), line);
     }
     return l;
   }
   ExprPtr parse_pow() {
+    ChainGuard chain(*this);
     ExprPtr l = parse_unary(true);
     while (is_op("**")) {
       int line = cur().line;
       ++p_;
+      chain.link();
       l = binary("**", std::move(l), parse_unary(true), line);
     }
     return l;
@@ -474,7 +509,9 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr node) {
+    ChainGuard chain(*this);
     while (true) {
+      chain.link();
       int line = cur().line;
       if (skip_op(".")) {
         if (cur().type == TT::Name) {
@@ -557,7 +594,9 @@ class Parser {
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {
+    ChainGuard chain(*this);
     while (true) {
+      chain.link();
       if (is_op("|")) {
         node = parse_filter_chain(std::move(node));
       } else if (is_name("is")) {
@@ -572,7 +611,9 @@ class Parser {
 
   // `| name(args) | name2 ...`; with start_without_pipe the first filter has no '|'.
   ExprPtr parse_filter_chain(ExprPtr node, bool start_without_pipe = false) {
+    ChainGuard chain(*this);
     while (start_without_pipe || is_op("|")) {
+      chain.link();
       if (!start_without_pipe) ++p_;
       start_without_pipe = false;
       auto e = make(Expr::Kind::Filter, cur().line);

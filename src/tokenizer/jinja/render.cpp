@@ -1,6 +1,9 @@
 // Tree-walking renderer: evaluates expressions with Python semantics and executes
 // statements with jinja2's scoping (for-loop iterations and macros get their own scope;
 // if/set do not; namespace() objects are the way to carry state out of loops).
+#include <pthread.h>
+
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -29,11 +32,29 @@ struct Scope {
 
 enum class Flow { Normal, Break, Continue };
 
+// This thread's stack size (the main thread's comes from RLIMIT_STACK); 8 MiB if unknown.
+size_t thread_stack_bytes() {
+  thread_local const size_t bytes = [] {
+    size_t n = 0;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      pthread_attr_getstacksize(&attr, &n);
+      pthread_attr_destroy(&attr);
+    }
+    return n > 0 ? n : size_t{8} << 20;
+  }();
+  return bytes;
+}
+
 bool has_line_prefix(const char* msg) { return std::string_view(msg).substr(0, 5) == "line "; }
 
 class Renderer {
  public:
-  explicit Renderer(Scope& root) : root_(root) {}
+  Renderer(Scope& root, const RenderLimits& limits)
+      : root_(root),
+        limits_(limits),
+        stack_base_(static_cast<const char*>(__builtin_frame_address(0))),
+        stack_budget_(std::min(limits.max_stack_bytes, thread_stack_bytes() / 2)) {}
 
   Flow exec(const Body& body, Scope& sc, std::string& out) {
     for (const auto& st : body) {
@@ -45,6 +66,7 @@ class Renderer {
 
  private:
   Flow exec_one(const Stmt& st, Scope& sc, std::string& out) {
+    check_stack();
     try {
       return exec_stmt(st, sc, out);
     } catch (const Error& e) {
@@ -55,8 +77,8 @@ class Renderer {
 
   Flow exec_stmt(const Stmt& st, Scope& sc, std::string& out) {
     switch (st.kind) {
-      case Stmt::Kind::Data: out += st.text; return Flow::Normal;
-      case Stmt::Kind::Output: out += py_str(eval(*st.expr, sc)); return Flow::Normal;
+      case Stmt::Kind::Data: append(out, st.text); return Flow::Normal;
+      case Stmt::Kind::Output: append(out, py_str(eval(*st.expr, sc))); return Flow::Normal;
       case Stmt::Kind::If:
         for (const auto& [cond, body] : st.branches)
           if (eval(*cond, sc).truthy()) return exec(body, sc, out);
@@ -78,14 +100,14 @@ class Renderer {
       }
       case Stmt::Kind::CallBlock: {
         Value caller = make_macro(st, "caller");
-        out += py_str(eval_call(*st.expr, sc, &caller));
+        append(out, py_str(eval_call(*st.expr, sc, &caller)));
         return Flow::Normal;
       }
       case Stmt::Kind::FilterBlock: {
         std::string buf;
         exec(st.body, sc, buf);
         Value v = Value::string(std::move(buf));
-        out += py_str(eval_filter(*st.filter, sc, &v));
+        append(out, py_str(eval_filter(*st.filter, sc, &v)));
         return Flow::Normal;
       }
       case Stmt::Kind::Scope: return exec(st.body, sc, out);
@@ -100,6 +122,10 @@ class Renderer {
       const Value* ns = sc.lookup(t.names[0]);
       if (!ns || ns->kind != Value::Kind::Namespace)
         fail("line {}: cannot assign attribute on non-namespace object", line);
+      // Namespaces are the one mutable value: storing one inside another could build cycles
+      // and chains whose depth no constructor saw (kMaxValueDepth), so it is refused.
+      if (v.kind == Value::Kind::Namespace || v.holds_namespace)
+        fail("line {}: storing a namespace object in a namespace attribute is not supported", line);
       for (auto& [k, e] : *ns->dict)
         if (k == t.attr) {
           e = v;
@@ -127,6 +153,7 @@ class Renderer {
     if (st.cond) {  // `for x in xs if cond`: filter first, so loop.length/last see the filtered list
       List kept;
       for (const Value& item : all) {
+        count_iteration();
         Scope fs;
         fs.parent = &sc;
         assign(st.target, item, fs, st.line);
@@ -141,6 +168,7 @@ class Renderer {
     int64_t n = static_cast<int64_t>(all.size());
     auto last_changed = std::make_shared<std::optional<Value>>();  // loop.changed() state, shared by iterations
     for (int64_t k = 0; k < n; ++k) {
+      count_iteration();
       Scope it;
       it.parent = &sc;
       assign(st.target, all[static_cast<size_t>(k)], it, st.line);
@@ -180,7 +208,8 @@ class Renderer {
     Renderer* self = this;
     std::string mname = name.empty() ? st.text : name;
     return Value::function([def, self, mname](CallArgs& a) -> Value {
-      if (++self->depth_ > 256) fail("maximum recursion depth exceeded in macro '{}'", mname);
+      if (++self->depth_ > self->limits_.max_recursion_depth)
+        fail("maximum recursion depth ({}) exceeded in macro '{}'", self->limits_.max_recursion_depth, mname);
       struct Guard {
         int& d;
         ~Guard() { --d; }
@@ -222,8 +251,11 @@ class Renderer {
 
  public:
   Value eval(const Expr& e, Scope& sc) {
+    check_stack();
     try {
-      return eval_inner(e, sc);
+      Value v = eval_inner(e, sc);
+      check_size(v);
+      return v;
     } catch (const Error& err) {
       if (has_line_prefix(err.what())) throw;
       throw Error(fmt::format("line {}: {}", e.line, err.what()));
@@ -287,6 +319,7 @@ class Renderer {
         if (!v.is_number()) fail("bad operand type for unary {}: '{}'", e.name, v.type_name());
         if (e.name == "+") return v.kind == Value::Kind::Bool ? Value::integer(v.b) : v;
         if (v.kind == Value::Kind::Float) return Value::floating(-v.f);
+        if (v.kind == Value::Kind::Int && v.i == INT64_MIN) checked(true, &v.i);
         return Value::integer(-(v.kind == Value::Kind::Bool ? int64_t(v.b) : v.i));
       }
       case K::Binary: {
@@ -414,6 +447,9 @@ class Renderer {
       if (op == "//" || op == "%") {
         if (y == 0) fail("integer division or modulo by zero");
         if (ints) {
+          // a / -1 traps for INT64_MIN (the quotient 2^63 does not fit): Python gives
+          // -a and 0, so only INT64_MIN // -1 overflows.
+          if (b == -1) return op == "%" ? Value::integer(0) : Value::integer(checked(a == INT64_MIN, &a) * -1);
           int64_t q = a / b, m = a % b;
           if (m != 0 && ((m < 0) != (b < 0))) --q, m += b;
           return Value::integer(op == "//" ? q : m);
@@ -470,8 +506,37 @@ class Renderer {
     return type_err();
   }
 
+  void append(std::string& out, const std::string& text) {
+    if (out.size() + text.size() > limits_.max_output_bytes)
+      fail("template output exceeds {} bytes (the output limit)", limits_.max_output_bytes);
+    out += text;
+  }
+  // Recursion (macros, nested expressions and blocks) is bounded by the stack this render has
+  // used, whatever combination produced it: frame sizes differ between builds (sanitizers).
+  void check_stack() const {
+    const char* here = static_cast<const char*>(__builtin_frame_address(0));
+    if (stack_base_ > here && static_cast<size_t>(stack_base_ - here) > stack_budget_)
+      fail("template recursion too deep (more than {} KiB of stack)", stack_budget_ >> 10);
+  }
+  void count_iteration() {
+    if (++iterations_ > limits_.max_loop_iterations)
+      fail("template loops ran more than {} iterations (the loop limit)", limits_.max_loop_iterations);
+  }
+  // Strings and lists built by expressions (~, +, *, filters, methods) stay within the
+  // output limit, so doubling in a loop fails cleanly instead of exhausting memory.
+  void check_size(const Value& v) const {
+    if (v.kind == Value::Kind::String && v.s.size() > limits_.max_output_bytes)
+      fail("string of {} bytes exceeds the template output limit ({} bytes)", v.s.size(), limits_.max_output_bytes);
+    if (v.kind == Value::Kind::List && v.list->size() > limits_.max_output_bytes / 16)  // >= 16 bytes an item
+      fail("list of {} items exceeds the template size limit", v.list->size());
+  }
+
   Scope& root_;
+  const RenderLimits& limits_;
+  const char* stack_base_;
+  size_t stack_budget_;
   int depth_ = 0;
+  int64_t iterations_ = 0;
 };
 
 }  // namespace
@@ -482,12 +547,12 @@ CompiledTemplate CompiledTemplate::compile(const std::string& source) {
   return t;
 }
 
-std::string CompiledTemplate::render(const nlohmann::ordered_json& context) const {
+std::string CompiledTemplate::render(const nlohmann::ordered_json& context, const RenderLimits& limits) const {
   MS_CHECK(tpl_, "render() called on a template that was never compiled");
   Scope root;
   if (context.is_object())
     for (auto it = context.begin(); it != context.end(); ++it) root.vars[it.key()] = Value::from_json(it.value());
-  Renderer r(root);
+  Renderer r(root, limits);
   std::string out;
   r.exec(tpl_->body, root, out);
   return out;

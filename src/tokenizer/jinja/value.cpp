@@ -14,16 +14,33 @@
 
 namespace moeserve::jinja {
 
+namespace {
+// Depth and namespace flag of a container from its direct children.
+void set_nesting(Value& v, const Value& child) {
+  v.depth = std::max(v.depth, child.depth + 1);
+  v.holds_namespace = v.holds_namespace || child.holds_namespace || child.kind == Value::Kind::Namespace;
+}
+void check_depth(const Value& v) {
+  if (v.depth > kMaxValueDepth) fail("value nested deeper than {} levels (the nesting limit)", kMaxValueDepth);
+}
+}  // namespace
+
 Value Value::make_list(List x, bool tuple) {
   Value v;
   v.kind = Kind::List;
   v.is_tuple = tuple;
+  v.depth = 1;
+  for (const Value& e : x) set_nesting(v, e);
+  check_depth(v);
   v.list = std::make_shared<const List>(std::move(x));
   return v;
 }
 Value Value::make_dict(Dict x) {
   Value v;
   v.kind = Kind::Dict;
+  v.depth = 1;
+  for (const auto& kv : x) set_nesting(v, kv.second);
+  check_depth(v);
   v.dict = std::make_shared<Dict>(std::move(x));
   return v;
 }
@@ -116,7 +133,7 @@ std::string dict_key(const Value& k) {
     case Value::Kind::String: return k.s;
     case Value::Kind::Int: return "\xFFi" + std::to_string(k.i);
     case Value::Kind::Bool: return k.b ? "\xFFi1" : "\xFFi0";  // True == 1 as a dict key
-    case Value::Kind::Float: return "\xFFf" + py_float_repr(k.f);
+    case Value::Kind::Float: return "\xFF" "f" + py_float_repr(k.f);  // "\xFFf" would be one (invalid) hex escape
     case Value::Kind::None: return "\xFFn";
     default: fail("unhashable type: '{}'", k.type_name());
   }

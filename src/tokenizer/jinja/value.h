@@ -15,6 +15,11 @@
 
 namespace moeserve::jinja {
 
+// Values nest at most this deep (JSON inputs are bounded by the JSON depth limit, values built
+// by a template by this check in make_list/make_dict), so str(), repr(), ==, tojson and the
+// destructor, which recurse once per level, cannot overflow the stack.
+constexpr uint32_t kMaxValueDepth = 2048;
+
 struct Value;
 using List = std::vector<Value>;
 using Dict = std::vector<std::pair<std::string, Value>>;  // insertion order, like a Python dict
@@ -33,6 +38,8 @@ struct Value {
   bool group_tuple = false;  // groupby's (grouper, list) tuple, which also has .grouper/.list
   bool markup = false;    // String that is a markupsafe.Markup (made by |safe, |escape):
                           // `+` with a plain str HTML-escapes the plain side, as Python does
+  bool holds_namespace = false;  // a List/Dict with a namespace() object somewhere inside
+  uint32_t depth = 0;             // List/Dict/Namespace nesting (0 for scalars), <= kMaxValueDepth
   bool b = false;
   int64_t i = 0;
   double f = 0;

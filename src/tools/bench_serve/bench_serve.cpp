@@ -18,6 +18,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/bench_serve/client.h"
 #include "tools/bench_serve/report.h"
+#include "core/bounded_json.h"
 
 namespace moeserve::bench {
 
@@ -117,7 +118,7 @@ int run_bench(const BenchOptions& o) {
   const auto goodput = parse_goodput(o.goodput);
   json extra = json::object();
   if (!o.extra_body.empty()) {
-    extra = json::parse(o.extra_body, nullptr, false);
+    extra = moeserve::parse_json_bounded_or_discarded(o.extra_body);
     MS_CHECK(!extra.is_discarded() && extra.is_object(), "--extra-body must be a JSON object, got {}", o.extra_body);
   }
   std::string api_key = o.api_key;
@@ -129,7 +130,7 @@ int run_bench(const BenchOptions& o) {
   try {
     auto r = http_get(url, "/v1/models", api_key, 30);
     MS_CHECK(r.status == 200, "GET {}/v1/models: HTTP {}: {}", url.str(), r.status, r.body.substr(0, 300));
-    auto j = json::parse(r.body, nullptr, false);
+    auto j = moeserve::parse_json_bounded_or_discarded(r.body);
     MS_CHECK(!j.is_discarded() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
                  j["data"][0].contains("id"),
              "GET {}/v1/models: no models in the answer", url.str());

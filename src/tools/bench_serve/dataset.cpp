@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
+#include "core/bounded_json.h"
 
 namespace moeserve::bench {
 
@@ -120,7 +121,7 @@ std::string turn_text(const nlohmann::json& turn, const std::string& path, size_
 
 std::vector<SampleRequest> sample_sharegpt(const DatasetOptions& o, const Tokenizer* tok, std::string* note) {
   MS_CHECK(!o.path.empty(), "--dataset-name sharegpt needs --dataset-path FILE (ShareGPT JSON)");
-  auto j = nlohmann::json::parse(read_file(o.path), nullptr, false);
+  auto j = moeserve::parse_json_bounded_or_discarded(read_file(o.path));
   MS_CHECK(!j.is_discarded() && j.is_array(), "{}: not a JSON array of conversations", o.path);
   std::vector<std::pair<std::string, std::string>> pairs;
   for (size_t i = 0; i < j.size(); ++i) {
@@ -162,7 +163,7 @@ std::vector<SampleRequest> sample_jsonl(const DatasetOptions& o, const Tokenizer
   std::string line;
   for (size_t ln = 1; std::getline(f, line); ++ln) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
+    auto j = moeserve::parse_json_bounded_or_discarded(line);
     MS_CHECK(!j.is_discarded() && j.is_object(), "{}:{}: not a JSON object", o.path, ln);
     MS_CHECK(j.contains("prompt") && j["prompt"].is_string(), "{}:{}: missing string \"prompt\"", o.path, ln);
     MS_CHECK(j.contains("output_len") && j["output_len"].is_number_integer() && j["output_len"].get<int64_t>() >= 1,

@@ -1,6 +1,7 @@
 #include "tools/bench_serve/sse.h"
 
 #include <nlohmann/json.hpp>
+#include "core/bounded_json.h"
 
 namespace moeserve::bench {
 
@@ -46,7 +47,7 @@ void SseRecorder::on_event(const std::string& data, double now) {
     done_ = true;
     return;
   }
-  nlohmann::json j = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = moeserve::parse_json_bounded_or_discarded(data);
   if (j.is_discarded() || !j.is_object()) {
     if (error_.empty()) error_ = "invalid JSON in stream: " + data.substr(0, 200);
     return;
