@@ -17,6 +17,8 @@
 
 namespace moeserve::server {
 
+class ApiFormatter;
+
 struct ServiceConfig {
   std::vector<std::string> served_model_names;  // the first is reported in responses
   std::string model_root;                       // ModelCard.root
@@ -46,13 +48,25 @@ class OpenAIService : public Handler {
   const Frontend& frontend() const { return frontend_; }
   const ServiceConfig& config() const { return cfg_; }
   std::atomic<int>& active_counter() { return active_; }
+  const ProtocolLimits& limits() const { return limits_; }
+  bool draining() const { return draining_; }
+  void check_model(const std::string& model) const;
+
+  // The shared generation pipeline of every generation API (chat, completions, Anthropic
+  // Messages, Responses): renders and tokenizes the prompt, validates it against the model
+  // length, submits the engine requests, processes outputs (OutputProcessor) and writes the
+  // response through `fmt` (api_formatter.h). Throws ApiError before anything was sent.
+  void run_generation(const HttpRequest& http, std::shared_ptr<ResponseSink> sink, const ojson& body,
+                      GenRequest&& request, std::unique_ptr<ApiFormatter> fmt,
+                      std::chrono::steady_clock::time_point arrival);
+  // A chat request's rendered prompt as token ids (`body` gives add_special_tokens).
+  std::vector<int32_t> render_chat_prompt(const GenRequest& r, const ojson& body) const;
 
  private:
   void generate(const HttpRequest& req, std::shared_ptr<ResponseSink> sink, bool chat);
   void tokenize(const HttpRequest& req, ResponseSink& sink);
   void detokenize(const HttpRequest& req, ResponseSink& sink);
   std::string models_json() const;
-  void check_model(const std::string& model) const;
 
   ServiceConfig cfg_;
   Engine& engine_;
