@@ -7,8 +7,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/anthropic_api.h"
 #include "server/api_formatter.h"
 #include "server/response.h"
+#include "server/responses_api.h"
 
 namespace moeserve::server {
 
@@ -219,7 +221,11 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     }
     std::vector<const OutputProcessor*> procs;
     for (auto& c : choices) procs.push_back(c.proc.get());
-    sink->send(200, kJson, fmt->response_body(procs, u));
+    try {
+      sink->send(200, kJson, fmt->response_body(procs, u));
+    } catch (const ApiError& e) {  // a finish the API reports as an error (e.g. abort)
+      sink->send(fmt->error_status(e.status), kJson, fmt->error_json(e.status, e.type, e.what()));
+    }
   }
 };
 
@@ -231,7 +237,10 @@ OpenAIService::OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& 
   limits_.max_logprobs = cfg_.max_logprobs;
   limits_.auto_tool_choice_enabled = cfg_.enable_auto_tool_choice && !cfg_.tool_parser.empty();
   created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  responses_ = std::make_unique<ResponsesApi>();
 }
+
+OpenAIService::~OpenAIService() = default;
 
 void OpenAIService::check_model(const std::string& model) const {
   if (model.empty()) return;
@@ -264,10 +273,15 @@ void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink
     sink->add_header("x-request-id", rid.empty() ? random_hex(32) : rid);
   }
   try {
+    const bool anthropic = path == "/v1/messages" || path == "/v1/messages/count_tokens";
     if (!cfg_.api_key.empty() && path.rfind("/v1", 0) == 0 && req.method != "OPTIONS") {
+      // Anthropic clients send the key as x-api-key.
       std::string auth = req.header("authorization");
-      if (!const_time_equal(auth, "Bearer " + cfg_.api_key)) {
-        sink->send(401, kJson, "{\"error\":\"Unauthorized\"}");
+      std::string x_api_key = req.header("x-api-key");
+      if (!const_time_equal(auth, "Bearer " + cfg_.api_key) &&
+          !(!x_api_key.empty() && const_time_equal(x_api_key, cfg_.api_key))) {
+        sink->send(401, kJson,
+                   anthropic ? anthropic_error_body(401, "invalid x-api-key") : "{\"error\":\"Unauthorized\"}");
         return;
       }
     }
@@ -293,6 +307,10 @@ void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink
     } else if (path == "/v1/chat/completions" || path == "/v1/completions") {
       if (!is_post) return method_not_allowed();
       generate(req, sink, path == "/v1/chat/completions");
+    } else if (anthropic) {
+      handle_anthropic(*this, path, req, sink);
+    } else if (path == "/v1/responses" || path.rfind("/v1/responses/", 0) == 0) {
+      responses_->handle(*this, path, req, sink);
     } else {
       sink->send(404, kJson, "{\"detail\":\"Not Found\"}");
     }

@@ -18,6 +18,7 @@
 namespace moeserve::server {
 
 class ApiFormatter;
+class ResponsesApi;
 
 struct ServiceConfig {
   std::vector<std::string> served_model_names;  // the first is reported in responses
@@ -36,6 +37,7 @@ struct ServiceConfig {
 class OpenAIService : public Handler {
  public:
   OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& frontend, Metrics& metrics);
+  ~OpenAIService() override;
   void handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) override;
   // While draining, new generation requests get 503 and /health answers 503.
   void set_draining(bool d) { draining_ = d; }
@@ -76,6 +78,7 @@ class OpenAIService : public Handler {
   int64_t created_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
+  std::unique_ptr<ResponsesApi> responses_;  // /v1/responses and its store
 };
 
 }  // namespace moeserve::server
