@@ -332,16 +332,7 @@ class AnthropicFormatter final : public ApiFormatter, private BlockListener {
     cached_ = std::max<int64_t>(cached_, ro.num_cached_tokens);
     generated_ += static_cast<int64_t>(ro.new_token_ids.size());
     out_ = stream_ ? &out : nullptr;
-    if (stream_ && !started_) {
-      started_ = true;
-      std::string m = "{\"type\":\"message_start\",\"message\":{\"id\":";
-      append_json_string(m, ctx_->id);
-      m += ",\"type\":\"message\",\"role\":\"assistant\",\"model\":";
-      append_json_string(m, ctx_->model);
-      m += ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":" + usage_json(0) + "}}";
-      append_sse_event(out, "message_start", m);
-      append_sse_event(out, "ping", "{\"type\":\"ping\"}");
-    }
+    if (stream_ && !started_) start_message(out);
     blocks_.push(d, ro.new_token_ids.size(), stream_ ? this : nullptr);
     if (!d.finished) return;
     finish_reason_ = d.finish_reason;
@@ -360,6 +351,11 @@ class AnthropicFormatter final : public ApiFormatter, private BlockListener {
     append_sse_event(out, "message_stop", "{\"type\":\"message_stop\"}");
   }
   void on_stream_end(std::string&, const Usage&) override {}
+  // Periodic pings while the prompt is prefilled or nothing else is sent (as Anthropic's API).
+  void keepalive(std::string& out) override {
+    if (!started_) start_message(out);
+    else append_sse_event(out, "ping", "{\"type\":\"ping\"}");
+  }
   std::string response_body(const std::vector<const OutputProcessor*>&, const Usage&) override {
     if (finish_reason_ == "abort") throw ApiError(529, "overloaded_error", "the request was aborted (server shutting down)");
     std::string out = "{\"id\":";
@@ -382,6 +378,16 @@ class AnthropicFormatter final : public ApiFormatter, private BlockListener {
   }
 
  private:
+  void start_message(std::string& out) {
+    started_ = true;
+    std::string m = "{\"type\":\"message_start\",\"message\":{\"id\":";
+    append_json_string(m, ctx_->id);
+    m += ",\"type\":\"message\",\"role\":\"assistant\",\"model\":";
+    append_json_string(m, ctx_->model);
+    m += ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":" + usage_json(0) + "}}";
+    append_sse_event(out, "message_start", m);
+    append_sse_event(out, "ping", "{\"type\":\"ping\"}");
+  }
   std::string usage_json(int64_t output_tokens) const {
     // Anthropic counts prompt tokens read from the cache apart from input_tokens
     // (total prompt = input_tokens + cache_read_input_tokens + cache_creation_input_tokens).

@@ -53,6 +53,9 @@ class ApiFormatter {
   virtual std::string error_json(int status, const std::string& type, const std::string& message) const = 0;
   // The client went away (no further output is written).
   virtual void on_cancel() {}
+  // Streaming: bytes that keep an idle stream alive (ServiceConfig::stream_keepalive_ms);
+  // nothing by default.
+  virtual void keepalive(std::string& out) { (void)out; }
 };
 
 }  // namespace moeserve::server

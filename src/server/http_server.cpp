@@ -92,6 +92,12 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   }
   void post(std::function<void()> fn) override { asio::post(socket_.get_executor(), std::move(fn)); }
   void on_disconnect(std::function<void()> fn) override { on_disconnect_ = std::move(fn); }
+  void post_after(std::chrono::milliseconds delay, std::function<void()> fn) override {
+    auto timer = std::make_shared<asio::steady_timer>(socket_.get_executor(), delay);
+    timer->async_wait([timer, fn = std::move(fn)](const beast::error_code& ec) {
+      if (!ec) fn();
+    });
+  }
   bool disconnected() const override { return closed_; }
   void add_header(const std::string& name, const std::string& value) override {
     auto ok = [](const std::string& s) {

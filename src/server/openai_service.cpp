@@ -114,6 +114,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
   std::mutex mu;  // guards `queue` and `posted` (engine thread vs strand)
   std::deque<std::pair<int, RequestOutput>> queue;
   bool posted = false;
+  Clock::time_point last_write{};  // streaming: the last bytes written
 
   GenCall(OpenAIService& s, std::shared_ptr<ResponseSink> k) : svc(s), sink(std::move(k)) {
     svc.active_counter()++;
@@ -150,6 +151,23 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     abort_engine_requests();
   }
 
+  // Strand: every `every`, an idle stream gets the formatter's keep-alive bytes.
+  void schedule_keepalive(std::chrono::milliseconds every) {
+    sink->post_after(every, [weak = weak_from_this(), every] {
+      auto self = weak.lock();
+      if (!self || self->finished || self->cancelled || self->sink->disconnected()) return;
+      if (Clock::now() - self->last_write >= every) {
+        std::string out;
+        self->fmt->keepalive(out);
+        if (!out.empty()) {
+          self->sink->stream_write(std::move(out));
+          self->last_write = Clock::now();
+        }
+      }
+      self->schedule_keepalive(every);
+    });
+  }
+
   void drain() {
     std::deque<std::pair<int, RequestOutput>> batch;
     {
@@ -181,7 +199,10 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
       }
       if (d.finished) finish_choice(c, ro);
     }
-    if (req.stream && !out.empty()) sink->stream_write(std::move(out));
+    if (req.stream && !out.empty()) {
+      sink->stream_write(std::move(out));
+      last_write = Clock::now();
+    }
     if (num_done == static_cast<int>(choices.size()) && !finished) complete();
   }
 
@@ -470,7 +491,11 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
     c.submitted = true;
   }
   // Deliveries are posted to this strand, so none is processed before the headers go out.
-  if (r.stream) sink->start_stream("text/event-stream; charset=utf-8");
+  if (r.stream) {
+    sink->start_stream("text/event-stream; charset=utf-8");
+    call->last_write = Clock::now();
+    if (cfg_.stream_keepalive_ms > 0) call->schedule_keepalive(std::chrono::milliseconds(cfg_.stream_keepalive_ms));
+  }
 }
 
 void OpenAIService::tokenize(const HttpRequest& http, ResponseSink& sink) {

@@ -32,6 +32,8 @@ struct ServiceConfig {
   SamplingDefaults defaults;
   std::string version = "0.0.0";
   bool enable_request_id_headers = false;  // echo X-Request-Id (or a new id) on every response
+  // A stream that wrote nothing for this long gets its API's keep-alive (Anthropic: `ping`).
+  int stream_keepalive_ms = 10000;
 };
 
 class OpenAIService : public Handler {
