@@ -210,6 +210,14 @@ def test_messages_errors(srv):
     assert httpx.get(srv.base + "/health").status_code == 200
 
 
+def test_messages_body_too_large(server):
+    """conftest's server caps bodies at 1 MB: 413 request_too_large in Anthropic's shape."""
+    big = {"model": "replay", "max_tokens": 5, "messages": [{"role": "user", "content": "a" * 2_000_000}]}
+    anth_error(server, big, 413, "request_too_large")
+    r = httpx.post(server.base + "/v1/responses", json={"model": "replay", "input": "a" * 2_000_000})
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+
+
 def test_request_ids_and_metrics_on_all_routes(srv):
     name = 'vllm:request_success_total{model_name="replay",engine="0",finished_reason="stop"}'
     n0 = srv.metrics().get(name, 0.0)
