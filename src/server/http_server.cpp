@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include "server/anthropic_api.h"
+
 #include <algorithm>
 
 #include <boost/beast/core.hpp>
@@ -92,6 +94,12 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   }
   void post(std::function<void()> fn) override { asio::post(socket_.get_executor(), std::move(fn)); }
   void on_disconnect(std::function<void()> fn) override { on_disconnect_ = std::move(fn); }
+  void post_after(std::chrono::milliseconds delay, std::function<void()> fn) override {
+    auto timer = std::make_shared<asio::steady_timer>(socket_.get_executor(), delay);
+    timer->async_wait([timer, fn = std::move(fn)](const beast::error_code& ec) {
+      if (!ec) fn();
+    });
+  }
   bool disconnected() const override { return closed_; }
   void add_header(const std::string& name, const std::string& value) override {
     auto ok = [](const std::string& s) {
@@ -130,10 +138,12 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
       // Malformed HTTP or a body over the limit: answer once, then close.
       keep_alive_ = false;
       in_flight_ = true;
-      if (ec == http::error::body_limit)
-        send(413, "application/json",
-             error_body(413, "BadRequestError",
-                        "Request body too large (limit " + std::to_string(server_.cfg_.max_body_bytes) + " bytes)"));
+      if (ec == http::error::body_limit) {
+        std::string msg = "Request body too large (limit " + std::to_string(server_.cfg_.max_body_bytes) + " bytes)";
+        // Anthropic routes answer in Anthropic's error shape.
+        bool anthropic = std::string_view(parser_->get().target()).rfind("/v1/messages", 0) == 0;
+        send(413, "application/json", anthropic ? anthropic_error_body(413, msg) : error_body(413, "BadRequestError", msg));
+      }
       else
         send(400, "application/json", error_body(400, "BadRequestError", "Malformed HTTP request: " + ec.message()));
       return;

@@ -6,6 +6,7 @@
 #include <boost/asio.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -44,6 +45,8 @@ class ResponseSink {
   // An extra header for this request's response (before send/start_stream). Values with
   // control characters are dropped.
   virtual void add_header(const std::string& name, const std::string& value) { (void)name, (void)value; }
+  // Runs `fn` on the strand after `delay` (stream keep-alives). A sink without timers never runs it.
+  virtual void post_after(std::chrono::milliseconds delay, std::function<void()> fn) { (void)delay, (void)fn; }
 };
 
 class Handler {

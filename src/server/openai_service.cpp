@@ -7,8 +7,11 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/anthropic_api.h"
+#include "server/api_formatter.h"
 #include "server/request_fields.h"
 #include "server/response.h"
+#include "server/responses_api.h"
 #include "server/tokenize_request.h"
 
 namespace moeserve::server {
@@ -26,17 +29,84 @@ bool const_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+ChatRenderInputs chat_render_inputs(const GenRequest& r) {
+  ChatRenderInputs in;
+  in.messages = r.messages;
+  in.tools = r.tools;
+  in.add_generation_prompt = r.add_generation_prompt;
+  in.continue_final_message = r.continue_final_message;
+  in.extra = r.chat_template_kwargs;
+  // vLLM passes `documents` to the template; chat_template_kwargs override it.
+  if (!r.documents.is_null() && !in.extra.contains("documents")) in.extra["documents"] = r.documents;
+  return in;
+}
+
+// The chat/completions wire format (response.h).
+class OpenAIFormatter final : public ApiFormatter {
+ public:
+  explicit OpenAIFormatter(const GenRequest& r) : chat_(r.chat), stream_(r.stream), echo_(r.echo),
+                                                  include_usage_(r.include_usage) {}
+  std::string id_prefix() const override { return chat_ ? "chatcmpl-" : "cmpl-"; }
+  void begin(const GenStart& s) override {
+    ctx_ = s.ctx;
+    echo_text_ = s.echo_text;
+    n_ = s.n;
+    size_t total = s.prompt_ids->size() * static_cast<size_t>(s.n);
+    started_.assign(total, false);
+    text_offset_.assign(total, 0);
+  }
+  void on_delta(std::string& out, int index, const ChoiceDelta& d, const RequestOutput& ro,
+                const Usage* u) override {
+    if (!stream_) return;
+    if (!started_[index]) {
+      started_[index] = true;
+      const std::string& echo = (*echo_text_)[index / n_];
+      if (chat_) append_chat_role_chunk(out, *ctx_, index, u);
+      if (echo_ && !echo.empty()) {  // chat: the echoed last message
+        ChoiceDelta e;
+        e.text = echo;
+        append_delta_chunk(out, *ctx_, index, e, text_offset_[index], u);
+      }
+    }
+    if (d.empty() && d.logprobs.empty()) return;
+    if (d.finished && d.finish_reason == "error")
+      append_error_chunk(out, 500, "InternalServerError", ro.error.empty() ? "generation failed" : ro.error);
+    else
+      append_delta_chunk(out, *ctx_, index, d, text_offset_[index], u);
+  }
+  void on_stream_end(std::string& out, const Usage& u) override {
+    if (include_usage_) append_usage_chunk(out, *ctx_, u);
+    out += kSseDone;
+  }
+  std::string response_body(const std::vector<const OutputProcessor*>& procs, const Usage& u) override {
+    std::vector<std::string> echo;
+    if (echo_)
+      for (size_t k = 0; k < procs.size(); ++k) echo.push_back((*echo_text_)[k / n_]);
+    if (chat_) return chat_response_json(*ctx_, procs, u, echo);
+    return completion_response_json(*ctx_, procs, echo, u);
+  }
+  std::string error_json(int status, const std::string& type, const std::string& message) const override {
+    return error_body(status, type, message);
+  }
+
+ private:
+  bool chat_, stream_, echo_, include_usage_;
+  const ResponseContext* ctx_ = nullptr;
+  const std::vector<std::string>* echo_text_ = nullptr;
+  int n_ = 1;
+  std::vector<bool> started_;
+  std::vector<int64_t> text_offset_;  // completions logprobs' running character offset
+};
+
 // The state of one generation API request (n choices, maybe several prompts). Lives until
-// every choice has finished and the response is written.
+// every choice has finished and the response is written. The wire format is the formatter's.
 struct GenCall : std::enable_shared_from_this<GenCall> {
   struct Choice {
     std::string engine_id;
     std::unique_ptr<OutputProcessor> proc;
     int prompt_index = 0;
     bool submitted = false;
-    bool started = false;  // role chunk / echo sent
     bool done = false;
-    int64_t text_offset = 0;
     Clock::time_point last_token{};
     double ttft = -1;
     std::string error;  // the engine's message when it failed this choice
@@ -45,6 +115,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
   OpenAIService& svc;
   std::shared_ptr<ResponseSink> sink;
   GenRequest req;
+  std::unique_ptr<ApiFormatter> fmt;
   ResponseContext ctx;
   Clock::time_point arrival;
   std::vector<Choice> choices;
@@ -57,6 +128,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
   std::mutex mu;  // guards `queue` and `posted` (engine thread vs strand)
   std::deque<std::pair<int, RequestOutput>> queue;
   bool posted = false;
+  Clock::time_point last_write{};  // streaming: the last bytes written
 
   GenCall(OpenAIService& s, std::shared_ptr<ResponseSink> k) : svc(s), sink(std::move(k)) {
     svc.active_counter()++;
@@ -82,10 +154,32 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     if (need_post) sink->post([self = shared_from_this()] { self->drain(); });
   }
 
-  void cancel() {  // client went away
-    cancelled = true;
+  void abort_engine_requests() {  // strand
     for (auto& c : choices)
       if (c.submitted && !c.done) svc.engine().abort(c.engine_id);
+  }
+
+  void cancel() {  // client went away
+    cancelled = true;
+    fmt->on_cancel();
+    abort_engine_requests();
+  }
+
+  // Strand: every `every`, an idle stream gets the formatter's keep-alive bytes.
+  void schedule_keepalive(std::chrono::milliseconds every) {
+    sink->post_after(every, [weak = weak_from_this(), every] {
+      auto self = weak.lock();
+      if (!self || self->finished || self->cancelled || self->sink->disconnected()) return;
+      if (Clock::now() - self->last_write >= every) {
+        std::string out;
+        self->fmt->keepalive(out);
+        if (!out.empty()) {
+          self->sink->stream_write(std::move(out));
+          self->last_write = Clock::now();
+        }
+      }
+      self->schedule_keepalive(every);
+    });
   }
 
   void drain() {
@@ -113,29 +207,16 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
       }
       ChoiceDelta d = c.proc->process(ro);
       if (c.proc->stop_matched() && !ro.finished) svc.engine().abort(c.engine_id);
-      if (req.stream && !cancelled) {
+      if (!cancelled) {
         if (continuous) running = usage();
-        const Usage* u = continuous ? &running : nullptr;
-        if (!c.started) {
-          c.started = true;
-          if (req.chat) append_chat_role_chunk(out, ctx, index, u);
-          if (req.echo && !echo_text[c.prompt_index].empty()) {  // chat: the echoed last message
-            ChoiceDelta e;
-            e.text = echo_text[c.prompt_index];
-            append_delta_chunk(out, ctx, index, e, c.text_offset, u);
-          }
-        }
-        if (!d.empty() || !d.logprobs.empty()) {
-          if (d.finished && d.finish_reason == "error") {
-            append_error_chunk(out, 500, "InternalServerError", ro.error.empty() ? "generation failed" : ro.error);
-          } else {
-            append_delta_chunk(out, ctx, index, d, c.text_offset, u);
-          }
-        }
+        fmt->on_delta(out, index, d, ro, continuous ? &running : nullptr);
       }
       if (d.finished) finish_choice(c, ro);
     }
-    if (req.stream && !out.empty()) sink->stream_write(std::move(out));
+    if (req.stream && !out.empty()) {
+      sink->stream_write(std::move(out));
+      last_write = Clock::now();
+    }
     if (num_done == static_cast<int>(choices.size()) && !finished) complete();
   }
 
@@ -163,8 +244,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     Usage u = usage();
     if (req.stream) {
       std::string out;
-      if (req.include_usage) append_usage_chunk(out, ctx, u);
-      out += kSseDone;
+      fmt->on_stream_end(out, u);
       sink->stream_write(std::move(out));
       sink->end_stream();
       return;
@@ -173,20 +253,17 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
       if (c.proc->finish_reason() == "error") {
         // The engine's reason (e.g. the sampler's "no token can be sampled ..."), as vLLM's
         // GenerationError is a 500.
-        sink->send(500, kJson,
-                   error_body(500, "InternalServerError", c.error.empty() ? "generation failed" : c.error));
+        sink->send(fmt->error_status(500), kJson,
+                   fmt->error_json(500, "InternalServerError", c.error.empty() ? "generation failed" : c.error));
         return;
       }
     }
     std::vector<const OutputProcessor*> procs;
     for (auto& c : choices) procs.push_back(c.proc.get());
-    std::vector<std::string> echo;
-    if (req.echo)
-      for (auto& c : choices) echo.push_back(echo_text[c.prompt_index]);
-    if (req.chat) {
-      sink->send(200, kJson, chat_response_json(ctx, procs, u, echo));
-    } else {
-      sink->send(200, kJson, completion_response_json(ctx, procs, echo, u));
+    try {
+      sink->send(200, kJson, fmt->response_body(procs, u));
+    } catch (const ApiError& e) {  // a finish the API reports as an error (e.g. abort)
+      sink->send(fmt->error_status(e.status), kJson, fmt->error_json(e.status, e.type, e.what()));
     }
   }
 };
@@ -199,7 +276,10 @@ OpenAIService::OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& 
   limits_.max_logprobs = cfg_.max_logprobs;
   limits_.auto_tool_choice_enabled = cfg_.enable_auto_tool_choice && !cfg_.tool_parser.empty();
   created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  responses_ = std::make_unique<ResponsesApi>();
 }
+
+OpenAIService::~OpenAIService() = default;
 
 const StructuredContext& OpenAIService::structured_context() {
   std::call_once(structured_once_, [&] {
@@ -251,10 +331,15 @@ void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink
   if (rid.empty()) rid = random_hex(32);
   if (cfg_.enable_request_id_headers) sink->add_header("x-request-id", rid);
   try {
+    const bool anthropic = path == "/v1/messages" || path == "/v1/messages/count_tokens";
     if (!cfg_.api_key.empty() && path.rfind("/v1", 0) == 0 && req.method != "OPTIONS") {
+      // Anthropic clients send the key as x-api-key.
       std::string auth = req.header("authorization");
-      if (!const_time_equal(auth, "Bearer " + cfg_.api_key)) {
-        sink->send(401, kJson, "{\"error\":\"Unauthorized\"}");
+      std::string x_api_key = req.header("x-api-key");
+      if (!const_time_equal(auth, "Bearer " + cfg_.api_key) &&
+          !(!x_api_key.empty() && const_time_equal(x_api_key, cfg_.api_key))) {
+        sink->send(401, kJson,
+                   anthropic ? anthropic_error_body(401, "invalid x-api-key") : "{\"error\":\"Unauthorized\"}");
         return;
       }
     }
@@ -280,6 +365,10 @@ void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink
     } else if (path == "/v1/chat/completions" || path == "/v1/completions") {
       if (!is_post) return method_not_allowed();
       generate(req, sink, path == "/v1/chat/completions");
+    } else if (anthropic) {
+      handle_anthropic(*this, path, req, sink);
+    } else if (path == "/v1/responses" || path.rfind("/v1/responses/", 0) == 0) {
+      responses_->handle(*this, path, req, sink);
     } else {
       sink->send(404, kJson, "{\"detail\":\"Not Found\"}");
     }
@@ -300,10 +389,27 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   auto arrival = Clock::now();
   if (draining_) throw ApiError(503, "ServiceUnavailableError", "The server is shutting down.");
   ojson body = parse_json_body(http.body);
+  GenRequest r = chat ? parse_chat_request(body, limits_) : parse_completion_request(body, limits_);
+  auto fmt = std::make_unique<OpenAIFormatter>(r);
+  run_generation(http, std::move(sink), body, std::move(r), std::move(fmt), arrival);
+}
+
+std::vector<int32_t> OpenAIService::render_chat_prompt(const GenRequest& r, const ojson& body) const {
+  bool add_special = body.is_object() && body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean() &&
+                     body["add_special_tokens"].get<bool>();
+  return frontend_.encode(frontend_.render_chat(chat_render_inputs(r)), add_special);
+}
+
+void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<ResponseSink> sink, const ojson& body,
+                                   GenRequest&& request, std::unique_ptr<ApiFormatter> fmt,
+                                   std::chrono::steady_clock::time_point arrival) {
+  if (draining_) throw ApiError(503, "ServiceUnavailableError", "The server is shutting down.");
   auto call = std::make_shared<GenCall>(*this, sink);
   call->arrival = arrival;
+  call->fmt = std::move(fmt);
   GenRequest& r = call->req;
-  r = chat ? parse_chat_request(body, limits_) : parse_completion_request(body, limits_);
+  r = std::move(request);
+  const bool chat = r.chat;
   check_model(r.model);
   const int vocab_size = engine_.executor_info().vocab_size > 0 ? engine_.executor_info().vocab_size
                                                                  : frontend_.vocab_size();
@@ -328,17 +434,8 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
 
   // Prompts -> token ids.
   if (chat) {
-    ChatRenderInputs in;
-    in.messages = r.messages;
-    in.tools = r.tools;
-    in.add_generation_prompt = r.add_generation_prompt;
-    in.continue_final_message = r.continue_final_message;
-    in.extra = r.chat_template_kwargs;
-    // vLLM passes `documents` to the template; chat_template_kwargs override it.
-    if (!r.documents.is_null() && !in.extra.contains("documents")) in.extra["documents"] = r.documents;
-    std::string prompt = frontend_.render_chat(in);
     bool add_special = get_bool(body, "add_special_tokens").value_or(false);
-    call->prompt_ids.push_back(encode_prompt(prompt, add_special));
+    call->prompt_ids.push_back(encode_prompt(frontend_.render_chat(chat_render_inputs(r)), add_special));
     // vLLM's chat echo: the last message's content is prepended to the reply when it has the
     // reply's role (assistant with add_generation_prompt, else the last message's own role).
     std::string echo;
@@ -390,7 +487,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   std::string base_id = http.header("x-request-id");
   if (base_id.empty()) base_id = get_str(body, "request_id").value_or("");
   const bool client_id = !base_id.empty();
-  ctx.id = (chat ? "chatcmpl-" : "cmpl-") + (client_id ? base_id : random_hex(32));
+  ctx.id = call->fmt->id_prefix() + (client_id ? base_id : random_hex(32));
   ctx.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   ctx.model = r.model.empty() ? cfg_.served_model_names[0] : r.model;
   ctx.chat = chat;
@@ -424,6 +521,18 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     c.proc = std::make_unique<OutputProcessor>(frontend_, cs);
   }
 
+  GenStart start;
+  start.ctx = &ctx;
+  start.prompt_ids = &call->prompt_ids;
+  start.echo_text = &call->echo_text;
+  start.n = r.n;
+  start.abort = [weak = std::weak_ptr<GenCall>(call), sink] {
+    sink->post([weak] {
+      if (auto c = weak.lock()) c->abort_engine_requests();
+    });
+  };
+  call->fmt->begin(start);
+
   // From here on the response belongs to the call; a disconnect aborts its engine requests.
   sink->on_disconnect([call] { call->cancel(); });
   for (size_t k = 0; k < total; ++k) {
@@ -449,16 +558,21 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
       for (size_t j = 0; j < k; ++j) engine_.abort(call->choices[j].engine_id);
       // The already-submitted choices deliver aborts into a call nobody answers from.
       call->cancelled = true;
+      call->fmt->on_cancel();
       int status = err.empty() ? 429 : 400;
       std::string type = err.empty() ? "RateLimitError" : "BadRequestError";
       std::string msg = err.empty() ? "The server is overloaded: the engine's waiting queue is full. Retry later." : err;
-      sink->send(status, kJson, error_body(status, type, msg));
+      sink->send(call->fmt->error_status(status), kJson, call->fmt->error_json(status, type, msg));
       return;
     }
     c.submitted = true;
   }
   // Deliveries are posted to this strand, so none is processed before the headers go out.
-  if (r.stream) sink->start_stream("text/event-stream; charset=utf-8");
+  if (r.stream) {
+    sink->start_stream("text/event-stream; charset=utf-8");
+    call->last_write = Clock::now();
+    if (cfg_.stream_keepalive_ms > 0) call->schedule_keepalive(std::chrono::milliseconds(cfg_.stream_keepalive_ms));
+  }
 }
 
 void OpenAIService::tokenize(const HttpRequest& http, ResponseSink& sink) {

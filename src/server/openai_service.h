@@ -19,6 +19,9 @@
 
 namespace moeserve::server {
 
+class ApiFormatter;
+class ResponsesApi;
+
 struct ServiceConfig {
   std::vector<std::string> served_model_names;  // the first is reported in responses
   std::string model_root;                       // ModelCard.root
@@ -31,11 +34,14 @@ struct ServiceConfig {
   SamplingDefaults defaults;
   std::string version = "0.0.0";
   bool enable_request_id_headers = false;  // echo X-Request-Id (or a new id) on every response
+  // A stream that wrote nothing for this long gets its API's keep-alive (Anthropic: `ping`).
+  int stream_keepalive_ms = 10000;
 };
 
 class OpenAIService : public Handler {
  public:
   OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& frontend, Metrics& metrics);
+  ~OpenAIService() override;
   void handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) override;
   // While draining, new generation requests get 503 and /health answers 503.
   void set_draining(bool d) { draining_ = d; }
@@ -48,13 +54,25 @@ class OpenAIService : public Handler {
   const Frontend& frontend() const { return frontend_; }
   const ServiceConfig& config() const { return cfg_; }
   std::atomic<int>& active_counter() { return active_; }
+  const ProtocolLimits& limits() const { return limits_; }
+  bool draining() const { return draining_; }
+  void check_model(const std::string& model) const;
+
+  // The shared generation pipeline of every generation API (chat, completions, Anthropic
+  // Messages, Responses): renders and tokenizes the prompt, validates it against the model
+  // length, submits the engine requests, processes outputs (OutputProcessor) and writes the
+  // response through `fmt` (api_formatter.h). Throws ApiError before anything was sent.
+  void run_generation(const HttpRequest& http, std::shared_ptr<ResponseSink> sink, const ojson& body,
+                      GenRequest&& request, std::unique_ptr<ApiFormatter> fmt,
+                      std::chrono::steady_clock::time_point arrival);
+  // A chat request's rendered prompt as token ids (`body` gives add_special_tokens).
+  std::vector<int32_t> render_chat_prompt(const GenRequest& r, const ojson& body) const;
 
  private:
   void generate(const HttpRequest& req, std::shared_ptr<ResponseSink> sink, bool chat);
   void tokenize(const HttpRequest& req, ResponseSink& sink);
   void detokenize(const HttpRequest& req, ResponseSink& sink);
   std::string models_json() const;
-  void check_model(const std::string& model) const;
   // Structured outputs: the vocabulary as bytes (built on first use) and the compiled grammars.
   const StructuredContext& structured_context();
 
@@ -66,6 +84,7 @@ class OpenAIService : public Handler {
   int64_t created_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
+  std::unique_ptr<ResponsesApi> responses_;  // /v1/responses and its store
   std::once_flag structured_once_;
   StructuredContext structured_ctx_;
   structured::GrammarCache grammar_cache_;

@@ -265,3 +265,26 @@ TEST(Http, ConcurrentStreamsAndKeepAlive) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(ok.load(), 48);
 }
+
+TEST(Http, AnthropicStreamGetsKeepalivePings) {
+  ServiceConfig cfg;
+  cfg.stream_keepalive_ms = 30;
+  Fixture f(cfg);
+  f.engine->step_us = 100000;  // 100 ms per token: idle gaps between events
+  Reply r = f.request("POST", "/v1/messages",
+                      R"({"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"hi"}]})");
+  ASSERT_EQ(r.status, 200);
+  std::vector<std::string> events;
+  for (size_t pos = 0; (pos = r.body.find("event: ", pos)) != std::string::npos; pos += 7)
+    events.push_back(r.body.substr(pos + 7, r.body.find('\n', pos) - pos - 7));
+  ASSERT_GE(events.size(), 4u) << r.body;
+  EXPECT_EQ(events[0], "message_start");
+  EXPECT_EQ(events.back(), "message_stop");
+  EXPECT_GE(std::count(events.begin(), events.end(), "ping"), 4) << r.body;  // ~3 idle gaps of 100 ms
+  // Chat streams are unchanged (no keep-alive bytes).
+  Reply c = f.request("POST", "/v1/chat/completions",
+                      R"({"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"hi"}]})");
+  EXPECT_EQ(c.body.find("ping"), std::string::npos);
+  EXPECT_EQ(c.body.find("\n:"), std::string::npos);  // no SSE comments either
+  EXPECT_EQ(c.body.find("data: [DONE]"), c.body.size() - 14);
+}

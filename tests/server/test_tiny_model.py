@@ -178,6 +178,31 @@ def test_metrics_move(tiny):
     assert metric(after, "vllm:num_preemptions_total") >= 0
 
 
+def test_anthropic_and_responses_plain_paths(tiny):
+    """The real model through /v1/messages and /v1/responses (no parsers configured: all text).
+    Greedy, so every API and mode yields the chat route's text for the same conversation."""
+    import anthropic
+    chat = client(tiny).chat.completions.create(model=NAME, messages=MSG, temperature=0, max_tokens=12)
+    want = chat.choices[0].message.content
+    a = anthropic.Anthropic(base_url=tiny, api_key="none", max_retries=0)
+    m = a.messages.create(model=NAME, max_tokens=12, messages=MSG, extra_body={"temperature": 0})
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text == want
+    assert m.stop_reason == ("max_tokens" if chat.choices[0].finish_reason == "length" else "end_turn")
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    assert m.usage.output_tokens == chat.usage.completion_tokens
+    assert a.messages.count_tokens(model=NAME, messages=MSG).input_tokens == chat.usage.prompt_tokens
+    with a.messages.stream(model=NAME, max_tokens=12, messages=MSG, extra_body={"temperature": 0}) as st:
+        assert "".join(st.text_stream) == want
+        assert st.get_final_message().usage.output_tokens == m.usage.output_tokens
+    r = client(tiny).responses.create(model=NAME, input=MSG, temperature=0, max_output_tokens=12)
+    assert r.output_text == want and r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+    with client(tiny).responses.stream(model=NAME, input=MSG, temperature=0, max_output_tokens=12) as st:
+        assert "".join(e.delta for e in st if e.type == "response.output_text.delta") == want
+        assert st.get_final_response().output_text == want
+
+
 def test_vllm_logits_processors_on_the_real_executor(tiny):
     """logit_bias / allowed_token_ids / bad_words / penalties on the MiniMax-M2 CPU executor:
     each has its effect, and extreme or non-finite values are refused without hurting it."""
