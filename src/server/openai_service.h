@@ -13,6 +13,7 @@
 #include "server/frontend.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/prep_pool.h"
 #include "server/protocol.h"
 
 namespace moeserve::server {
@@ -29,14 +30,26 @@ struct ServiceConfig {
   SamplingDefaults defaults;
   std::string version = "0.0.0";
   bool enable_request_id_headers = false;  // echo X-Request-Id (or a new id) on every response
+  // POST routes are prepared (parsed, templated, tokenised) on prep_threads workers; bodies
+  // queued there are bounded by prep_queue_bodies x max_body_bytes (beyond: 503).
+  int prep_threads = 2;
+  size_t max_body_bytes = 32u << 20;
+  int prep_queue_bodies = 4;
 };
 
 class OpenAIService : public Handler {
  public:
   OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& frontend, Metrics& metrics);
+  // GET routes (/health, /metrics, ...) answer on the io thread; POST routes run on the
+  // preparation pool (prep_pool.h) with a sink that forwards to the connection's strand.
   void handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) override;
   // While draining, new generation requests get 503 and /health answers 503.
   void set_draining(bool d) { draining_ = d; }
+  // Finishes the requests being prepared and stops the preparation workers (before the
+  // HttpServer goes away: the jobs hold its connections).
+  void stop_preparation() { prep_.shutdown(); }
+  // Requests queued for or in preparation.
+  int preparing_requests() const { return prep_.queued(); }
   // Generation requests whose response has not ended.
   int active_requests() const { return active_.load(); }
 
@@ -48,6 +61,7 @@ class OpenAIService : public Handler {
   std::atomic<int>& active_counter() { return active_; }
 
  private:
+  void route(const HttpRequest& req, const std::string& path, std::shared_ptr<ResponseSink> sink);
   void generate(const HttpRequest& req, std::shared_ptr<ResponseSink> sink, bool chat);
   void tokenize(const HttpRequest& req, ResponseSink& sink);
   void detokenize(const HttpRequest& req, ResponseSink& sink);
@@ -62,6 +76,7 @@ class OpenAIService : public Handler {
   int64_t created_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
+  PrepPool prep_;  // last: its workers use the members above until joined
 };
 
 }  // namespace moeserve::server
