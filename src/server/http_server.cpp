@@ -219,7 +219,9 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
         parser_.emplace();
         parser_->body_limit(cfg_.max_body_bytes);
         parser_->header_limit(static_cast<uint32_t>(cfg_.max_header_bytes));
-        if (phase_ == ReadPhase::Idle) arm_read_timer(cfg_.header_timeout, ReadPhase::Header);
+        // The header timer runs from the accept for the first request, else from here (the
+        // first byte after an idle wait, or a pipelined request already buffered).
+        if (phase_ != ReadPhase::Header) arm_read_timer(cfg_.header_timeout, ReadPhase::Header);
       }
       beast::error_code ec;
       if (!parser_->is_header_done()) {
@@ -350,7 +352,9 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   void on_read_timeout() {
     if (lingering_) return close();
     if (in_flight_) return;
-    if (phase_ == ReadPhase::Idle && !parser_ && buffer_.size() == 0) return close();  // idle keep-alive
+    // Nothing of a request arrived (an idle keep-alive connection, or one that never sent a
+    // byte): close without an answer, as servers do.
+    if (!parser_ && buffer_.size() == 0) return close();
     // Slowloris: the header or body did not arrive in time.
     spdlog::debug("http: closing a connection whose request {} did not arrive in time",
                   phase_ == ReadPhase::Body ? "body" : "header");
@@ -485,11 +489,13 @@ void HttpServer::start() {
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   MS_CHECK(!ec, "cannot listen on {}:{}: {}", cfg_.host, cfg_.port, ec.message());
   bound_port_ = acceptor_.local_endpoint().port();
-  // The cap keeps the served and overflow connections inside the open-file limit, with 256
-  // descriptors left for the rest of the process (weights, logs, the hub, the engine).
+  // The cap keeps the served and overflow connections inside the open-file limit, with a
+  // quarter of it (at most 256) left for the rest of the process (weights, logs, the hub,
+  // the engine) and at most an eighth for the overflow connections.
   rlimit rl{};
   long fd_limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? long(rl.rlim_cur) : 1 << 20;
-  long fit = std::max(1L, fd_limit - 256 - cfg_.overflow_connections);
+  overflow_ = int(std::min<long>(cfg_.overflow_connections, fd_limit / 8));
+  long fit = std::max(1L, fd_limit - std::min(256L, fd_limit / 4) - overflow_);
   max_connections_ = cfg_.max_connections > 0 ? int(std::min<long>(cfg_.max_connections, fit)) : int(std::min(fit, 1L << 20));
   if (cfg_.max_connections > max_connections_)
     spdlog::warn("--max-connections {}: the open-file limit ({}) allows {}", cfg_.max_connections, fd_limit, max_connections_);
@@ -521,7 +527,7 @@ void HttpServer::on_accept(boost::system::error_code ec, tcp::socket socket) {
     {
       std::lock_guard lk(mu_);
       int open = static_cast<int>(sessions_.size());
-      if (open < max_connections_ + cfg_.overflow_connections) {
+      if (open < max_connections_ + overflow_) {
         s = std::make_shared<Session>(*this, std::move(socket), open >= max_connections_);
         sessions_[s.get()] = s;
       }

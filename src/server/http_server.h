@@ -125,6 +125,7 @@ class HttpServer {
   std::vector<std::thread> threads_;
   int bound_port_ = 0;
   int max_connections_ = 0;
+  int overflow_ = 0;  // overflow_connections, within the fd limit
   std::atomic<bool> accepting_{false};
   std::mutex mu_;
   std::map<Session*, std::weak_ptr<Session>> sessions_;

@@ -7,6 +7,7 @@ Figures are printed (pytest -s) and quoted in docs/reliability.md."""
 import json
 import os
 import random
+import resource
 import signal
 import socket
 import struct
@@ -24,7 +25,7 @@ CLIENTS = 24
 MAX_TOKENS = 24
 
 
-def start_server(tmp, *extra):
+def start_server(tmp, *extra, fd_limit=None):
     binary = os.environ.get("MOESERVE_BIN", str(REPO / "build/moeserve"))
     model = tmp / "model"
     if not model.exists():
@@ -33,7 +34,9 @@ def start_server(tmp, *extra):
     log = open(tmp / f"server-{port}.log", "w")
     proc = subprocess.Popen([binary, "serve", str(model), "--served-model-name", NAME, "--device", "cpu",
                              "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", *extra],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit)))
+                            if fd_limit else None)
     for _ in range(600):
         try:
             if http_get(port, "/health")[0] == 200:
@@ -327,3 +330,39 @@ def test_sigterm_under_load_drains_and_exits_0(tmp_path):
     assert all(x[2] == ["length"] for x in results["short"])
     with pytest.raises(OSError):
         connect(port, timeout=1)
+
+
+def test_fd_limit_keeps_health_answering(tmp_path):
+    """Open-file limit 160 (soft = hard, so serve cannot raise it): cap 100 served + 20
+    overflow. 200 idle connections: the excess is closed at accept; once the overflow ones
+    have timed out (2 s), /health answers, a generation gets 503, and after the clients leave
+    generation works again."""
+    proc, port, log = start_server(tmp_path, fd_limit=160)
+    try:
+        held = []
+        for _ in range(200):
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            except OSError:
+                break
+        time.sleep(2.5)
+        assert proc.poll() is None
+        t0 = time.time()
+        assert http_get(port, "/health")[0] == 200
+        health_s = time.time() - t0
+        with connect(port, timeout=5) as s:
+            s.sendall(post_bytes("/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 2}))
+            st, body, _ = read_response(s)
+        assert st == 503, body
+        for h in held:
+            h.close()
+        time.sleep(0.5)
+        with connect(port, timeout=30) as s:
+            s.sendall(post_bytes("/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 2}))
+            assert read_response(s)[0] == 200
+        print(f"fd limit 160, 200 idle connections held: /health in {health_s * 1000:.1f} ms, generation 503, "
+              f"200 again after they left")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
