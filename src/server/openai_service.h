@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "server/metrics.h"
 #include "server/prep_pool.h"
 #include "server/protocol.h"
+#include "server/structured_request.h"
 
 namespace moeserve::server {
 
@@ -67,6 +69,8 @@ class OpenAIService : public Handler {
   void detokenize(const HttpRequest& req, ResponseSink& sink);
   std::string models_json() const;
   void check_model(const std::string& model) const;
+  // Structured outputs: the vocabulary as bytes (built on first use) and the compiled grammars.
+  const StructuredContext& structured_context();
 
   ServiceConfig cfg_;
   Engine& engine_;
@@ -76,6 +80,9 @@ class OpenAIService : public Handler {
   int64_t created_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
+  std::once_flag structured_once_;
+  StructuredContext structured_ctx_;
+  structured::GrammarCache grammar_cache_;
   PrepPool prep_;  // last: its workers use the members above until joined
 };
 
