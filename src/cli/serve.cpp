@@ -3,6 +3,8 @@
 // --shutdown-grace-seconds, abort the rest (their streams end with finish_reason "abort"
 // and [DONE]), exit 0.
 #include <condition_variable>
+#include <sys/resource.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -64,6 +66,12 @@ struct ServeArgs {
   bool capture_graphs_at_startup = false;
   int max_logprobs = 20;
   int io_threads = 2;
+  int prep_threads = 2;
+  double timeout_keep_alive = 5;
+  double header_timeout = 10;
+  double body_timeout = 60;
+  double write_timeout = 30;
+  int max_connections = 0;
   int max_waiting_requests = 1024;
   size_t max_request_body_bytes = 32u << 20;
   double shutdown_grace_seconds = 30;
@@ -73,6 +81,16 @@ struct ServeArgs {
   cli::ParallelFlags par;
 };
 
+
+// As most servers do: the soft open-file limit up to the hard one, so that the connection
+// cap (derived from it) is not the distribution's default of 1024.
+void raise_open_file_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rlimit want = rl;
+  want.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &want) != 0) spdlog::warn("cannot raise the open-file limit to {}", rl.rlim_max);
+}
 
 nlohmann::json read_json_file(const fs::path& p) {
   std::ifstream f(p);
@@ -233,6 +251,9 @@ int run_serve(const ServeArgs& a) {
   sc.defaults = defaults;
   sc.version = MOESERVE_VERSION;
   sc.enable_request_id_headers = a.enable_request_id_headers;
+  MS_CHECK(a.prep_threads >= 1, "--prep-threads {}: expected at least 1", a.prep_threads);
+  sc.prep_threads = a.prep_threads;
+  sc.max_body_bytes = a.max_request_body_bytes;
 
   server::Metrics metrics({sc.served_model_names[0], resolved.max_model_len, info.block_size, info.num_kv_blocks,
                            resolved.enable_prefix_caching, a.gpu_memory_utilization});
@@ -242,10 +263,19 @@ int run_serve(const ServeArgs& a) {
   hc.port = a.port;
   hc.io_threads = a.io_threads;
   hc.max_body_bytes = a.max_request_body_bytes;
+  hc.keep_alive_timeout = a.timeout_keep_alive;
+  hc.header_timeout = a.header_timeout;
+  hc.body_timeout = a.body_timeout;
+  hc.write_timeout = a.write_timeout;
+  MS_CHECK(a.max_connections >= 0, "--max-connections {}: expected 0 (auto) or a positive count", a.max_connections);
+  hc.max_connections = a.max_connections;
+  raise_open_file_limit();
   server::HttpServer http(hc, service);
   server::sd_notify("STATUS=warming up (one greedy token)");
   warm_up(*engine);
   http.start();
+  spdlog::info("http: at most {} connections (then 503), keep-alive {} s, header {} s, body {} s, write {} s",
+               http.max_connections(), a.timeout_keep_alive, a.header_timeout, a.body_timeout, a.write_timeout);
   spdlog::info("moeserve {} serving {} as '{}' on http://{}:{} (max_model_len {}, {} KV blocks of {})",
                MOESERVE_VERSION, a.model, sc.served_model_names[0], a.host, http.port(), resolved.max_model_len,
                info.num_kv_blocks, info.block_size);
@@ -260,13 +290,14 @@ int run_serve(const ServeArgs& a) {
                   std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_grace_seconds * 1000));
   service.set_draining(true);
   http.stop_accepting();
-  while (service.active_requests() > 0 && std::chrono::steady_clock::now() < deadline)
+  while (service.active_requests() + service.preparing_requests() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   // Aborts whatever still runs; the aborted streams then end on the io threads.
   engine->shutdown(std::chrono::milliseconds(0));
   auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (http.busy_sessions() > 0 && std::chrono::steady_clock::now() < flush_deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  service.stop_preparation();
   http.stop();
   spdlog::info("shut down");
   return 0;
@@ -304,6 +335,25 @@ moeserve::cli::RegisterSubcommand reg("serve", "Serve a model over the OpenAI-co
                 "capture every decode graph bucket before serving (default: on first use)");
   sub->add_option("--max-logprobs", a->max_logprobs, "largest top_logprobs / logprobs accepted")->capture_default_str();
   sub->add_option("--io-threads", a->io_threads, "HTTP io threads")->capture_default_str();
+  sub->add_option("--prep-threads", a->prep_threads,
+                  "threads that parse, template and tokenise POST bodies (off the io threads)")
+      ->capture_default_str();
+  sub->add_option("--timeout-keep-alive", a->timeout_keep_alive,
+                  "seconds an idle keep-alive connection stays open (uvicorn's; 0: forever)")
+      ->capture_default_str();
+  sub->add_option("--header-timeout", a->header_timeout,
+                  "seconds a request's header may take to arrive, else 408 and close (0: no limit)")
+      ->capture_default_str();
+  sub->add_option("--body-timeout", a->body_timeout,
+                  "seconds a request's body may take after its header, else 408 and close (0: no limit)")
+      ->capture_default_str();
+  sub->add_option("--write-timeout", a->write_timeout,
+                  "seconds a client may leave its response unread before the connection is closed and "
+                  "its request aborted (0: no limit)")
+      ->capture_default_str();
+  sub->add_option("--max-connections", a->max_connections,
+                  "connections served at once; more get 503 except /health and /ping (0: from the open-file limit)")
+      ->capture_default_str();
   sub->add_option("--max-waiting-requests", a->max_waiting_requests,
                   "queued requests before answering 429")->capture_default_str();
   sub->add_option("--max-request-body-bytes", a->max_request_body_bytes, "larger bodies get 413")->capture_default_str();

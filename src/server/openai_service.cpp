@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 
@@ -23,9 +24,16 @@ constexpr const char* kJson = "application/json";
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Compares all of both strings whatever they hold (no early exit, no branch on the bytes),
+// so the time taken says nothing about where a guessed key differs.
 bool const_time_equal(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() != b.size();
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ (i < b.size() ? b[i] : 0);
+  const size_t n = std::max(a.size(), b.size());
+  volatile unsigned char diff = a.size() != b.size();
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = diff | (x ^ y);
+  }
   return diff == 0;
 }
 
@@ -157,6 +165,8 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
   void abort_engine_requests() {  // strand
     for (auto& c : choices)
       if (c.submitted && !c.done) svc.engine().abort(c.engine_id);
+    // A drain paused by backpressure resumes to consume the aborts.
+    sink->post([self = shared_from_this()] { self->drain(); });
   }
 
   void cancel() {  // client went away
@@ -183,6 +193,13 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
   }
 
   void drain() {
+    if (req.stream && !cancelled && sink->backlogged()) {
+      // The client is not reading: keep the outputs (token ids, not SSE text) queued until the
+      // socket drains; `posted` stays set, so deliveries do not post further drains. The
+      // server's write timeout closes a connection that never drains (cancel() then runs).
+      sink->on_drained([self = shared_from_this()] { self->drain(); });
+      return;
+    }
     std::deque<std::pair<int, RequestOutput>> batch;
     {
       std::lock_guard lk(mu);
@@ -271,7 +288,11 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
 }  // namespace
 
 OpenAIService::OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& frontend, Metrics& metrics)
-    : cfg_(std::move(cfg)), engine_(engine), frontend_(frontend), metrics_(metrics) {
+    : cfg_(std::move(cfg)),
+      engine_(engine),
+      frontend_(frontend),
+      metrics_(metrics),
+      prep_(PrepPoolConfig{cfg_.prep_threads, cfg_.max_body_bytes * size_t(std::max(1, cfg_.prep_queue_bodies)), 4096}) {
   MS_CHECK(!cfg_.served_model_names.empty(), "no served model name");
   limits_.max_logprobs = cfg_.max_logprobs;
   limits_.auto_tool_choice_enabled = cfg_.enable_auto_tool_choice && !cfg_.tool_parser.empty();
@@ -323,26 +344,47 @@ std::string OpenAIService::models_json() const {
 void OpenAIService::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
   std::string path = req.target.substr(0, req.target.find('?'));
   if (path.size() > 1 && path.back() == '/') path.pop_back();  // /metrics/ == /metrics
+  if (cfg_.enable_request_id_headers) {
+    // vLLM's middleware: the client's X-Request-Id, else a fresh one, on every response.
+    std::string rid = req.header("x-request-id");
+    sink->add_header("x-request-id", rid.empty() ? random_hex(32) : rid);
+  }
+  const bool anthropic = path == "/v1/messages" || path == "/v1/messages/count_tokens";
+  if (!cfg_.api_key.empty() && path.rfind("/v1", 0) == 0 && req.method != "OPTIONS") {
+    // Exactly "Bearer KEY" as sent (no whitespace trimmed after the key, no case folding), or
+    // the key alone in x-api-key (Anthropic clients).
+    auto auth = req.raw_header("authorization");
+    auto x_api_key = req.raw_header("x-api-key");
+    if (!(auth && const_time_equal(*auth, "Bearer " + cfg_.api_key)) &&
+        !(x_api_key && const_time_equal(*x_api_key, cfg_.api_key))) {
+      sink->send(401, kJson, anthropic ? anthropic_error_body(401, "invalid x-api-key") : "{\"error\":\"Unauthorized\"}");
+      return;
+    }
+  }
+  if (req.method == "POST" && path != "/ping") {
+    const size_t bytes = req.body.size();
+    auto shared = std::make_shared<HttpRequest>(std::move(req));
+    bool queued = prep_.submit(bytes, sink, [this, shared, path](std::shared_ptr<ResponseSink> s) {
+      route(*shared, path, std::move(s));
+    });
+    if (!queued) {
+      sink->add_header("retry-after", "1");
+      sink->send(503, kJson,
+                 error_body(503, "ServiceUnavailableError",
+                            "The server is overloaded: too many request bodies are waiting to be prepared. Retry later."));
+    }
+    return;
+  }
+  route(req, path, sink);
+}
+
+void OpenAIService::route(const HttpRequest& req, const std::string& path, std::shared_ptr<ResponseSink> sink) {
   bool is_get = req.method == "GET" || req.method == "HEAD";
   bool is_post = req.method == "POST";
-  // vLLM's middleware: the client's X-Request-Id, else a fresh one (on every response when
-  // enabled; always in the log line of an internal error).
-  std::string rid = req.header("x-request-id");
-  if (rid.empty()) rid = random_hex(32);
-  if (cfg_.enable_request_id_headers) sink->add_header("x-request-id", rid);
+  const bool anthropic = path == "/v1/messages" || path == "/v1/messages/count_tokens";
+  // The client's X-Request-Id names an internal error in the log (the engine id is not known yet).
+  const std::string rid = req.header("x-request-id").empty() ? "(none sent)" : req.header("x-request-id");
   try {
-    const bool anthropic = path == "/v1/messages" || path == "/v1/messages/count_tokens";
-    if (!cfg_.api_key.empty() && path.rfind("/v1", 0) == 0 && req.method != "OPTIONS") {
-      // Anthropic clients send the key as x-api-key.
-      std::string auth = req.header("authorization");
-      std::string x_api_key = req.header("x-api-key");
-      if (!const_time_equal(auth, "Bearer " + cfg_.api_key) &&
-          !(!x_api_key.empty() && const_time_equal(x_api_key, cfg_.api_key))) {
-        sink->send(401, kJson,
-                   anthropic ? anthropic_error_body(401, "invalid x-api-key") : "{\"error\":\"Unauthorized\"}");
-        return;
-      }
-    }
     auto method_not_allowed = [&] { sink->send(405, kJson, "{\"detail\":\"Method Not Allowed\"}"); };
     if (path == "/health" || path == "/ping") {
       if (!is_get && !(is_post && path == "/ping")) return method_not_allowed();

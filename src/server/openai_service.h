@@ -14,6 +14,7 @@
 #include "server/frontend.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/prep_pool.h"
 #include "server/protocol.h"
 #include "server/structured_request.h"
 
@@ -36,15 +37,27 @@ struct ServiceConfig {
   bool enable_request_id_headers = false;  // echo X-Request-Id (or a new id) on every response
   // A stream that wrote nothing for this long gets its API's keep-alive (Anthropic: `ping`).
   int stream_keepalive_ms = 10000;
+  // POST routes are prepared (parsed, templated, tokenised) on prep_threads workers; bodies
+  // queued there are bounded by prep_queue_bodies x max_body_bytes (beyond: 503).
+  int prep_threads = 2;
+  size_t max_body_bytes = 32u << 20;
+  int prep_queue_bodies = 4;
 };
 
 class OpenAIService : public Handler {
  public:
   OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& frontend, Metrics& metrics);
   ~OpenAIService() override;
+  // GET routes (/health, /metrics, ...) answer on the io thread; POST routes run on the
+  // preparation pool (prep_pool.h) with a sink that forwards to the connection's strand.
   void handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) override;
   // While draining, new generation requests get 503 and /health answers 503.
   void set_draining(bool d) { draining_ = d; }
+  // Finishes the requests being prepared and stops the preparation workers (before the
+  // HttpServer goes away: the jobs hold its connections).
+  void stop_preparation() { prep_.shutdown(); }
+  // Requests queued for or in preparation.
+  int preparing_requests() const { return prep_.queued(); }
   // Generation requests whose response has not ended.
   int active_requests() const { return active_.load(); }
 
@@ -69,6 +82,7 @@ class OpenAIService : public Handler {
   std::vector<int32_t> render_chat_prompt(const GenRequest& r, const ojson& body) const;
 
  private:
+  void route(const HttpRequest& req, const std::string& path, std::shared_ptr<ResponseSink> sink);
   void generate(const HttpRequest& req, std::shared_ptr<ResponseSink> sink, bool chat);
   void tokenize(const HttpRequest& req, ResponseSink& sink);
   void detokenize(const HttpRequest& req, ResponseSink& sink);
@@ -88,6 +102,7 @@ class OpenAIService : public Handler {
   std::once_flag structured_once_;
   StructuredContext structured_ctx_;
   structured::GrammarCache grammar_cache_;
+  PrepPool prep_;  // last: its workers use the members above until joined
 };
 
 }  // namespace moeserve::server

@@ -45,6 +45,7 @@ struct Fixture {
     server->start();
   }
   ~Fixture() {
+    svc->stop_preparation();
     server->stop();
     engine->shutdown(std::chrono::milliseconds(0));
   }
