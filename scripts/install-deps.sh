@@ -28,3 +28,9 @@ if [ -f "$PYREQ" ]; then
   python3 -m pip install -q --disable-pip-version-check -r "$PYREQ" 2>/dev/null \
     || python3 -m pip install -q --disable-pip-version-check --break-system-packages -r "$PYREQ"
 fi
+# Oracles installed without their dependencies (xgrammar: no torch; see tests/requirements.txt).
+PYREQ_NODEPS="$(dirname "$0")/../tests/requirements-nodeps.txt"
+if [ -f "$PYREQ_NODEPS" ]; then
+  python3 -m pip install -q --disable-pip-version-check --no-deps -r "$PYREQ_NODEPS" 2>/dev/null \
+    || python3 -m pip install -q --disable-pip-version-check --no-deps --break-system-packages -r "$PYREQ_NODEPS"
+fi

@@ -20,6 +20,9 @@
 #include "engine/executor.h"
 
 namespace moeserve {
+namespace structured {
+struct StructuredConstraint;  // structured/constraint.h
+}
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy (ties break to the lowest token id)
@@ -46,6 +49,9 @@ struct SamplingParams {
   // Token sequences that may not be generated: the last id of each is masked when the output
   // so far ends with the others (vLLM's bad_words, tokenised with and without a leading space).
   std::vector<std::vector<int32_t>> bad_words_token_ids;
+  // Structured outputs / forced tool calls: the compiled grammar the output must follow
+  // (null: unconstrained). Shared by the request's choices; see engine/structured_sampling.h.
+  std::shared_ptr<const structured::StructuredConstraint> structured;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };

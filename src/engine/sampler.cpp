@@ -447,9 +447,15 @@ int32_t sample_token(std::span<const float> logits, const SamplingParams& p, std
   return draw_full(logits, p, uniform01(rng));
 }
 
-void note_generated(Sequence& seq, int32_t token) { ++seq.sampler.output_counts[token]; }
+void note_generated(Sequence& seq, int32_t token) {
+  ++seq.sampler.output_counts[token];
+  structured_note_token(seq, token);
+}
 
-SampleResult sample_next(Sequence& seq, const SampleInput& in) {
+SampleResult sample_next(Sequence& seq, const SampleInput& raw_in) {
+  // Structured outputs first: disallowed tokens at -inf, so logprobs are after masking (vLLM).
+  SampleInput in = raw_in;
+  in.logits = apply_structured_mask(seq, raw_in.logits);
   const SamplingParams& p = seq.params();
   const int32_t vocab = static_cast<int32_t>(in.logits.size());
   SampleResult res;
@@ -487,6 +493,7 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in) {
 
 std::optional<DeviceSampling> device_sampling_params(const Sequence& seq) {
   const SamplingParams& p = seq.params();
+  if (has_structured_constraint(seq)) return std::nullopt;  // grammar masks are applied on the host
   if (needs_logits_processing(seq)) return std::nullopt;  // masks, bias, penalties: on the host
   if (p.min_p > 0.0f || p.logprobs >= 0) return std::nullopt;
   DeviceSampling d;

@@ -12,6 +12,7 @@
 
 #include "engine/block_manager.h"
 #include "engine/engine.h"
+#include "engine/structured_sampling.h"
 
 namespace moeserve {
 
@@ -27,6 +28,7 @@ struct SamplerState {
   std::unordered_map<int32_t, int> output_counts;  // generated token -> occurrences
   std::vector<int32_t> prompt_set;  // sorted unique prompt ids (built lazily for repetition_penalty)
   bool prompt_set_ready = false;
+  std::shared_ptr<StructuredState> structured;  // matcher of a constrained request (lazily made)
 };
 
 struct Sequence {

@@ -38,6 +38,13 @@ class Frontend {
   virtual std::string render_chat(const ChatRenderInputs& in) const = 0;
   virtual int vocab_size() const = 0;
   virtual std::vector<int32_t> eos_token_ids() const = 0;
+  // Structured outputs: every token id's bytes (byte-level BPE decoded) and whether it is a
+  // special token. false: not available (structured-output requests are then a 400).
+  virtual bool token_bytes(std::vector<std::string>& bytes, std::vector<bool>& special) const {
+    (void)bytes;
+    (void)special;
+    return false;
+  }
 };
 
 }  // namespace moeserve::server

@@ -199,6 +199,25 @@ OpenAIService::OpenAIService(ServiceConfig cfg, Engine& engine, const Frontend& 
   created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+const StructuredContext& OpenAIService::structured_context() {
+  std::call_once(structured_once_, [&] {
+    std::vector<std::string> bytes;
+    std::vector<bool> special;
+    if (frontend_.token_bytes(bytes, special))
+      structured_ctx_.vocab = make_token_vocab(std::move(bytes), std::move(special), engine_.config().eos_token_ids,
+                                               std::max(engine_.executor_info().vocab_size, frontend_.vocab_size()));
+    structured_ctx_.cache = &grammar_cache_;
+    structured_ctx_.tool_parser = cfg_.tool_parser;
+    // With a reasoning parser the constraint starts after the reasoning section ends (vLLM):
+    // at the "</think>" token, when the tokenizer has it as one token.
+    if (!cfg_.reasoning_parser.empty()) {
+      std::vector<int32_t> end = frontend_.encode("</think>", false);
+      if (end.size() == 1) structured_ctx_.start_after = end;
+    }
+  });
+  return structured_ctx_;
+}
+
 void OpenAIService::check_model(const std::string& model) const {
   if (model.empty()) return;
   for (auto& n : cfg_.served_model_names)
@@ -345,6 +364,10 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   for (auto& ids : call->prompt_ids)
     if (ids.empty()) throw bad_request("The decoder prompt cannot be empty", "prompt");
 
+  // Structured outputs / forced tool calls: compiled (or taken from the cache) before anything
+  // is submitted, so an invalid schema, regex or grammar is a 400.
+  auto constraint = make_structured_constraint(r, structured_context());
+
   // Validate every prompt before submitting anything.
   const std::vector<std::vector<int32_t>> bad_words =
       bad_words_token_ids(r.bad_words, [&](const std::string& w) { return frontend_.encode(w, false); }, vocab_size);
@@ -353,6 +376,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     for (int i = 0; i < r.n; ++i) {
       params[p].push_back(make_sampling_params(r, cfg_.defaults, static_cast<int>(call->prompt_ids[p].size()),
                                                cfg_.max_model_len, i));
+      params[p].back().structured = constraint;
       params[p].back().bad_words_token_ids = bad_words;
     }
 
@@ -382,8 +406,8 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   cs.include_reasoning = r.include_reasoning;
   if (chat) {
     cs.reasoning_parser = cfg_.reasoning_parser;
-    // tool_choice none: tools are rendered but never parsed. required/named: no guided
-    // decoding here, so the tool parser reads whatever the model emits.
+    // tool_choice none: tools are rendered but never parsed. required/named: the output is
+    // constrained to the tool parser family's call syntax (make_structured_constraint).
     if (r.tool_choice != ToolChoice::None && !cfg_.tool_parser.empty()) {
       cs.tool_parser = cfg_.tool_parser;
       cs.tools = r.tools;

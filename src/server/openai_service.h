@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/protocol.h"
+#include "server/structured_request.h"
 
 namespace moeserve::server {
 
@@ -53,6 +55,8 @@ class OpenAIService : public Handler {
   void detokenize(const HttpRequest& req, ResponseSink& sink);
   std::string models_json() const;
   void check_model(const std::string& model) const;
+  // Structured outputs: the vocabulary as bytes (built on first use) and the compiled grammars.
+  const StructuredContext& structured_context();
 
   ServiceConfig cfg_;
   Engine& engine_;
@@ -62,6 +66,9 @@ class OpenAIService : public Handler {
   int64_t created_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
+  std::once_flag structured_once_;
+  StructuredContext structured_ctx_;
+  structured::GrammarCache grammar_cache_;
 };
 
 }  // namespace moeserve::server

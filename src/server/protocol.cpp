@@ -1,4 +1,5 @@
 #include "server/protocol.h"
+#include "server/structured_request.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -285,7 +286,7 @@ void parse_common(const ojson& body, GenRequest& r, const ProtocolLimits& limits
   r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output").value_or(false);
   r.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
   r.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
-  // response_format: constrained decoding is not implemented; the field is accepted and ignored.
+  parse_structured_fields(body, r);  // response_format, structured_outputs, guided_*
   parse_logits_processor_fields(body, r);
   r.spaces_between_special_tokens = get_bool(body, "spaces_between_special_tokens").value_or(true);
   r.return_tokens_as_token_ids = get_bool(body, "return_tokens_as_token_ids").value_or(false);

@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "server/errors.h"
 #include "server/json_text.h"
+#include "structured/constraint.h"
 
 namespace moeserve::server {
 
@@ -80,6 +81,9 @@ struct GenRequest {
   ojson tools;  // null or array
   ToolChoice tool_choice = ToolChoice::None;
   std::string named_tool;
+  bool parallel_tool_calls = true;
+  // response_format / structured_outputs / guided_*: see server/structured_request.h.
+  std::optional<structured::ConstraintSpec> structured;
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   ojson chat_template_kwargs = ojson::object();

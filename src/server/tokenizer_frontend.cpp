@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "structured/matcher.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -92,6 +93,25 @@ std::string TokenizerFrontend::render_chat(const ChatRenderInputs& in) const {
 }
 
 int TokenizerFrontend::vocab_size() const { return static_cast<int>(tok_->vocab_size()); }
+
+bool TokenizerFrontend::token_bytes(std::vector<std::string>& bytes, std::vector<bool>& special) const {
+  const size_t n = tok_->vocab_size();
+  bytes.assign(n, std::string());
+  special.assign(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = static_cast<int32_t>(i);
+    if (tok_->is_special(id)) {
+      special[i] = true;
+      continue;
+    }
+    std::optional<std::string> t = tok_->id_to_token(id);
+    if (!t) continue;  // a hole in the id space: never allowed
+    // Byte-level BPE tokens spell bytes in GPT-2's alphabet; other tokens (added tokens
+    // written as text, non-byte-level models) decode to their text.
+    if (!structured::byte_level_decode(*t, bytes[i])) bytes[i] = tok_->decode({id}, false);
+  }
+  return true;
+}
 
 std::vector<int32_t> TokenizerFrontend::eos_token_ids() const {
   std::vector<int32_t> ids;

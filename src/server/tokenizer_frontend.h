@@ -26,6 +26,7 @@ class TokenizerFrontend : public Frontend {
   std::string render_chat(const ChatRenderInputs& in) const override;
   int vocab_size() const override;
   std::vector<int32_t> eos_token_ids() const override;
+  bool token_bytes(std::vector<std::string>& bytes, std::vector<bool>& special) const override;
 
  private:
   std::shared_ptr<const Tokenizer> tok_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "server/json_text.h"
+#include "structured/grammar.h"
 
 namespace moeserve::server {
 
@@ -68,6 +69,18 @@ bool has_reasoning_parser(const std::string& name);
 bool has_tool_parser(const std::string& name);
 std::vector<std::string> reasoning_parser_names();
 std::vector<std::string> tool_parser_names();
+
+// Forced tool calls: the grammar of a tool parser family's own call syntax (one builder per
+// family, next to its parser). `names` empty: any of `tools`; else only those (a named
+// tool_choice). `parallel` false: exactly one call. Throws structured::GrammarError (a 400).
+struct ToolCallGrammarRequest {
+  const ojson& tools;
+  std::vector<std::string> names;
+  bool parallel = true;
+};
+bool has_tool_call_grammar(const std::string& parser_name);
+structured::Grammar tool_call_grammar(const std::string& parser_name, const ToolCallGrammarRequest& req);
+structured::Grammar minimax_m2_tool_call_grammar(const ToolCallGrammarRequest& req);  // parsers/minimax_m2_grammar.cpp
 
 // Shared helpers for parsers.
 // Length of the longest suffix of `text` that is a proper prefix of `marker`.

@@ -27,7 +27,21 @@ const std::map<std::string, TFactory>& tool_table() {
   };
   return t;
 }
+using GFactory = std::function<structured::Grammar(const ToolCallGrammarRequest&)>;
+const std::map<std::string, GFactory>& tool_grammar_table() {
+  static const std::map<std::string, GFactory> t = {
+      {"minimax_m2", minimax_m2_tool_call_grammar},
+  };
+  return t;
+}
 }  // namespace
+
+bool has_tool_call_grammar(const std::string& name) { return tool_grammar_table().count(name) > 0; }
+structured::Grammar tool_call_grammar(const std::string& name, const ToolCallGrammarRequest& req) {
+  auto it = tool_grammar_table().find(name);
+  MS_CHECK(it != tool_grammar_table().end(), "tool-call parser '{}' has no tool-call grammar", name);
+  return it->second(req);
+}
 
 std::unique_ptr<ReasoningParser> make_reasoning_parser(const std::string& name) {
   auto it = reasoning_table().find(name);

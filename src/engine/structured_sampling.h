@@ -1,0 +1,38 @@
+// Structured outputs on the engine's sampling path (host rows).
+//
+// A request with SamplingParams::structured gets a Matcher the first time one of its rows is
+// sampled; its state lives in the Sequence's SamplerState, so it survives preemption
+// (recompute re-runs the prompt and the generated tokens, not the sampler). The constraint
+// starts after any of `start_after_tokens` (the reasoning section's end) is generated, or at
+// the first token when that list is empty. Constrained rows are sampled on the host:
+// device_sampling_params() sends them here (the device bitmask path is not built yet).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace moeserve {
+
+struct Sequence;
+namespace structured {
+class Matcher;
+}
+
+struct StructuredState {
+  std::unique_ptr<structured::Matcher> matcher;
+  bool started = false;  // the reasoning section is over (or there is none)
+  bool failed = false;   // a token the grammar rejected was produced (see structured_note_token)
+  ~StructuredState();
+};
+
+// The logits row to sample from: `logits` itself when the sequence is unconstrained (or the
+// constraint has not started), else a thread-local copy with disallowed tokens at -inf.
+std::span<const float> apply_structured_mask(Sequence& seq, std::span<const float> logits);
+
+// Advances the matcher by the generated token (and starts the constraint after a start token).
+void structured_note_token(Sequence& seq, int32_t token);
+
+// Whether sampling this sequence needs the host (it has a constraint).
+bool has_structured_constraint(const Sequence& seq);
+
+}  // namespace moeserve

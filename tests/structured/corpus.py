@@ -1,0 +1,74 @@
+"""Schemas, regexes and grammars shared by the xgrammar comparison test and the mask
+benchmark. Each entry: (name, spec) with spec as structured_mask_tool takes it."""
+import json
+
+WEATHER_TOOL = {
+    "type": "object",
+    "properties": {
+        "location": {"type": "string", "description": "City and country"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "include_hourly": {"type": "boolean"},
+    },
+    "required": ["location", "unit"],
+}
+
+PERSON_REFS = {
+    "$defs": {
+        "address": {
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "zip": {"type": "string", "pattern": "[0-9]{5}"}},
+            "required": ["street", "zip"],
+        },
+        "person": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 40},
+                "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                "address": {"$ref": "#/$defs/address"},
+                "friends": {"type": "array", "items": {"$ref": "#/$defs/person"}, "maxItems": 3},
+            },
+            "required": ["name", "age"],
+        },
+    },
+    "$ref": "#/$defs/person",
+}
+
+LONG_ENUM = {
+    "type": "object",
+    "properties": {
+        "country": {"enum": [f"country_{i:03d}" for i in range(300)]},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5},
+    },
+    "required": ["country", "tags"],
+}
+
+MIXED = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "score": {"type": "number"},
+        "kind": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "pair": {"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}], "items": False},
+        "meta": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "const": {"const": "v1"},
+    },
+    "required": ["id", "score", "kind", "pair", "meta", "const"],
+}
+
+CORPUS = [
+    ("schema_weather_tool", {"kind": "json_schema", "text": json.dumps(WEATHER_TOOL)}),
+    ("schema_person_refs", {"kind": "json_schema", "text": json.dumps(PERSON_REFS), "explained": "length_strings"}),
+    ("schema_long_enum", {"kind": "json_schema", "text": json.dumps(LONG_ENUM)}),
+    ("schema_mixed", {"kind": "json_schema", "text": json.dumps(MIXED)}),
+    ("schema_mixed_compact", {"kind": "json_schema", "text": json.dumps(MIXED), "any_whitespace": False}),
+    ("json_object", {"kind": "json_object"}),
+    ("regex_phone", {"kind": "regex", "text": r"\(\d{3}\) \d{3}-\d{4}"}),
+    ("regex_classes", {"kind": "regex", "text": r"[A-Z][a-z]+( [A-Z][a-z]+)*, [^,\n]{1,20}\.?"}),
+    ("regex_alternation", {"kind": "regex", "text": r"(yes|no|maybe)( because [a-z ]+)?"}),
+    ("choice", {"kind": "choice", "choices": ["positive", "negative", "neutral", "mixed feelings"]}),
+    ("grammar_arith", {"kind": "grammar", "text": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
+                                                  'term ::= factor (("*" | "/") factor)*\n'
+                                                  'factor ::= [0-9]+ | "(" expr ")"'}),
+    ("grammar_list", {"kind": "grammar", "text": 'root ::= "- " item ("\\n- " item)*\nitem ::= [^\\n]+'}),
+]

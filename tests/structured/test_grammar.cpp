@@ -1,0 +1,202 @@
+// Grammar IR, EBNF, regex and JSON Schema compilers: languages checked by matching byte
+// strings (accept / reject) through the matcher with a one-byte-per-token vocabulary.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "structured/constraint.h"
+#include "structured/json_schema.h"
+#include "structured/regex.h"
+
+using namespace moeserve::structured;
+
+namespace {
+
+// Vocabulary: one token per byte value (id = byte), plus EOS = 256.
+std::shared_ptr<const TokenVocab> byte_vocab() {
+  static auto v = [] {
+    auto voc = std::make_shared<TokenVocab>();
+    for (int b = 0; b < 256; ++b) voc->token_bytes.push_back(std::string(1, char(b)));
+    voc->token_bytes.push_back("<eos>");
+    voc->special.assign(257, false);
+    voc->special[256] = true;
+    voc->stop_ids = {256};
+    voc->build();
+    return voc;
+  }();
+  return v;
+}
+
+bool matches(const Grammar& g, std::string_view s) {
+  auto cg = std::make_shared<CompiledGrammar>(g, byte_vocab());
+  Matcher m(cg);
+  for (unsigned char c : s)
+    if (!m.accept_token(c)) return false;
+  return m.accepting();
+}
+
+}  // namespace
+
+TEST(Ebnf, BasicLanguage) {
+  Grammar g = parse_ebnf(R"(
+    root ::= "a" item* ("x" | "yz")?  # comment
+    item ::= [0-9] | "-"
+  )");
+  EXPECT_TRUE(matches(g, "a"));
+  EXPECT_TRUE(matches(g, "a12-3x"));
+  EXPECT_TRUE(matches(g, "ayz"));
+  EXPECT_FALSE(matches(g, "ay"));
+  EXPECT_FALSE(matches(g, "b"));
+  EXPECT_FALSE(matches(g, "axx"));
+}
+
+TEST(Ebnf, RecursionAndRepeat) {
+  Grammar g = parse_ebnf(R"G(root ::= "(" root ")" | [a-c]{2,3})G");
+  EXPECT_TRUE(matches(g, "ab"));
+  EXPECT_TRUE(matches(g, "((abc))"));
+  EXPECT_FALSE(matches(g, "((ab)"));
+  EXPECT_FALSE(matches(g, "a"));
+  EXPECT_FALSE(matches(g, "abcd"));
+}
+
+TEST(Ebnf, UnicodeClassesAreUtf8) {
+  Grammar g = parse_ebnf(R"(root ::= [^a]+ "é")");
+  EXPECT_TRUE(matches(g, "ü€😀é"));
+  EXPECT_FALSE(matches(g, "aé"));
+  EXPECT_FALSE(matches(g, "\xff\xfe\xc3\xa9"));  // invalid UTF-8 is not a character
+}
+
+TEST(Ebnf, ErrorsCarryPositions) {
+  auto pos_of = [](const std::string& text) -> std::optional<size_t> {
+    try {
+      parse_ebnf(text);
+    } catch (const GrammarError& e) {
+      return e.position();
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(pos_of("root ::= \"abc"), 13u);
+  EXPECT_TRUE(pos_of("root ::= missing").has_value());
+  EXPECT_THROW(parse_ebnf("other ::= \"x\""), GrammarError);          // no root
+  EXPECT_THROW(parse_ebnf("root ::= root \"x\" | \"y\""), GrammarError);  // left recursion
+  EXPECT_THROW(parse_ebnf("root ::= (= \"x\") \"x\""), GrammarError);   // lookahead
+  EXPECT_THROW(parse_ebnf("root ::= \"x\"{5,2}"), GrammarError);
+  EXPECT_THROW(parse_ebnf("root ::= [z-a]"), GrammarError);
+  EXPECT_THROW(parse_ebnf(std::string(1000, '(') + "\"x\"" + std::string(1000, ')')), GrammarError);  // depth
+}
+
+TEST(Regex, Language) {
+  EXPECT_TRUE(matches(grammar_from_regex(R"(^\d{3}-[a-f]+$)"), "123-abc"));
+  EXPECT_FALSE(matches(grammar_from_regex(R"(\d{3}-[a-f]+)"), "12-abc"));
+  EXPECT_TRUE(matches(grammar_from_regex("(cat|dog)s?"), "dogs"));
+  EXPECT_FALSE(matches(grammar_from_regex("(cat|dog)s?"), "cow"));
+  EXPECT_TRUE(matches(grammar_from_regex(R"([^\d\s]+\.)"), "ab."));
+  EXPECT_FALSE(matches(grammar_from_regex(R"([^\d\s]+\.)"), "a1."));
+  EXPECT_TRUE(matches(grammar_from_regex("a{2,}b"), "aaaab"));
+  EXPECT_FALSE(matches(grammar_from_regex("a{2,}b"), "ab"));
+  EXPECT_TRUE(matches(grammar_from_regex("(?:x|y)*?z"), "xyxz"));
+}
+
+TEST(Regex, Errors) {
+  EXPECT_THROW(grammar_from_regex("(a"), GrammarError);
+  EXPECT_THROW(grammar_from_regex("a)"), GrammarError);
+  EXPECT_THROW(grammar_from_regex(R"((a)\1)"), GrammarError);
+  EXPECT_THROW(grammar_from_regex("(?=a)a"), GrammarError);
+  EXPECT_THROW(grammar_from_regex("*a"), GrammarError);
+  EXPECT_THROW(grammar_from_regex("a{100000}"), GrammarError);
+  try {
+    grammar_from_regex("ab[cd");
+    FAIL();
+  } catch (const GrammarError& e) {
+    EXPECT_EQ(e.position(), 5u);
+  }
+}
+
+TEST(Regex, ExponentialPatternCompilesBounded) {
+  auto t0 = std::chrono::steady_clock::now();
+  Grammar g = grammar_from_regex("(a|aa|aaa)*(a|aa)*b");
+  EXPECT_TRUE(matches(g, std::string(200, 'a') + "b"));
+  EXPECT_FALSE(matches(g, std::string(200, 'a') + "c"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(JsonSchema, ObjectWithRequiredAndOptional) {
+  auto g = grammar_from_json_schema_text(R"({"type":"object","properties":{
+      "a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["b"]})");
+  EXPECT_TRUE(matches(g, R"({"b":"x"})"));
+  EXPECT_TRUE(matches(g, R"({ "a" : -12 , "b":"x\n\u00e9", "c":true })"));
+  EXPECT_TRUE(matches(g, R"({"b":"x","c":false})"));
+  EXPECT_FALSE(matches(g, R"({"a":1})"));          // b required
+  EXPECT_FALSE(matches(g, R"({"b":"x","d":1})"));  // no additional properties
+  EXPECT_FALSE(matches(g, R"({"c":true,"b":"x"})"));  // declared order
+  EXPECT_FALSE(matches(g, R"({"a":01,"b":"x"})"));
+}
+
+TEST(JsonSchema, ArraysEnumsRefs) {
+  auto g = grammar_from_json_schema_text(R"({
+    "$defs": {"node": {"type":"object","properties":{"v":{"enum":["x",1,null]},
+                        "kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},"required":["v"]}},
+    "$ref": "#/$defs/node"})");
+  EXPECT_TRUE(matches(g, R"({"v":"x"})"));
+  EXPECT_TRUE(matches(g, R"({"v":1,"kids":[{"v":null},{"v":"x","kids":[]}]})"));
+  EXPECT_FALSE(matches(g, R"({"v":2})"));
+  EXPECT_FALSE(matches(g, R"({"v":1,"kids":[{"v":1},{"v":1},{"v":1}]})"));
+}
+
+TEST(JsonSchema, StringsAndIntegerBounds) {
+  auto g = grammar_from_json_schema_text(R"({"type":"array","prefixItems":[
+      {"type":"string","minLength":2,"maxLength":3},{"type":"integer","minimum":-5,"exclusiveMaximum":120},
+      {"type":"string","format":"date"},{"type":"string","pattern":"^[A-Z]{2}\\d$"}]})");
+  EXPECT_TRUE(matches(g, R"(["ab",-5,"2024-02-29","XY7"])"));
+  EXPECT_TRUE(matches(g, R"(["abc",119,"2024-12-31","AA0"])"));
+  EXPECT_FALSE(matches(g, R"(["a",0,"2024-02-29","XY7"])"));
+  EXPECT_FALSE(matches(g, R"(["ab",120,"2024-02-29","XY7"])"));
+  EXPECT_FALSE(matches(g, R"(["ab",-6,"2024-02-29","XY7"])"));
+  EXPECT_FALSE(matches(g, R"(["ab",5,"2024-13-01","XY7"])"));
+  EXPECT_FALSE(matches(g, R"(["ab",5,"2024-12-01","xy7"])"));
+  for (int v = -5; v < 120; ++v)
+    EXPECT_TRUE(matches(g, "[\"ab\"," + std::to_string(v) + ",\"2024-01-01\",\"AB1\"]")) << v;
+}
+
+TEST(JsonSchema, NullableTypeListsAllOfCompact) {
+  JsonSchemaOptions compact;
+  compact.any_whitespace = false;
+  auto g = grammar_from_json_schema_text(R"({"allOf":[{"type":"object","properties":{"a":{"type":["number","null"]}},"required":["a"]},
+      {"properties":{"b":{"type":"string","nullable":true}},"required":["b"]}]})", compact);
+  EXPECT_TRUE(matches(g, R"({"a": 1.5e3, "b": null})"));
+  EXPECT_TRUE(matches(g, R"({"a": null, "b": "s"})"));
+  EXPECT_FALSE(matches(g, R"({"a":null,"b":"s"})"));  // compact separators are ", " and ": "
+}
+
+TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
+  auto msg = [](const std::string& s) {
+    try {
+      grammar_from_json_schema_text(s);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(R"({"type":"object","patternProperties":{}})").find("'patternProperties'"), std::string::npos);
+  EXPECT_NE(msg(R"({"not":{}})").find("'not'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"number","multipleOf":2})").find("'multipleOf'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"number","minimum":2})").find("'minimum'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"string","format":"hostname"})").find("hostname"), std::string::npos);
+  EXPECT_NE(msg(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"objec"})").find("objec"), std::string::npos);
+  EXPECT_NE(msg("{\"type\": ").find("position"), std::string::npos);
+  // Deep nesting is refused, not a stack overflow.
+  std::string deep;
+  for (int i = 0; i < 5000; ++i) deep += R"({"type":"array","items":)";
+  deep += "{}";
+  for (int i = 0; i < 5000; ++i) deep += "}";
+  EXPECT_NE(msg(deep).find("deeper"), std::string::npos);
+}
+
+TEST(Choice, ExactStrings) {
+  auto g = grammar_from_choices({"yes", "no", "yes please"});
+  EXPECT_TRUE(matches(g, "yes"));
+  EXPECT_TRUE(matches(g, "yes please"));
+  EXPECT_FALSE(matches(g, "ye"));
+  EXPECT_THROW(grammar_from_choices({}), GrammarError);
+}

@@ -1,0 +1,94 @@
+// Token masks: a small multi-byte vocabulary checked against brute force (each token's bytes
+// run through the grammar alone), EOS at accept states, specials never, rollback, the cache.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "structured/constraint.h"
+#include "structured/json_schema.h"
+
+using namespace moeserve::structured;
+
+namespace {
+
+std::shared_ptr<TokenVocab> random_vocab(uint32_t seed, int n) {
+  auto v = std::make_shared<TokenVocab>();
+  std::mt19937 rng(seed);
+  const std::string alphabet = "{}[]\":, \n0123456789-.eabcnultrsfx\\";
+  for (int b = 0; b < 256; ++b) v->token_bytes.push_back(std::string(1, char(b)));
+  for (int i = 0; i < n; ++i) {
+    int len = 2 + rng() % 5;
+    std::string t;
+    for (int k = 0; k < len; ++k) t.push_back(alphabet[rng() % alphabet.size()]);
+    v->token_bytes.push_back(t);
+  }
+  v->token_bytes.push_back("<|eos|>");
+  v->token_bytes.push_back("<|special|>");
+  v->special.assign(v->token_bytes.size(), false);
+  v->special[v->token_bytes.size() - 1] = v->special[v->token_bytes.size() - 2] = true;
+  v->stop_ids = {static_cast<int32_t>(v->token_bytes.size() - 2)};
+  v->mask_size = static_cast<int32_t>(v->token_bytes.size()) + 40;  // padded logit row
+  v->build();
+  return v;
+}
+
+bool bit(const std::vector<uint32_t>& m, int id) { return (m[id >> 5] >> (id & 31)) & 1; }
+
+}  // namespace
+
+TEST(Matcher, MaskEqualsBruteForceAlongADocument) {
+  auto vocab = random_vocab(7, 3000);
+  Grammar g = grammar_from_json_schema_text(R"({"type":"object","properties":{"name":{"type":"string"},
+      "n":{"type":"array","items":{"type":"number"}}},"required":["name","n"]})");
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  const std::string doc = R"({"name": "ab\"c", "n": [1, -2.5e3, 0]})";
+  Matcher m(cg);
+  std::vector<uint32_t> mask(vocab->mask_words());
+  for (size_t i = 0; i <= doc.size(); ++i) {
+    m.fill_mask(mask);
+    int32_t st = cg->step_bytes(cg->initial_state(), doc.substr(0, i));
+    ASSERT_GE(st, 0);
+    for (int id = 0; id < vocab->mask_size; ++id) {
+      bool expect = false;
+      if (id < static_cast<int>(vocab->token_bytes.size()) && !vocab->special[id])
+        expect = cg->step_bytes(st, vocab->token_bytes[id]) >= 0;
+      if (id == vocab->stop_ids[0]) expect = cg->accepting(st);
+      ASSERT_EQ(bit(mask, id), expect) << "prefix " << i << " token " << id;
+      ASSERT_EQ(expect, m.is_allowed(id)) << "is_allowed disagrees at " << id;
+    }
+    if (i < doc.size()) ASSERT_TRUE(m.accept_token(static_cast<unsigned char>(doc[i])));
+  }
+  EXPECT_TRUE(m.accepting());
+  EXPECT_TRUE(m.accept_token(vocab->stop_ids[0]));
+  EXPECT_TRUE(m.terminated());
+  m.rollback(3);
+  EXPECT_FALSE(m.terminated());
+  EXPECT_FALSE(m.accepting());
+}
+
+TEST(Matcher, RejectsDisallowedTokensAndKeepsState) {
+  auto vocab = random_vocab(1, 100);
+  auto cg = std::make_shared<CompiledGrammar>(parse_ebnf(R"(root ::= "ab" "c"*)"), vocab);
+  Matcher m(cg);
+  EXPECT_FALSE(m.accept_token('b'));
+  EXPECT_FALSE(m.accept_token(vocab->stop_ids[0]));  // not at an accept state yet
+  EXPECT_FALSE(m.accept_token(static_cast<int32_t>(vocab->token_bytes.size() - 1)));  // special
+  EXPECT_TRUE(m.accept_token('a'));
+  EXPECT_TRUE(m.accept_token('b'));
+  EXPECT_TRUE(m.accepting());
+  EXPECT_TRUE(m.accept_token('c'));
+}
+
+TEST(GrammarCache, HitsByHashAndVocab) {
+  auto v1 = random_vocab(1, 50), v2 = random_vocab(2, 50);
+  GrammarCache cache(2);
+  ConstraintSpec a{ConstraintKind::Regex, "[a-z]+", {}, true, "regex"};
+  ConstraintSpec b{ConstraintKind::Regex, "[a-y]+", {}, true, "regex"};
+  auto g1 = cache.get(a, v1);
+  EXPECT_EQ(cache.get(a, v1), g1);
+  EXPECT_NE(cache.get(a, v2), g1);
+  cache.get(b, v1);
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.hits(), 1u);
+  EXPECT_THROW(cache.get(ConstraintSpec{ConstraintKind::Regex, "[", {}, true, "regex"}, v1), GrammarError);
+}
