@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "engine/prompt_logprobs.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/stop.h"
@@ -277,8 +278,13 @@ class EngineImpl final : public Engine {
     std::vector<char> on_device;
     std::vector<int64_t> host_rows;  // indices into rows
     const bool use_device = config_.device_sampling && info_.device_sampling;
+    size_t num_prompt_rows = 0;
     for (size_t i = 0; i < out.scheduled.size(); ++i) {
       const ScheduledSeq& sc = out.scheduled[i];
+      if (wants_prompt_logits(*sc.seq, out.batch.seqs[i])) {
+        out.batch.seqs[i].need_prompt_logits = true;
+        num_prompt_rows += out.batch.seqs[i].tokens.size();
+      }
       if (!sc.sample) continue;
       std::optional<DeviceSampling> d;
       if (use_device) d = device_sampling_params(*sc.seq);
@@ -297,6 +303,8 @@ class EngineImpl final : public Engine {
                res.vocab_size, host_rows.size(), info_.vocab_size);
       MS_CHECK(res.sampled_ids.size() == num_device, "executor returned {} sampled ids for {} device rows",
                res.sampled_ids.size(), num_device);
+      MS_CHECK(res.prompt_logits.size() == num_prompt_rows * size_t(res.vocab_size),
+               "executor returned {} prompt logits for {} prompt rows", res.prompt_logits.size(), num_prompt_rows);
       // kDeviceNoCandidate / kDeviceInfLogit: the device found no finite maximum in the row;
       // that row's request fails below, the others go on.
       for (int32_t t : res.sampled_ids)
@@ -308,6 +316,7 @@ class EngineImpl final : public Engine {
       return;
     }
     sched_.on_step_executed(out);
+    collect_prompt_logprobs(out, res);
     // Sampling reads only its own row and its own sequence's state (RNG, counts), so rows are
     // independent: with many rows (or a large vocabulary) they run on the thread pool, and a
     // sequence's token does not depend on the batch it is in.
@@ -358,6 +367,10 @@ class EngineImpl final : public Engine {
       RequestOutput o = make_output(*s);
       o.new_token_ids.push_back(sr.token);
       if (sr.has_logprobs) o.logprobs.push_back(std::move(sr.logprob));
+      if (s->params().prompt_logprobs && !s->prompt_logprobs_delivered) {
+        o.prompt_logprobs = std::move(s->prompt_logprobs);
+        s->prompt_logprobs_delivered = true;
+      }
       StopDecision d = check_stop(*s, config_.eos_token_ids, config_.max_model_len);
       if (d.reason != FinishReason::None) {
         o.stop_token_id = d.stop_token_id;
@@ -365,6 +378,38 @@ class EngineImpl final : public Engine {
       } else {
         deliver(*s, std::move(o));
       }
+    }
+  }
+
+  // This step's chunk of a prompt_logprobs request covers prompt positions whose logits give
+  // a prompt token's logprob (positions 0 .. num_prompt - 2), not yet delivered.
+  static bool wants_prompt_logits(const Sequence& s, const SequenceStep& st) {
+    return s.params().prompt_logprobs && !s.prompt_logprobs_delivered && st.start_pos < s.num_prompt_tokens - 1;
+  }
+
+  // Fills each prompt_logprobs sequence's entries for this step's positions from the
+  // executor's prompt logits (rows in batch order, then token order).
+  void collect_prompt_logprobs(const SchedulerOutput& out, const StepResult& res) {
+    const size_t V = size_t(res.vocab_size);
+    size_t row = 0;
+    for (size_t i = 0; i < out.scheduled.size(); ++i) {
+      const SequenceStep& st = out.batch.seqs[i];
+      if (!st.need_prompt_logits) continue;
+      Sequence& s = *out.scheduled[i].seq;
+      const int k = *s.params().prompt_logprobs;
+      if (s.prompt_logprobs.size() != size_t(s.num_prompt_tokens - 1)) s.prompt_logprobs.resize(s.num_prompt_tokens - 1);
+      const int64_t n = int64_t(st.tokens.size());
+      auto fill = [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const int pos = st.start_pos + int(t);
+          if (pos + 1 >= s.num_prompt_tokens) continue;
+          std::span<const float> logits(res.prompt_logits.data() + (row + size_t(t)) * V, V);
+          s.prompt_logprobs[size_t(pos)] = prompt_token_logprob(logits, s.tokens[size_t(pos) + 1], k);
+        }
+      };
+      if (n >= 2 && size_t(n) * V >= (size_t(1) << 17)) ThreadPool::global().parallel_for(n, fill, 1);
+      else fill(0, n);
+      row += size_t(n);
     }
   }
 

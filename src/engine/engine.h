@@ -38,6 +38,10 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;  // -1: none; k >= 0: sampled token's logprob plus k top alternatives
+  // vLLM's prompt_logprobs: nullopt none; k >= 0: each prompt token's logprob (after the first)
+  // plus k top alternatives at its position; -1: the whole vocabulary. A request with it does
+  // not read the prefix cache (vLLM's skip_reading_prefix_cache): every position is computed.
+  std::optional<int> prompt_logprobs;
   // Per-row logits processors (engine/sampler.h applies them in vLLM's order). Token ids are
   // validated against the vocabulary by the server; the sampler ignores any outside it.
   std::vector<std::pair<int32_t, float>> logit_bias;  // (id, bias in [-100, 100]), ascending id
@@ -59,11 +63,23 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, float>> top;  // sorted by logprob, descending
 };
 
+// One prompt position's distribution (raw model logprobs): the prompt token there, its rank
+// (1 + tokens with a larger logprob), and the top alternatives (ranks 1..k, in that order).
+struct PromptTokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0;
+  int64_t rank = 0;
+  std::vector<std::pair<int32_t, float>> top;  // sorted by logprob, descending (ties: lower id)
+};
+
 // One delivery for one request: the tokens generated since the last delivery.
 struct RequestOutput {
   std::string request_id;
   std::vector<int32_t> new_token_ids;
   std::vector<TokenLogprob> logprobs;  // one per new token when requested
+  // With prompt_logprobs, on the request's first delivery only: one per prompt token after
+  // the first (prompt position p + 1 from the logits of position p).
+  std::vector<PromptTokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::None;
   std::optional<int32_t> stop_token_id;  // the EOS / stop token that finished it, if any

@@ -38,6 +38,10 @@ struct SequenceStep {
   // With need_logits, only when the executor reports device_sampling: sample this row on the
   // device; its token id comes back in StepResult::sampled_ids instead of a logits row.
   std::optional<DeviceSampling> device_sample;
+  // prompt_logprobs: also return the logits of every query token of this step (a prefill
+  // chunk's positions) in StepResult::prompt_logits. Set only for requests that ask, so a
+  // normal prefill computes the lm_head for its last token only.
+  bool need_prompt_logits = false;
 };
 
 struct StepBatch {
@@ -52,6 +56,9 @@ struct StepResult {
   // One token id per sequence with need_logits and device_sample, in batch order (or
   // kDeviceNoCandidate / kDeviceInfLogit for a row without a finite maximum).
   std::vector<int32_t> sampled_ids;
+  // Row-major [sum of tokens.size() over sequences with need_prompt_logits, vocab_size] f32:
+  // each such sequence's query tokens' logits, in batch order, then token order.
+  std::vector<float> prompt_logits;
 };
 
 struct ExecutorInfo {

@@ -64,8 +64,12 @@ SchedulerOutput Scheduler::schedule() {
     for (Sequence* w : waiting_) {
       if (budget <= 0 || static_cast<int>(end + admits.size()) >= config_.max_num_seqs) break;
       // At least the last token is recomputed: its logits are needed.
-      PrefixHit hit =
-          blocks_.lookup(w->tokens, (w->num_tokens() - 1) / blocks_.block_size(), w->request->prefix_cache_root);
+      // A prompt_logprobs request reads no cached prefix (vLLM): every prompt position's
+      // logits must be computed. Its blocks are still cached for others.
+      PrefixHit hit = w->params().prompt_logprobs
+                          ? PrefixHit{}
+                          : blocks_.lookup(w->tokens, (w->num_tokens() - 1) / blocks_.block_size(),
+                                           w->request->prefix_cache_root);
       const int n = std::min(w->num_tokens() - hit.num_tokens, budget);
       if (!plan.grow(w->blocks, hit.num_tokens + n, &hit)) break;
       budget -= n;

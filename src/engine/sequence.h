@@ -46,6 +46,10 @@ struct Sequence {
   SeqBlocks blocks;
   SamplerState sampler;
   FinishReason finish_reason = FinishReason::None;
+  // prompt_logprobs: entry p for prompt token p + 1, filled as prefill chunks run (a recompute
+  // after preemption overwrites with the same values), moved out with the first delivery.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
+  bool prompt_logprobs_delivered = false;
   // Engine timestamps reported in RequestOutput (default value: not reached).
   std::chrono::steady_clock::time_point queued_time{}, scheduled_time{}, first_token_time{}, last_token_time{};
 

@@ -128,7 +128,9 @@ StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
   if (S == 0) return res;
   Tensor logits;
   const bool all_logits = std::all_of(batch.seqs.begin(), batch.seqs.end(), [](auto& s) { return s.need_logits; });
-  const int bucket = all_logits && is_pure_decode(batch) ? pick_bucket(buckets_, S) : 0;
+  const bool any_prompt_logits =
+      std::any_of(batch.seqs.begin(), batch.seqs.end(), [](auto& s) { return s.need_prompt_logits; });
+  const int bucket = all_logits && !any_prompt_logits && is_pure_decode(batch) ? pick_bucket(buckets_, S) : 0;
   if (bucket > 0) {
     logits = forward_padded(batch, bucket);  // undefined on a rank without logits
     if (logits.defined()) logits = logits.slice_rows(0, S);  // padded rows' logits are dropped
@@ -230,7 +232,12 @@ Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
     }
     query_start.push_back(int32_t(ids.size()));
     context_lens.push_back(ctx);
-    if (s.need_logits && logits_) rows.push_back(int32_t(ids.size()) - 1);
+    // Logits rows: every query token of a need_prompt_logits sequence (its last one is also
+    // its sampling row), else the last token of a sampling sequence.
+    if (logits_ && s.need_prompt_logits)
+      for (size_t t = 0; t < s.tokens.size(); ++t) rows.push_back(query_start[i] + int32_t(t));
+    else if (s.need_logits && logits_)
+      rows.push_back(int32_t(ids.size()) - 1);
   }
   const int T = int(ids.size());
   // Pack every I32 array into one host vector -> one copy into the persistent device buffer;
@@ -270,45 +277,59 @@ Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
 
 void MiniMaxM2Executor::collect_rows(const StepBatch& batch, const Tensor& logits, StepResult& res) {
   const int64_t R = logits.dim(0);
-  // Per logits row: its device parameters, or greedy as a placeholder for a host row (the
-  // kernel costs one block per row; sampling all rows keeps the logits one contiguous input).
+  // Per logits row (forward_eager's order): its device parameters, or greedy as a placeholder
+  // for a host or prompt-only row (the kernel costs one block per row; sampling all rows keeps
+  // the logits one contiguous input). sample_host: the row is sampled on the host;
+  // sample_device: on the device; prompt: it goes to StepResult::prompt_logits.
   std::vector<DeviceSampling> params;
-  std::vector<char> host(size_t(R), 0);
-  int64_t num_host = 0;
+  std::vector<char> sample_host, sample_device, prompt;
   for (const auto& s : batch.seqs) {
-    if (!s.need_logits) continue;
     MS_CHECK(!s.device_sample || device_sampler_, "sequence {}: device sampling requested, executor has none",
              s.seq_id);
-    host[params.size()] = !s.device_sample;
-    num_host += !s.device_sample;
-    params.push_back(s.device_sample.value_or(DeviceSampling{}));
+    const size_t n = s.need_prompt_logits ? s.tokens.size() : (s.need_logits ? 1 : 0);
+    for (size_t t = 0; t < n; ++t) {
+      const bool sampling = s.need_logits && t + 1 == n;
+      params.push_back(sampling ? s.device_sample.value_or(DeviceSampling{}) : DeviceSampling{});
+      sample_host.push_back(sampling && !s.device_sample);
+      sample_device.push_back(sampling && s.device_sample.has_value());
+      prompt.push_back(s.need_prompt_logits);
+    }
   }
-  MS_CHECK(int64_t(params.size()) == R, "{} logits rows for {} sampling sequences", R, params.size());
-  if (num_host == R) {
+  MS_CHECK(int64_t(params.size()) == R, "{} logits rows for {} expected rows", R, params.size());
+  const auto count = [](const std::vector<char>& v) { return std::count(v.begin(), v.end(), char(1)); };
+  const int64_t num_host = count(sample_host), num_device = count(sample_device), num_prompt = count(prompt);
+  if (num_host == R && num_prompt == 0) {
     res.logits = backend_->download_f32(logits);
     return;
   }
-  // (An empty Tensor has shape [] and numel() 1: test the data pointer too.)
-  if (!sampled_buf_.data || sampled_buf_.numel() < R) sampled_buf_ = backend_->alloc(DType::I32, {std::max<int64_t>(R, 256)});
-  Tensor ids = sampled_buf_.slice_rows(0, R);
-  device_sampler_(logits, params, ids);
-  const std::vector<float> got = backend_->download_f32(ids);  // exact: ids < 2^24
-  res.sampled_ids.reserve(size_t(R - num_host));
-  for (int64_t r = 0; r < R; ++r)
-    if (!host[r]) res.sampled_ids.push_back(int32_t(got[r]));
-  // Host rows' logits, one download per contiguous run of host rows.
-  res.logits.reserve(size_t(num_host) * size_t(info_.vocab_size));
-  for (int64_t r = 0; r < R;) {
-    if (!host[r]) {
-      ++r;
-      continue;
-    }
-    int64_t e = r;
-    while (e < R && host[e]) ++e;
-    const std::vector<float> part = backend_->download_f32(logits.slice_rows(r, e));
-    res.logits.insert(res.logits.end(), part.begin(), part.end());
-    r = e;
+  if (num_device > 0) {
+    // (An empty Tensor has shape [] and numel() 1: test the data pointer too.)
+    if (!sampled_buf_.data || sampled_buf_.numel() < R)
+      sampled_buf_ = backend_->alloc(DType::I32, {std::max<int64_t>(R, 256)});
+    Tensor ids = sampled_buf_.slice_rows(0, R);
+    device_sampler_(logits, params, ids);
+    const std::vector<float> got = backend_->download_f32(ids);  // exact: ids < 2^24
+    res.sampled_ids.reserve(size_t(num_device));
+    for (int64_t r = 0; r < R; ++r)
+      if (sample_device[r]) res.sampled_ids.push_back(int32_t(got[r]));
   }
+  // The selected rows' logits, one download per contiguous run.
+  auto download_rows = [&](const std::vector<char>& want, int64_t num, std::vector<float>& out) {
+    out.reserve(size_t(num) * size_t(info_.vocab_size));
+    for (int64_t r = 0; r < R;) {
+      if (!want[r]) {
+        ++r;
+        continue;
+      }
+      int64_t e = r;
+      while (e < R && want[e]) ++e;
+      const std::vector<float> part = backend_->download_f32(logits.slice_rows(r, e));
+      out.insert(out.end(), part.begin(), part.end());
+      r = e;
+    }
+  };
+  download_rows(sample_host, num_host, res.logits);
+  download_rows(prompt, num_prompt, res.prompt_logits);
 }
 
 std::unique_ptr<MiniMaxM2Executor> make_cpu_executor(const ExecutorOptions& opts) {

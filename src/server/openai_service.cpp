@@ -543,6 +543,7 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
   cs.include_stop_str_in_output = r.include_stop_str_in_output;
   cs.skip_special_tokens = r.skip_special_tokens;
   cs.num_logprobs = r.num_logprobs;
+  cs.prompt_logprobs = r.prompt_logprobs.has_value();
   cs.min_tokens = r.min_tokens;
   cs.include_reasoning = r.include_reasoning;
   if (chat) {

@@ -47,6 +47,7 @@ ChoiceDelta OutputProcessor::process(const RequestOutput& out) {
   ChoiceDelta d;
   if (finished_) return d;
   std::string decided;
+  if (s_.prompt_logprobs && !out.prompt_logprobs.empty()) prompt_logprobs_ = out.prompt_logprobs;
   size_t n = out.new_token_ids.size();
   for (size_t i = 0; i < n && !finished_; ++i) {
     int32_t tok = out.new_token_ids[i];

@@ -24,6 +24,7 @@ struct ChoiceSettings {
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
   int num_logprobs = -1;
+  bool prompt_logprobs = false;  // keep the engine's prompt_logprobs for the response
   int min_tokens = 0;  // stop strings are looked for only once more tokens than this exist (vLLM)
   bool include_reasoning = true;  // false: reasoning text is parsed out and dropped
   std::string reasoning_parser;  // empty: none (chat only)
@@ -68,6 +69,9 @@ class OutputProcessor {
   bool has_tool_calls() const { return tools_ && !tools_->calls().empty(); }
   const std::vector<TokenLogprobOut>& all_logprobs() const { return all_logprobs_; }
   const std::string& finish_reason() const { return finish_reason_; }
+  // With ChoiceSettings::prompt_logprobs: one per prompt token after the first.
+  bool has_prompt_logprobs() const { return s_.prompt_logprobs; }
+  const std::vector<PromptTokenLogprob>& prompt_logprobs() const { return prompt_logprobs_; }
   const ojson& stop_reason() const { return stop_reason_; }
 
  private:
@@ -86,6 +90,7 @@ class OutputProcessor {
   std::vector<int32_t> token_ids_;
   std::string all_text_, all_reasoning_;
   std::vector<TokenLogprobOut> all_logprobs_;
+  std::vector<PromptTokenLogprob> prompt_logprobs_;
   std::string finish_reason_;
   ojson stop_reason_;
 };

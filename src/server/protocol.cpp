@@ -85,16 +85,25 @@ void parse_logits_processor_fields(const ojson& body, GenRequest& r) {
   }
 }
 
-// vLLM's check_logprobs for prompt_logprobs, then the refusal: prompt logprobs need every
-// prompt position's logits, which the executors do not return yet.
-void check_prompt_logprobs(const ojson& body, const GenRequest& r) {
+// vLLM's check_logprobs for prompt_logprobs, then its max_logprobs check. -1 (the whole
+// vocabulary in vLLM) is refused: vLLM itself refuses it unless --max-logprobs >= the
+// vocabulary size, which moeserve does not allow.
+void check_prompt_logprobs(const ojson& body, GenRequest& r, int max_logprobs) {
   auto pl = get_int(body, "prompt_logprobs");
   if (!pl) return;
-  if (r.stream && *pl > 0) throw bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs");
-  if (*pl < 0) throw bad_request("`prompt_logprobs` must be a positive value.", "prompt_logprobs");
-  throw bad_request("prompt_logprobs is not supported yet by moeserve (the model executors return logits for the "
-                    "last prompt position only); omit it or set it to null",
-                    "prompt_logprobs");
+  if (r.stream && (*pl > 0 || *pl == -1))
+    throw bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs");
+  if (*pl < -1) throw bad_request("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs");
+  if (*pl == -1)
+    throw bad_request(fmt::format("prompt_logprobs=-1 (the whole vocabulary) is not supported by moeserve: it exceeds "
+                                  "the max allowed {} (--max-logprobs); ask for at most {}",
+                                  max_logprobs, max_logprobs),
+                      "prompt_logprobs");
+  if (*pl > max_logprobs)
+    throw bad_request(
+        fmt::format("Requested prompt logprobs of {}, which is greater than max allowed: {}", *pl, max_logprobs),
+        "prompt_logprobs");
+  if (!r.stream) r.prompt_logprobs = static_cast<int>(*pl);
 }
 
 [[noreturn]] void not_supported(const std::string& field, const std::string& why) {
@@ -129,7 +138,7 @@ void refuse_unimplemented(const ojson& body, bool chat) {
 }
 
 // Fields shared by chat and completions.
-void parse_common(const ojson& body, GenRequest& r) {
+void parse_common(const ojson& body, GenRequest& r, const ProtocolLimits& limits) {
   if (auto m = get_str(body, "model")) r.model = *m;
   r.stream = get_bool(body, "stream").value_or(false);
   if (const ojson* so = field(body, "stream_options")) {
@@ -233,7 +242,7 @@ void parse_common(const ojson& body, GenRequest& r) {
       throw bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt");
     r.cache_salt = cs->get<std::string>();
   }
-  check_prompt_logprobs(body, r);
+  check_prompt_logprobs(body, r, limits.max_logprobs);
   refuse_unimplemented(body, r.chat);
 }
 
@@ -328,7 +337,7 @@ GenRequest parse_chat_request(const ojson& body, const ProtocolLimits& limits) {
   if (!body.is_object()) type_error("body", "a valid dictionary", body);
   GenRequest r;
   r.chat = true;
-  parse_common(body, r);
+  parse_common(body, r, limits);
   const ojson* msgs = field(body, "messages");
   if (!msgs) throw bad_request("1 validation error: body.messages: Field required", "messages");
   r.messages = normalise_messages(*msgs);
@@ -415,7 +424,7 @@ GenRequest parse_completion_request(const ojson& body, const ProtocolLimits& lim
   if (!body.is_object()) type_error("body", "a valid dictionary", body);
   GenRequest r;
   r.chat = false;
-  parse_common(body, r);
+  parse_common(body, r, limits);
   if (!r.max_tokens && !body.contains("max_tokens")) r.max_tokens = 16;  // CompletionRequest default
   const ojson* p = field(body, "prompt");
   if (!p) throw bad_request("Either prompt or prompt_embeds must be provided and non-empty.", "prompt");
@@ -493,6 +502,7 @@ SamplingParams make_sampling_params(const GenRequest& r, const SamplingDefaults&
   p.stop_token_ids = r.stop_token_ids;
   p.ignore_eos = r.ignore_eos;
   p.logprobs = r.num_logprobs;
+  p.prompt_logprobs = r.prompt_logprobs;
   // Ids were checked against the vocabulary (check_token_ids), so they fit in int32.
   for (const auto& [id, b] : r.logit_bias) p.logit_bias.emplace_back(static_cast<int32_t>(id), b);
   if (r.allowed_token_ids)

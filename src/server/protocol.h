@@ -59,6 +59,9 @@ struct GenRequest {
   // Logprobs: chat (logprobs bool, top_logprobs k) and completions (logprobs k) both map to
   // `num_logprobs` = k (-1: none).
   int num_logprobs = -1;
+  // vLLM's prompt_logprobs k (>= 0) when set and not streaming (vLLM's stream responses carry
+  // none; it refuses k > 0 with stream).
+  std::optional<int> prompt_logprobs;
   bool echo = false;  // completions: the prompt; chat: the last message when it has the reply's role
   // vLLM's logits processors (SamplingParams); token ids are checked against the vocabulary
   // by check_token_ids once it is known.

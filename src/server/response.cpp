@@ -1,5 +1,7 @@
 #include "server/response.h"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 namespace moeserve::server {
@@ -133,6 +135,35 @@ static void append_completion_logprobs(std::string& out, const ResponseContext& 
     out += "}";
   }
   out += "]}";
+}
+
+// vLLM's prompt_logprobs: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...]:
+// per position the prompt token first, then the top alternatives (a repeated id once); -inf
+// as -9999.0 (vLLM's clamp_prompt_logprobs).
+static void append_prompt_logprobs(std::string& out, const ResponseContext& f, const OutputProcessor& p) {
+  if (!p.has_prompt_logprobs()) {
+    out += "null";
+    return;
+  }
+  out += "[null";
+  for (const PromptTokenLogprob& pl : p.prompt_logprobs()) {
+    out += ",{";
+    std::vector<int32_t> seen;
+    auto add = [&](int32_t id, float lp, int64_t rank) {
+      if (std::find(seen.begin(), seen.end(), id) != seen.end()) return;
+      if (!seen.empty()) out += ",";
+      seen.push_back(id);
+      out += "\"" + std::to_string(id) + "\":{\"logprob\":";
+      append_logprob(out, std::isinf(lp) && lp < 0 ? -9999.0f : lp);
+      out += ",\"rank\":" + std::to_string(rank) + ",\"decoded_token\":";
+      append_json_string(out, token_text(f, id));
+      out += "}";
+    };
+    add(pl.token_id, pl.logprob, pl.rank);
+    for (size_t k = 0; k < pl.top.size(); ++k) add(pl.top[k].first, pl.top[k].second, int64_t(k) + 1);
+    out += "}";
+  }
+  out += "]";
 }
 
 void append_chat_role_chunk(std::string& out, const ResponseContext& ctx, int index, const Usage* usage) {
@@ -285,7 +316,10 @@ std::string chat_response_json(const ResponseContext& ctx, const std::vector<con
   }
   out += "],\"usage\":";
   append_usage(out, u, true);
-  out += ",\"prompt_logprobs\":null,\"kv_transfer_params\":null}";
+  out += ",\"prompt_logprobs\":";
+  if (!choices.empty()) append_prompt_logprobs(out, ctx, *choices[0]);
+  else out += "null";
+  out += ",\"kv_transfer_params\":null}";
   return out;
 }
 
@@ -307,7 +341,9 @@ std::string completion_response_json(const ResponseContext& ctx, const std::vect
     append_json_string(out, p.finish_reason());
     out += ",\"stop_reason\":";
     append_stop_reason(out, p.stop_reason());
-    out += ",\"prompt_logprobs\":null}";
+    out += ",\"prompt_logprobs\":";
+    append_prompt_logprobs(out, ctx, p);
+    out += "}";
   }
   out += "],\"usage\":";
   append_usage(out, u, true);

@@ -184,7 +184,7 @@ def test_include_reasoning(srv):
 
 @pytest.mark.parametrize("route", ["chat", "completions"])
 @pytest.mark.parametrize("field,value", [
-    ("prompt_logprobs", 1), ("use_beam_search", True), ("best_of", 2), ("priority", 1), ("cache_salt", ""),
+    ("prompt_logprobs", -1), ("use_beam_search", True), ("best_of", 2), ("priority", 1), ("cache_salt", ""),
     ("cache_salt", 5), ("logits_processors", ["my.Processor"]),
 ])
 def test_unimplemented_fields_refused(srv, route, field, value):

@@ -226,3 +226,36 @@ def test_vllm_logits_processors_on_the_real_executor(tiny):
         with pytest.raises(openai.BadRequestError):
             c.completions.create(model=NAME, prompt="Hello", max_tokens=2, extra_body=bad)
     assert ids() == base  # the engine is unharmed and still deterministic
+
+
+def test_prompt_logprobs(tiny):
+    c = client(tiny)
+    ids = c.completions.create(model=NAME, prompt="The quick brown fox jumps", max_tokens=1, temperature=0,
+                               extra_body={"prompt_logprobs": 2}).usage.prompt_tokens
+    prompt = list(range(5, 5 + ids))  # token-id prompt
+    r = c.completions.create(model=NAME, prompt=prompt, max_tokens=2, temperature=0,
+                             extra_body={"prompt_logprobs": 2})
+    pl = r.choices[0].model_extra["prompt_logprobs"]
+    assert len(pl) == len(prompt) and pl[0] is None
+    for p in range(1, len(prompt)):
+        entry = {int(k): v for k, v in pl[p].items()}
+        assert prompt[p] in entry and 2 <= len(entry) <= 3
+        # Oracle: the greedy next token after prompt[:p], with its logprob, is the rank-1 entry.
+        g = c.completions.create(model=NAME, prompt=prompt[:p], max_tokens=1, temperature=0, logprobs=1)
+        top1 = [v for v in entry.values() if v["rank"] == 1][0]
+        assert abs(g.choices[0].logprobs.token_logprobs[0] - top1["logprob"]) < 1e-3
+        assert all(v["logprob"] <= 0 for v in entry.values())
+    # Chat: top-level prompt_logprobs, same shape; streaming with k > 0 is refused (vLLM).
+    m = [{"role": "user", "content": "hi there"}]
+    cr = c.chat.completions.create(model=NAME, messages=m, max_tokens=2, temperature=0,
+                                   extra_body={"prompt_logprobs": 2})
+    cpl = cr.model_extra["prompt_logprobs"]
+    assert cpl[0] is None and len(cpl) == cr.usage.prompt_tokens and all(isinstance(e, dict) for e in cpl[1:])
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        c.chat.completions.create(model=NAME, messages=m, max_tokens=2, stream=True, extra_body={"prompt_logprobs": 2})
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        c.completions.create(model=NAME, prompt="x", max_tokens=2, stream=True, extra_body={"prompt_logprobs": 2})
+    # prompt_logprobs 0 with stream is accepted as in vLLM (its stream carries no prompt logprobs).
+    chunks = list(c.completions.create(model=NAME, prompt="x y", max_tokens=2, stream=True,
+                                       extra_body={"prompt_logprobs": 0}))
+    assert chunks
