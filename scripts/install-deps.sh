@@ -6,6 +6,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config ccache
   libboost1.81-dev            # Beast/Asio (server)
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  libyaml-cpp-dev             # serve --config FILE.yaml
   libcurl4-openssl-dev libssl-dev
   libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev

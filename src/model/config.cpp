@@ -235,7 +235,7 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   return c;
 }
 
-MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path) {
+MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path, const std::string& overrides_json) {
   std::ifstream in(path);
   MS_CHECK(in.good(), "cannot open model config {}", path);
   json j;
@@ -243,6 +243,16 @@ MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path) {
     j = json::parse(in);
   } catch (const json::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
+  }
+  if (!overrides_json.empty()) {
+    json patch;
+    try {
+      patch = json::parse(overrides_json);
+    } catch (const json::exception& e) {
+      fail("--hf-overrides: invalid JSON: {}", e.what());
+    }
+    MS_CHECK(patch.is_object(), "--hf-overrides: expected a JSON object");
+    j.merge_patch(patch);
   }
   try {
     MiniMaxM2Config c = from_json(j);

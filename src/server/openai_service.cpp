@@ -160,7 +160,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     Usage u = usage();
     if (req.stream) {
       std::string out;
-      if (req.include_usage) append_usage_chunk(out, ctx, u);
+      if (req.include_usage || svc.config().force_include_usage) append_usage_chunk(out, ctx, u);
       out += kSseDone;
       sink->stream_write(std::move(out));
       sink->end_stream();

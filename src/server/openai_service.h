@@ -29,6 +29,7 @@ struct ServiceConfig {
   SamplingDefaults defaults;
   std::string version = "0.0.0";
   bool enable_request_id_headers = false;  // echo X-Request-Id (or a new id) on every response
+  bool force_include_usage = false;  // --enable-force-include-usage: every stream ends with usage
 };
 
 class OpenAIService : public Handler {
