@@ -253,6 +253,14 @@ MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path, const std::s
     }
     MS_CHECK(patch.is_object(), "--hf-overrides: expected a JSON object");
     j.merge_patch(patch);
+    // Fewer layers (the usual benchmarking override): per-layer lists the override does not
+    // replace keep their first num_hidden_layers entries, as the model reads only those.
+    if (patch.contains("num_hidden_layers") && patch["num_hidden_layers"].is_number_integer())
+      for (const char* key : {"attn_type_list", "layer_types", "mlp_layer_types"})
+        if (!patch.contains(key) && j.contains(key) && j[key].is_array() &&
+            int64_t(j[key].size()) > patch["num_hidden_layers"].get<int64_t>() &&
+            patch["num_hidden_layers"].get<int64_t>() > 0)
+          j[key].erase(j[key].begin() + patch["num_hidden_layers"].get<int64_t>(), j[key].end());
   }
   try {
     MiniMaxM2Config c = from_json(j);
