@@ -330,3 +330,31 @@ def test_moeserve_alone_lists_subcommands():
     r = run("serve", "--help")
     assert "test-replay-backend" not in r.stdout
     assert "Accepted for vllm compatibility" in r.stdout
+
+
+def test_plan_recommended_command_is_accepted_by_serve_flags(tmp_path):
+    cfg = REPO / "tests/fixtures/shared-data/models/minimax-m2.5"
+    r = run("plan", "--model", str(cfg), "--gpus", "4", "--gpu-memory", "141GB", "--json")
+    assert r.returncode == 0, r.stderr
+    cmd = json.loads(r.stdout)["recommended_command"].split()
+    assert cmd[:3] == ["moeserve", "serve", str(cfg)] and "--tensor-parallel-size" in cmd
+    r = run("service", *cmd[2:])  # the same table and checks as serve
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr
+
+
+def test_inspect_config_only_and_pull_id_without_slash(tmp_path):
+    d = tmp_path / "cfg"
+    d.mkdir()
+    shutil.copy(REPO / "tests/fixtures/shared-data/models/minimax-m2.5/config.json", d)
+    r = run("inspect", str(d))
+    assert r.returncode == 0 and "config.json only" in r.stdout and "228.69B total" in r.stdout, r.stderr
+    r = run("pull", "gpt2")
+    assert r.returncode != 0 and "expected 'org/name'" in r.stderr
+
+
+def test_dummy_weights_need_cuda_on_cpu(tmp_path, model):
+    r = run("serve", str(model), "--load-format", "dummy", "--device", "cpu", "--port", "0")
+    assert r.returncode != 0 and "not supported yet: --load-format dummy with --device cpu" in r.stderr
+    r = run("serve", str(model), "--load-format", "pt", "--port", "0")
+    assert r.returncode != 0 and "not supported yet: --load-format pt" in r.stderr
