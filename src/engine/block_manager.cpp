@@ -50,11 +50,11 @@ int32_t BlockManager::find_cached(uint64_t hash, uint64_t parent_id, std::span<c
   return -1;
 }
 
-PrefixHit BlockManager::lookup(std::span<const int32_t> tokens, int max_blocks) const {
+PrefixHit BlockManager::lookup(std::span<const int32_t> tokens, int max_blocks, uint64_t root) const {
   PrefixHit hit;
   if (!prefix_caching_) return hit;
   const int n = std::min<int>(max_blocks, static_cast<int>(tokens.size()) / block_size_);
-  uint64_t parent_hash = 0, parent_id = 0;
+  uint64_t parent_hash = root, parent_id = root;
   for (int i = 0; i < n; ++i) {
     auto blk_tokens = tokens.subspan(size_t(i) * block_size_, block_size_);
     uint64_t h = hash_block(parent_hash, blk_tokens);
@@ -156,15 +156,16 @@ void BlockManager::free(SeqBlocks& seq) {
   seq.hashes.clear();
 }
 
-void BlockManager::cache_full_blocks(SeqBlocks& seq, std::span<const int32_t> tokens, int num_computed) {
+void BlockManager::cache_full_blocks(SeqBlocks& seq, std::span<const int32_t> tokens, int num_computed,
+                                     uint64_t root) {
   if (!prefix_caching_) return;
   const int full = std::min<int>({num_computed, static_cast<int>(tokens.size()),
                                   static_cast<int>(seq.table.size()) * block_size_}) /
                    block_size_;
   for (int i = static_cast<int>(seq.content_ids.size()); i < full; ++i) {
     auto blk_tokens = tokens.subspan(size_t(i) * block_size_, block_size_);
-    const uint64_t parent_hash = i > 0 ? seq.hashes[i - 1] : 0;
-    const uint64_t parent_id = i > 0 ? seq.content_ids[i - 1] : 0;
+    const uint64_t parent_hash = i > 0 ? seq.hashes[i - 1] : root;
+    const uint64_t parent_id = i > 0 ? seq.content_ids[i - 1] : root;
     const uint64_t h = hash_block(parent_hash, blk_tokens);
     seq.hashes.push_back(h);
     if (i > 0 && parent_id == 0) {  // parent not identifiable: neither is this block

@@ -72,7 +72,9 @@ class BlockManager {
   int blocks_for_tokens(int num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
 
   // Longest cached prefix of `tokens` in whole blocks, at most `max_blocks` blocks. Const.
-  PrefixHit lookup(std::span<const int32_t> tokens, int max_blocks) const;
+  // `root` is the identity (and hash) the first block chains from: 0 for every request, or a
+  // request's cache salt (prefix_cache_root), so salted prompts only share with the same salt.
+  PrefixHit lookup(std::span<const int32_t> tokens, int max_blocks, uint64_t root = 0) const;
 
   // Commits a plan (see KvPlan). Throws moeserve::Error if the plan is stale.
   void apply(KvPlan& plan);
@@ -82,7 +84,7 @@ class BlockManager {
   void free(SeqBlocks& seq);  // releases every block, tail first; table becomes empty
   // Offers the full blocks among the first `num_computed` positions of `tokens` to the
   // prefix cache (call after the step that computed them). Idempotent.
-  void cache_full_blocks(SeqBlocks& seq, std::span<const int32_t> tokens, int num_computed);
+  void cache_full_blocks(SeqBlocks& seq, std::span<const int32_t> tokens, int num_computed, uint64_t root = 0);
   // Shares the parent's full blocks covering at most `num_tokens` positions with `child`
   // (whose table must be empty). Returns the positions the child has in cache; the tail
   // past the last full block is not shared (no partial copy-on-write): the child

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -296,8 +297,11 @@ class EngineImpl final : public Engine {
                res.vocab_size, host_rows.size(), info_.vocab_size);
       MS_CHECK(res.sampled_ids.size() == num_device, "executor returned {} sampled ids for {} device rows",
                res.sampled_ids.size(), num_device);
+      // kDeviceNoCandidate / kDeviceInfLogit: the device found no finite maximum in the row;
+      // that row's request fails below, the others go on.
       for (int32_t t : res.sampled_ids)
-        MS_CHECK(t >= 0 && t < info_.vocab_size, "executor sampled token {} outside [0, {})", t, info_.vocab_size);
+        MS_CHECK(t == kDeviceNoCandidate || t == kDeviceInfLogit || (t >= 0 && t < info_.vocab_size),
+                 "executor sampled token {} outside [0, {})", t, info_.vocab_size);
     } catch (const std::exception& e) {
       spdlog::error("model step failed: {}", e.what());
       for (const auto& sc : out.scheduled) finish(sc.seq, FinishReason::Error, make_output(*sc.seq), e.what());
@@ -311,9 +315,13 @@ class EngineImpl final : public Engine {
     const int64_t n = static_cast<int64_t>(rows.size());
     const int64_t nh = static_cast<int64_t>(host_rows.size());
     std::vector<SampleResult> results(rows.size());
-    std::vector<std::exception_ptr> errors(rows.size());
-    for (int64_t r = 0, d = 0; r < n; ++r)
-      if (on_device[r]) results[r].token = res.sampled_ids[d++];
+    std::vector<std::string> errors(rows.size());  // non-empty: this row could not be sampled
+    for (int64_t r = 0, d = 0; r < n; ++r) {
+      if (!on_device[r]) continue;
+      results[r].token = res.sampled_ids[d++];
+      if (results[r].token == kDeviceNoCandidate) errors[r] = no_candidate_message(-std::numeric_limits<float>::infinity());
+      if (results[r].token == kDeviceInfLogit) errors[r] = no_candidate_message(std::numeric_limits<float>::infinity());
+    }
     auto sample_rows = [&](int64_t begin, int64_t end) {
       for (int64_t h = begin; h < end; ++h) {
         const int64_t r = host_rows[h];
@@ -321,8 +329,10 @@ class EngineImpl final : public Engine {
           SampleInput in{.logits = std::span<const float>(res.logits.data() + V * h, V),
                          .eos_token_ids = &config_.eos_token_ids};
           results[r] = sample_next(*rows[r], in);
-        } catch (...) {
-          errors[r] = std::current_exception();
+        } catch (const std::exception& e) {
+          // The sampler is total (SamplingError for a row it cannot sample); anything else is
+          // still only this request's failure, never the engine thread's.
+          errors[r] = e.what();
         }
       }
     };
@@ -335,7 +345,11 @@ class EngineImpl final : public Engine {
     const auto t_token = std::chrono::steady_clock::now();
     for (int64_t r = 0; r < n; ++r) {
       Sequence* s = rows[r];
-      if (errors[r]) std::rethrow_exception(errors[r]);  // an engine bug: loop() fails what runs
+      if (!errors[r].empty()) {
+        spdlog::warn("request {}: {}", s->request->id, errors[r]);
+        finish(s, FinishReason::Error, make_output(*s), errors[r]);
+        continue;
+      }
       SampleResult& sr = results[r];
       s->tokens.push_back(sr.token);
       note_generated(*s, sr.token);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/executor.h"
@@ -34,6 +35,13 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;  // -1: none; k >= 0: sampled token's logprob plus k top alternatives
+  // Per-row logits processors (engine/sampler.h applies them in vLLM's order). Token ids are
+  // validated against the vocabulary by the server; the sampler ignores any outside it.
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (id, bias in [-100, 100]), ascending id
+  std::vector<int32_t> allowed_token_ids;  // empty: every token; else only these may be sampled
+  // Token sequences that may not be generated: the last id of each is masked when the output
+  // so far ends with the others (vLLM's bad_words, tokenised with and without a leading space).
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -71,6 +79,10 @@ struct Request {
   SamplingParams params;
   std::function<void(RequestOutput&&)> on_output;
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+  // 0: the shared prefix cache. Else the request's cache_salt as an identity with the top bit
+  // set (content ids count up from 1 and never reach it): its blocks chain from this root, so
+  // only requests with the same salt share cached prefixes (vLLM's cache_salt).
+  uint64_t prefix_cache_root = 0;
 };
 
 struct EngineConfig {

@@ -17,6 +17,11 @@ namespace moeserve {
 // How the executor samples one row on the device: temperature, then top-k, then top-p over
 // the kept mass, then one draw. The seed is this row's draw at this step (the engine takes it
 // from the request's RNG), so the token depends only on (logits, params), not on the batch.
+// Sampled ids that say a row could not be sampled, as the host sampler's SamplingError: its
+// largest logit (NaN counted as -inf) is -inf (everything masked) or +inf.
+constexpr int32_t kDeviceNoCandidate = -1;
+constexpr int32_t kDeviceInfLogit = -2;
+
 struct DeviceSampling {
   float temperature = 0.f;  // 0: greedy, lowest id on ties
   int top_k = 0;            // <= 0: off
@@ -44,7 +49,8 @@ struct StepResult {
   // Row-major [num rows, vocab_size] f32: one row per sequence with need_logits and no
   // device_sample, in batch order. Row r holds the logits of that sequence's last query token.
   std::vector<float> logits;
-  // One token id per sequence with need_logits and device_sample, in batch order.
+  // One token id per sequence with need_logits and device_sample, in batch order (or
+  // kDeviceNoCandidate / kDeviceInfLogit for a row without a finite maximum).
   std::vector<int32_t> sampled_ids;
 };
 

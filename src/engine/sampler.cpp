@@ -116,6 +116,100 @@ size_t top_p_cut(std::vector<int32_t>& ids, const double* prob, double target, d
 
 }  // namespace
 
+std::string no_candidate_message(float max) {
+  if (max > 0)
+    return "sampling failed: the logits contain +inf (after penalties and logit_bias), so no token has a "
+           "finite probability";
+  return "sampling failed: no token can be sampled (every logit is -inf or NaN after allowed_token_ids, "
+         "bad_words, logit_bias and min_tokens masks)";
+}
+
+void apply_allowed_token_ids(std::span<float> logits, std::span<const int32_t> allowed) {
+  // Keep the allowed values, then mask everything and put them back: O(|allowed| + V).
+  thread_local std::vector<std::pair<int32_t, float>> keep;
+  keep.clear();
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  for (int32_t t : allowed)
+    if (t >= 0 && t < vocab) keep.emplace_back(t, logits[t]);
+  std::fill(logits.begin(), logits.end(), kNegInf);
+  for (const auto& [t, v] : keep) logits[t] = v;
+}
+
+void apply_bad_words(std::span<float> logits, const std::vector<std::vector<int32_t>>& bad_words,
+                     std::span<const int32_t> output) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  for (const auto& w : bad_words) {
+    if (w.empty() || w.size() > output.size() + 1) continue;
+    const size_t prefix = w.size() - 1;  // the output must end with w[0, prefix)
+    if (!std::equal(w.begin(), w.begin() + prefix, output.end() - prefix)) continue;
+    const int32_t t = w.back();
+    if (t >= 0 && t < vocab) logits[t] = kNegInf;
+  }
+}
+
+void apply_logit_bias(std::span<float> logits, std::span<const std::pair<int32_t, float>> bias) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  for (const auto& [t, b] : bias)
+    if (t >= 0 && t < vocab) logits[t] += b;
+}
+
+namespace {
+
+bool has_penalties(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
+void penalties_stage(std::span<float> row, Sequence& seq, const SampleInput&) {
+  const SamplingParams& p = seq.params();
+  SamplerState& st = seq.sampler;
+  if (p.repetition_penalty != 1.0f && !st.prompt_set_ready) {
+    st.prompt_set.assign(seq.prompt().begin(), seq.prompt().end());
+    std::sort(st.prompt_set.begin(), st.prompt_set.end());
+    st.prompt_set.erase(std::unique(st.prompt_set.begin(), st.prompt_set.end()), st.prompt_set.end());
+    st.prompt_set_ready = true;
+  }
+  apply_penalties(row, p, st.prompt_set, st.output_counts);
+}
+
+void min_tokens_stage(std::span<float> row, Sequence& seq, const SampleInput& in) {
+  const SamplingParams& p = seq.params();
+  const int64_t vocab = static_cast<int64_t>(row.size());
+  auto mask = [&](int32_t t) {
+    if (t >= 0 && t < vocab) row[t] = kNegInf;
+  };
+  if (in.eos_token_ids && !p.ignore_eos)
+    for (int32_t t : *in.eos_token_ids) mask(t);
+  for (int32_t t : p.stop_token_ids) mask(t);
+}
+
+// vLLM v1's order (Sampler.apply_logits_processors, then apply_penalties): allowed ids and
+// bad words first, then logit_bias and min_tokens (non-argmax-invariant processors), then the
+// penalties on the biased logits. min_p is argmax-invariant and part of the draw.
+constexpr LogitsStage kLogitsStages[] = {
+    {"allowed_token_ids", [](const Sequence& s) { return !s.params().allowed_token_ids.empty(); },
+     [](std::span<float> row, Sequence& s, const SampleInput&) {
+       apply_allowed_token_ids(row, s.params().allowed_token_ids);
+     }},
+    {"bad_words", [](const Sequence& s) { return !s.params().bad_words_token_ids.empty(); },
+     [](std::span<float> row, Sequence& s, const SampleInput&) {
+       apply_bad_words(row, s.params().bad_words_token_ids, s.output());
+     }},
+    {"logit_bias", [](const Sequence& s) { return !s.params().logit_bias.empty(); },
+     [](std::span<float> row, Sequence& s, const SampleInput&) { apply_logit_bias(row, s.params().logit_bias); }},
+    {"min_tokens", [](const Sequence& s) { return s.num_output_tokens() < s.params().min_tokens; }, min_tokens_stage},
+    {"penalties", [](const Sequence& s) { return has_penalties(s.params()); }, penalties_stage},
+};
+
+}  // namespace
+
+std::span<const LogitsStage> logits_stages() { return kLogitsStages; }
+
+bool needs_logits_processing(const Sequence& seq) {
+  for (const LogitsStage& st : kLogitsStages)
+    if (st.active(seq)) return true;
+  return false;
+}
+
 void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> prompt_set,
                      const std::unordered_map<int32_t, int>& output_counts) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
@@ -146,6 +240,11 @@ std::vector<float> log_softmax(std::span<const float> logits) {
     std::fill(out.begin(), out.end(), -std::log(float(std::max<size_t>(1, logits.size()))));
     return out;
   }
+  if (mx == std::numeric_limits<float>::infinity()) {  // the limit: all mass on the +inf entries
+    const auto n_inf = std::count(logits.begin(), logits.end(), mx);
+    for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] == mx ? -std::log(float(n_inf)) : kNegInf;
+    return out;
+  }
   double sum = 0;
   for (float x : logits) sum += std::exp(double(clean(x)) - mx);
   const double lse = mx + std::log(sum);
@@ -153,18 +252,25 @@ std::vector<float> log_softmax(std::span<const float> logits) {
   return out;
 }
 
-int32_t argmax_lowest(std::span<const float> logits) {
-  if (logits.empty()) return 0;
-  std::vector<float>& bm = tl_scratch.block_max;
-  const float mx = block_max(logits, bm);
-  if (mx == kNegInf) return 0;  // every entry -inf or NaN
+namespace {
+// The lowest id holding `mx`, found through the block maxima `bm` of `logits`.
+int32_t first_index_of_max(std::span<const float> logits, const std::vector<float>& bm, float mx) {
   for (size_t b = 0; b < bm.size(); ++b) {
     if (bm[b] != mx) continue;
     const size_t end = std::min(logits.size(), (b + 1) * kBlock);
     for (size_t i = b * kBlock; i < end; ++i)
       if (logits[i] == mx) return static_cast<int32_t>(i);  // the first (lowest id) maximum
   }
-  return 0;  // unreachable
+  return 0;  // unreachable for a max taken from bm
+}
+}  // namespace
+
+int32_t argmax_lowest(std::span<const float> logits) {
+  if (logits.empty()) return 0;
+  std::vector<float>& bm = tl_scratch.block_max;
+  const float mx = block_max(logits, bm);
+  if (mx == kNegInf) return 0;  // every entry -inf or NaN
+  return first_index_of_max(logits, bm, mx);
 }
 
 Candidates filter_candidates(std::span<const float> logits, const SamplingParams& p) {
@@ -173,11 +279,7 @@ Candidates filter_candidates(std::span<const float> logits, const SamplingParams
   const double inv_t = 1.0 / std::max(double(p.temperature), double(kSamplingEps));
   float mx = kNegInf;
   for (float x : logits) mx = std::max(mx, clean(x));
-  if (mx == kNegInf) {  // nothing is possible; fall back to the greedy choice
-    c.ids = {argmax_lowest(logits)};
-    c.probs = {1.0};
-    return c;
-  }
+  if (!std::isfinite(mx)) throw SamplingError(no_candidate_message(mx));
   // Work in logit space so that only surviving ids need exp(): softmax(l / T) is monotone
   // in l, and min_p's test prob_i >= min_p * prob_max is (l_i - max) / T >= log(min_p).
   const double log_min_p = p.min_p > 0 ? std::log(double(p.min_p)) : -std::numeric_limits<double>::infinity();
@@ -216,6 +318,7 @@ Candidates filter_candidates(std::span<const float> logits, const SamplingParams
 double uniform01(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1.0p-53; }
 
 int32_t draw(const Candidates& c, double u) {
+  if (c.ids.empty()) throw SamplingError("sampling failed: empty candidate set");
   double cum = 0;
   for (size_t i = 0; i < c.ids.size(); ++i) {
     cum += c.probs[i];
@@ -240,11 +343,11 @@ int32_t draw_full(std::span<const float> logits, const SamplingParams& p, double
 //     same for every possible tail mass in [0, bound]. Otherwise: the full path;
 //  4. inverse CDF over head + bound (see below).
 int32_t sample_token(std::span<const float> logits, const SamplingParams& p, std::mt19937_64& rng, double tail_cut) {
-  if (p.temperature < kSamplingEps) return argmax_lowest(logits);
   Scratch& s = tl_scratch;
+  const float mx = logits.empty() ? kNegInf : block_max(logits, s.block_max);
+  if (!std::isfinite(mx)) throw SamplingError(no_candidate_message(mx));
+  if (p.temperature < kSamplingEps) return first_index_of_max(logits, s.block_max, mx);
   const double u = uniform01(rng);
-  const float mx = block_max(logits, s.block_max);
-  if (mx == kNegInf) return argmax_lowest(logits);  // nothing is possible: the greedy fallback
   const double t = std::max(double(p.temperature), double(kSamplingEps));
   const double inv_t = 1.0 / t;
   const double log_min_p = p.min_p > 0 ? std::log(double(p.min_p)) : -std::numeric_limits<double>::infinity();
@@ -350,31 +453,17 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in) {
   const SamplingParams& p = seq.params();
   const int32_t vocab = static_cast<int32_t>(in.logits.size());
   SampleResult res;
-  const bool masks = seq.num_output_tokens() < p.min_tokens;
-  const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   std::span<const float> view = in.logits;
-  if (masks || penalties) {  // a modified copy in the thread's scratch
+  bool copied = false;
+  for (const LogitsStage& st : kLogitsStages) {
+    if (!st.active(seq)) continue;
     std::vector<float>& work = tl_scratch.work;
-    work.assign(in.logits.begin(), in.logits.end());
-    view = work;
-    if (masks) {  // EOS and stop ids may not end it yet
-      auto mask = [&](int32_t t) {
-        if (t >= 0 && t < vocab) work[t] = kNegInf;
-      };
-      if (in.eos_token_ids && !p.ignore_eos)
-        for (int32_t t : *in.eos_token_ids) mask(t);
-      for (int32_t t : p.stop_token_ids) mask(t);
+    if (!copied) {  // a modified copy in the thread's scratch
+      work.assign(in.logits.begin(), in.logits.end());
+      view = work;
+      copied = true;
     }
-    if (penalties) {
-      SamplerState& st = seq.sampler;
-      if (p.repetition_penalty != 1.0f && !st.prompt_set_ready) {
-        st.prompt_set.assign(seq.prompt().begin(), seq.prompt().end());
-        std::sort(st.prompt_set.begin(), st.prompt_set.end());
-        st.prompt_set.erase(std::unique(st.prompt_set.begin(), st.prompt_set.end()), st.prompt_set.end());
-        st.prompt_set_ready = true;
-      }
-      apply_penalties(work, p, st.prompt_set, st.output_counts);
-    }
+    st.apply(work, seq, in);
   }
   res.token = sample_token(view, p, seq.sampler.rng);
 
@@ -398,9 +487,8 @@ SampleResult sample_next(Sequence& seq, const SampleInput& in) {
 
 std::optional<DeviceSampling> device_sampling_params(const Sequence& seq) {
   const SamplingParams& p = seq.params();
-  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) return std::nullopt;
+  if (needs_logits_processing(seq)) return std::nullopt;  // masks, bias, penalties: on the host
   if (p.min_p > 0.0f || p.logprobs >= 0) return std::nullopt;
-  if (seq.num_output_tokens() < p.min_tokens) return std::nullopt;  // EOS / stop ids masked on the host
   DeviceSampling d;
   d.temperature = p.temperature < kSamplingEps ? 0.0f : p.temperature;
   d.top_k = p.top_k > 0 ? p.top_k : 0;

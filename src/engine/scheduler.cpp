@@ -64,7 +64,8 @@ SchedulerOutput Scheduler::schedule() {
     for (Sequence* w : waiting_) {
       if (budget <= 0 || static_cast<int>(end + admits.size()) >= config_.max_num_seqs) break;
       // At least the last token is recomputed: its logits are needed.
-      PrefixHit hit = blocks_.lookup(w->tokens, (w->num_tokens() - 1) / blocks_.block_size());
+      PrefixHit hit =
+          blocks_.lookup(w->tokens, (w->num_tokens() - 1) / blocks_.block_size(), w->request->prefix_cache_root);
       const int n = std::min(w->num_tokens() - hit.num_tokens, budget);
       if (!plan.grow(w->blocks, hit.num_tokens + n, &hit)) break;
       budget -= n;
@@ -117,7 +118,7 @@ void Scheduler::on_step_executed(const SchedulerOutput& out) {
     MS_CHECK(s->status == SeqStatus::Running && s->num_computed_tokens == sc.start_pos,
              "Scheduler: sequence {} changed between schedule() and on_step_executed()", s->id);
     s->num_computed_tokens += sc.num_tokens;
-    blocks_.cache_full_blocks(s->blocks, s->tokens, s->num_computed_tokens);
+    blocks_.cache_full_blocks(s->blocks, s->tokens, s->num_computed_tokens, s->request->prefix_cache_root);
   }
 }
 

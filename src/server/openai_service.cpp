@@ -37,6 +37,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     int64_t text_offset = 0;
     Clock::time_point last_token{};
     double ttft = -1;
+    std::string error;  // the engine's message when it failed this choice
   };
 
   OpenAIService& svc;
@@ -115,9 +116,8 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
         const Usage* u = continuous ? &running : nullptr;
         if (!c.started) {
           c.started = true;
-          if (req.chat) {
-            append_chat_role_chunk(out, ctx, index, u);
-          } else if (req.echo && !echo_text[c.prompt_index].empty()) {
+          if (req.chat) append_chat_role_chunk(out, ctx, index, u);
+          if (req.echo && !echo_text[c.prompt_index].empty()) {  // chat: the echoed last message
             ChoiceDelta e;
             e.text = echo_text[c.prompt_index];
             append_delta_chunk(out, ctx, index, e, c.text_offset, u);
@@ -139,6 +139,7 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
 
   void finish_choice(Choice& c, const RequestOutput& ro) {
     c.done = true;
+    c.error = ro.error;
     ++num_done;
     FinishedRequestStats st;
     st.finished_reason = c.proc->finish_reason();
@@ -168,18 +169,21 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
     }
     for (auto& c : choices) {
       if (c.proc->finish_reason() == "error") {
-        sink->send(500, kJson, error_body(500, "InternalServerError", "generation failed"));
+        // The engine's reason (e.g. the sampler's "no token can be sampled ..."), as vLLM's
+        // GenerationError is a 500.
+        sink->send(500, kJson,
+                   error_body(500, "InternalServerError", c.error.empty() ? "generation failed" : c.error));
         return;
       }
     }
     std::vector<const OutputProcessor*> procs;
     for (auto& c : choices) procs.push_back(c.proc.get());
+    std::vector<std::string> echo;
+    if (req.echo)
+      for (auto& c : choices) echo.push_back(echo_text[c.prompt_index]);
     if (req.chat) {
-      sink->send(200, kJson, chat_response_json(ctx, procs, u));
+      sink->send(200, kJson, chat_response_json(ctx, procs, u, echo));
     } else {
-      std::vector<std::string> echo;
-      if (req.echo)
-        for (auto& c : choices) echo.push_back(echo_text[c.prompt_index]);
       sink->send(200, kJson, completion_response_json(ctx, procs, echo, u));
     }
   }
@@ -277,6 +281,26 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   GenRequest& r = call->req;
   r = chat ? parse_chat_request(body, limits_) : parse_completion_request(body, limits_);
   check_model(r.model);
+  const int vocab_size = engine_.executor_info().vocab_size > 0 ? engine_.executor_info().vocab_size
+                                                                 : frontend_.vocab_size();
+  check_token_ids(r, vocab_size);
+  // Text prompt -> ids with truncate_prompt_tokens applied (special tokens the tokenizer adds
+  // around the text are kept, as HF's truncation keeps them).
+  auto encode_prompt = [&](const std::string& text, bool add_special) {
+    std::vector<int32_t> ids = frontend_.encode(text, add_special);
+    if (!r.truncate_prompt_tokens) return ids;
+    size_t prefix = 0, suffix = 0;
+    if (add_special) {
+      const std::vector<int32_t> plain = frontend_.encode(text, false);
+      if (plain.size() <= ids.size()) {
+        while (prefix < plain.size() && prefix < ids.size() - plain.size() && ids[prefix] != plain[0]) ++prefix;
+        if (std::equal(plain.begin(), plain.end(), ids.begin() + prefix)) suffix = ids.size() - plain.size() - prefix;
+        else prefix = 0;
+      }
+    }
+    truncate_prompt(ids, *r.truncate_prompt_tokens, cfg_.max_model_len, prefix, suffix);
+    return ids;
+  };
 
   // Prompts -> token ids.
   if (chat) {
@@ -286,22 +310,35 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     in.add_generation_prompt = r.add_generation_prompt;
     in.continue_final_message = r.continue_final_message;
     in.extra = r.chat_template_kwargs;
+    // vLLM passes `documents` to the template; chat_template_kwargs override it.
+    if (!r.documents.is_null() && !in.extra.contains("documents")) in.extra["documents"] = r.documents;
     std::string prompt = frontend_.render_chat(in);
     bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean() &&
                        body["add_special_tokens"].get<bool>();
-    call->prompt_ids.push_back(frontend_.encode(prompt, add_special));
-    call->echo_text.emplace_back();
+    call->prompt_ids.push_back(encode_prompt(prompt, add_special));
+    // vLLM's chat echo: the last message's content is prepended to the reply when it has the
+    // reply's role (assistant with add_generation_prompt, else the last message's own role).
+    std::string echo;
+    if (r.echo && !r.messages.empty()) {
+      const ojson& last = r.messages.back();
+      const std::string role = r.add_generation_prompt ? "assistant" : last["role"].get<std::string>();
+      if (last["role"] == role && last.contains("content") && last["content"].is_string())
+        echo = last["content"].get<std::string>();
+    }
+    call->echo_text.push_back(std::move(echo));
   } else {
     int vocab = frontend_.vocab_size();
     for (auto& p : r.prompts) {
       if (p.text) {
-        call->prompt_ids.push_back(frontend_.encode(*p.text, r.add_special_tokens));
+        call->prompt_ids.push_back(encode_prompt(*p.text, r.add_special_tokens));
         call->echo_text.push_back(r.echo ? *p.text : std::string());
       } else {
         for (int32_t id : p.ids)
           if (vocab > 0 && id >= vocab) throw bad_request(fmt::format("Token id {} is out of vocabulary", id), "prompt");
         call->prompt_ids.push_back(p.ids);
-        call->echo_text.push_back(r.echo ? frontend_.decode(p.ids, r.skip_special_tokens) : std::string());
+        if (r.truncate_prompt_tokens) truncate_prompt(call->prompt_ids.back(), *r.truncate_prompt_tokens, cfg_.max_model_len);
+        call->echo_text.push_back(r.echo ? frontend_.decode(call->prompt_ids.back(), r.skip_special_tokens)
+                                         : std::string());
       }
     }
   }
@@ -309,11 +346,15 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     if (ids.empty()) throw bad_request("The decoder prompt cannot be empty", "prompt");
 
   // Validate every prompt before submitting anything.
+  const std::vector<std::vector<int32_t>> bad_words =
+      bad_words_token_ids(r.bad_words, [&](const std::string& w) { return frontend_.encode(w, false); }, vocab_size);
   std::vector<std::vector<SamplingParams>> params(call->prompt_ids.size());
   for (size_t p = 0; p < call->prompt_ids.size(); ++p)
-    for (int i = 0; i < r.n; ++i)
+    for (int i = 0; i < r.n; ++i) {
       params[p].push_back(make_sampling_params(r, cfg_.defaults, static_cast<int>(call->prompt_ids[p].size()),
                                                cfg_.max_model_len, i));
+      params[p].back().bad_words_token_ids = bad_words;
+    }
 
   ResponseContext& ctx = call->ctx;
   // As vLLM: the X-Request-Id header, else the body's `request_id`, else a random id. Engine
@@ -327,6 +368,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   ctx.model = r.model.empty() ? cfg_.served_model_names[0] : r.model;
   ctx.chat = chat;
   ctx.frontend = &frontend_;
+  ctx.tokens_as_ids = r.return_tokens_as_token_ids;
   ctx.init_prefix();
 
   ChoiceSettings cs;
@@ -335,6 +377,8 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   cs.include_stop_str_in_output = r.include_stop_str_in_output;
   cs.skip_special_tokens = r.skip_special_tokens;
   cs.num_logprobs = r.num_logprobs;
+  cs.min_tokens = r.min_tokens;
+  cs.include_reasoning = r.include_reasoning;
   if (chat) {
     cs.reasoning_parser = cfg_.reasoning_parser;
     // tool_choice none: tools are rendered but never parsed. required/named: no guided
@@ -361,6 +405,7 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
     er.id = c.engine_id;
     er.prompt_ids = call->prompt_ids[c.prompt_index];
     er.params = params[c.prompt_index][k % r.n];
+    er.prefix_cache_root = prefix_cache_root(r.cache_salt);
     er.arrival = arrival;
     int index = static_cast<int>(k);
     // Engine thread: hold the call alive until its last delivery is queued.

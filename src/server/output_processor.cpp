@@ -26,8 +26,10 @@ void OutputProcessor::route_text(const std::string& text, bool final, ChoiceDelt
   } else {
     rd.content = text;
   }
-  d.reasoning += rd.reasoning;
-  all_reasoning_ += rd.reasoning;
+  if (s_.include_reasoning) {
+    d.reasoning += rd.reasoning;
+    all_reasoning_ += rd.reasoning;
+  }
   if (tools_) {
     ToolParseDelta td;
     if (!rd.content.empty()) tools_->push(rd.content, td);
@@ -60,7 +62,9 @@ ChoiceDelta OutputProcessor::process(const RequestOutput& out) {
     bool is_stop_token = out.finished && i + 1 == n && out.stop_token_id && *out.stop_token_id == tok;
     if (is_stop_token && !s_.include_stop_str_in_output) continue;
     unsent_ += detok_->push(tok);
-    if (s_.stop.empty()) continue;
+    // vLLM's detokenizer checks stop strings only past min_tokens (the holdback below still
+    // keeps a possible stop-string prefix, so a match across that boundary is found).
+    if (s_.stop.empty() || num_tokens_ <= s_.min_tokens) continue;
     // Earliest stop-string match in the unsent text.
     size_t best = std::string::npos;
     const std::string* which = nullptr;

@@ -24,6 +24,8 @@ struct ChoiceSettings {
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
   int num_logprobs = -1;
+  int min_tokens = 0;  // stop strings are looked for only once more tokens than this exist (vLLM)
+  bool include_reasoning = true;  // false: reasoning text is parsed out and dropped
   std::string reasoning_parser;  // empty: none (chat only)
   std::string tool_parser;       // empty: no tool parsing (chat only)
   ojson tools;

@@ -1,9 +1,13 @@
 #include "server/protocol.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <limits>
+#include <map>
 
 namespace moeserve::server {
 
@@ -58,7 +62,12 @@ std::optional<double> get_num(const ojson& body, const char* key) {
   const ojson* v = field(body, key);
   if (!v) return std::nullopt;
   if (!v->is_number()) type_error(key, "a valid number", *v);
-  return v->get<double>();
+  const double d = v->get<double>();
+  // 1e400 parses as inf: no sampling parameter may be non-finite (or beyond a float, which
+  // the engine uses).
+  if (!std::isfinite(d) || std::fabs(d) > double(std::numeric_limits<float>::max()))
+    throw bad_request(fmt::format("1 validation error: body.{}: Input should be a finite number", key), key);
+  return d;
 }
 
 std::optional<std::string> get_str(const ojson& body, const char* key) {
@@ -68,7 +77,114 @@ std::optional<std::string> get_str(const ojson& body, const char* key) {
   return v->get<std::string>();
 }
 
+constexpr float kMinTemperature = 0.01f;
+constexpr double kMinRepetitionPenalty = 1e-3, kMaxRepetitionPenalty = 1e3;
+
 int clamp_int(int64_t v) { return static_cast<int>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)); }
+
+// Python's int(str) for logit_bias keys: optional blanks around, optional sign, decimal
+// digits with single underscores between them.
+std::optional<int64_t> parse_token_key(const std::string& k) {
+  size_t b = 0, e = k.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(k[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(k[e - 1]))) --e;
+  bool neg = false;
+  if (b < e && (k[b] == '+' || k[b] == '-')) neg = k[b++] == '-';
+  if (b == e || !std::isdigit(static_cast<unsigned char>(k[b])) || !std::isdigit(static_cast<unsigned char>(k[e - 1])))
+    return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = b; i < e; ++i) {
+    if (k[i] == '_' && k[i - 1] != '_') continue;
+    if (!std::isdigit(static_cast<unsigned char>(k[i]))) return std::nullopt;
+    if (v > (INT64_MAX - 9) / 10) return neg ? INT64_MIN : INT64_MAX;  // out of any vocabulary
+    v = v * 10 + (k[i] - '0');
+  }
+  return neg ? -v : v;
+}
+
+// logit_bias, allowed_token_ids, bad_words (vLLM's protocol types and SamplingParams rules).
+void parse_logits_processor_fields(const ojson& body, GenRequest& r) {
+  if (const ojson* lb = field(body, "logit_bias")) {
+    if (!lb->is_object()) type_error("logit_bias", "a valid dictionary", *lb);
+    std::map<int64_t, float> bias;  // a repeated id ("5", "05"): the later value wins, as a dict
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string field_name = "logit_bias." + it.key();
+      std::optional<int64_t> id = parse_token_key(it.key());
+      if (!id)
+        throw bad_request(fmt::format("1 validation error: body.logit_bias: key '{}' is not a token id (an integer "
+                                      "in a string)",
+                                      it.key()),
+                          "logit_bias");
+      if (!it.value().is_number()) type_error(field_name, "a valid number", it.value());
+      const double v = it.value().get<double>();
+      if (!std::isfinite(v))
+        throw bad_request(fmt::format("1 validation error: body.{}: Input should be a finite number", field_name),
+                          "logit_bias");
+      bias[*id] = static_cast<float>(std::clamp(v, -100.0, 100.0));  // OpenAI's range, as vLLM clamps
+    }
+    r.logit_bias.assign(bias.begin(), bias.end());
+  }
+  if (const ojson* a = field(body, "allowed_token_ids")) {
+    if (!a->is_array()) type_error("allowed_token_ids", "a valid list", *a);
+    std::vector<int64_t> ids;
+    for (auto& e : *a) {
+      if (!e.is_number_integer()) type_error("allowed_token_ids", "a list of integers", e);
+      ids.push_back(e.is_number_unsigned() && e.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : e.get<int64_t>());
+    }
+    if (ids.empty()) throw bad_request("allowed_token_ids is not None and empty!", "allowed_token_ids");
+    r.allowed_token_ids = std::move(ids);
+  }
+  if (const ojson* bw = field(body, "bad_words")) {
+    if (!bw->is_array()) type_error("bad_words", "a valid list", *bw);
+    for (auto& e : *bw) {
+      if (!e.is_string()) type_error("bad_words", "a list of strings", e);
+      r.bad_words.push_back(e.get<std::string>());
+    }
+  }
+}
+
+// vLLM's check_logprobs for prompt_logprobs, then the refusal: prompt logprobs need every
+// prompt position's logits, which the executors do not return yet.
+void check_prompt_logprobs(const ojson& body, const GenRequest& r) {
+  auto pl = get_int(body, "prompt_logprobs");
+  if (!pl) return;
+  if (r.stream && *pl > 0) throw bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs");
+  if (*pl < 0) throw bad_request("`prompt_logprobs` must be a positive value.", "prompt_logprobs");
+  throw bad_request("prompt_logprobs is not supported yet by moeserve (the model executors return logits for the "
+                    "last prompt position only); omit it or set it to null",
+                    "prompt_logprobs");
+}
+
+[[noreturn]] void not_supported(const std::string& field, const std::string& why) {
+  throw bad_request(fmt::format("{} is not supported yet by moeserve: {}", field, why), field);
+}
+
+// The audit of vLLM's request fields that moeserve does not implement: each is refused
+// (400 naming it) unless it has its default value. Fields vLLM accepts and ignores are not
+// listed and stay accepted, as are unknown fields (vLLM logs and ignores them).
+void refuse_unimplemented(const ojson& body, bool chat) {
+  if (auto b = get_bool(body, "use_beam_search"); b && *b) not_supported("use_beam_search", "beam search is not implemented");
+  if (auto b = get_int(body, "best_of"); b && *b > 1)
+    not_supported("best_of", "only best_of 1 (n independent samples) is implemented; use n");
+  if (const ojson* lp = field(body, "length_penalty"); lp && !lp->is_number())
+    type_error("length_penalty", "a valid number", *lp);  // only read by beam search, as in vLLM
+  if (auto pr = get_int(body, "priority"); pr && *pr != 0)
+    throw bad_request(fmt::format("Got priority {} but Priority scheduling is not enabled.", *pr), "priority");
+  if (const ojson* lp = field(body, "logits_processors"); lp && !(lp->is_array() && lp->empty()))
+    throw bad_request("The `logits_processors` argument is not supported by this server. See "
+                      "--logits-processor-pattern engine argument for more information.",
+                      "logits_processors");
+  for (const char* dict : {"kv_transfer_params", "vllm_xargs", "mm_processor_kwargs"})
+    if (const ojson* v = field(body, dict); v && !v->is_object()) type_error(dict, "a valid dictionary", *v);
+  if (chat) {
+    if (field(body, "chat_template"))
+      throw bad_request("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                        "Refused request with untrusted chat template.",
+                        "chat_template");
+  } else {
+    if (field(body, "prompt_embeds")) not_supported("prompt_embeds", "prompts are text or token ids");
+  }
+}
 
 // Fields shared by chat and completions.
 void parse_common(const ojson& body, GenRequest& r) {
@@ -122,6 +238,13 @@ void parse_common(const ojson& body, GenRequest& r) {
   if (auto p = get_num(body, "repetition_penalty")) {
     if (!(*p > 0)) throw bad_request(fmt::format("repetition_penalty must be greater than zero, got {}.", *p),
                                      "repetition_penalty");
+    // vLLM only asks for > 0; a tiny penalty divides a logit into +inf (1e-38 used to crash
+    // the sampler), so the range is bounded where l / r and l * r stay finite for any logit
+    // a model produces.
+    if (*p < kMinRepetitionPenalty || *p > kMaxRepetitionPenalty)
+      throw bad_request(fmt::format("repetition_penalty must be in [{}, {}], got {}.", kMinRepetitionPenalty,
+                                    kMaxRepetitionPenalty, *p),
+                        "repetition_penalty");
     r.repetition_penalty = static_cast<float>(*p);
   }
   r.seed = get_int(body, "seed");
@@ -143,13 +266,33 @@ void parse_common(const ojson& body, GenRequest& r) {
     if (!s->is_array()) type_error("stop_token_ids", "a valid list", *s);
     for (auto& e : *s) {
       if (!e.is_number_integer()) type_error("stop_token_ids", "a list of integers", e);
-      r.stop_token_ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+      // An id outside int32 can never be generated; dropping it keeps it from wrapping onto
+      // a real token (it would then stop, or mask it under min_tokens).
+      if (e.is_number_unsigned() ? e.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                 : (e.get<int64_t>() >= 0 && e.get<int64_t>() <= INT32_MAX))
+        r.stop_token_ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
     }
   }
   r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output").value_or(false);
   r.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
   r.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
   // response_format: constrained decoding is not implemented; the field is accepted and ignored.
+  parse_logits_processor_fields(body, r);
+  r.spaces_between_special_tokens = get_bool(body, "spaces_between_special_tokens").value_or(true);
+  r.return_tokens_as_token_ids = get_bool(body, "return_tokens_as_token_ids").value_or(false);
+  if (auto k = get_int(body, "truncate_prompt_tokens")) {
+    if (*k < 1 && *k != -1)
+      throw bad_request(fmt::format("truncate_prompt_tokens must be at least 1, or -1 (the model's length), got {}.", *k),
+                        "truncate_prompt_tokens");
+    r.truncate_prompt_tokens = *k;
+  }
+  if (const ojson* cs = field(body, "cache_salt")) {
+    if (!cs->is_string() || cs->get<std::string>().empty())
+      throw bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt");
+    r.cache_salt = cs->get<std::string>();
+  }
+  check_prompt_logprobs(body, r);
+  refuse_unimplemented(body, r.chat);
 }
 
 ojson flatten_content(const ojson& content, size_t msg_index) {
@@ -241,6 +384,8 @@ ojson parse_json_body(std::string_view body) {
     return ojson::parse(body);
   } catch (const ojson::parse_error& e) {
     throw bad_request(fmt::format("JSON decode error: {}", e.what()));
+  } catch (const ojson::out_of_range& e) {  // a number beyond a double (1e400) is bad input, not a fault
+    throw bad_request(fmt::format("JSON decode error: {}", e.what()));
   }
 }
 
@@ -318,6 +463,16 @@ GenRequest parse_chat_request(const ojson& body, const ProtocolLimits& limits) {
     if (!k->is_object()) type_error("chat_template_kwargs", "a valid dictionary", *k);
     r.chat_template_kwargs = *k;
   }
+  if (const ojson* d = field(body, "documents")) {
+    if (!d->is_array()) type_error("documents", "a valid list", *d);
+    for (auto& doc : *d)
+      if (!doc.is_object()) type_error("documents", "a list of dictionaries", doc);
+    r.documents = *d;
+  }
+  r.include_reasoning = get_bool(body, "include_reasoning").value_or(true);
+  r.echo = get_bool(body, "echo").value_or(false);  // the last message, see openai_service.cpp
+  if (const ojson* e = field(body, "reasoning_effort"); e && !e->is_string())
+    type_error("reasoning_effort", "a valid string", *e);
   return r;
 }
 
@@ -385,6 +540,9 @@ SamplingParams make_sampling_params(const GenRequest& r, const SamplingDefaults&
                       "max_tokens");
   SamplingParams p;
   p.temperature = r.temperature.value_or(d.temperature.value_or(1.0f));
+  // vLLM (SamplingParams.__post_init__): 0 < T < 0.01 is raised to 0.01 ("may cause numerical
+  // errors"); only T = 0 is greedy.
+  if (p.temperature > 0 && p.temperature < kMinTemperature) p.temperature = kMinTemperature;
   p.top_p = r.top_p.value_or(d.top_p.value_or(1.0f));
   p.top_k = r.top_k.value_or(d.top_k.value_or(0));
   p.min_p = r.min_p.value_or(d.min_p.value_or(0.0f));
@@ -400,7 +558,79 @@ SamplingParams make_sampling_params(const GenRequest& r, const SamplingDefaults&
   p.stop_token_ids = r.stop_token_ids;
   p.ignore_eos = r.ignore_eos;
   p.logprobs = r.num_logprobs;
+  // Ids were checked against the vocabulary (check_token_ids), so they fit in int32.
+  for (const auto& [id, b] : r.logit_bias) p.logit_bias.emplace_back(static_cast<int32_t>(id), b);
+  if (r.allowed_token_ids)
+    for (int64_t id : *r.allowed_token_ids) p.allowed_token_ids.push_back(static_cast<int32_t>(id));
   return p;
+}
+
+uint64_t prefix_cache_root(const std::string& salt) {
+  if (salt.empty()) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then a splitmix finaliser
+  for (unsigned char c : salt) h = (h ^ c) * 0x100000001b3ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return (h ^ (h >> 31)) | (uint64_t(1) << 63);
+}
+
+void check_token_ids(const GenRequest& r, int vocab) {
+  std::vector<int64_t> bad;
+  for (const auto& [id, b] : r.logit_bias)
+    if (id < 0 || id >= vocab) bad.push_back(id);
+  if (!bad.empty())
+    throw bad_request(fmt::format("token_id(s) [{}] in logit_bias contain out-of-vocab token ids. Vocabulary size: {}",
+                                  fmt::join(bad, ", "), vocab),
+                      "logit_bias");
+  if (r.allowed_token_ids)
+    for (int64_t id : *r.allowed_token_ids)
+      if (id < 0 || id >= vocab)
+        throw bad_request("allowed_token_ids contains out-of-vocab token id!", "allowed_token_ids");
+}
+
+std::vector<std::vector<int32_t>> bad_words_token_ids(
+    const std::vector<std::string>& words, const std::function<std::vector<int32_t>(const std::string&)>& encode,
+    int vocab) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& w : words) {
+    size_t b = 0;
+    while (b < w.size() && std::isspace(static_cast<unsigned char>(w[b]))) ++b;
+    const std::string word = w.substr(b);
+    std::vector<int32_t> plain = encode(word);
+    // A word that encodes to nothing can never be generated (vLLM fails on it with an
+    // IndexError); it masks nothing.
+    if (plain.empty()) continue;
+    std::vector<int32_t> spaced = encode(" " + word);
+    const bool keep_spaced = !spaced.empty() && spaced[0] != plain[0] && spaced.size() == plain.size();
+    out.push_back(std::move(plain));
+    if (keep_spaced) out.push_back(std::move(spaced));
+  }
+  std::vector<int32_t> invalid;
+  for (const auto& ids : out)
+    for (int32_t t : ids)
+      if (t < 0 || t >= vocab) invalid.push_back(t);
+  if (!invalid.empty())
+    throw bad_request(fmt::format("The model vocabulary size is {}, but the following tokens were specified as bad: "
+                                  "[{}]. All token id values should be integers satisfying: 0 <= token_id <= {}.",
+                                  vocab, fmt::join(invalid, ", "), vocab - 1),
+                      "bad_words");
+  return out;
+}
+
+void truncate_prompt(std::vector<int32_t>& ids, int64_t k, int max_model_len, size_t prefix, size_t suffix) {
+  if (k > max_model_len)
+    throw bad_request(fmt::format("truncate_prompt_tokens value ({}) is greater than max_model_len ({}). Please, select "
+                                  "a smaller truncation size.",
+                                  k, max_model_len),
+                      "truncate_prompt_tokens");
+  if (k < 0) k = max_model_len;
+  if (int64_t(ids.size()) <= k) return;
+  if (prefix + suffix >= size_t(k)) prefix = suffix = 0;  // no room for the content: plain left truncation
+  const size_t content = size_t(k) - prefix - suffix;
+  // Keep ids[0, prefix), the last `content` ids before the suffix, and the suffix.
+  std::vector<int32_t> out(ids.begin(), ids.begin() + prefix);
+  out.insert(out.end(), ids.end() - suffix - content, ids.end());
+  ids = std::move(out);
 }
 
 }  // namespace moeserve::server

@@ -53,13 +53,15 @@ static void append_bytes(std::string& out, const std::string& s) {
   out += "]";
 }
 
-static std::string token_text(const Frontend* f, int32_t id) {
+static std::string token_text(const ResponseContext& ctx, int32_t id) {
+  if (ctx.tokens_as_ids) return "token_id:" + std::to_string(id);  // vLLM's return_tokens_as_token_ids
+  const Frontend* f = ctx.frontend;
   std::string s = f ? f->decode({id}, false) : std::to_string(id);
   return valid_utf8(s) ? s : std::string("\xEF\xBF\xBD");
 }
 
 // {"content":[{"token","logprob","bytes","top_logprobs":[...]}]}
-static void append_chat_logprobs(std::string& out, const Frontend* f, const std::vector<TokenLogprobOut>& lps) {
+static void append_chat_logprobs(std::string& out, const ResponseContext& f, const std::vector<TokenLogprobOut>& lps) {
   out += "{\"content\":[";
   for (size_t i = 0; i < lps.size(); ++i) {
     if (i) out += ",";
@@ -91,7 +93,7 @@ static int64_t utf8_chars(const std::string& s) {
 }
 
 // {"text_offset":[],"token_logprobs":[],"tokens":[],"top_logprobs":[{tok: lp}]}
-static void append_completion_logprobs(std::string& out, const Frontend* f, const std::vector<TokenLogprobOut>& lps,
+static void append_completion_logprobs(std::string& out, const ResponseContext& f, const std::vector<TokenLogprobOut>& lps,
                                        int64_t& offset) {
   std::vector<std::string> toks;
   for (auto& lp : lps) toks.push_back(token_text(f, lp.token_id));
@@ -194,13 +196,13 @@ void append_delta_chunk(std::string& out, const ResponseContext& ctx, int index,
       out += "]";
     }
     out += "},\"logprobs\":";
-    if (!d.logprobs.empty()) append_chat_logprobs(out, ctx.frontend, d.logprobs);
+    if (!d.logprobs.empty()) append_chat_logprobs(out, ctx, d.logprobs);
     else out += "null";
   } else {
     out += ",\"text\":";
     append_json_string(out, d.text);
     out += ",\"logprobs\":";
-    if (!d.logprobs.empty()) append_completion_logprobs(out, ctx.frontend, d.logprobs, text_offset);
+    if (!d.logprobs.empty()) append_completion_logprobs(out, ctx, d.logprobs, text_offset);
     else out += "null";
   }
   if (d.finished) {
@@ -241,7 +243,7 @@ static void append_head(std::string& out, const ResponseContext& ctx, const char
 }
 
 std::string chat_response_json(const ResponseContext& ctx, const std::vector<const OutputProcessor*>& choices,
-                               const Usage& u) {
+                               const Usage& u, const std::vector<std::string>& echo_prefix) {
   std::string out;
   append_head(out, ctx, "chat.completion");
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -249,9 +251,10 @@ std::string chat_response_json(const ResponseContext& ctx, const std::vector<con
     if (i) out += ",";
     out += "{\"index\":" + std::to_string(i) + ",\"message\":{\"role\":\"assistant\",\"content\":";
     // With tool calls or a reasoning split, an empty content is reported as null (vLLM).
-    bool null_content = p.text().empty() && (p.has_tool_calls() || p.reports_reasoning());
+    const std::string echo = i < echo_prefix.size() ? echo_prefix[i] : std::string();
+    bool null_content = echo.empty() && p.text().empty() && (p.has_tool_calls() || p.reports_reasoning());
     if (null_content) out += "null";
-    else append_json_string(out, p.text());
+    else append_json_string(out, echo + p.text());
     out += ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[";
     if (auto* calls = p.tool_calls()) {
       for (size_t k = 0; k < calls->size(); ++k) {
@@ -272,7 +275,7 @@ std::string chat_response_json(const ResponseContext& ctx, const std::vector<con
     else reasoning = "null";
     out += reasoning + ",\"reasoning_content\":" + reasoning;
     out += "},\"logprobs\":";
-    if (!p.all_logprobs().empty()) append_chat_logprobs(out, ctx.frontend, p.all_logprobs());
+    if (!p.all_logprobs().empty()) append_chat_logprobs(out, ctx, p.all_logprobs());
     else out += "null";
     out += ",\"finish_reason\":";
     append_json_string(out, p.finish_reason());
@@ -298,7 +301,7 @@ std::string completion_response_json(const ResponseContext& ctx, const std::vect
     append_json_string(out, text);
     out += ",\"logprobs\":";
     int64_t offset = 0;
-    if (!p.all_logprobs().empty()) append_completion_logprobs(out, ctx.frontend, p.all_logprobs(), offset);
+    if (!p.all_logprobs().empty()) append_completion_logprobs(out, ctx, p.all_logprobs(), offset);
     else out += "null";
     out += ",\"finish_reason\":";
     append_json_string(out, p.finish_reason());

@@ -22,6 +22,7 @@ struct ResponseContext {
   bool chat = true;
   const Frontend* frontend = nullptr;  // for logprob token strings
   std::string chunk_prefix;            // cached `data: {"id":...,"choices":[`
+  bool tokens_as_ids = false;          // return_tokens_as_token_ids: "token_id:<id>" strings
   void init_prefix();
 };
 
@@ -46,9 +47,10 @@ void append_usage_chunk(std::string& out, const ResponseContext& ctx, const Usag
 // An error frame after streaming started.
 void append_error_chunk(std::string& out, int status, const std::string& type, const std::string& message);
 
-// Non-streaming bodies from finished processors (one per choice, in index order).
+// Non-streaming bodies from finished processors (one per choice, in index order). Chat:
+// `echo_prefix[i]` (the echoed last message) is prepended to choice i's content.
 std::string chat_response_json(const ResponseContext& ctx, const std::vector<const OutputProcessor*>& choices,
-                               const Usage& u);
+                               const Usage& u, const std::vector<std::string>& echo_prefix = {});
 // Completions: `echo_prefix[i]` is prepended to choice i's text when echo is on.
 std::string completion_response_json(const ResponseContext& ctx, const std::vector<const OutputProcessor*>& choices,
                                      const std::vector<std::string>& echo_prefix, const Usage& u);

@@ -10,12 +10,16 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <limits>
 #include <random>
 #include <set>
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/device_sampler.h"
 #include "model/model_executor.h"
@@ -242,6 +246,106 @@ TEST(CudaDeviceSampling, DistributionAtFullVocab) {
   EXPECT_EQ(f[0], 1.0);
   std::tie(f, n) = freq(DeviceSampling{1.f, 0, 1.f, 0}, true);  // one seed on every row: one draw
   EXPECT_EQ(n, 1u);
+}
+
+// The kernel is total as the host sampler: a row without a finite maximum gets -1 (every
+// entry -inf or NaN) or -2 (+inf) in every mode, never a made-up token; NaN entries among
+// finite ones are never drawn; extreme finite logits and parameters give the host's argmax
+// (greedy) or a token of the finite maximum's set.
+TEST(CudaDeviceSampling, NonFiniteAndExtremeRows) {
+  SKIP_WITHOUT_GPU();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf(""), big = std::numeric_limits<float>::max();
+  const int V = 4099;  // not a multiple of the block size
+  struct Case {
+    std::vector<std::pair<int, float>> set;  // entries over a base value
+    float base;
+    int32_t want;  // -1 / -2, or the only acceptable tokens' count below
+    std::set<int32_t> ok;
+  };
+  const std::vector<Case> cases = {
+      {{}, -inf, kDeviceNoCandidate, {}},
+      {{}, nan, kDeviceNoCandidate, {}},
+      {{{7, -inf}, {9, nan}}, nan, kDeviceNoCandidate, {}},
+      {{{100, inf}}, 0.f, kDeviceInfLogit, {}},
+      {{{5, inf}, {6, nan}}, -inf, kDeviceInfLogit, {}},
+      {{{11, 0.5f}, {4000, 0.25f}}, nan, 0, {11, 4000}},   // NaN everywhere else
+      {{{3, big}, {4098, big}}, -big, 0, {3, 4098}},       // extreme finite values
+  };
+  const std::vector<DeviceSampling> modes = {{0.f, 0, 1.f, 1}, {1.f, 0, 1.f, 2},   {0.7f, 2, 1.f, 3},
+                                             {0.7f, 0, 0.5f, 4}, {1e30f, 3, 0.3f, 5}, {0.01f, 1 << 30, 1e-30f, 6}};
+  auto be = make_cuda_backend(0);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Tensor h = Tensor::host(DType::F32, {int64_t(modes.size()), V});
+    float* hp = h.ptr<float>();
+    for (size_t r = 0; r < modes.size(); ++r) {
+      std::fill(hp + r * V, hp + (r + 1) * V, cases[c].base);
+      for (auto [i, v] : cases[c].set) hp[r * V + i] = v;
+    }
+    Tensor logits = be->upload(h);
+    Tensor out = be->alloc(DType::I32, {int64_t(modes.size())});
+    cuda_device_sampler(be.get())(logits, modes, out);
+    const std::vector<float> got = be->download_f32(out);
+    for (size_t r = 0; r < modes.size(); ++r) {
+      const int32_t t = int32_t(got[r]);
+      if (cases[c].ok.empty()) {
+        EXPECT_EQ(t, cases[c].want) << "case " << c << " mode " << r;
+      } else {
+        EXPECT_TRUE(cases[c].ok.count(t)) << "case " << c << " mode " << r << " sampled " << t;
+        if (modes[r].temperature == 0.f) EXPECT_EQ(t, *cases[c].ok.begin()) << "greedy: lowest id of the maximum";
+      }
+    }
+  }
+}
+
+// vLLM's logits processors through the engine on the real CUDA executor with its device
+// sampler: rows of requests that use them are sampled on the host whichever sampler the
+// engine prefers, so a device-sampling engine gives exactly the host-sampling engine's tokens,
+// and each feature has its effect.
+TEST(CudaDeviceSampling, LogitsProcessorsThroughTheEngineMatchHostSampling) {
+  SKIP_WITHOUT_GPU();
+  const int V = 4096, N = 6, kMaxTokens = 10;
+  std::vector<SamplingParams> params(N);
+  params[0] = SamplingParams{.temperature = 0};
+  params[0].logit_bias = {{1234, 100.f}};
+  params[1] = SamplingParams{.temperature = 0.8f, .seed = 5};
+  params[1].allowed_token_ids = {3, 17, 99, 1000};
+  params[2] = SamplingParams{.temperature = 0.9f, .seed = 6};
+  for (int32_t t = 0; t < V / 2; ++t) params[2].bad_words_token_ids.push_back({t});
+  params[3] = SamplingParams{.temperature = 0.7f, .presence_penalty = 0.5f, .frequency_penalty = 0.5f,
+                             .repetition_penalty = 1.3f, .seed = 7};
+  params[4] = SamplingParams{.temperature = 0, .min_tokens = 5};
+  params[5] = SamplingParams{.temperature = 1.f, .seed = 9};
+  for (int32_t t = 0; t < 100; ++t) params[5].logit_bias.emplace_back(t, -100.f);
+  auto run = [&](bool device) {
+    EngineConfig cfg{.max_num_seqs = N, .device_sampling = device};
+    auto engine = make_engine(cfg, make_exec(V, true, N));
+    std::mutex mu;
+    std::map<int, std::vector<int32_t>> out;
+    std::map<int, FinishReason> reason;
+    for (int i = 0; i < N; ++i) {
+      Request r;
+      r.id = "r" + std::to_string(i);
+      r.prompt_ids = prompt_of(4 + i, 90 + i, V);
+      r.params = params[i];
+      r.params.max_tokens = kMaxTokens;
+      r.on_output = [&, i](RequestOutput&& o) {
+        std::lock_guard lk(mu);
+        out[i].insert(out[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        if (o.finished) reason[i] = o.finish_reason;
+      };
+      EXPECT_TRUE(engine->submit(std::move(r)));
+    }
+    engine->shutdown(std::chrono::seconds(60));
+    for (int i = 0; i < N; ++i) EXPECT_EQ(reason[i], FinishReason::Length) << "request " << i;
+    return out;
+  };
+  const auto dev = run(true), host = run(false);
+  EXPECT_EQ(dev, host);
+  ASSERT_EQ(dev.size(), size_t(N));
+  EXPECT_EQ(dev.at(0), std::vector<int32_t>(kMaxTokens, 1234));
+  for (int32_t t : dev.at(1)) EXPECT_TRUE(t == 3 || t == 17 || t == 99 || t == 1000) << t;
+  for (int32_t t : dev.at(2)) EXPECT_GE(t, V / 2);
+  for (int32_t t : dev.at(5)) EXPECT_GE(t, 100);
 }
 
 }  // namespace

@@ -87,6 +87,26 @@ TEST(BlockManager, PlannedFreeFundsGrowth) {
   EXPECT_EQ(bm.num_free_blocks(), 0);
 }
 
+// cache_salt: blocks cached under a root are found only under the same root.
+TEST(BlockManager, SaltedRootsDoNotShare) {
+  BlockManager bm({.num_blocks = 16, .block_size = 4});
+  const auto toks = iota_tokens(9);
+  const uint64_t salt_a = (uint64_t(1) << 63) | 12345, salt_b = (uint64_t(1) << 63) | 678;
+  SeqBlocks a;
+  KvPlan plan(bm);
+  ASSERT_TRUE(plan.grow(a, 9));
+  bm.apply(plan);
+  bm.cache_full_blocks(a, toks, 9, salt_a);
+  EXPECT_EQ(bm.num_cached_blocks(), 2);
+  EXPECT_EQ(bm.lookup(toks, 100, salt_a).num_tokens, 8);
+  EXPECT_EQ(bm.lookup(toks, 100).num_tokens, 0) << "an unsalted request must not see salted blocks";
+  EXPECT_EQ(bm.lookup(toks, 100, salt_b).num_tokens, 0) << "nor one with another salt";
+  SeqBlocks u = fill(bm, toks);  // unsalted: its own entries
+  EXPECT_EQ(bm.num_cached_blocks(), 4);
+  EXPECT_EQ(bm.lookup(toks, 100).num_tokens, 8);
+  EXPECT_EQ(bm.lookup(toks, 100, salt_a).blocks, std::vector<int32_t>(a.table.begin(), a.table.begin() + 2));
+}
+
 TEST(BlockManager, PrefixHitReusesFullBlocksOnly) {
   BlockManager bm({.num_blocks = 16, .block_size = 4});
   auto toks = iota_tokens(10);  // blocks [0..3] [4..7], partial [8, 9]

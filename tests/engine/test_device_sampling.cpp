@@ -5,7 +5,9 @@
 // an RNG seeded by the row's per-step seed), so results are checkable on the CPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -32,6 +34,9 @@ class DeviceSamplingToy final : public ModelExecutor {
  public:
   DeviceSamplingToy(ToyExecutorConfig c, bool advertise, bool corrupt = false)
       : toy_(c), advertise_(advertise), corrupt_(corrupt) {}
+  // Rows of this seq_id come back with every logit set to `v` (NaN, -inf, +inf), on the
+  // device and the host path alike: a model fault the samplers must survive.
+  void poison(int64_t seq_id, float v) { poison_seq_ = seq_id, poison_value_ = v; }
   ExecutorInfo info() const override {
     ExecutorInfo i = toy_.info();
     i.device_sampling = advertise_;
@@ -51,8 +56,9 @@ class DeviceSamplingToy final : public ModelExecutor {
         EXPECT_FALSE(s.device_sample) << "device_sample on a row without logits";
         continue;
       }
-      std::span<const float> row(all.logits.data() + r * V, V);
+      std::span<float> row(all.logits.data() + r * V, V);
       ++r;
+      if (s.seq_id == poison_seq_) std::fill(row.begin(), row.end(), poison_value_);
       log_.push_back({s.seq_id, s.device_sample.has_value()});
       if (s.device_sample) {
         EXPECT_TRUE(advertise_) << "device_sample sent to an executor without device sampling";
@@ -64,7 +70,11 @@ class DeviceSamplingToy final : public ModelExecutor {
     }
     return res;
   }
+  // As k_sample.cu: a row without a finite maximum gives kDeviceNoCandidate / kDeviceInfLogit.
   static int32_t device_sample(std::span<const float> row, const DeviceSampling& d) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (float x : row) mx = x > mx ? x : mx;  // NaN compares false
+    if (!std::isfinite(mx)) return mx > 0 ? kDeviceInfLogit : kDeviceNoCandidate;
     if (d.temperature <= 0) return argmax_lowest(row);
     SamplingParams p;
     p.temperature = d.temperature;
@@ -85,6 +95,8 @@ class DeviceSamplingToy final : public ModelExecutor {
  private:
   ToyExecutor toy_;
   bool advertise_, corrupt_;
+  int64_t poison_seq_ = -1;
+  float poison_value_ = 0;
   mutable std::mutex mu_;
   std::vector<RowLog> log_;
   int host_rows_returned_ = 0;
@@ -149,6 +161,57 @@ TEST(DeviceSamplingParams, HostFeaturesStayOnTheHost) {
   EXPECT_FALSE(dev(SamplingParams{.logprobs = 0}));
   EXPECT_FALSE(dev(SamplingParams{.min_tokens = 2}, 1));  // EOS still masked
   EXPECT_TRUE(dev(SamplingParams{.min_tokens = 2}, 2));   // mask no longer applies
+  // The vLLM logits processors run on the host: the device path gives the host's tokens.
+  EXPECT_FALSE(dev(SamplingParams{.logit_bias = {{3, 100.f}}}));
+  EXPECT_FALSE(dev(SamplingParams{.allowed_token_ids = {1, 2}}));
+  EXPECT_FALSE(dev(SamplingParams{.bad_words_token_ids = {{7}}}));
+}
+
+// A row without a finite maximum fails that request alone, with the same message on the
+// device path (the kernel's -1 / -2) and on the host path (SamplingError); the engine and
+// the other request go on.
+TEST(DeviceSamplingEngine, NonFiniteRowFailsOnlyItsRequestOnBothPaths) {
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (float poison : {std::nanf(""), -kInf, kInf}) {
+    std::map<bool, std::string> errors;
+    for (bool device : {true, false}) {
+      auto exec = std::make_unique<DeviceSamplingToy>(kToy, true);
+      exec->poison(1, poison);  // the first submitted request is seq 1
+      EngineConfig cfg{.max_num_seqs = 4, .device_sampling = device};
+      auto engine = make_engine(cfg, std::move(exec));
+      Collector c;
+      submit(*engine, c, "bad", prompt_of(5, 1), SamplingParams{.temperature = 0.8f, .seed = 3, .max_tokens = 4});
+      submit(*engine, c, "good", prompt_of(6, 2), SamplingParams{.temperature = 0, .max_tokens = 6});
+      engine->shutdown(10s);
+      ASSERT_TRUE(c.final.count("bad") && c.final.count("good"));
+      EXPECT_EQ(c.final["bad"].finish_reason, FinishReason::Error) << poison;
+      EXPECT_TRUE(c.tokens["bad"].empty());
+      EXPECT_EQ(c.final["good"].finish_reason, FinishReason::Length);
+      EXPECT_EQ(c.tokens["good"], ToyExecutor::reference_greedy(kToy, prompt_of(6, 2), 6));
+      errors[device] = c.final["bad"].error;
+    }
+    EXPECT_EQ(errors[true], errors[false]);
+    EXPECT_NE(errors[true].find(poison > 0 ? "+inf" : "-inf or NaN"), std::string::npos) << errors[true];
+  }
+}
+
+// Everything masked by the request's own processors (allowed_token_ids {5} and bad word 5)
+// is a clear per-request error, not a crash or a silent token.
+TEST(DeviceSamplingEngine, AllMaskedByTheRequestFailsIt) {
+  auto engine = make_engine({}, std::make_unique<DeviceSamplingToy>(kToy, true));
+  Collector c;
+  SamplingParams p{.temperature = 0, .max_tokens = 3};
+  p.allowed_token_ids = {5};
+  p.bad_words_token_ids = {{5}};
+  submit(*engine, c, "masked", prompt_of(4, 3), p);
+  SamplingParams q{.temperature = 0, .max_tokens = 3};
+  q.allowed_token_ids = {5, 9};
+  submit(*engine, c, "allowed", prompt_of(4, 3), q);
+  engine->shutdown(10s);
+  EXPECT_EQ(c.final["masked"].finish_reason, FinishReason::Error);
+  EXPECT_NE(c.final["masked"].error.find("no token can be sampled"), std::string::npos) << c.final["masked"].error;
+  ASSERT_EQ(c.tokens["allowed"].size(), 3u);
+  for (int32_t t : c.tokens["allowed"]) EXPECT_TRUE(t == 5 || t == 9) << t;
 }
 
 TEST(DeviceSamplingEngine, RoutesRowsAndUsesReturnedIds) {

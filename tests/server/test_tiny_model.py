@@ -176,3 +176,28 @@ def test_metrics_move(tiny):
     assert delta("vllm:iteration_tokens_total_sum") == r.usage.prompt_tokens + r.usage.completion_tokens - 1
     assert metric(after, "vllm:num_requests_running") == 0
     assert metric(after, "vllm:num_preemptions_total") >= 0
+
+
+def test_vllm_logits_processors_on_the_real_executor(tiny):
+    """logit_bias / allowed_token_ids / bad_words / penalties on the MiniMax-M2 CPU executor:
+    each has its effect, and extreme or non-finite values are refused without hurting it."""
+    c = client(tiny)
+
+    def ids(**extra):
+        r = c.completions.create(model=NAME, prompt="Hello", max_tokens=6, temperature=0, logprobs=0,
+                                 extra_body={"return_tokens_as_token_ids": True, **extra})
+        return [int(t.split(":")[1]) for t in r.choices[0].logprobs.tokens]
+
+    base = ids()
+    assert ids(logit_bias={"77": 100}) == [77] * 6
+    assert set(ids(allowed_token_ids=[40, 41, 42])) <= {40, 41, 42}
+    banned = ids(logit_bias={str(base[0]): -100})
+    assert banned[0] != base[0]
+    r = c.completions.create(model=NAME, prompt="Hello", max_tokens=8, temperature=0.8, seed=3,
+                             extra_body={"repetition_penalty": 1.5, "presence_penalty": 1.0,
+                                         "frequency_penalty": 1.0, "min_tokens": 4})
+    assert r.usage.completion_tokens >= 4
+    for bad in ({"repetition_penalty": 1e-38}, {"temperature": -1}, {"logit_bias": {"77": "x"}}):
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model=NAME, prompt="Hello", max_tokens=2, extra_body=bad)
+    assert ids() == base  # the engine is unharmed and still deterministic

@@ -1,12 +1,13 @@
 // GPU sampling, one block of 1024 threads per row of logits [rows, V]:
-// greedy (temperature <= 0): argmax, lowest index on ties. Otherwise z = logit / T; top-k and
+// greedy (temperature <= 0): argmax, lowest index on ties. Otherwise z = (logit - max) / T; top-k and
 // top-p keep the tokens whose z is at least a threshold found by bisection on the
 // order-preserving integer image of z (32 steps, each a block-wide count or probability
 // sum), so no sort is needed. The midpoint is computed in 64 bits: with lo = 0 and
 // hi = 2^32 - 1, a 32-bit hi - lo + 1 wraps to 0 and the bisection never ends. Ties at the
 // threshold are all kept (top-k may keep a few more than k on exactly equal logits). A
 // uniform u from a hash of the row's seed picks the token by a prefix scan over
-// kept probabilities in index order.
+// kept probabilities in index order. A row whose maximum is not finite gets -1 (all -inf /
+// NaN) or -2 (+inf) instead of a token.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -65,12 +66,21 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
     if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
   }
   if (best_i >= V) best_i = 0;
-  if (sp.temperature <= 0.f || best == -INFINITY) {
+  // A row without a finite maximum cannot be sampled (the host sampler throws SamplingError):
+  // -1 when every entry is -inf / NaN, -2 when one is +inf (kDeviceNoCandidate /
+  // kDeviceInfLogit in engine/executor.h). The engine fails that request alone.
+  if (!isfinite(best)) {
+    if (threadIdx.x == 0) out[row] = best > 0.f ? -2 : -1;
+    return;
+  }
+  if (sp.temperature <= 0.f) {
     if (threadIdx.x == 0) out[row] = best_i;
     return;
   }
+  // z = (logit - max) / T <= 0: subtracting first keeps z finite for any finite logits and
+  // temperature (logit / T alone overflows at T = 0.01 for logits above 3.4e36).
   const float invT = 1.f / sp.temperature;
-  const float zmax = best * invT;
+  auto zof = [&](int64_t i) { return (logit(logits, bf, base + i) - best) * invT; };
   __syncthreads();
 
   // Threshold on ordered(z): keep tokens with ordered(z) >= thr.
@@ -81,15 +91,15 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
     while (lo < hi) {
       const uint32_t mid = uint32_t(lo + (uint64_t(hi) - lo + 1) / 2);  // 64-bit: hi - lo + 1 may be 2^32
       float c = 0.f;
-      for (int i = threadIdx.x; i < V; i += kThreads) c += ordered(logit(logits, bf, base + i) * invT) >= mid;
+      for (int i = threadIdx.x; i < V; i += kThreads) c += ordered(zof(i)) >= mid;
       c = block_sum(c, red);
       if (c >= float(sp.top_k)) lo = mid; else hi = mid - 1;
     }
     thr = lo;
   }
   auto prob = [&](int i) {
-    const float z = logit(logits, bf, base + i) * invT;
-    return (z == z && ordered(z) >= thr) ? __expf(z - zmax) : 0.f;
+    const float z = zof(i);
+    return (z == z && ordered(z) >= thr) ? __expf(z) : 0.f;
   };
   float total = 0.f;
   for (int i = threadIdx.x; i < V; i += kThreads) total += prob(i);
@@ -102,8 +112,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
       const uint32_t mid = uint32_t(lo + (uint64_t(hi) - lo + 1) / 2);  // 64-bit: hi - lo + 1 may be 2^32
       float m = 0.f;
       for (int i = threadIdx.x; i < V; i += kThreads) {
-        const float z = logit(logits, bf, base + i) * invT;
-        if (z == z && ordered(z) >= mid) m += __expf(z - zmax);
+        const float z = zof(i);
+        if (z == z && ordered(z) >= mid) m += __expf(z);
       }
       m = block_sum(m, red);
       if (m >= target) lo = mid; else hi = mid - 1;
