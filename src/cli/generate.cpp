@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/parallel_cli.h"
+#include "cli/model_source.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "model/config.h"
@@ -98,6 +99,11 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
                      ""
 #endif
       );
+    }
+    {  // a hub repo id resolves through the hub cache (downloaded when missing, as serve does)
+      moeserve::cli::ModelSource src;
+      src.tokenizer = false;
+      a->model = moeserve::cli::resolve_model_path(a->model, src);
     }
     // Validate every argument before the (slow) model load.
     moeserve::GenerateOptions g;

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cli/model_source.h"
 #include "cli/registry.h"
 #include "model/inspect.h"
 
@@ -13,15 +14,22 @@ struct Args {
 
 moeserve::cli::RegisterSubcommand reg("inspect", "Summarise a model checkpoint directory", [](CLI::App* sub) {
   auto a = std::make_shared<Args>();
-  sub->add_option("dir", a->dir, "checkpoint directory")->required();
+  auto src = std::make_shared<moeserve::cli::ModelSource>();
+  sub->add_option("dir", a->dir, "checkpoint directory, a folder with config.json only, or a hub repo id")->required();
   sub->add_flag("--json", a->json, "print the report as JSON");
-  return [a] {
+  sub->add_option("--revision", src->revision, "revision of a repo id")->capture_default_str();
+  sub->add_option("--download-dir", src->download_dir, "hub cache folder (default: $HF_HUB_CACHE)");
+  return [a, src] {
+    src->tokenizer = false;
+    src->weights = false;  // a repo id: what the cache holds, else config.json and the index only
+    a->dir = moeserve::cli::resolve_model_path(a->dir, *src);
     const nlohmann::json r = moeserve::inspect_checkpoint(a->dir);
     if (a->json)
       std::printf("%s\n", r.dump(2).c_str());
     else
       std::printf("%s", moeserve::format_inspect(r).c_str());
     // The report is printed either way; a checkpoint that cannot be loaded is an error.
+    if (!r["weights_present"].get<bool>()) return 0;  // config only: nothing to load, nothing missing
     if (!r["complete"].get<bool>()) {
       std::fflush(stdout);
       std::string first = !r["missing_tensors"].empty() ? "missing " + r["missing_tensors"][0].get<std::string>()

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/registry.h"
+#include "cli/serve_args.h"
 #include "core/bounded_json.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -38,17 +39,37 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(s.name, s.help);
     runners[sub] = s.setup(sub);
   }
-  // As vLLM's FlexibleArgumentParser: `--max_model_len` = `--max-model-len` (MiniMax's own
-  // commands use `--enable_expert_parallel`). Only the flag name before '=' is rewritten.
   std::vector<std::string> args(argv + 1, argv + argc);
-  for (auto& a : args) {
-    // vLLM's multi-letter short flags (CLI11 only knows one-letter short names).
-    for (const auto& [short_name, long_name] : {std::pair<std::string, std::string>{"-tp", "--tensor-parallel-size"},
-                                                {"-dp", "--data-parallel-size"}})
-      if (a == short_name || a.rfind(short_name + "=", 0) == 0) a = long_name + a.substr(short_name.size());
-    if (a.rfind("--", 0) != 0) continue;
-    const size_t end = std::min(a.find('='), a.size());
-    std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+  if (args.empty()) {  // `moeserve` alone: the subcommands
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  }
+  // As vLLM's FlexibleArgumentParser: underscores = dashes, -tp/-dp/-pp (cli/serve_args.h).
+  cli::normalize_flag_spelling(args);
+  // --log-level after the subcommand too (vllm serve ... --log-level debug). `service` keeps
+  // it: it belongs to the serve command line the unit runs.
+  size_t sub_at = 0;
+  while (sub_at < args.size() && args[sub_at].rfind("-", 0) == 0) sub_at += args[sub_at] == "--log-level" ? 2 : 1;
+  const std::string sub_name = sub_at < args.size() ? args[sub_at] : "";
+  if (sub_name != "service")
+    for (size_t i = sub_at + 1; i < args.size(); ++i) {
+      if (args[i] == "--log-level" && i + 1 < args.size()) {
+        log_level = args[i + 1];
+        args.erase(args.begin() + std::ptrdiff_t(i), args.begin() + std::ptrdiff_t(i) + 2);
+        --i;
+      } else if (args[i].rfind("--log-level=", 0) == 0) {
+        log_level = args[i].substr(12);
+        args.erase(args.begin() + std::ptrdiff_t(i));
+        --i;
+      }
+    }
+  if (sub_name == "serve") {
+    try {
+      cli::expand_config_file(args, sub_at + 1);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
   }
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {

@@ -101,6 +101,7 @@ int run(Args& a) {
   }
   json r = make_plan(config, have_index ? &index : nullptr, a.opt);
   r["sources"] = {{"config", config_src}, {"index", have_index ? json(index_src) : json(nullptr)}};
+  if (!r["recommended"].is_null()) r["recommended_command"] = moeserve::plan::recommended_command(r, a.model);
   if (a.json_out) {
     std::printf("%s\n", r.dump(2).c_str());
   } else {

@@ -98,6 +98,8 @@ moeserve::cli::RegisterSubcommand reg(
         cfg.etag_timeout_s = env_seconds("HF_HUB_ETAG_TIMEOUT", 10);
         cfg.download_timeout_s = env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10);
         cfg.retry.max_attempts = a->max_retries + 1;
+        MS_CHECK(a->repo.find('/') != std::string::npos,
+                 "invalid repository id '{}': expected 'org/name' (e.g. MiniMaxAI/MiniMax-M2.5)", a->repo);
         MS_CHECK(!a->repo.empty() && a->repo.front() != '/' && a->repo.back() != '/' &&
                      a->repo.find("..") == std::string::npos && a->repo.find("--") == std::string::npos,
                  "invalid repository id '{}' (expected 'org/name')", a->repo);

@@ -10,11 +10,14 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "cli/model_source.h"
 #include "cli/parallel_cli.h"
+#include "cli/serve_args.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -22,6 +25,7 @@
 #include "core/bounded_json.h"
 #include "engine/engine.h"
 #include "engine/stop.h"
+#include "server/gate_handler.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_service.h"
@@ -32,6 +36,7 @@
 #ifdef MOESERVE_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "model/device_sampler.h"
+#include "tools/bench_synth.h"
 #endif
 #ifdef MOESERVE_HAS_TEST_BACKENDS
 #include "engine/testing/replay_executor.h"
@@ -42,45 +47,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace moeserve;
 
-struct ServeArgs {
-  std::string model;
-  std::string host = "0.0.0.0";
-  int port = 8000;
-  std::vector<std::string> served_model_names;
-  std::string max_model_len;
-  int max_num_seqs = 256;
-  int max_num_batched_tokens = 2048;
-  int block_size = 16;
-  int num_kv_blocks = 0;
-  std::string api_key;
-  std::string chat_template;
-  std::string generation_config = "auto";
-  bool enable_auto_tool_choice = false;
-  std::string tool_call_parser;
-  std::string reasoning_parser;
-  std::string device = "cpu";
-  bool enable_prefix_caching = true;
-  bool enable_request_id_headers = false;
-  double gpu_memory_utilization = 0.9;
-  bool enforce_eager = false;
-  bool capture_graphs_at_startup = false;
-  int max_logprobs = 20;
-  int io_threads = 2;
-  int prep_threads = 2;
-  double timeout_keep_alive = 5;
-  double header_timeout = 10;
-  double body_timeout = 60;
-  double write_timeout = 30;
-  int max_connections = 0;
-  int max_waiting_requests = 1024;
-  size_t max_request_body_bytes = 32u << 20;
-  double shutdown_grace_seconds = 30;
-  uint64_t seed = 0;
-  bool host_sampling = false;
-  std::string replay_script;
-  cli::ParallelFlags par;
-};
-
+using cli::ServeArgs;
 
 // As most servers do: the soft open-file limit up to the hard one, so that the connection
 // cap (derived from it) is not the distribution's default of 1024.
@@ -114,6 +81,7 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   MS_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda", a.device);
   ExecutorOptions eo;
   eo.model_dir = a.model;
+  eo.hf_overrides = a.hf_overrides;
   eo.block_size = a.block_size;
   eo.max_model_len = max_model_len;
   eo.num_kv_blocks = a.num_kv_blocks;
@@ -134,12 +102,31 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
     cb->mem_info(&free_b, &total_b);
     const double budget = double(total_b) * util - double(total_b - free_b) - double(512 << 20);
     const int64_t blocks = std::min<int64_t>(budget > 0 ? int64_t(budget / double(per_block)) : 0, INT32_MAX / 2);
-    spdlog::info("cuda:{} {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
+    // Once per group (rank 0), not once per GPU: the ranks are alike.
+    spdlog::log(cb->device_index() == 0 ? spdlog::level::info : spdlog::level::debug,
+                "cuda:{} {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
                  "{} KV blocks of {} tokens = {} KV tokens ({:.1f} KiB per block)",
                  cb->device_index(), cb->device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0,
                  util, blocks, bs, blocks * bs, per_block / 1024.0);
     return int(blocks);
   };
+  if (a.load_format == "dummy") {
+    // Random weights generated on each rank's GPU in the config's shapes (FP8 128x128
+    // block-scaled projections and experts): no checkpoint is read.
+    eo.make_weights = [](Backend& be, MiniMaxM2Model& m, bool lm_head) {
+      const auto& q = m.config().quantization;
+      MS_CHECK(q.enabled() && q.block_out == 128 && q.block_in == 128,
+               "not supported yet: --load-format dummy for a config without FP8 128x128 block quantization "
+               "(the generator makes MiniMax-M2.5's FP8 layout)");
+      const auto t0 = std::chrono::steady_clock::now();
+      auto& cb = static_cast<CudaBackend&>(be);
+      const int64_t bytes = tools::make_synthetic_weights(cb, m, 1000, lm_head);
+      spdlog::log(cb.device_index() == 0 ? spdlog::level::info : spdlog::level::debug,
+                  "--load-format dummy: {:.2f} GiB of random weights generated on cuda:{} in {:.1f} s",
+                  bytes / 1073741824.0, cb.device_index(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    };
+  }
   if (a.par.parallel())
     return cli::make_parallel_executor(a.par, eo, a.device,
                                        a.device == "cuda" ? std::function<int(Backend&, int64_t)>(kv_blocks) : nullptr);
@@ -186,9 +173,113 @@ void warm_up(Engine& engine) {
                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
-int run_serve(const ServeArgs& a) {
-  MS_CHECK(!a.model.empty(), "serve: MODEL_DIR is required");
-  MS_CHECK(fs::is_directory(a.model), "serve: {} is not a directory", a.model);
+// --device's default and the first log line: which device, GPU names and memory.
+void resolve_device(ServeArgs& a) {
+#ifdef MOESERVE_WITH_CUDA
+  const int gpus = cuda_device_count();
+  if (a.device.empty()) a.device = gpus > 0 ? "cuda" : "cpu";
+  if (a.device == "cuda") {
+    MS_CHECK(gpus > 0, "--device cuda: no CUDA device is visible (CUDA_VISIBLE_DEVICES, driver)");
+    std::vector<std::string> names;
+    for (int i = 0; i < gpus; ++i) {
+      const CudaDeviceInfo d = cuda_device_info(i);
+      names.push_back(fmt::format("cuda:{} {} ({:.1f} GiB)", i, d.name, d.total_bytes / 1073741824.0));
+    }
+    spdlog::info("device: cuda, {} GPU{} visible: {}", gpus, gpus == 1 ? "" : "s", fmt::join(names, ", "));
+  } else {
+    spdlog::info("device: cpu ({})", gpus > 0 ? fmt::format("{} GPU(s) visible; --device cpu chosen", gpus)
+                                              : std::string("no GPU visible"));
+  }
+#else
+  if (a.device.empty()) a.device = "cpu";
+  MS_CHECK(a.device == "cpu", "--device cuda: this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
+  spdlog::info("device: cpu (this build has no CUDA backend)");
+#endif
+}
+
+// vLLM's API-server defaults (get_batch_defaults): 1024 sequences and 8192 tokens per step on
+// GPUs of >= 70 GiB other than A100 (H100, H200, B200), else 256 and 2048; cpu: 256 and 2048.
+void resolve_batch_defaults(ServeArgs& a) {
+  bool big = false;
+#ifdef MOESERVE_WITH_CUDA
+  if (a.device == "cuda") {
+    const CudaDeviceInfo d = cuda_device_info(0);
+    big = d.total_bytes >= (size_t(70) << 30) && d.name.find("A100") == std::string::npos;
+  }
+#endif
+  if (a.max_num_seqs == 0) a.max_num_seqs = big ? 1024 : 256;
+  if (a.max_num_batched_tokens == 0) a.max_num_batched_tokens = big ? 8192 : 2048;
+}
+
+std::vector<std::string> json_strings(const std::string& text) {
+  return nlohmann::json::parse(text).get<std::vector<std::string>>();  // checked by check_serve_args
+}
+
+// --quantization must agree with the checkpoint (moeserve always reads its quantization_config).
+void check_quantization(const ServeArgs& a, const std::string& model_dir) {
+  if (a.quantization.empty()) return;
+  nlohmann::json cfg = read_json_file(fs::path(model_dir) / "config.json");
+  if (!a.hf_overrides.empty()) cfg.merge_patch(nlohmann::json::parse(a.hf_overrides));
+  std::string method = "none";
+  if (cfg.contains("quantization_config") && cfg["quantization_config"].is_object())
+    method = cfg["quantization_config"].value("quant_method", std::string("unknown"));
+  MS_CHECK(a.quantization == method,
+           "not supported yet: --quantization {} (the checkpoint's quantization_config says '{}'; moeserve runs the "
+           "checkpoint as it is quantized: drop the flag)",
+           a.quantization, method);
+}
+
+// vLLM's periodic stats line, every 10 s while there is work (quiet when idle).
+class StatsLogger {
+ public:
+  StatsLogger(const Engine& engine, const server::Metrics& metrics) : engine_(engine), metrics_(metrics) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~StatsLogger() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void run() {
+    EngineStats last = engine_.stats();
+    uint64_t last_out = metrics_.tokens_produced();
+    auto t_last = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!cv_.wait_for(lk, std::chrono::seconds(10), [this] { return stop_; })) {
+      const EngineStats s = engine_.stats();
+      const uint64_t out = metrics_.tokens_produced();
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - t_last).count();
+      const uint64_t step_tokens = s.iteration_tokens_sum - last.iteration_tokens_sum;
+      const uint64_t gen = out - last_out;
+      const uint64_t queries = s.prefix_cache_queries - last.prefix_cache_queries;
+      const uint64_t hits = s.prefix_cache_hits - last.prefix_cache_hits;
+      if (step_tokens > 0 || s.num_running > 0 || s.num_waiting > 0)
+        spdlog::info("Engine 000: Avg prompt throughput: {:.1f} tokens/s, Avg generation throughput: {:.1f} tokens/s, "
+                     "Running: {} reqs, Waiting: {} reqs, KV cache usage: {:.1f}%, Prefix cache hit rate: {:.1f}%",
+                     double(step_tokens > gen ? step_tokens - gen : 0) / dt, double(gen) / dt, s.num_running,
+                     s.num_waiting, 100.0 * s.kv_cache_usage, queries ? 100.0 * double(hits) / double(queries) : 0.0);
+      last = s;
+      last_out = out;
+      t_last = now;
+    }
+  }
+  const Engine& engine_;
+  const server::Metrics& metrics_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+int run_serve(ServeArgs a, const std::string& noop_warning) {
+  if (!a.log_level.empty()) init_logging(a.log_level);
+  MS_CHECK(!a.model.empty(), "serve: a model is required (a folder or a hub repo id ORG/NAME)");
   if (!a.tool_call_parser.empty())
     MS_CHECK(server::has_tool_parser(a.tool_call_parser), "--tool-call-parser {}: unknown (known: {})",
              a.tool_call_parser, fmt::join(server::tool_parser_names(), ", "));
@@ -197,6 +288,13 @@ int run_serve(const ServeArgs& a) {
              a.reasoning_parser, fmt::join(server::reasoning_parser_names(), ", "));
   MS_CHECK(!a.enable_auto_tool_choice || !a.tool_call_parser.empty(),
            "--enable-auto-tool-choice requires --tool-call-parser");
+  if (a.replay_script.empty()) resolve_device(a);
+  else if (a.device.empty()) a.device = "cpu";
+  if (!noop_warning.empty()) spdlog::warn("{}", noop_warning);
+  MS_CHECK(a.load_format != "dummy" || a.device == "cuda" || !a.replay_script.empty(),
+           "not supported yet: --load-format dummy with --device cpu (the random weights are generated on the GPU); "
+           "use --device cuda, or a checkpoint (`moeserve make-tiny` writes a small one)");
+  resolve_batch_defaults(a);
 
   // Signals are taken by sigwait below; block them before any thread starts.
   sigset_t sigs;
@@ -205,8 +303,55 @@ int run_serve(const ServeArgs& a) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  server::sd_notify("STATUS=loading tokenizer and chat template from " + a.model);
-  server::TokenizerFrontend frontend(a.model, a.chat_template);
+  // Bind first: /health answers 503 ("model is loading") while the model downloads and loads,
+  // and a port in use fails now, not after minutes of loading.
+  server::GateConfig gc;
+  gc.cors.origins = json_strings(a.allowed_origins);
+  gc.cors.methods = json_strings(a.allowed_methods);
+  gc.cors.headers = json_strings(a.allowed_headers);
+  gc.cors.credentials = a.allow_credentials;
+  gc.root_path = a.root_path;
+  gc.access_log = a.enable_log_requests;
+  server::GateHandler gate(gc);
+  server::HttpServerConfig hc;
+  hc.host = a.host;
+  hc.port = a.port;
+  hc.io_threads = a.io_threads;
+  hc.max_body_bytes = a.max_request_body_bytes;
+  hc.keep_alive_timeout = a.timeout_keep_alive;
+  hc.header_timeout = a.header_timeout;
+  hc.body_timeout = a.body_timeout;
+  hc.write_timeout = a.write_timeout;
+  MS_CHECK(a.max_connections >= 0, "--max-connections {}: expected 0 (auto) or a positive count", a.max_connections);
+  hc.max_connections = a.max_connections;
+  raise_open_file_limit();
+  server::HttpServer http(hc, gate);
+  http.start();
+  spdlog::info("listening on http://{}:{} (/health answers 503 until the model is ready)", a.host, http.port());
+
+  const std::string model_arg = a.model;
+  gate.set_phase("resolving " + model_arg);
+  cli::ModelSource src;
+  src.revision = a.revision;
+  src.download_dir = a.download_dir;
+  src.weights = a.load_format != "dummy" && a.replay_script.empty();
+  src.tokenizer = a.tokenizer.empty();
+  if (!src.weights || cli::looks_like_repo_id(a.model)) server::sd_notify("STATUS=resolving " + a.model);
+  if (cli::looks_like_repo_id(a.model) && !fs::exists(a.model)) gate.set_phase("downloading " + a.model);
+  a.model = fs::absolute(cli::resolve_model_path(a.model, src)).lexically_normal().string();
+  std::string tokenizer_dir = a.model;
+  if (!a.tokenizer.empty()) {
+    cli::ModelSource ts;
+    ts.revision = a.tokenizer_revision.empty() ? "main" : a.tokenizer_revision;
+    ts.download_dir = a.download_dir;
+    ts.weights = false;
+    tokenizer_dir = cli::resolve_model_path(a.tokenizer, ts);
+  }
+  check_quantization(a, a.model);
+
+  gate.set_phase("loading tokenizer");
+  server::sd_notify("STATUS=loading tokenizer and chat template from " + tokenizer_dir);
+  server::TokenizerFrontend frontend(tokenizer_dir, a.chat_template);
   const int64_t max_len = a.max_model_len.empty() ? 0 : parse_human_int(a.max_model_len);
   MS_CHECK(max_len <= INT32_MAX, "--max-model-len {} is too large", a.max_model_len);
   int max_model_len = int(max_len);
@@ -230,14 +375,21 @@ int run_serve(const ServeArgs& a) {
   for (int32_t id : frontend.eos_token_ids())
     if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())
       ec.eos_token_ids.push_back(id);
+  gate.set_phase(a.load_format == "dummy" ? "generating dummy weights" : "loading weights");
   server::sd_notify("STATUS=loading model weights from " + a.model);
+  const auto t_load = std::chrono::steady_clock::now();
   auto engine = make_engine(ec, make_executor(a, max_model_len));
   const EngineConfig& resolved = engine->config();
   ExecutorInfo info = engine->executor_info();
+  spdlog::info("model ready in {:.1f} s: max_model_len {}, {} KV blocks of {} tokens = {} KV tokens, max_num_seqs {}, "
+               "max_num_batched_tokens {}",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count(),
+               resolved.max_model_len, info.num_kv_blocks, info.block_size,
+               int64_t(info.num_kv_blocks) * info.block_size, resolved.max_num_seqs, resolved.max_num_batched_tokens);
 
   server::ServiceConfig sc;
-  sc.served_model_names = a.served_model_names.empty() ? std::vector<std::string>{a.model} : a.served_model_names;
-  sc.model_root = a.model;
+  sc.served_model_names = a.served_model_names.empty() ? std::vector<std::string>{model_arg} : a.served_model_names;
+  sc.model_root = a.model;  // absolute: `bench` finds the tokenizer from any directory
   sc.max_model_len = resolved.max_model_len;
   sc.api_key = a.api_key;
   if (sc.api_key.empty()) {
@@ -254,31 +406,21 @@ int run_serve(const ServeArgs& a) {
   MS_CHECK(a.prep_threads >= 1, "--prep-threads {}: expected at least 1", a.prep_threads);
   sc.prep_threads = a.prep_threads;
   sc.max_body_bytes = a.max_request_body_bytes;
+  sc.force_include_usage = a.enable_force_include_usage;
 
   server::Metrics metrics({sc.served_model_names[0], resolved.max_model_len, info.block_size, info.num_kv_blocks,
                            resolved.enable_prefix_caching, a.gpu_memory_utilization});
   server::OpenAIService service(sc, *engine, frontend, metrics);
-  server::HttpServerConfig hc;
-  hc.host = a.host;
-  hc.port = a.port;
-  hc.io_threads = a.io_threads;
-  hc.max_body_bytes = a.max_request_body_bytes;
-  hc.keep_alive_timeout = a.timeout_keep_alive;
-  hc.header_timeout = a.header_timeout;
-  hc.body_timeout = a.body_timeout;
-  hc.write_timeout = a.write_timeout;
-  MS_CHECK(a.max_connections >= 0, "--max-connections {}: expected 0 (auto) or a positive count", a.max_connections);
-  hc.max_connections = a.max_connections;
-  raise_open_file_limit();
-  server::HttpServer http(hc, service);
+  gate.set_phase("warming up");
   server::sd_notify("STATUS=warming up (one greedy token)");
   warm_up(*engine);
-  http.start();
+  gate.set_ready(&service);
   spdlog::info("http: at most {} connections (then 503), keep-alive {} s, header {} s, body {} s, write {} s",
                http.max_connections(), a.timeout_keep_alive, a.header_timeout, a.body_timeout, a.write_timeout);
-  spdlog::info("moeserve {} serving {} as '{}' on http://{}:{} (max_model_len {}, {} KV blocks of {})",
-               MOESERVE_VERSION, a.model, sc.served_model_names[0], a.host, http.port(), resolved.max_model_len,
-               info.num_kv_blocks, info.block_size);
+  spdlog::info("moeserve {} serving {} as '{}' on http://{}:{}{}", MOESERVE_VERSION, model_arg, sc.served_model_names[0],
+               a.host, http.port(), a.root_path);
+  std::optional<StatsLogger> stats;
+  if (!a.disable_log_stats) stats.emplace(*engine, metrics);
 
   // READY=1 only now: weights loaded, warm-up done, /health answering 200.
   server::sd_notify(fmt::format("READY=1\nSTATUS=serving on {}:{}", a.host, http.port()));
@@ -298,76 +440,20 @@ int run_serve(const ServeArgs& a) {
   while (http.busy_sessions() > 0 && std::chrono::steady_clock::now() < flush_deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   service.stop_preparation();
+  stats.reset();
   http.stop();
+  gate.set_ready(nullptr);
   spdlog::info("shut down");
   return 0;
 }
 
 moeserve::cli::RegisterSubcommand reg("serve", "Serve a model over the OpenAI-compatible HTTP API", [](CLI::App* sub) {
   auto a = std::make_shared<ServeArgs>();
-  sub->add_option("model", a->model, "model directory (config.json, tokenizer.json, weights)");
-  sub->add_option("--model", a->model, "model directory (same as the positional argument)");
-  sub->add_option("--host", a->host, "address to bind")->capture_default_str();
-  sub->add_option("--port", a->port, "port to bind (0: any free port)")->capture_default_str();
-  sub->add_option("--served-model-name", a->served_model_names, "names accepted in `model`; the first is reported");
-  sub->add_option("--max-model-len", a->max_model_len, "context length (4096, 32k = 32000, 32K = 32768)");
-  sub->add_option("--max-num-seqs", a->max_num_seqs, "sequences per engine step")->capture_default_str();
-  sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "tokens per engine step")->capture_default_str();
-  sub->add_option("--block-size", a->block_size, "KV cache block size (tokens)")->capture_default_str();
-  sub->add_option("--num-kv-blocks", a->num_kv_blocks, "KV cache blocks (0: the executor's default)");
-  sub->add_option("--api-key", a->api_key, "require `Authorization: Bearer KEY` on /v1 (env VLLM_API_KEY)");
-  sub->add_option("--chat-template", a->chat_template, "chat template file or template text");
-  sub->add_option("--generation-config", a->generation_config,
-                  "auto: sampling defaults from generation_config.json; vllm: none; or a directory")
-      ->capture_default_str();
-  sub->add_flag("--enable-auto-tool-choice", a->enable_auto_tool_choice, "allow tool_choice \"auto\"");
-  sub->add_flag("--enable-request-id-headers", a->enable_request_id_headers,
-                "X-Request-Id on every response (the client's, else a new one)");
-  sub->add_option("--tool-call-parser", a->tool_call_parser, "tool-call parser (minimax_m2)");
-  sub->add_option("--reasoning-parser", a->reasoning_parser, "reasoning parser (minimax_m2, minimax_m2_append_think)");
-  sub->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
-  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
-                "reuse KV blocks of shared prompt prefixes (default on)");
-  sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization, "fraction of GPU memory (ignored on cpu)")
-      ->capture_default_str();
-  sub->add_flag("--enforce-eager", a->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
-  sub->add_flag("--capture-graphs-at-startup", a->capture_graphs_at_startup,
-                "capture every decode graph bucket before serving (default: on first use)");
-  sub->add_option("--max-logprobs", a->max_logprobs, "largest top_logprobs / logprobs accepted")->capture_default_str();
-  sub->add_option("--io-threads", a->io_threads, "HTTP io threads")->capture_default_str();
-  sub->add_option("--prep-threads", a->prep_threads,
-                  "threads that parse, template and tokenise POST bodies (off the io threads)")
-      ->capture_default_str();
-  sub->add_option("--timeout-keep-alive", a->timeout_keep_alive,
-                  "seconds an idle keep-alive connection stays open (uvicorn's; 0: forever)")
-      ->capture_default_str();
-  sub->add_option("--header-timeout", a->header_timeout,
-                  "seconds a request's header may take to arrive, else 408 and close (0: no limit)")
-      ->capture_default_str();
-  sub->add_option("--body-timeout", a->body_timeout,
-                  "seconds a request's body may take after its header, else 408 and close (0: no limit)")
-      ->capture_default_str();
-  sub->add_option("--write-timeout", a->write_timeout,
-                  "seconds a client may leave its response unread before the connection is closed and "
-                  "its request aborted (0: no limit)")
-      ->capture_default_str();
-  sub->add_option("--max-connections", a->max_connections,
-                  "connections served at once; more get 503 except /health and /ping (0: from the open-file limit)")
-      ->capture_default_str();
-  sub->add_option("--max-waiting-requests", a->max_waiting_requests,
-                  "queued requests before answering 429")->capture_default_str();
-  sub->add_option("--max-request-body-bytes", a->max_request_body_bytes, "larger bodies get 413")->capture_default_str();
-  sub->add_option("--shutdown-grace-seconds", a->shutdown_grace_seconds,
-                  "on SIGTERM, how long running requests may finish")->capture_default_str();
-  sub->add_option("--seed", a->seed, "seed for requests without one")->capture_default_str();
-  sub->add_flag("--host-sampling", a->host_sampling,
-                "moeserve: sample every row on the host from downloaded logits (default: on the GPU when "
-                "the request needs no penalties, min_p, min_tokens or logprobs)");
-  cli::add_parallel_flags(sub, a->par);
-#ifdef MOESERVE_HAS_TEST_BACKENDS
-  sub->add_option("--test-replay-backend", a->replay_script, "TEST ONLY: scripted replay executor (JSON)");
-#endif
-  return [a] { return run_serve(*a); };
+  cli::add_serve_options(sub, *a);
+  return [a, sub] {
+    const std::string noop_warning = cli::check_serve_args(sub, *a);
+    return run_serve(*a, noop_warning);
+  };
 });
 
 }  // namespace

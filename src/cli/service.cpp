@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cli/registry.h"
+#include "cli/serve_args.h"
 #include "core/error.h"
 #include "tools/service_unit.h"
 
@@ -49,6 +50,9 @@ moeserve::cli::RegisterSubcommand reg(
           o.serve_args.push_back(rel_path ? fs::absolute(s).lexically_normal().string() : s);
         }
         MS_CHECK(!o.serve_args.empty(), "service: give the serve flags, e.g. `moeserve service MODEL_DIR --port 8000`");
+        // The same table and checks as `serve`: a unit that serve would refuse is not written.
+        const std::string warning = moeserve::cli::validate_serve_command_line(o.serve_args);
+        if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
         std::fputs(moeserve::service::make_service_unit(o).c_str(), stdout);
         return 0;
       };

@@ -236,7 +236,7 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   return c;
 }
 
-MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path) {
+MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path, const std::string& overrides_json) {
   std::ifstream in(path);
   MS_CHECK(in.good(), "cannot open model config {}", path);
   json j;
@@ -244,6 +244,24 @@ MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path) {
     j = parse_json_bounded<json>(std::string(std::istreambuf_iterator<char>(in), {}), path);
   } catch (const json::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
+  }
+  if (!overrides_json.empty()) {
+    json patch;
+    try {
+      patch = json::parse(overrides_json);
+    } catch (const json::exception& e) {
+      fail("--hf-overrides: invalid JSON: {}", e.what());
+    }
+    MS_CHECK(patch.is_object(), "--hf-overrides: expected a JSON object");
+    j.merge_patch(patch);
+    // Fewer layers (the usual benchmarking override): per-layer lists the override does not
+    // replace keep their first num_hidden_layers entries, as the model reads only those.
+    if (patch.contains("num_hidden_layers") && patch["num_hidden_layers"].is_number_integer())
+      for (const char* key : {"attn_type_list", "layer_types", "mlp_layer_types"})
+        if (!patch.contains(key) && j.contains(key) && j[key].is_array() &&
+            int64_t(j[key].size()) > patch["num_hidden_layers"].get<int64_t>() &&
+            patch["num_hidden_layers"].get<int64_t>() > 0)
+          j[key].erase(j[key].begin() + patch["num_hidden_layers"].get<int64_t>(), j[key].end());
   }
   try {
     MiniMaxM2Config c = from_json(j);

@@ -52,7 +52,9 @@ struct MiniMaxM2Config {
   nlohmann::json raw;
 
   static MiniMaxM2Config from_json(const nlohmann::json& j);  // throws naming the field
-  static MiniMaxM2Config from_file(const std::string& config_json_path);
+  // overrides_json (--hf-overrides): a JSON object merged into config.json (RFC 7386 merge
+  // patch, as vLLM updates the HF config) before the fields are read.
+  static MiniMaxM2Config from_file(const std::string& config_json_path, const std::string& overrides_json = "");
   nlohmann::json to_json() const;  // hub-style config.json
 };
 

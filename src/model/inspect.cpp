@@ -34,7 +34,12 @@ ParamCounts count_params(const MiniMaxM2Config& c) {
 
 nlohmann::json inspect_checkpoint(const std::string& dir) {
   const MiniMaxM2Config cfg = MiniMaxM2Config::from_file((std::filesystem::path(dir) / "config.json").string());
-  const Checkpoint ckpt = Checkpoint::open(dir);
+  // A folder with config.json alone (as `plan` takes it): the config's summary, no tensors.
+  bool has_weights = std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors.index.json");
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    has_weights = has_weights || e.path().extension() == ".safetensors";
+  const Checkpoint ckpt = has_weights ? Checkpoint::open(dir) : Checkpoint{};
   const ParamCounts pc = count_params(cfg);
   nlohmann::json r;
   r["path"] = dir;
@@ -97,6 +102,7 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
   }
   nlohmann::json missing = nlohmann::json::array();
   for (const auto& [n, d] : decls) {
+    if (!has_weights) break;
     if (!ckpt.contains(n)) {
       missing.push_back(n);
     } else if (ckpt.info(n).dtype == DType::F8_E4M3) {
@@ -130,7 +136,8 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
   r["missing_tensors"] = missing;
   r["mismatched_tensors"] = mismatched;
   r["unexpected_tensors"] = unexpected;
-  r["complete"] = missing.empty() && mismatched.empty();
+  r["weights_present"] = has_weights;
+  r["complete"] = has_weights && missing.empty() && mismatched.empty();
   return r;
 }
 
@@ -171,6 +178,10 @@ std::string format_inspect(const nlohmann::json& r) {
     s += fmt::format("  quantization     {} {} blocks [{}, {}], {} FP8 tensors\n", q["method"].get<std::string>(),
                      q["fmt"].get<std::string>(), q["weight_block_size"][0].get<int>(),
                      q["weight_block_size"][1].get<int>(), r["fp8_tensors"].get<int64_t>());
+  }
+  if (!r.value("weights_present", true)) {
+    s += "  weights          none (config.json only: shapes and counts from the config)\n";
+    return s;
   }
   s += fmt::format("  tensors          {} ({})\n", r["tensors"].get<int64_t>(), human_bytes(r["bytes_total"].get<int64_t>()));
   for (const auto& [dt, b] : r["bytes_by_dtype"].items())

@@ -16,7 +16,7 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
     : backend_(std::move(backend)), logits_(opts.logits) {
   MS_CHECK(backend_, "MiniMaxM2Executor needs a backend");
   const std::string cfg_path = (std::filesystem::path(opts.model_dir) / "config.json").string();
-  MiniMaxM2Config cfg = MiniMaxM2Config::from_file(cfg_path);
+  MiniMaxM2Config cfg = MiniMaxM2Config::from_file(cfg_path, opts.hf_overrides);
   ParallelConfig par;
   AllReduceFn all_reduce;
   if (opts.comm) {
@@ -25,7 +25,8 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
     all_reduce = [comm](Tensor& t) { comm->all_reduce_sum(t); };
   }
   model_ = std::make_unique<MiniMaxM2Model>(cfg, *backend_, par, std::move(all_reduce));
-  model_->load(Checkpoint::open(opts.model_dir));
+  if (opts.make_weights) opts.make_weights(*backend_, *model_, opts.logits);
+  else model_->load(Checkpoint::open(opts.model_dir));
   MS_CHECK(opts.block_size > 0, "block_size must be positive");
   info_.vocab_size = cfg.vocab_size;
   info_.max_model_len = opts.max_model_len > 0 ? opts.max_model_len : cfg.max_position_embeddings;

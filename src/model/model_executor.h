@@ -19,6 +19,11 @@ namespace moeserve {
 
 struct ExecutorOptions {
   std::string model_dir;
+  std::string hf_overrides;  // JSON object merged into config.json (--hf-overrides)
+  // When set, replaces reading the checkpoint (--load-format dummy): fills the model built
+  // from config.json with generated weights on its backend (lm_head: whether this rank needs
+  // the output projection, i.e. `logits` below).
+  std::function<void(Backend&, MiniMaxM2Model&, bool lm_head)> make_weights;
   int block_size = 16;
   int num_kv_blocks = 0;   // 0: enough for one sequence of max_model_len
   int max_model_len = 0;   // 0: config max_position_embeddings

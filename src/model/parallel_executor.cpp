@@ -50,7 +50,8 @@ ParallelExecutor::ParallelExecutor(ParallelExecutorOptions opts) : opts_(std::mo
   world_ = l.tensor_parallel;
   MS_CHECK(opts_.make_backend && (world_ == 1 || opts_.make_comm), "ParallelExecutor needs backend and comm factories");
   const auto cfg =
-      MiniMaxM2Config::from_file((std::filesystem::path(opts_.exec.model_dir) / "config.json").string());
+      MiniMaxM2Config::from_file((std::filesystem::path(opts_.exec.model_dir) / "config.json").string(),
+                                 opts_.exec.hf_overrides);
   check_parallel_layout(cfg, l);
   kv_local_.assign(size_t(world_), 0);
   for (int r = 0; r < world_; ++r) {

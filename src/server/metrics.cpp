@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "server/json_text.h"
@@ -83,11 +85,13 @@ Metrics::Metrics(MetricsConfig cfg)
 void Metrics::observe_ttft(double s) {
   std::lock_guard lk(mu_);
   ttft_.observe(s);
+  ++tokens_produced_;
 }
 
 void Metrics::observe_itl(double s, int count) {
   std::lock_guard lk(mu_);
   for (int i = 0; i < count; ++i) itl_.observe(s / count);
+  tokens_produced_ += uint64_t(std::max(count, 0));
 }
 
 void Metrics::observe_finished(const FinishedRequestStats& s) {
@@ -174,6 +178,11 @@ std::string Metrics::render(const EngineStats& es) const {
                            std::vector<uint64_t>(es.iteration_tokens.begin(), es.iteration_tokens.end()),
                            static_cast<double>(es.iteration_tokens_sum));
   return out;
+}
+
+uint64_t Metrics::tokens_produced() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return tokens_produced_;
 }
 
 }  // namespace moeserve::server

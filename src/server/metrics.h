@@ -69,12 +69,15 @@ class Metrics {
   // One per API request: n and max_tokens histograms.
   void observe_request_params(int n, int max_tokens, int max_generation_tokens);
   std::string render(const EngineStats& engine) const;
+  // Tokens delivered to clients so far, counted as they are produced (observe_ttft and
+  // observe_itl); the periodic stats line turns it into the generation throughput.
+  uint64_t tokens_produced() const;
 
  private:
   MetricsConfig cfg_;
   std::string labels_;  // model_name="...",engine="0"
   mutable std::mutex mu_;
-  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0;
+  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, tokens_produced_ = 0;
   std::map<std::string, uint64_t> success_;
   Histogram ttft_, itl_, tpot_, e2e_, prompt_len_, gen_len_, max_gen_len_, params_n_, params_max_tokens_;
   Histogram queue_, prefill_, decode_, inference_;

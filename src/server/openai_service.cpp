@@ -432,6 +432,8 @@ void OpenAIService::generate(const HttpRequest& http, std::shared_ptr<ResponseSi
   if (draining_) throw ApiError(503, "ServiceUnavailableError", "The server is shutting down.");
   ojson body = parse_json_body(http.body);
   GenRequest r = chat ? parse_chat_request(body, limits_) : parse_completion_request(body, limits_);
+  // --enable-force-include-usage: every stream ends with a usage chunk, as if asked for.
+  if (cfg_.force_include_usage && r.stream) r.include_usage = true;
   auto fmt = std::make_unique<OpenAIFormatter>(r);
   run_generation(http, std::move(sink), body, std::move(r), std::move(fmt), arrival);
 }

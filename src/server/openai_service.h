@@ -42,6 +42,7 @@ struct ServiceConfig {
   int prep_threads = 2;
   size_t max_body_bytes = 32u << 20;
   int prep_queue_bodies = 4;
+  bool force_include_usage = false;  // --enable-force-include-usage: every stream ends with usage
 };
 
 class OpenAIService : public Handler {

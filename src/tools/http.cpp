@@ -114,6 +114,7 @@ HttpResponse http_perform(const HttpRequest& req) {
   curl_slist_free_all(hdrs);
   if (rc != CURLE_OK && !resp.stopped_by_sink) {
     resp.transport_error = true;
+    resp.dns_failure = rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY;
     resp.error = curl_easy_strerror(rc);
   }
   return resp;

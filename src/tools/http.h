@@ -16,6 +16,7 @@ struct HttpResponse {
   long status = 0;                            // 0 when the transfer failed before a status line
   std::map<std::string, std::string> headers;  // lower-case names; the last response of the exchange
   std::string body;                           // collected when there is no sink, or for status >= 300
+  bool dns_failure = false;  // the host name did not resolve (offline): retrying does not help
   bool transport_error = false;               // connection refused/reset, timeout, short body, ...
   std::string error;                          // curl's message for a transport error
   bool stopped_by_sink = false;               // the sink returned false (not an error by itself)

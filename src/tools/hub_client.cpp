@@ -153,6 +153,10 @@ std::vector<std::string> HubClient::headers_for(const std::string& url) const {
 }
 
 void HubClient::throw_for_status(const HttpResponse& r, const std::string& url, const std::string& what) const {
+  // An unresolvable host name is not transient (offline machine, typo in HF_ENDPOINT): fail
+  // at once instead of retrying.
+  if (r.dns_failure)
+    throw HubError(fmt::format("{}: {} (offline? HF_HUB_OFFLINE=1 uses the local cache only)", url, r.error), 0);
   if (r.transport_error) throw TransientError(fmt::format("{}: {}", url, r.error));
   const long s = r.status;
   if (s >= 500 || s == 408 || s == 429) {

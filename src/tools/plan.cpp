@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tools/serve_flags.h"
 
 namespace moeserve::plan {
 namespace {
@@ -495,9 +496,10 @@ json make_plan(const json& config, const json* index, const PlanOptions& o) {
                                 human(usable)));
     else if (kv_tokens < L)
       why.push_back(fmt::format("the KV cache holds {} tokens per replica, less than max_model_len {}", kv_tokens, L));
-    std::string flags = fmt::format("--tensor-parallel-size {}", l.tp);
-    if (l.dp > 1) flags = fmt::format("--data-parallel-size {} ", l.dp) + flags;
-    if (l.ep > 1) flags += " --enable-expert-parallel";
+    // Spelled through serve's flag table (tools/serve_flags.h): only flags serve implements.
+    std::string flags = fmt::format("{} {}", serve_flags::spelling("tensor-parallel-size"), l.tp);
+    if (l.dp > 1) flags = fmt::format("{} {} ", serve_flags::spelling("data-parallel-size"), l.dp) + flags;
+    if (l.ep > 1) flags += " " + serve_flags::spelling("enable-expert-parallel");
     json j{{"name", l.name}, {"tp", l.tp}, {"dp", l.dp}, {"ep", l.ep}, {"expert_parallel", l.ep > 1},
            {"valid", why.empty()}, {"reasons", why}, {"notes", notes}, {"flags", flags},
            {"weights_bytes_per_gpu", weights}, {"weights_bytes_by_category", wcat},
@@ -572,8 +574,23 @@ std::string format_plan(const json& r) {
       if (l["name"] == r["recommended"]) flags = l["flags"].get<std::string>();
     s += fmt::format("\nrecommended: {} ({})\n  flags (vllm serve spelling): {}\n", r["recommended"].get<std::string>(),
                      r["recommendation_reason"].get<std::string>(), flags);
+    if (r.contains("recommended_command")) s += "  command: " + r["recommended_command"].get<std::string>() + "\n";
   }
   return s;
+}
+
+std::string recommended_command(const nlohmann::json& r, const std::string& model) {
+  if (r["recommended"].is_null()) return "";
+  std::string flags;
+  for (const auto& l : r["layouts"])
+    if (l["name"] == r["recommended"]) flags = l["flags"].get<std::string>();
+  const auto& o = r["options"];
+  std::string cmd = fmt::format("moeserve serve {} {} {} {} {} {}", model, flags, serve_flags::spelling("max-model-len"),
+                                o["max_model_len"].get<int64_t>(), serve_flags::spelling("gpu-memory-utilization"),
+                                o["gpu_memory_utilization"].get<double>());
+  const std::string kv = o["kv_cache_dtype"].get<std::string>();
+  if (kv != "auto") cmd += fmt::format(" {} {}", serve_flags::spelling("kv-cache-dtype"), kv);
+  return cmd;
 }
 
 int64_t parse_size(const std::string& s) {

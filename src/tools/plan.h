@@ -92,6 +92,10 @@ std::vector<Layout> candidate_layouts(int gpus);
 // The whole report (schema in docs/architecture.md "plan"). `index` may be null.
 nlohmann::json make_plan(const nlohmann::json& config, const nlohmann::json* index, const PlanOptions& opt);
 std::string format_plan(const nlohmann::json& plan);
+// The recommended `moeserve serve MODEL ...` command line for a plan (empty when none is
+// recommended): the layout's flags plus --max-model-len, --gpu-memory-utilization and a
+// non-default --kv-cache-dtype, every flag spelled through serve's flag table.
+std::string recommended_command(const nlohmann::json& plan, const std::string& model);
 
 // "96GB" = 96e9, "80GiB" = 80 * 2^30, "1.5TB", "512MiB", plain numbers = bytes.
 int64_t parse_size(const std::string& s);

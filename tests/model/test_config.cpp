@@ -83,6 +83,22 @@ TEST(Config, RealMiniMaxM25) {
   EXPECT_EQ(c2.to_json(), c.to_json());
 }
 
+// --hf-overrides (serve): merged before the fields are read; fewer layers trim the per-layer
+// lists the override leaves alone (the full-size M2.5 config with 30 layers, issue 17).
+TEST(Config, HfOverrides) {
+  const std::string path = real_config_path();
+  auto c = MiniMaxM2Config::from_file(path, R"({"num_hidden_layers": 30})");
+  EXPECT_EQ(c.num_hidden_layers, 30);
+  EXPECT_EQ(c.hidden_size, 3072);
+  EXPECT_TRUE(c.quantization.enabled());
+  c = MiniMaxM2Config::from_file(path, R"({"max_position_embeddings": 8192, "quantization_config": null})");
+  EXPECT_EQ(c.max_position_embeddings, 8192);
+  EXPECT_FALSE(c.quantization.enabled());
+  EXPECT_THROW(MiniMaxM2Config::from_file(path, "[1]"), Error);
+  EXPECT_THROW(MiniMaxM2Config::from_file(path, "{not json"), Error);
+  EXPECT_THROW(MiniMaxM2Config::from_file(path, R"({"num_hidden_layers": 30, "attn_type_list": [1]})"), Error);
+}
+
 TEST(Config, RotaryWidthSpellings) {
   json j = base();
   EXPECT_EQ(MiniMaxM2Config::from_json(j).rotary_dim, 64);  // full RoPE when unspecified

@@ -91,6 +91,18 @@ int cuda_device_count() {
   return n;
 }
 
+CudaDeviceInfo cuda_device_info(int index) {
+  cudaDeviceProp p{};
+  CudaDeviceInfo info;
+  if (cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+    cudaGetLastError();
+    return info;
+  }
+  info.name = p.name;
+  info.total_bytes = p.totalGlobalMem;
+  return info;
+}
+
 std::unique_ptr<CudaBackend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
 
 CudaBackend::CudaBackend(int device) : device_(device) {

@@ -424,5 +424,11 @@ inline bool aligned16(std::initializer_list<const void*> ps) {
 }
 // Number of CUDA devices (0 when the driver or a device is missing; never throws).
 int cuda_device_count();
+// Name and total memory of device `index` (cudaGetDeviceProperties; no context is created).
+struct CudaDeviceInfo {
+  std::string name;
+  size_t total_bytes = 0;
+};
+CudaDeviceInfo cuda_device_info(int index);
 
 }  // namespace moeserve

@@ -161,8 +161,9 @@ int run_bench(const BenchOptions& o) {
   plan.api_key = api_key;
   plan.max_concurrency = o.max_concurrency;
 
-  // Ready check: the first request alone; connection errors are retried until the timeout,
-  // an HTTP error fails at once.
+  // Ready check: the first request alone; connection errors and 503 (a server that binds
+  // first answers 503 while its model loads) are retried until the timeout, any other HTTP
+  // error fails at once.
   if (o.ready_check_timeout_sec > 0) {
     std::printf("Starting initial single prompt test run...\n");
     std::fflush(stdout);
@@ -175,7 +176,7 @@ int run_bench(const BenchOptions& o) {
       double d = 0;
       auto out = run_load(one, &d)[0];
       if (out.success) break;
-      const bool http_error = out.error.rfind("HTTP ", 0) == 0;
+      const bool http_error = out.error.rfind("HTTP ", 0) == 0 && out.error.rfind("HTTP 503", 0) != 0;
       if (http_error || std::chrono::steady_clock::now() >= deadline)
         fail("Initial test run failed - Please make sure benchmark arguments are correctly specified. Error: {} "
              "({}{})", out.error, url.str(), o.endpoint);

@@ -164,9 +164,13 @@ BenchmarkMetrics compute_metrics(const MetricsInput& in) {
     for (const auto& o : outs) {
       if (!o.success) continue;
       double t = o.start_time + o.ttft;
+      // Tokens, not SSE chunks: a chunk may carry several tokens, so each of the request's
+      // 1 + itl.size() chunks counts output_tokens / chunks (exact when chunks are alike).
+      const double chunks = 1.0 + double(o.itl.size());
+      const double per_chunk = o.output_tokens > 0 ? double(o.output_tokens) / chunks : 1.0;
       auto add = [&](double when) {
         double rel = when - min_start;
-        if (rel >= 0 && static_cast<size_t>(rel) < buckets) per_second[static_cast<size_t>(rel)] += 1;
+        if (rel >= 0 && static_cast<size_t>(rel) < buckets) per_second[static_cast<size_t>(rel)] += per_chunk;
       };
       add(t);
       for (double gap : o.itl) add(t += gap);

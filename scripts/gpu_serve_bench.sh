@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 17 item 5 on one H200: `moeserve serve --load-format dummy` with the full-size
+# MiniMax-M2.5 config cut to 30 layers (--hf-overrides), then `moeserve bench` (random
+# 1,024-token prompts, 1,024 output tokens, --ignore-eos) at max concurrency 1, 16, 64, 256,
+# and bench-model's decode step at batch 1 and 64 for the forward pass alone.
+#   scripts/gpu_serve_pack.sh here, then there:  cd .gpuserve && OUT=/dir ./gpu_serve_bench.sh
+# Writes serve.log, bench_c*.json, bench_model.json and bench.txt under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")"
+export LD_LIBRARY_PATH="$PWD/lib:${LD_LIBRARY_PATH:-}"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+[ -f moeserve ] || xz -dk moeserve.xz
+# Stand-in tokenizer (Qwen3's, from the repo's fixtures): dummy weights need no MiniMax one;
+# generated ids outside its vocabulary detokenize to "".
+FIX=${FIXTURES:-../tests/fixtures/shared-data/tokenizers/qwen3}
+cp -n "$FIX/tokenizer.json" "$FIX/tokenizer_config.json" model/
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/bench.txt"
+PORT=8011
+./moeserve serve model --load-format dummy --hf-overrides '{"num_hidden_layers": 30}' --device cuda \
+  --served-model-name m25 --port $PORT --host 127.0.0.1 --max-model-len 4096 --capture-graphs-at-startup \
+  > "$OUT/serve.log" 2>&1 &
+SERVE=$!
+for i in $(seq 1 600); do
+  curl -sf -o /dev/null http://127.0.0.1:$PORT/health && break
+  kill -0 $SERVE 2>/dev/null || break
+  [ "$i" = 5 ] && curl -s -w ' %{http_code}\n' http://127.0.0.1:$PORT/v1/models >> "$OUT/bench.txt"  # 503 while loading
+  sleep 1
+done
+curl -s http://127.0.0.1:$PORT/v1/models >> "$OUT/bench.txt"; echo >> "$OUT/bench.txt"
+B() { ./moeserve bench --port $PORT --random-input-len 1024 --random-output-len 1024 --ignore-eos --disable-tqdm "$@"; }
+for c in 1 16 64 256; do
+  n=$(( c == 1 ? 4 : c <= 64 ? 2 * c : c ))
+  echo "=== concurrency $c, $n prompts" >> "$OUT/bench.txt"
+  timeout 200 bash -c "$(declare -f B); PORT=$PORT; B --max-concurrency $c --num-prompts $n --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --result-json $OUT/bench_c$c.json" >> "$OUT/bench.txt" 2>&1
+done
+kill -TERM $SERVE; wait $SERVE
+echo "=== bench-model" >> "$OUT/bench.txt"
+timeout 120 ./moeserve bench-model --synthetic minimax-m2.5 --layers 30 --batch-sizes 1 64 --contexts 1024 2048 \
+  --prefill-tokens 1024 --iters 20 --json "$OUT/bench_model.json" >> "$OUT/bench.txt" 2>&1
+tail -5 "$OUT/serve.log" >> "$OUT/bench.txt"
