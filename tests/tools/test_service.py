@@ -12,8 +12,10 @@ import pytest
 REPO = Path(os.environ.get("MOESERVE_SOURCE_DIR", Path(__file__).resolve().parents[2]))
 BIN = os.environ.get("MOESERVE_BIN", str(REPO / "build/moeserve"))
 
-TRICKY = ["--served-model-name", "minimax m2.5", "--chat-template", "{{ \"%s\" }} $HOME ${X} 100%",
-          "--api-key", "a'b\"c\\d", "--default-chat-template-kwargs", "{\"enable_thinking\": false}", ";", ""]
+# Words systemd quoting must keep verbatim. ";" and "" are extra served-model-name values:
+# `service` parses with serve's own flag table, so stray positionals would be refused there.
+TRICKY = ["--served-model-name", "minimax m2.5", ";", "", "--chat-template", "{{ \"%s\" }} $HOME ${X} 100%",
+          "--api-key", "a'b\"c\\d", "--hf-overrides", "{\"rope_theta\": 1000000}"]
 
 
 def service(*args, check=True):
