@@ -254,8 +254,13 @@ AnthropicTranslation translate_anthropic_request(const ojson& body, bool count_o
   }
   if (const ojson* oc = opt_field(body, "output_config")) {
     if (!oc->is_object()) invalid("output_config: Input should be a valid dictionary");
-    if (opt_field(*oc, "format"))
-      invalid("output_config.format: structured outputs are not supported yet by this server");
+    if (const ojson* fm = opt_field(*oc, "format")) {
+      // {"type": "json_schema", "schema": {...}}: the chat body's response_format (one engine).
+      if (!fm->is_object() || fm->value("type", std::string()) != "json_schema" || !opt_field(*fm, "schema"))
+        invalid("output_config.format: expected {\"type\": \"json_schema\", \"schema\": {...}}");
+      c["response_format"] = {{"type", "json_schema"},
+                                 {"json_schema", {{"name", "output"}, {"schema", (*fm)["schema"]}}}};
+    }
     if (const ojson* e = opt_field(*oc, "effort")) {
       if (!e->is_string()) invalid("output_config.effort: Input should be a valid string");
       kwargs["reasoning_effort"] = *e;

@@ -71,6 +71,49 @@ Clock::duration secs(double s) { return std::chrono::duration_cast<Clock::durati
 
 class Session : public std::enable_shared_from_this<Session>, public ResponseSink {
  public:
+  // The sink one request's handler holds. A connection serves its requests one after the
+  // other (pipelining in order), so a call that arrives after its request's response ended
+  // (a late error, a timer of a finished stream) must not become the next request's
+  // response: calls of a request that is no longer the current one are dropped, and it
+  // reads as disconnected so its producer stops.
+  class RequestSink final : public ResponseSink {
+   public:
+    RequestSink(std::shared_ptr<Session> s, uint64_t seq) : s_(std::move(s)), seq_(seq) {}
+    void send(int status, const std::string& content_type, std::string body) override {
+      if (live()) s_->send(status, content_type, std::move(body));
+    }
+    void start_stream(const std::string& content_type) override {
+      if (live()) s_->start_stream(content_type);
+    }
+    void stream_write(std::string data) override {
+      if (live()) s_->stream_write(std::move(data));
+    }
+    void end_stream() override {
+      if (live()) s_->end_stream();
+    }
+    void post(std::function<void()> fn) override { s_->post(std::move(fn)); }
+    void on_disconnect(std::function<void()> fn) override {
+      if (live()) s_->on_disconnect(std::move(fn));
+    }
+    bool disconnected() const override { return !live() || s_->disconnected(); }
+    void add_header(const std::string& name, const std::string& value) override {
+      if (live()) s_->add_header(name, value);
+    }
+    void post_after(std::chrono::milliseconds delay, std::function<void()> fn) override {
+      s_->post_after(delay, std::move(fn));
+    }
+    bool backlogged() const override { return live() && s_->backlogged(); }
+    void on_drained(std::function<void()> fn) override {
+      if (live()) s_->on_drained(std::move(fn));
+      else s_->post(std::move(fn));
+    }
+
+   private:
+    bool live() const { return s_->request_seq_ == seq_; }
+    std::shared_ptr<Session> s_;
+    uint64_t seq_;
+  };
+
   Session(HttpServer& server, tcp::socket&& socket, bool overflow)
       : server_(server), cfg_(server.cfg_), socket_(std::move(socket)), read_timer_(socket_.get_executor()),
         write_timer_(socket_.get_executor()), overflow_(overflow) {
@@ -318,8 +361,9 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
     in_flight_ = true;
     response_done_ = false;
     on_disconnect_ = nullptr;
+    ++request_seq_;
     try {
-      server_.handler_.handle(std::move(req), shared_from_this());
+      server_.handler_.handle(std::move(req), std::make_shared<RequestSink>(shared_from_this(), request_seq_));
     } catch (const ApiError& e) {
       send(e.status, "application/json", error_body(e));
     } catch (const std::exception& e) {
@@ -482,6 +526,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   std::atomic<bool> in_flight_{false};
   std::function<void()> on_disconnect_;
   std::function<void()> on_drained_;
+  uint64_t request_seq_ = 0;  // the request now served on this connection (RequestSink)
 };
 
 HttpServer::HttpServer(HttpServerConfig cfg, Handler& handler)

@@ -271,10 +271,21 @@ ResponsesTranslation translate_responses_request(const ojson& body, const ojson&
     if (!t->is_object()) throw bad_request("text: Input should be a valid dictionary", "text");
     if (const ojson* fm = opt_field(*t, "format")) {
       if (!fm->is_object() || !fm->contains("type")) throw bad_request("text.format: needs a `type`", "text");
-      // TODO(structured outputs): map json_schema / json_object onto the chat body's
-      // response_format once the chat pipeline enforces it.
-      if ((*fm)["type"] != "text")
-        throw bad_request("text.format: only {\"type\": \"text\"} is supported yet (structured outputs are not)", "text");
+      // Structured outputs: the Responses spelling (name / schema / strict beside `type`)
+      // becomes the chat body's response_format, enforced by the same grammar engine.
+      const ojson& type = (*fm)["type"];
+      if (type == "json_schema") {
+        const ojson* schema = opt_field(*fm, "schema");
+        if (!schema) throw bad_request("text.format: json_schema needs a `schema`", "text");
+        ojson js = {{"name", fm->value("name", std::string("output"))}, {"schema", *schema}};
+        if (const ojson* st = opt_field(*fm, "strict")) js["strict"] = *st;
+        c["response_format"] = {{"type", "json_schema"}, {"json_schema", js}};
+      } else if (type == "json_object") {
+        c["response_format"] = {{"type", "json_object"}};
+      } else if (type != "text") {
+        throw bad_request("text.format.type: expected 'text', 'json_schema' or 'json_object'", "text");
+      }
+      f["text"]["format"] = *fm;
     }
     if (const ojson* v = opt_field(*t, "verbosity"); v && *v != "medium")
       throw bad_request("text.verbosity: only 'medium' is supported", "text");

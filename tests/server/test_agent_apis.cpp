@@ -187,8 +187,12 @@ TEST(AnthropicTranslate, Errors) {
   b["temperature"] = 1.5;
   EXPECT_NE(anthropic_error(b).find("between 0 and 1"), std::string::npos);
   b = ok;
-  b["output_config"] = {{"format", {{"type", "json_schema"}}}};
-  EXPECT_NE(anthropic_error(b).find("not supported yet"), std::string::npos);
+  b["output_config"] = {{"format", {{"type", "json_schema"}}}};  // no schema
+  EXPECT_NE(anthropic_error(b).find("output_config.format: expected"), std::string::npos);
+  b = ok;
+  b["output_config"] = {{"format", {{"type", "json_schema"}, {"schema", {{"type", "object"}}}}}};
+  EXPECT_EQ(translate_anthropic_request(b, false).chat_body["response_format"]["json_schema"]["schema"]["type"],
+            "object");
 }
 
 TEST(AnthropicTranslate, ErrorBodyShape) {
@@ -215,8 +219,11 @@ TEST(ResponsesTranslate, Refusals) {
   b["tools"] = {{{"type", "web_search"}}};
   EXPECT_NE(err(b).find("only function tools"), std::string::npos);
   b = ok;
-  b["text"] = {{"format", {{"type", "json_schema"}, {"name", "x"}, {"schema", ojson::object()}}}};
-  EXPECT_NE(err(b).find("structured outputs are not"), std::string::npos);
+  b["text"] = {{"format", {{"type", "json_schema"}, {"name", "x"}}}};  // no schema
+  EXPECT_NE(err(b).find("json_schema needs a `schema`"), std::string::npos);
+  b = ok;
+  b["text"] = {{"format", {{"type", "xml"}}}};
+  EXPECT_NE(err(b).find("expected 'text', 'json_schema' or 'json_object'"), std::string::npos);
   b = ok;
   b["background"] = true;
   EXPECT_NE(err(b).find("background mode is not supported"), std::string::npos);

@@ -351,8 +351,7 @@ def test_responses_store_get_delete_and_limits(srv):
 
 @pytest.mark.parametrize("body,fragment", [
     ({"input": "x", "tools": [{"type": "web_search"}]}, "only function tools are"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {}}}},
-     "structured outputs are not"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "json_schema needs a `schema`"),
     ({"input": "x", "background": True}, "background mode is not supported"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}, "text only"),
     ({"input": "x", "tools": R_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "'nope' is not in"),

@@ -307,3 +307,34 @@ def test_forced_tool_call_errors(base):
     r = post(base, "/v1/chat/completions", {"model": NAME, "messages": MSG, "max_tokens": 5, "tools": bad_tools,
                                             "tool_choice": "required"})
     assert r.status_code == 400 and "multipleOf" in r.text
+
+
+def test_agent_apis_structured_formats(base):
+    """The Responses API's text.format and the Messages API's output_config.format go through
+    the same grammar engine as response_format: the output validates against the schema."""
+    for _ in range(2):
+        r = post(base, "/v1/responses", {"model": NAME, "input": "Give a record.", "max_output_tokens": 200,
+                                         "temperature": 1.0,
+                                         "text": {"format": {"type": "json_schema", "name": "rec",
+                                                             "schema": SCHEMA, "strict": True}}})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["text"]["format"]["type"] == "json_schema"
+        text = "".join(p["text"] for o in body["output"] if o["type"] == "message"
+                       for p in o["content"] if p["type"] == "output_text")
+        if body["status"] == "completed":
+            jsonschema.validate(json.loads(text), SCHEMA)
+        else:
+            assert valid_prefix(text, {"kind": "json_schema", "text": json.dumps(SCHEMA), "any_whitespace": False}), text
+        m = post(base, "/v1/messages", {"model": NAME, "max_tokens": 200, "temperature": 1.0,
+                                        "messages": [{"role": "user", "content": "Give a record."}],
+                                        "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}})
+        assert m.status_code == 200, m.text
+        mb = m.json()
+        mtext = "".join(b["text"] for b in mb["content"] if b["type"] == "text")
+        if mb["stop_reason"] == "end_turn":
+            jsonschema.validate(json.loads(mtext), SCHEMA)
+    bad = post(base, "/v1/responses", {"model": NAME, "input": "x",
+                                       "text": {"format": {"type": "json_schema", "name": "x",
+                                                           "schema": {"not": {}}}}})
+    assert bad.status_code == 400 and "not" in bad.text, bad.text
