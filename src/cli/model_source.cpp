@@ -21,13 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool hub_offline() {
-  const char* v = std::getenv("HF_HUB_OFFLINE");
-  if (!v) return false;
-  const std::string s(v);
-  return s == "1" || s == "true" || s == "TRUE" || s == "True" || s == "yes" || s == "on";
-}
-
 std::string pull_command(const std::string& repo, const ModelSource& src, const std::string& cache) {
   std::string cmd = "moeserve pull " + repo;
   if (src.revision != "main") cmd += " --revision " + src.revision;
@@ -134,6 +127,13 @@ std::string resolve_model_path(const std::string& spec, const ModelSource& src) 
   missing = missing_model_files(s.path, src);
   MS_CHECK(missing.empty(), "{} at {}: the repository has no {}", spec, src.revision, fmt::join(missing, ", "));
   return s.path;
+}
+
+bool hub_offline() {
+  const char* v = std::getenv("HF_HUB_OFFLINE");
+  if (!v) return false;
+  const std::string s(v);
+  return s == "1" || s == "true" || s == "TRUE" || s == "True" || s == "yes" || s == "on";
 }
 
 }  // namespace moeserve::cli

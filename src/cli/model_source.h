@@ -18,6 +18,8 @@ struct ModelSource {
 
 // "org/name": one '/', neither part empty, no "..", no "--", no leading '.'.
 bool looks_like_repo_id(const std::string& s);
+// HF_HUB_OFFLINE set to a true value (1, true, yes, on): use the hub cache only.
+bool hub_offline();
 // Files a snapshot folder lacks for `src` (config.json, tokenizer.json, every shard named by
 // model.safetensors.index.json, or a *.safetensors file); empty when complete.
 std::vector<std::string> missing_model_files(const std::string& dir, const ModelSource& src);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/model_source.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "tools/downloader.h"
@@ -23,13 +24,6 @@ struct Args {
   double log_interval = 5.0;
   bool no_verify_existing = false, quiet = false;
 };
-
-bool env_true(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return false;
-  std::string s(v);
-  return s == "1" || s == "true" || s == "TRUE" || s == "True" || s == "yes" || s == "on";
-}
 
 long env_seconds(const char* name, long def) {
   const char* v = std::getenv(name);
@@ -112,7 +106,7 @@ moeserve::cli::RegisterSubcommand reg(
         opt.max_workers = a->max_workers;
         opt.chunk_size = parse_size(a->chunk_size);
         opt.verify_existing = !a->no_verify_existing;
-        if (env_true("HF_HUB_OFFLINE")) {
+        if (moeserve::cli::hub_offline()) {
           std::printf("%s\n", hub::offline_snapshot(cfg, opt).c_str());
           return 0;
         }
