@@ -15,6 +15,8 @@ loader (from_pretrained on a dequantised hub-named copy), so HF's checkpoint con
 mapping (w1/w3 -> mlp.experts.gate_up_proj, w2 -> down_proj, block_sparse_moe -> mlp) is the
 one exercised. Usage: python3 scripts/make_golden.py [--out tests/fixtures/golden] [--check]
 (--check regenerates elsewhere and compares with the committed fixtures, e.g. on another machine).
+--family qwen3_moe makes the Qwen3-MoE fixtures instead (scripts/golden_qwen3_moe.py: the same
+files, from transformers' Qwen3MoeForCausalLM; --only and --check do not apply there).
 """
 import argparse
 import json
@@ -330,22 +332,32 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "golden"))
     ap.add_argument("--only", nargs="*", help="fixture names")
+    ap.add_argument("--family", default="minimax_m2", choices=["minimax_m2", "qwen3_moe"],
+                    help="which architecture's fixtures to make")
     ap.add_argument("--check", action="store_true",
                     help="regenerate into a temporary directory and compare with the committed fixtures "
                          "(checkpoints byte-identical, reference logits within 1e-5 relative, same ids)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    if args.family == "qwen3_moe":
+        if args.only or args.check:
+            ap.error("--only / --check are not implemented for --family qwen3_moe")
+        import runpy
+        sys.argv = [os.path.join(here, "golden_qwen3_moe.py"), args.out]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        return 0
     ok = True
+    fixtures, build = FIXTURES, build_fixture
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "fixtures") if args.check else args.out
         os.makedirs(out, exist_ok=True)
-        for name, f in FIXTURES.items():
+        for name, f in fixtures.items():
             if args.only and name not in args.only:
                 continue
             ref_tmp = os.path.join(tmp, "hf", name)
             os.makedirs(ref_tmp)
-            ok &= build_fixture(name, f, out, ref_tmp)
+            ok &= build(name, f, out, ref_tmp)
             if args.check:
                 ok &= compare_fixture(os.path.join(out, name), os.path.join(args.out, name))
     return 0 if ok else 1

@@ -1,4 +1,5 @@
-// The backend op interface: the seam between model code (src/model/) and kernels.
+// The backend op interface: the seam between model code (src/model/) and kernels. The
+// parameter specs of the ops (routing, QK-norm, RoPE, KV layout) are in op_specs.h.
 //
 // Model code composes these ops and never calls a kernel directly. Each op is at the
 // granularity a CUDA backend wants to fuse. The CPU backend (backend/cpu/) implements
@@ -18,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/capabilities.h"
+#include "backend/op_specs.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -48,11 +51,12 @@ struct ExpertWeights {
 // the experts each ExpertWeights holds this rank's slice of I.
 struct MoeWeights {
   Tensor gate;        // router [E, H] (f32 in real checkpoints; any float dtype accepted)
-  Tensor score_bias;  // e_score_correction_bias [E] f32; empty when use_routing_bias is false
+  Tensor score_bias;  // selection bias [E] f32 (e_score_correction_bias); empty: none
   std::vector<ExpertWeights> experts;  // local experts
   int num_experts = 0;                 // E, global
   int top_k = 0;
   int first_local_expert = 0;
+  RoutingSpec route;  // how moe_route scores, selects and weights (op_specs.h)
 };
 
 // Routing result: for each token its top_k experts (global ids) and renormalised weights.
@@ -61,13 +65,8 @@ struct MoeRouting {
   Tensor weights;     // [T, top_k] F32
 };
 
-struct RopeParams {
-  int head_dim = 0;
-  int rotary_dim = 0;  // rotate the first rotary_dim dims of each head (NeoX / rotate-half)
-  float theta = 10000.f;
-};
-
-// Paged KV cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim] for K and V.
+// Paged KV cache of one layer: K [num_blocks, block_size, num_kv_heads, k_head_dim] and
+// V [num_blocks, block_size, num_kv_heads, v_head_dim] (KvLayout in op_specs.h).
 struct KVCacheLayer {
   Tensor k;
   Tensor v;
@@ -90,14 +89,17 @@ struct AttentionMeta {
 };
 
 struct QkNormRopeArgs {
-  Tensor* q;  // [T, Hq_local * head_dim], normalised and rotated in place
-  Tensor* k;  // [T, Hkv_local * head_dim]
-  const Tensor* q_norm_weight;  // [Hq_local * head_dim]
-  const Tensor* k_norm_weight;  // [Hkv_local * head_dim]
-  const Tensor* positions;      // [T] I32
-  RopeParams rope;
+  Tensor* q = nullptr;  // [T, Hq_local * head_dim], normalised and rotated in place
+  Tensor* k = nullptr;  // [T, Hkv_local * head_dim]
+  // FullWidth: [Hq_local * head_dim] / [Hkv_local * head_dim]; PerHead: [head_dim] each
+  // (one weight shared by all heads); None: unused (may be null).
+  const Tensor* q_norm_weight = nullptr;
+  const Tensor* k_norm_weight = nullptr;
+  const Tensor* positions = nullptr;  // [T] I32
+  RopeSpec rope;
   float eps = 1e-6f;
-  // Full-width QK-norm over all heads. Under TP the mean of squares must cover every
+  QkNormMode norm = QkNormMode::FullWidth;
+  // FullWidth QK-norm over all heads. Under TP the mean of squares must cover every
   // rank's heads: the model passes all-reduced sums of squares ([T] F32) and the global
   // widths. When null, the op computes the statistic from the local q/k.
   const Tensor* q_sum_squares = nullptr;
@@ -112,38 +114,18 @@ struct AttentionArgs {
   const AttentionMeta* meta;
   int num_q_heads = 0;
   int num_kv_heads = 0;  // query head h reads kv head h / (num_q_heads / num_kv_heads)
-  int head_dim = 0;
+  int head_dim = 0;  // q and K head dim (V too unless v_head_dim is set)
   float scale = 1.f;
-  Tensor* out;  // [T, Hq * head_dim]
+  Tensor* out;  // [T, Hq * v_head_dim]
   // Optional hint: weight tensors the ops after attention read (o_proj, router gate, the next
   // layer's q/k/v). A backend may start fetching them into its cache while attention, which
   // moves little data at decode, runs. Never changes results.
   static constexpr int kMaxPrefetch = 5;
   const Tensor* prefetch[kMaxPrefetch] = {};
+  int v_head_dim = 0;  // V (and out) head dim; 0: head_dim
 };
 
-// One decoder layer of a MiniMax-M2 style model on one rank (no tensor parallelism), in the
-// order the model runs it: [residual += moe_out; x = rmsnorm(residual) * input_norm] (x as
-// given on the first layer), q/k/v = x @ W^T, QK-norm + RoPE + KV write + attention -> attn,
-// o = attn @ Wo^T, residual += o, x = rmsnorm(residual) * post_attention_norm, routing,
-// moe_out = experts(x). Afterwards residual, moe_out, routing and the KV cache hold the
-// layer's results; x, q, k, v, attn and o are workspaces whose contents are unspecified.
-struct DecodeLayerArgs {
-  bool first = false;  // first layer: *x already holds rmsnorm(residual), moe_out is not added
-  Tensor* residual = nullptr;  // [T, H]
-  Tensor* moe_out = nullptr;   // [T, H]: in, the previous layer's expert output; out, this layer's
-  Tensor *x = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *o = nullptr;
-  const Tensor* input_norm = nullptr;
-  const Tensor* post_attention_norm = nullptr;
-  float eps = 1e-6f;
-  const LinearWeight *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
-  const MoeWeights* moe = nullptr;
-  MoeRouting* routing = nullptr;
-  QkNormRopeArgs qk;      // qk.q == q, qk.k == k
-  AttentionArgs attn_args;  // attn_args.q == q, .out == attn, .kv == kv, .meta == meta
-  KVCacheLayer* kv = nullptr;
-  const AttentionMeta* meta = nullptr;
-};
+struct DecodeLayerArgs;  // backend/decode_layer_op.h
 
 // The shape checks of Backend::copy_from_host_2d, shared by the backends.
 inline void check_copy_2d(const Tensor& dst, size_t dst_pitch, size_t src_pitch, size_t row_bytes, size_t rows) {
@@ -188,15 +170,19 @@ class Backend {
   virtual void linear(const Tensor& x, const LinearWeight& w, Tensor& out) = 0;
   // out [T] F32 = sum over columns of x^2 (for the TP all-reduce of the QK-norm statistic).
   virtual void row_sum_squares(const Tensor& x, Tensor& out) = 0;
-  // Full-width RMSNorm of q and k, then partial NeoX RoPE on each head, in place.
+  // QK-norm of q and k as args.norm says (RMSNorm over the whole row or over each head, or
+  // none), then RoPE (args.rope: NeoX or GPT-J pairs, partial rotary, linear/YaRN scaling) on
+  // each head, in place.
   virtual void qk_norm_rope(const QkNormRopeArgs& args) = 0;
   // Writes this step's k/v [T, Hkv * head_dim] into the paged cache at meta.slot_mapping.
   virtual void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) = 0;
   // Causal GQA attention of each sequence's query tokens over its cached context
   // (prefill, chunked prefill and decode alike).
   virtual void attention(const AttentionArgs& args) = 0;
-  // Router: logits = x @ gate^T in f32, s = sigmoid(logits), choose top_k of s + bias
-  // (ties: lower expert id), weights = s[chosen] / sum(s[chosen]).
+  // Router as moe.route says (RoutingSpec, op_specs.h): logits = x @ gate^T in f32,
+  // s = sigmoid(logits) or softmax(logits); choose top_k of s + bias (bias optional; grouped:
+  // only experts of the topk_group best of n_group groups; ties: lower expert id);
+  // weights = s[chosen], divided by their sum when renormalize, times routed_scaling_factor.
   virtual void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) = 0;
   // out [T, H] = sum_k weight[t,k] * expert_{id[t,k]}(x[t]) over the experts this rank
   // owns (others contribute 0; an all-reduce across EP ranks completes the sum).
@@ -204,6 +190,8 @@ class Backend {
                            Tensor& out) = 0;
   // out = a + b (elementwise, same shape).
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // out = silu(gate) * up (elementwise, same shape; out may alias gate).
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
 
   // ---- Fused ops. The default bodies compose the ops above and are the reference (the CPU
   // backend uses them); the CUDA backend runs each as fewer kernels at decode. ----
@@ -236,25 +224,35 @@ class Backend {
     qk_norm_rope_write_kv(qk, v, kv, meta);
     attention(attn);
   }
-  // One decoder layer (DecodeLayerArgs); this body is the reference. CUDA runs a batch-1
-  // decode step's layer as one persistent kernel.
-  virtual void decode_layer(const DecodeLayerArgs& a) {
-    const LinearWeight* w[3] = {a.wq, a.wk, a.wv};
-    Tensor* outs[3] = {a.q, a.k, a.v};
-    if (a.first)
-      linear_multi(*a.x, w, outs, 3);
-    else
-      add_rms_norm_linear_multi(*a.residual, *a.moe_out, *a.input_norm, a.eps, *a.x, w, outs, 3);
-    qk_norm_rope_attention(a.qk, *a.v, *a.kv, *a.meta, a.attn_args);
-    linear(*a.attn, *a.wo, *a.o);
-    add_rms_norm_route(*a.residual, *a.o, *a.post_attention_norm, a.eps, *a.x, *a.moe, *a.routing);
-    moe_experts(*a.x, *a.moe, *a.routing, *a.moe_out);
+  // Dense SwiGLU MLP (dense layers, shared experts): out [T, H] = w2 (silu(x w1^T) * (x w3^T)).
+  // gate and up are [T, I] scratch buffers (contents afterwards unspecified).
+  virtual void dense_mlp(const Tensor& x, const ExpertWeights& w, Tensor& gate, Tensor& up, Tensor& out) {
+    linear(x, w.w1, gate);
+    linear(x, w.w3, up);
+    silu_mul(gate, up, gate);
+    linear(gate, w.w2, out);
   }
+  // One pre-norm attention + MoE decoder layer (DecodeLayerArgs, backend/decode_layer_op.h);
+  // the default body (decode_layer_op.cpp) composes the ops above and is the reference. CUDA
+  // runs a batch-1 decode step's layer as one persistent kernel where the specs allow.
+  virtual void decode_layer(const DecodeLayerArgs& a);
   // decode_layer(layers[i]) for i < n: consecutive layers of one step (layers[i + 1] reads
   // layers[i]'s residual and moe_out). CUDA may run them all as one kernel.
-  virtual void decode_layers(const DecodeLayerArgs* layers, int n) {
-    for (int i = 0; i < n; ++i) decode_layer(layers[i]);
+  virtual void decode_layers(const DecodeLayerArgs* layers, int n);
+
+  // ---- Optional capabilities (capabilities.h); the defaults: none. ----
+  virtual GraphCapture* graph_capture() { return nullptr; }
+  virtual DeviceSampler* device_sampler() { return nullptr; }
+  // Device memory free / total in bytes; false when the backend does not report it.
+  virtual bool memory_info(size_t* free_bytes, size_t* total_bytes) {
+    (void)free_bytes, (void)total_bytes;
+    return false;
   }
+  // Pre-sizes the backend's own step workspaces; no-op for backends without any.
+  virtual void reserve_workspaces(const BackendWorkspaceDims& dims) { (void)dims; }
+  // Which device of its kind this backend runs on (multi-GPU logs), and its name.
+  virtual int device_index() const { return 0; }
+  virtual std::string device_name() const { return name(); }
 };
 
 }  // namespace moeserve

@@ -17,12 +17,12 @@
 #include "cli/model_source.h"
 #include "cli/registry.h"
 #include "core/error.h"
-#include "model/config.h"
+#include "model/registry.h"
 #include "model/generate.h"
-#include "model/model_executor.h"
+#include "runtime/model_executor.h"
 #include "backend/cpu/cpu_backend.h"
 #ifdef MOESERVE_WITH_CUDA
-#include "backend/cuda/cuda_backend.h"
+#include "backend/factory.h"
 #endif
 
 namespace {
@@ -89,7 +89,7 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
       backend = moeserve::make_cpu_backend();
 #ifdef MOESERVE_WITH_CUDA
     } else if (a->device == "cuda") {
-      backend = moeserve::make_cuda_backend(0);
+      backend = moeserve::make_backend("cuda", 0);
 #endif
     } else {
       moeserve::fail("--device {}: not available in this build (cpu{})", a->device,
@@ -113,7 +113,7 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     MS_CHECK(a->block_size >= 1 && a->block_size <= 4096, "--block-size must be in [1, 4096], got {}", a->block_size);
     MS_CHECK(a->prefill_chunk >= 0, "--prefill-chunk must be >= 0, got {}", a->prefill_chunk);
     {
-      const auto cfg = moeserve::MiniMaxM2Config::from_file((std::filesystem::path(a->model) / "config.json").string());
+      const auto cfg = moeserve::load_model_config(a->model).config->desc();
       for (int32_t t : g.prompt_ids)
         MS_CHECK(t < cfg.vocab_size, "--prompt-ids: token id {} is out of range [0, {}) (vocab_size)", t,
                  cfg.vocab_size);
@@ -146,7 +146,7 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     if (a->par.parallel())
       exec = moeserve::cli::make_parallel_executor(a->par, eo, a->device);
     else
-      exec = std::make_unique<moeserve::MiniMaxM2Executor>(std::move(backend), eo);
+      exec = std::make_unique<moeserve::RankExecutor>(std::move(backend), eo);
     const auto res = moeserve::generate(*exec, g);
     if (!a->dump_logits.empty())
       moeserve::write_npy_f32(a->dump_logits, res.logits.data(), int64_t(res.generated_ids.size()), res.vocab_size);

@@ -5,7 +5,7 @@
 #ifdef MOESERVE_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "dist/nccl_communicator.h"
-#include "model/device_sampler.h"
+#include "runtime/device_sampler.h"
 #endif
 
 namespace moeserve::cli {
@@ -57,7 +57,7 @@ std::unique_ptr<ModelExecutor> make_parallel_executor(const ParallelFlags& f, co
   };
   o.kv_blocks_for_memory = std::move(kv_blocks);
   // Decode graphs run per rank (NCCL all-reduces captured inside); rank 0 samples on its GPU.
-  o.make_device_sampler = [](Backend& b) { return cuda_device_sampler(static_cast<CudaBackend*>(&b)); };
+  o.make_device_sampler = [](Backend& b) { return backend_device_sampler(b); };
   spdlog::info("cuda: {} tensor-parallel ranks on GPUs 0..{}{} over NCCL (NCCL_NVLS_ENABLE={})", world, world - 1,
                f.expert_parallel ? " (experts: EP)" : "",
                std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "0 (default here)");

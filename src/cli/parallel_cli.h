@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "model/parallel_executor.h"
+#include "runtime/parallel_executor.h"
 
 namespace moeserve::cli {
 

@@ -32,11 +32,11 @@
 #include "server/sd_notify.h"
 #include "server/parsers/parser.h"
 #include "server/tokenizer_frontend.h"
-#include "model/model_executor.h"
+#include "backend/factory.h"
+#include "runtime/device_sampler.h"
+#include "runtime/model_executor.h"
 #ifdef MOESERVE_WITH_CUDA
-#include "backend/cuda/cuda_backend.h"
-#include "model/device_sampler.h"
-#include "tools/bench_synth.h"
+#include "tools/synthetic_weights.h"
 #endif
 #ifdef MOESERVE_HAS_TEST_BACKENDS
 #include "engine/testing/replay_executor.h"
@@ -97,33 +97,31 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   // (already resident when this runs), less 512 MiB headroom (expert tables, decode graphs,
   // workspaces an unusually long prompt grows). Per GPU; a rank group takes the minimum.
   auto kv_blocks = [util, bs = a.block_size](Backend& be, int64_t per_block) {
-    auto* cb = static_cast<CudaBackend*>(&be);
     size_t free_b = 0, total_b = 0;
-    cb->mem_info(&free_b, &total_b);
+    MS_CHECK(be.memory_info(&free_b, &total_b), "{}: the backend reports no device memory", be.name());
     const double budget = double(total_b) * util - double(total_b - free_b) - double(512 << 20);
     const int64_t blocks = std::min<int64_t>(budget > 0 ? int64_t(budget / double(per_block)) : 0, INT32_MAX / 2);
     // Once per group (rank 0), not once per GPU: the ranks are alike.
-    spdlog::log(cb->device_index() == 0 ? spdlog::level::info : spdlog::level::debug,
-                "cuda:{} {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
+    spdlog::log(be.device_index() == 0 ? spdlog::level::info : spdlog::level::debug,
+                "{}:{} {} ({:.1f} GiB, {:.1f} GiB in use after the weights); --gpu-memory-utilization {} leaves "
                  "{} KV blocks of {} tokens = {} KV tokens ({:.1f} KiB per block)",
-                 cb->device_index(), cb->device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0,
+                 be.name(), be.device_index(), be.device_name(), total_b / 1073741824.0, (total_b - free_b) / 1073741824.0,
                  util, blocks, bs, blocks * bs, per_block / 1024.0);
     return int(blocks);
   };
   if (a.load_format == "dummy") {
     // Random weights generated on each rank's GPU in the config's shapes (FP8 128x128
     // block-scaled projections and experts): no checkpoint is read.
-    eo.make_weights = [](Backend& be, MiniMaxM2Model& m, bool lm_head) {
-      const auto& q = m.config().quantization;
+    eo.make_weights = [](Backend& be, Model& m, bool lm_head) {
+      const auto q = m.desc().quantization;
       MS_CHECK(q.enabled() && q.block_out == 128 && q.block_in == 128,
                "not supported yet: --load-format dummy for a config without FP8 128x128 block quantization "
                "(the generator makes MiniMax-M2.5's FP8 layout)");
       const auto t0 = std::chrono::steady_clock::now();
-      auto& cb = static_cast<CudaBackend&>(be);
-      const int64_t bytes = tools::make_synthetic_weights(cb, m, 1000, lm_head);
-      spdlog::log(cb.device_index() == 0 ? spdlog::level::info : spdlog::level::debug,
-                  "--load-format dummy: {:.2f} GiB of random weights generated on cuda:{} in {:.1f} s",
-                  bytes / 1073741824.0, cb.device_index(),
+      const int64_t bytes = tools::make_synthetic_weights(be, m, 1000, lm_head);
+      spdlog::log(be.device_index() == 0 ? spdlog::level::info : spdlog::level::debug,
+                  "--load-format dummy: {:.2f} GiB of random weights generated on {}:{} in {:.1f} s",
+                  bytes / 1073741824.0, be.name(), be.device_index(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     };
   }
@@ -131,11 +129,11 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
     return cli::make_parallel_executor(a.par, eo, a.device,
                                        a.device == "cuda" ? std::function<int(Backend&, int64_t)>(kv_blocks) : nullptr);
   if (a.device == "cpu") return make_cpu_executor(eo);
-  auto backend = make_cuda_backend(0);
-  CudaBackend* cb = backend.get();
+  auto backend = make_backend("cuda", 0);
+  Backend* cb = backend.get();
   eo.kv_blocks_for_memory = [cb, kv_blocks](int64_t per_block) { return kv_blocks(*cb, per_block); };
-  eo.device_sampler = cuda_device_sampler(cb);  // used unless --host-sampling (EngineConfig)
-  return std::make_unique<MiniMaxM2Executor>(std::move(backend), eo);
+  eo.device_sampler = backend_device_sampler(*cb);  // used unless --host-sampling (EngineConfig)
+  return std::make_unique<RankExecutor>(std::move(backend), eo);
 #else
   if (a.par.parallel()) return cli::make_parallel_executor(a.par, eo, a.device);
   if (a.device == "cpu") return make_cpu_executor(eo);

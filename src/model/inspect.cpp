@@ -8,52 +8,62 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "model/minimax_m2.h"
+#include "model/arch/minimax_m2.h"
+#include "model/registry.h"
 #include "model/weights.h"
 
 namespace moeserve {
 
-ParamCounts count_params(const MiniMaxM2Config& c) {
-  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size, E = c.num_local_experts;
-  const int64_t Hq = int64_t(c.num_attention_heads) * D, Hkv = int64_t(c.num_key_value_heads) * D;
+ParamCounts count_params(const ArchConfig& c) {
+  // From the declarations (weights(), one rank): routed experts are tagged with their id, so
+  // "active" counts top_k of them per MoE layer.
+  const ModelDesc d = c.desc();
   ParamCounts p;
-  p.embedding = int64_t(c.vocab_size) * H;
-  p.per_expert = 3 * I * H;
-  const int64_t attn = Hq * H + 2 * Hkv * H + H * Hq;
-  const int64_t norms = 2 * H + Hq + Hkv;
-  const int64_t router = E * H + (c.use_routing_bias ? E : 0);
-  const int64_t layer_total = attn + norms + router + E * p.per_expert;
-  const int64_t layer_active = attn + norms + router + int64_t(c.num_experts_per_tok) * p.per_expert;
-  const int64_t L = c.num_hidden_layers;
-  // Embedding + lm_head (one matrix when tied) + final norm.
-  p.total = L * layer_total + (c.tie_word_embeddings ? 1 : 2) * p.embedding + H;
-  p.active_no_lm_head = L * layer_active + H;
+  p.embedding = int64_t(d.vocab_size) * d.hidden_size;
+  std::map<std::string, int64_t> expert0;  // layer prefix -> parameters of its expert 0
+  int64_t experts = 0;
+  for (const auto& w : c.weights(ParallelConfig{})) {
+    const int64_t n = shape_numel(w.shape);
+    p.total += n;
+    if (w.expert < 0) continue;
+    experts += n;
+    if (w.expert == 0) expert0[w.name.substr(0, w.name.find(".experts."))] += n;
+  }
+  if (!expert0.empty()) p.per_expert = expert0.begin()->second;
+  const int64_t active_experts = int64_t(expert0.size()) * d.experts_per_token * p.per_expert;
+  // Embedding + lm_head (one matrix when tied): active_no_lm_head leaves both out.
+  const int64_t head = (d.tie_word_embeddings ? 1 : 2) * p.embedding;
+  p.active_no_lm_head = p.total - head - experts + active_experts;
   p.active = p.active_no_lm_head + p.embedding;
   return p;
 }
 
 nlohmann::json inspect_checkpoint(const std::string& dir) {
-  const MiniMaxM2Config cfg = MiniMaxM2Config::from_file((std::filesystem::path(dir) / "config.json").string());
+  const LoadedConfig lc = load_model_config(dir);
+  const ArchConfig& arch = *lc.config;
+  const ModelDesc cfg = arch.desc();
   // A folder with config.json alone (as `plan` takes it): the config's summary, no tensors.
   bool has_weights = std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors.index.json");
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
     has_weights = has_weights || e.path().extension() == ".safetensors";
   const Checkpoint ckpt = has_weights ? Checkpoint::open(dir) : Checkpoint{};
-  const ParamCounts pc = count_params(cfg);
+  const ParamCounts pc = count_params(arch);
   nlohmann::json r;
   r["path"] = dir;
-  r["architecture"] = cfg.architectures.empty() ? "" : cfg.architectures[0];
+  r["architecture"] = cfg.architecture;
   r["model_type"] = cfg.model_type;
   r["hidden_size"] = cfg.hidden_size;
-  r["num_layers"] = cfg.num_hidden_layers;
+  r["num_layers"] = cfg.num_layers;
   r["num_attention_heads"] = cfg.num_attention_heads;
   r["num_key_value_heads"] = cfg.num_key_value_heads;
   r["head_dim"] = cfg.head_dim;
   r["rotary_dim"] = cfg.rotary_dim;
-  r["num_experts"] = cfg.num_local_experts;
-  r["experts_per_token"] = cfg.num_experts_per_tok;
-  r["expert_intermediate_size"] = cfg.intermediate_size;
+  r["num_experts"] = cfg.num_experts;
+  r["experts_per_token"] = cfg.experts_per_token;
+  r["expert_intermediate_size"] = cfg.expert_intermediate_size;
+  r["dense_layers"] = cfg.num_dense_layers;
+  r["dense_intermediate_size"] = cfg.num_dense_layers ? cfg.dense_intermediate_size : 0;
   r["vocab_size"] = cfg.vocab_size;
   r["max_position_embeddings"] = cfg.max_position_embeddings;
   r["params_total"] = pc.total;
@@ -69,7 +79,7 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
 
   // Compare the checkpoint with the declarations (headers only).
   std::map<std::string, WeightDecl> decls;
-  for (auto& d : declare_minimax_m2_weights(cfg, ParallelConfig{})) decls[d.name] = d;
+  for (auto& d : arch.weights(ParallelConfig{})) decls[d.name] = d;
   std::map<std::string, int64_t> bytes_by_dtype, count_by_dtype;
   std::set<int> mtp_present;
   nlohmann::json unexpected = nlohmann::json::array(), mismatched = nlohmann::json::array();
@@ -93,9 +103,9 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
     }
     const size_t k = n.size() > 10 ? n.size() - 10 : 0;
     if (k && n.compare(k, 10, "_scale_inv") == 0 && decls.count(n.substr(0, k))) continue;
-    if (is_mtp_tensor(cfg, n)) {
+    if (is_mtp_tensor(cfg.num_layers, cfg.num_mtp_modules, n)) {
       ++mtp_tensors;
-      mtp_present.insert(std::stoi(n.substr(13)) - cfg.num_hidden_layers);
+      mtp_present.insert(std::stoi(n.substr(13)) - cfg.num_layers);
       continue;
     }
     unexpected.push_back(n);
@@ -167,6 +177,9 @@ std::string format_inspect(const nlohmann::json& r) {
                    r["rotary_dim"].get<int>());
   s += fmt::format("  experts          {} (top-{}), intermediate {}\n", r["num_experts"].get<int>(),
                    r["experts_per_token"].get<int>(), r["expert_intermediate_size"].get<int>());
+  if (r.value("dense_layers", 0) > 0)
+    s += fmt::format("  dense layers     {}, intermediate {}\n", r["dense_layers"].get<int>(),
+                     r["dense_intermediate_size"].get<int>());
   s += fmt::format("  vocab            {}\n", r["vocab_size"].get<int>());
   s += fmt::format("  parameters       {} total, {} active per token ({} with lm_head)\n",
                    human_count(r["params_total"].get<int64_t>()), human_count(r["params_active"].get<int64_t>()),

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "model/config.h"
+#include "model/model.h"
 
 namespace moeserve {
 
@@ -17,7 +17,7 @@ struct ParamCounts {
   int64_t per_expert = 0;
   int64_t embedding = 0;
 };
-ParamCounts count_params(const MiniMaxM2Config& cfg);
+ParamCounts count_params(const ArchConfig& cfg);
 
 nlohmann::json inspect_checkpoint(const std::string& dir);
 std::string format_inspect(const nlohmann::json& report);  // human-readable text

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "model/config.h"
+#include "model/arch/minimax_m2.h"
 
 namespace moeserve {
 

@@ -56,14 +56,14 @@ std::pair<Tensor, int> slice_scales(const Tensor& scales, int axis, int64_t begi
 
 std::string scale_name(const std::string& weight_name) { return weight_name + "_scale_inv"; }
 
-bool is_mtp_tensor(const MiniMaxM2Config& cfg, const std::string& name) {
+bool is_mtp_tensor(int num_layers, int num_mtp_modules, const std::string& name) {
   static const std::string prefix = "model.layers.";
   if (name.rfind(prefix, 0) != 0) return false;
   size_t p = prefix.size(), q = p;
   while (q < name.size() && std::isdigit(static_cast<unsigned char>(name[q]))) ++q;
   if (q == p || q - p > 9 || q >= name.size() || name[q] != '.') return false;  // 9 digits: no overflow
   long layer = std::stol(name.substr(p, q - p));
-  return layer >= cfg.num_hidden_layers && layer < cfg.num_hidden_layers + cfg.num_mtp_modules;
+  return layer >= num_layers && layer < num_layers + num_mtp_modules;
 }
 
 LoadedTensor slice_weight(const std::string& name, const Tensor& full, const Tensor& full_scale, int block_out,

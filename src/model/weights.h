@@ -20,7 +20,7 @@
 #include "backend/backend.h"
 #include "core/tensor.h"
 #include "io/safetensors.h"
-#include "model/config.h"
+#include "model/config_json.h"
 
 namespace moeserve {
 
@@ -42,6 +42,7 @@ struct WeightDecl {
   Shape shape;                // global (checkpoint) shape
   std::vector<DType> dtypes;  // accepted checkpoint dtypes (F8_E4M3 implies a scale tensor)
   ShardSpec shard;
+  int expert = -1;  // routed expert id for expert tensors (parameter counts), else -1
 };
 
 // A loaded tensor as this rank sees it (host memory; views into the mmap when possible).
@@ -63,7 +64,8 @@ LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const Q
 LoadedTensor slice_weight(const std::string& name, const Tensor& full, const Tensor& full_scale, int block_out,
                           int block_in, const ShardSpec& shard);
 
-// MTP module tensors: `model.layers.{L+i}.*` for i < num_mtp_modules (vLLM/SGLang rule).
-bool is_mtp_tensor(const MiniMaxM2Config& cfg, const std::string& name);
+// MTP module tensors: `model.layers.{L+i}.*` for i < num_mtp_modules (vLLM/SGLang rule),
+// L = num_layers of the main model.
+bool is_mtp_tensor(int num_layers, int num_mtp_modules, const std::string& name);
 
 }  // namespace moeserve

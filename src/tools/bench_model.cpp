@@ -8,6 +8,8 @@
 //           matrix rate, divided by the measured time.
 #include "tools/bench_model.h"
 
+#include "model/registry.h"
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -119,7 +121,13 @@ int run_bench_model(const BenchModelOptions& opt) {
   if (opt.checkpoint.empty()) {
     cfg = synth_config(s, opt.layers > 0 ? opt.layers : 4);
   } else {
-    cfg = MiniMaxM2Config::from_file((std::filesystem::path(opt.checkpoint) / "config.json").string());
+    // The registry parses the config; bench-model times MiniMax-M2's kernels, so only that
+    // architecture is accepted here.
+    const LoadedConfig lc = load_model_config(opt.checkpoint);
+    const auto* mc = dynamic_cast<const MiniMaxM2Config*>(lc.config.get());
+    MS_CHECK(mc, "bench-model --checkpoint: architecture {} is not supported (bench-model times MiniMax-M2)",
+             lc.entry->architecture);
+    cfg = *mc;
     s = shapes_of(cfg);
     if (opt.layers > 0) cfg.num_hidden_layers = std::min(cfg.num_hidden_layers, opt.layers);
   }

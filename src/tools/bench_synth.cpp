@@ -1,4 +1,5 @@
 #include "tools/bench_synth.h"
+#include "tools/synthetic_weights.h"
 
 #include <algorithm>
 #include <cmath>
@@ -136,6 +137,14 @@ int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t s
   model.set_weights(std::move(w));
   b.synchronize();
   return n;
+}
+
+int64_t make_synthetic_weights(Backend& b, Model& model, uint64_t seed, bool lm_head) {
+  auto* cb = dynamic_cast<CudaBackend*>(&b);
+  auto* mm = dynamic_cast<MiniMaxM2Model*>(&model);
+  MS_CHECK(cb && mm, "--load-format dummy: only MiniMax-M2 models on the CUDA backend (the generator makes "
+                     "MiniMax-M2.5's FP8 layout); got {} on {}", model.desc().architecture, b.name());
+  return make_synthetic_weights(*cb, *mm, seed, lm_head);
 }
 
 int64_t weight_bytes(const MiniMaxM2Weights& w) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "model/minimax_m2.h"
+#include "model/arch/minimax_m2.h"
 
 namespace moeserve::tools {
 

@@ -1,5 +1,5 @@
 // realshape_replay: teacher-forced, batched replay of several sequences through
-// MiniMaxM2Executor on CudaBackend, for scripts/realshape_check.py (device only; not a ctest:
+// RankExecutor on CudaBackend, for scripts/realshape_check.py (device only; not a ctest:
 // its reference logits come from Hugging Face transformers on the device machine).
 //
 //   realshape_replay MODEL_DIR SPEC.json OUT_DIR
@@ -24,9 +24,9 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
-#include "model/device_sampler.h"
+#include "runtime/device_sampler.h"
 #include "model/generate.h"
-#include "model/model_executor.h"
+#include "runtime/model_executor.h"
 
 namespace {
 
@@ -81,11 +81,11 @@ int run(int argc, char** argv) {
     backend = moeserve::make_cpu_backend();
   } else {
     auto cuda = moeserve::make_cuda_backend(0);
-    eo.device_sampler = moeserve::cuda_device_sampler(cuda.get());
+    eo.device_sampler = moeserve::backend_device_sampler(*cuda);
     backend = std::move(cuda);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  moeserve::MiniMaxM2Executor exec(std::move(backend), eo);
+  moeserve::RankExecutor exec(std::move(backend), eo);
   const int V = exec.info().vocab_size;
   const auto t1 = std::chrono::steady_clock::now();
 

@@ -1,4 +1,4 @@
-// Device sampling in MiniMaxM2Executor on CudaBackend (label gpu; skips without a device).
+// Device sampling in RankExecutor on CudaBackend (label gpu; skips without a device).
 // A tiny checkpoint (model/tiny.h) runs with the CUDA device sampler. Each logical sequence is
 // run as twins in one batch (same tokens, own KV blocks): one twin's row comes back as logits
 // (host), the other is sampled on the GPU, so both see the very same logits and greedy must
@@ -21,8 +21,8 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
-#include "model/device_sampler.h"
-#include "model/model_executor.h"
+#include "runtime/device_sampler.h"
+#include "runtime/model_executor.h"
 #include "model/tiny.h"
 
 namespace moeserve {
@@ -55,15 +55,15 @@ std::string tiny_dir(int vocab) {
   return d.string();
 }
 
-std::unique_ptr<MiniMaxM2Executor> make_exec(int vocab, bool device_sampler, int max_seqs) {
+std::unique_ptr<RankExecutor> make_exec(int vocab, bool device_sampler, int max_seqs) {
   ExecutorOptions eo;
   eo.model_dir = tiny_dir(vocab);
   eo.block_size = kBlock;
   eo.max_model_len = kBlock * kBlocksPerSeq;
   eo.num_kv_blocks = max_seqs * kBlocksPerSeq;
   auto be = make_cuda_backend(0);
-  if (device_sampler) eo.device_sampler = cuda_device_sampler(be.get());
-  return std::make_unique<MiniMaxM2Executor>(std::move(be), eo);
+  if (device_sampler) eo.device_sampler = backend_device_sampler(*be);
+  return std::make_unique<RankExecutor>(std::move(be), eo);
 }
 
 // One sequence's host-side state: tokens so far and how many have K/V.
@@ -220,7 +220,7 @@ TEST(CudaDeviceSampling, DistributionAtFullVocab) {
   auto freq = [&](DeviceSampling d, bool same_seed) {
     std::vector<DeviceSampling> rows(R, d);
     for (int r = 0; r < R; ++r) rows[r].seed = same_seed ? 99 : splitmix_for_test(r);
-    cuda_device_sampler(be.get())(logits, rows, out);
+    backend_device_sampler(*be)(logits, rows, out);
     std::vector<double> f(p.size(), 0);
     std::set<int32_t> distinct;
     for (float v : be->download_f32(out)) {
@@ -283,7 +283,7 @@ TEST(CudaDeviceSampling, NonFiniteAndExtremeRows) {
     }
     Tensor logits = be->upload(h);
     Tensor out = be->alloc(DType::I32, {int64_t(modes.size())});
-    cuda_device_sampler(be.get())(logits, modes, out);
+    backend_device_sampler(*be)(logits, modes, out);
     const std::vector<float> got = be->download_f32(out);
     for (size_t r = 0; r < modes.size(); ++r) {
       const int32_t t = int32_t(got[r]);

@@ -19,7 +19,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "model/generate.h"
-#include "model/model_executor.h"
+#include "runtime/model_executor.h"
 #include "../model/golden_fixture.h"
 
 namespace moeserve::test {
@@ -49,7 +49,7 @@ TEST_P(CudaGolden, TeacherForcedMatchesReference) {
   eo.model_dir = d.string();
   eo.block_size = c.block_size;
   eo.num_kv_blocks = 64;
-  MiniMaxM2Executor exec(make_cuda_backend(0), eo);
+  RankExecutor exec(make_cuda_backend(0), eo);
   ASSERT_EQ(exec.info().vocab_size, V);
 
   const int total = int(prompt.size() + gen.size());
@@ -105,7 +105,7 @@ TEST(CudaGoldenBatch, MixedBatchEqualsSingle) {
   eo.model_dir = d.string();
   eo.block_size = 4;
   eo.num_kv_blocks = 32;
-  MiniMaxM2Executor exec(make_cuda_backend(0), eo);
+  RankExecutor exec(make_cuda_backend(0), eo);
   auto seq = [&](int64_t id, std::vector<int32_t> toks, int start, int first_block) {
     SequenceStep s;
     s.seq_id = id;

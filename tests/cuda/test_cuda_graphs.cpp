@@ -13,7 +13,7 @@
 
 #include "../model/executor_scenario.h"
 #include "backend/cuda/cuda_backend.h"
-#include "model/model_executor.h"
+#include "runtime/model_executor.h"
 #include "../model/golden_fixture.h"
 
 namespace moeserve::test {
@@ -43,20 +43,20 @@ TEST_P(CudaDecodeGraphs, GraphsMatchEager) {
   eo.enforce_eager = true;
   ScenarioTrace ref, padded, graphed, startup;
   {
-    MiniMaxM2Executor ex(make_cuda_backend(0), eo);
+    RankExecutor ex(make_cuda_backend(0), eo);
     EXPECT_TRUE(ex.graph_buckets().empty());
     ref = run_scenario(ex);
   }
   {
     eo.pad_decode = true;
-    MiniMaxM2Executor ex(make_cuda_backend(0), eo);
+    RankExecutor ex(make_cuda_backend(0), eo);
     padded = run_scenario(ex, &ref);
     EXPECT_EQ(ex.graphs_captured(), 0);
   }
   {
     eo.enforce_eager = false;
     eo.pad_decode = false;
-    MiniMaxM2Executor ex(make_cuda_backend(0), eo);
+    RankExecutor ex(make_cuda_backend(0), eo);
     ASSERT_EQ(ex.graph_buckets(), (std::vector<int>{1, 2, 4, 8, 16}));
     graphed = run_scenario(ex, &ref);
     EXPECT_EQ(ex.graphs_captured(), 5);
@@ -64,7 +64,7 @@ TEST_P(CudaDecodeGraphs, GraphsMatchEager) {
   }
   {
     eo.capture_graphs_at_startup = true;
-    MiniMaxM2Executor ex(make_cuda_backend(0), eo);
+    RankExecutor ex(make_cuda_backend(0), eo);
     EXPECT_EQ(ex.graphs_captured(), 5);
     startup = run_scenario(ex, &ref);
     EXPECT_EQ(ex.graph_replays(), 14);  // every decode step

@@ -20,7 +20,7 @@
 
 #include "../model/executor_scenario.h"
 #include "backend/cuda/cuda_backend.h"
-#include "model/model_executor.h"
+#include "runtime/model_executor.h"
 #include "model/tiny.h"
 
 namespace moeserve::test {
@@ -128,12 +128,12 @@ TEST(CudaDecodeGraphsBig, Fp8PathsInsideGraphsMatchPaddedEager) {
   ScenarioTrace ref, padded, graphed, old_graphs;
   {
     eo.enforce_eager = true;
-    MiniMaxM2Executor ex(make_cuda_backend(0), eo);
+    RankExecutor ex(make_cuda_backend(0), eo);
     ref = run_big(ex, nullptr);
   }
   {
     eo.pad_decode = true;
-    MiniMaxM2Executor ex(make_cuda_backend(0), eo);
+    RankExecutor ex(make_cuda_backend(0), eo);
     padded = run_big(ex, &ref);
   }
   eo.enforce_eager = false;
@@ -141,7 +141,7 @@ TEST(CudaDecodeGraphsBig, Fp8PathsInsideGraphsMatchPaddedEager) {
   {
     auto be = make_cuda_backend(0);
     CudaBackend* cb = be.get();
-    MiniMaxM2Executor ex(std::move(be), eo);
+    RankExecutor ex(std::move(be), eo);
     graphed = run_big(ex, &ref);
     EXPECT_EQ(ex.graphs_captured(), 5) << "a workspace grew after a capture (graphs were dropped)";
     EXPECT_EQ(ex.graph_replays(), int(decode_sizes().size()) - 5);
@@ -153,7 +153,7 @@ TEST(CudaDecodeGraphsBig, Fp8PathsInsideGraphsMatchPaddedEager) {
     auto be = make_cuda_backend(0);
     be->prefill_paths_in_graphs = false;
     CudaBackend* cb = be.get();
-    MiniMaxM2Executor ex(std::move(be), eo);
+    RankExecutor ex(std::move(be), eo);
     old_graphs = run_big(ex, &ref);
     EXPECT_EQ(cb->graph_fp8_ops(), 0u);
   }

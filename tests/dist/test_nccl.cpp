@@ -26,8 +26,8 @@
 #include "dist/nccl_communicator.h"
 #include "dist/p2p_allreduce.h"
 #include "model/generate.h"
-#include "model/device_sampler.h"
-#include "model/parallel_executor.h"
+#include "runtime/device_sampler.h"
+#include "runtime/parallel_executor.h"
 #include "../model/executor_scenario.h"
 #include "../model/golden_fixture.h"
 
@@ -256,7 +256,7 @@ TEST_P(NcclGolden, ParallelMatchesTp1OnCuda) {
   eo.num_kv_blocks = 64;
   std::vector<float> tp1;
   {
-    MiniMaxM2Executor one(make_cuda_backend(0), eo);
+    RankExecutor one(make_cuda_backend(0), eo);
     tp1 = teacher_forced(one, prompt, gen);
   }
   const auto cfg = MiniMaxM2Config::from_file((d / "config.json").string());
@@ -314,7 +314,7 @@ std::unique_ptr<ParallelExecutor> make_tp(const ExecutorOptions& eo, int tp, boo
     return std::make_unique<NcclCommunicator>(id, tp, r, cb.device_index(), cb.stream());
   };
   if (device_sampling)
-    o.make_device_sampler = [](Backend& b) { return cuda_device_sampler(static_cast<CudaBackend*>(&b)); };
+    o.make_device_sampler = [](Backend& b) { return backend_device_sampler(b); };
   return std::make_unique<ParallelExecutor>(std::move(o));
 }
 
@@ -335,7 +335,7 @@ TEST_P(NcclGraphs, Tp2GraphsMatchEager) {
   moeserve::test::ScenarioTrace ref, plain, padded, graphed;
   {
     eo.enforce_eager = true;
-    MiniMaxM2Executor one(make_cuda_backend(0), eo);
+    RankExecutor one(make_cuda_backend(0), eo);
     ref = moeserve::test::run_scenario(one);
   }
   {
@@ -397,7 +397,7 @@ TEST(NcclLayout, Tp2ExpertTpEagerMatchesTp1) {
   eo.enforce_eager = true;
   moeserve::test::ScenarioTrace ref, got;
   {
-    MiniMaxM2Executor one(make_cuda_backend(0), eo);
+    RankExecutor one(make_cuda_backend(0), eo);
     ref = moeserve::test::run_scenario(one);
   }
   auto par = make_tp(eo, 2, false, false);
@@ -462,7 +462,7 @@ TEST_P(NcclGraphs, Tp2DeviceSamplingOnRank0) {
   };
   std::vector<std::vector<int32_t>> ref_ids;  // the forced tokens
   {
-    MiniMaxM2Executor one(make_cuda_backend(0), eo);
+    RankExecutor one(make_cuda_backend(0), eo);
     ref_ids = run(one, false, nullptr, nullptr);
   }
   // The same TP=2 layout with host argmax: device sampling must pick what the host would from

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "engine/executor.h"
-#include "model/graph_runner.h"
-#include "model/model_executor.h"
+#include "runtime/graph_runner.h"
+#include "runtime/model_executor.h"
 #include "model/generate.h"
 
 namespace moeserve::test {

@@ -6,9 +6,9 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "model/config.h"
+#include "model/arch/minimax_m2.h"
 #include "model/inspect.h"
-#include "model/minimax_m2.h"
+#include "model/arch/minimax_m2.h"
 
 using namespace moeserve;
 using json = nlohmann::json;

@@ -11,8 +11,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "executor_scenario.h"
-#include "model/decode_plan.h"
-#include "model/model_executor.h"
+#include "runtime/decode_plan.h"
+#include "runtime/model_executor.h"
 #include "golden_fixture.h"
 
 using namespace moeserve;

@@ -12,7 +12,7 @@
 
 #include "engine/engine.h"
 #include "model/generate.h"
-#include "model/model_executor.h"
+#include "runtime/model_executor.h"
 #include "golden_fixture.h"
 
 using namespace moeserve;

@@ -1,5 +1,6 @@
 // Golden tests: the CPU model against Hugging Face transformers (float32) on the tiny
-// checkpoints of tests/fixtures/golden/ (written by scripts/make_golden.py), and TP/EP
+// checkpoints of tests/fixtures/golden/ (written by scripts/make_golden.py and, for Qwen3-MoE,
+// scripts/golden_qwen3_moe.py), and TP/EP
 // ranks (dist/ in-process communicator) against TP=1.
 #include <gtest/gtest.h>
 
@@ -12,7 +13,8 @@
 #include "core/error.h"
 #include "dist/in_process.h"
 #include "model/generate.h"
-#include "model/model_executor.h"
+#include "model/registry.h"
+#include "runtime/model_executor.h"
 #include "golden_fixture.h"
 
 using namespace moeserve;
@@ -74,13 +76,15 @@ TEST_P(GoldenTest, PrefillAllPositionsMatchesTransformers) {
   const test::GoldenRef g = test::load_golden(GetParam(), /*full=*/true);
   const fs::path dir = test::golden_fixture(GetParam());
   auto backend = make_cpu_backend();
-  MiniMaxM2Model model(MiniMaxM2Config::from_file((dir / "config.json").string()), *backend, ParallelConfig{});
+  const LoadedConfig lc = load_model_config(dir.string());  // the registry's model for this fixture
+  const std::unique_ptr<Model> owned = lc.entry->create(*lc.config, *backend, ParallelConfig{}, {});
+  Model& model = *owned;
   model.load(Checkpoint::open(dir.string()));
   std::vector<int32_t> ids = g.prompt;
   ids.insert(ids.end(), g.generated.begin(), g.generated.end() - 1);
   const int T = int(ids.size()), bs = 4, nb = (T + bs - 1) / bs;
   ASSERT_EQ(T, g.full_rows);
-  auto kv = model.allocate_kv_cache(nb, bs, backend->activation_dtype());
+  auto kv = allocate_kv_cache(*backend, model.kv_layout(), nb, bs, backend->activation_dtype());
   std::vector<int32_t> pos(T), qs{0, T}, ctx{T}, table(nb), rows(T);
   for (int i = 0; i < T; ++i) pos[i] = rows[i] = i;
   for (int b = 0; b < nb; ++b) table[b] = nb - 1 - b;  // non-identity block table
@@ -157,6 +161,10 @@ TEST_P(GoldenTest, TensorParallel4ReplicatedKvHeads) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Values("tiny_bf16", "tiny_fp8_b128", "tiny_fp8_partial", "tiny_fp8_nonsquare",
                                            "tiny_mixed_tied"));
+// Qwen3-MoE (scripts/golden_qwen3_moe.py): the same checks through the registry's
+// Qwen3MoeForCausalLM (softmax routing, per-head QK-norm, dense layers, FP8, YaRN).
+INSTANTIATE_TEST_SUITE_P(Qwen3Moe, GoldenTest,
+                         ::testing::Values("qwen3_tiny_bf16", "qwen3_tiny_fp8", "qwen3_tiny_yarn"));
 
 // Two sequences in one batch (different lengths, interleaved block tables, one of them
 // mid-decode) give the same logits as each run alone.

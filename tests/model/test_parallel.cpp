@@ -18,8 +18,8 @@
 #include "dist/in_process.h"
 #include "executor_scenario.h"
 #include "model/generate.h"
-#include "model/model_executor.h"
-#include "model/parallel_executor.h"
+#include "runtime/model_executor.h"
+#include "runtime/parallel_executor.h"
 #include "backend/cpu/cpu_backend.h"
 #include "golden_fixture.h"
 

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "model/minimax_m2.h"
+#include "model/arch/minimax_m2.h"
 #include "model/weights.h"
 
 using namespace moeserve;

@@ -1,5 +1,5 @@
-// CPU attention ops: full-width QK-norm + partial NeoX RoPE, paged KV writes, and causal
-// GQA attention over the paged cache.
+// CPU attention ops: QK-norm (none / per head / full width) + RoPE (NeoX or GPT-J, partial,
+// linear or YaRN scaling), paged KV writes, and causal GQA attention over the paged cache.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,12 +13,13 @@ namespace moeserve::cpu {
 
 namespace {
 
-// One of q/k: RMSNorm over the whole row (all heads), then RoPE on each head in place.
+// One of q/k: RMSNorm over the whole row (all heads) or over each head, then RoPE on each
+// head in place.
 struct NormRopeSide {
   const char* name;
   float* x;              // [T, width]
   int64_t width;         // local heads * head_dim
-  const float* weight;   // [width]
+  const float* weight;   // [width] (full width), [head_dim] (per head) or null (none)
   const float* ss;       // [T] pre-reduced sums of squares, or null
   int64_t full_width;    // divisor of the sum of squares
 };
@@ -33,41 +34,65 @@ void rope_table(int32_t pos, const std::vector<float>& inv_freq, float* cos_out,
   }
 }
 
-void norm_rope_token(const NormRopeSide& s, int64_t t, const RopeParams& rope, float eps, const float* cs,
-                     const float* sn) {
+void norm_rope_token(const NormRopeSide& s, int64_t t, const RopeSpec& rope, QkNormMode mode, float eps,
+                     const float* cs, const float* sn, float* tmp) {
   float* x = s.x + t * s.width;
-  double ss;
-  if (s.ss) {
-    ss = double(s.ss[t]);
-  } else {
-    ss = 0;
-    for (int64_t j = 0; j < s.width; ++j) ss += double(x[j]) * double(x[j]);
+  const int64_t D = rope.head_dim;
+  if (mode == QkNormMode::FullWidth) {
+    double ss;
+    if (s.ss) {
+      ss = double(s.ss[t]);
+    } else {
+      ss = 0;
+      for (int64_t j = 0; j < s.width; ++j) ss += double(x[j]) * double(x[j]);
+    }
+    const float inv = 1.f / std::sqrt(float(ss / double(s.full_width)) + eps);
+    for (int64_t j = 0; j < s.width; ++j) x[j] = s.weight[j] * (x[j] * inv);
+  } else if (mode == QkNormMode::PerHead) {
+    for (int64_t h0 = 0; h0 < s.width; h0 += D) {
+      double ss = 0;
+      for (int64_t j = 0; j < D; ++j) ss += double(x[h0 + j]) * double(x[h0 + j]);
+      const float inv = 1.f / std::sqrt(float(ss / double(D)) + eps);
+      for (int64_t j = 0; j < D; ++j) x[h0 + j] = s.weight[j] * (x[h0 + j] * inv);
+    }
   }
-  const float inv = 1.f / std::sqrt(float(ss / double(s.full_width)) + eps);
-  for (int64_t j = 0; j < s.width; ++j) x[j] = s.weight[j] * (x[j] * inv);
-  const int64_t half = rope.rotary_dim / 2;
-  for (int64_t h0 = 0; h0 < s.width; h0 += rope.head_dim) {
+  const int rd = rope.rotary_dim;
+  for (int64_t h0 = 0; h0 < s.width; h0 += D) {
     float* hx = x + h0;
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = hx[i], b = hx[i + half];
-      hx[i] = a * cs[i] - b * sn[i];
-      hx[i + half] = b * cs[i] + a * sn[i];
+    if (rope.style == RopeStyle::NeoX) {
+      const int64_t half = rd / 2;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = hx[i], b = hx[i + half];
+        hx[i] = a * cs[i] - b * sn[i];
+        hx[i + half] = b * cs[i] + a * sn[i];
+      }
+    } else {
+      for (int j = 0; j < rd; ++j) {
+        int partner, f;
+        float sign;
+        rope_pair(rope.style, rd, j, &partner, &sign, &f);
+        tmp[j] = hx[j] * cs[f] + sign * hx[partner] * sn[f];
+      }
+      std::memcpy(hx, tmp, size_t(rd) * sizeof(float));
     }
   }
 }
 
 NormRopeSide make_side(const char* name, Tensor* x, const Tensor* w, const Tensor* ss, int64_t full_width,
-                       int64_t T, int64_t head_dim, std::vector<float>& w_f32) {
-  MS_CHECK(x != nullptr && w != nullptr, "qk_norm_rope: {} or its norm weight is null", name);
+                       int64_t T, int64_t head_dim, QkNormMode mode, std::vector<float>& w_f32) {
+  MS_CHECK(x != nullptr && (w != nullptr || mode == QkNormMode::None), "qk_norm_rope: {} or its norm weight is null",
+           name);
   check_f32(*x, "qk_norm_rope", name);
-  check_float_weight(*w, "qk_norm_rope", "norm weight", /*allow_fp8=*/false);
   NormRopeSide s{name, x->ptr<float>(), cols_of(*x), nullptr, nullptr, 0};
   MS_CHECK(rows_of(*x) == T, "qk_norm_rope: {} {} has {} rows, positions has {}", name, shape_str(x->shape),
            rows_of(*x), T);
   MS_CHECK(s.width % head_dim == 0, "qk_norm_rope: {} width {} is not a multiple of head_dim {}", name,
            s.width, head_dim);
-  MS_CHECK(w->numel() == s.width, "qk_norm_rope: {} norm weight {} must have {} elements", name,
-           shape_str(w->shape), s.width);
+  if (mode == QkNormMode::None) return s;
+  check_float_weight(*w, "qk_norm_rope", "norm weight", /*allow_fp8=*/false);
+  const int64_t want = mode == QkNormMode::PerHead ? head_dim : s.width;
+  MS_CHECK(w->numel() == want, "qk_norm_rope: {} norm weight {} must have {} elements", name,
+           shape_str(w->shape), want);
   w_f32 = to_f32_vector(*w);
   s.weight = w_f32.data();
   MS_CHECK(full_width >= 0, "qk_norm_rope: negative full width for {}", name);
@@ -91,31 +116,37 @@ NormRopeSide make_side(const char* name, Tensor* x, const Tensor* w, const Tenso
 void qk_norm_rope(const QkNormRopeArgs& a) {
   MS_CHECK(a.positions != nullptr, "qk_norm_rope: positions is null");
   check_i32(*a.positions, "qk_norm_rope", "positions");
-  const RopeParams& rope = a.rope;
+  const RopeSpec& rope = a.rope;
   MS_CHECK(rope.head_dim > 0 && rope.rotary_dim >= 0 && rope.rotary_dim <= rope.head_dim &&
                rope.rotary_dim % 2 == 0,
            "qk_norm_rope: bad rope params head_dim={} rotary_dim={}", rope.head_dim, rope.rotary_dim);
   MS_CHECK(rope.theta > 0.f, "qk_norm_rope: rope theta must be positive, got {}", rope.theta);
+  MS_CHECK(rope.scaling != RopeScaling::Yarn || rope.original_max_position > 0,
+           "qk_norm_rope: YaRN needs original_max_position");
+  MS_CHECK(rope.scaling == RopeScaling::None || rope.factor > 0.f, "qk_norm_rope: rope factor {} must be positive",
+           rope.factor);
   const int64_t T = a.positions->numel();
   std::vector<float> wq, wk;
-  const NormRopeSide q = make_side("q", a.q, a.q_norm_weight, a.q_sum_squares, a.q_full_width, T, rope.head_dim, wq);
-  const NormRopeSide k = make_side("k", a.k, a.k_norm_weight, a.k_sum_squares, a.k_full_width, T, rope.head_dim, wk);
+  const NormRopeSide q =
+      make_side("q", a.q, a.q_norm_weight, a.q_sum_squares, a.q_full_width, T, rope.head_dim, a.norm, wq);
+  const NormRopeSide k =
+      make_side("k", a.k, a.k_norm_weight, a.k_sum_squares, a.k_full_width, T, rope.head_dim, a.norm, wk);
   const int32_t* pos = a.positions->ptr<int32_t>();
   for (int64_t t = 0; t < T; ++t)
     MS_CHECK(pos[t] >= 0, "qk_norm_rope: negative position {} at token {}", pos[t], t);
 
   const int64_t half = rope.rotary_dim / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    const float expo = float(2 * i) / float(rope.rotary_dim);
-    inv_freq[size_t(i)] = 1.f / float(std::pow(double(rope.theta), double(expo)));
-  }
+  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = rope_inv_freq(rope, int(i));
+  const float mscale = rope.scaling == RopeScaling::Yarn ? rope.attention_factor : 1.f;
   ThreadPool::global().parallel_for(T, [&](int64_t b, int64_t e) {
-    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half)), tmp(size_t(rope.rotary_dim));
     for (int64_t t = b; t < e; ++t) {
       rope_table(pos[t], inv_freq, cs.data(), sn.data());
-      norm_rope_token(q, t, rope, a.eps, cs.data(), sn.data());
-      norm_rope_token(k, t, rope, a.eps, cs.data(), sn.data());
+      if (mscale != 1.f)
+        for (int64_t i = 0; i < half; ++i) cs[size_t(i)] *= mscale, sn[size_t(i)] *= mscale;
+      norm_rope_token(q, t, rope, a.norm, a.eps, cs.data(), sn.data(), tmp.data());
+      norm_rope_token(k, t, rope, a.norm, a.eps, cs.data(), sn.data(), tmp.data());
     }
   }, 4);
 }
@@ -137,10 +168,10 @@ int64_t check_cache(const Tensor& c, const char* name, int64_t hkv_x_hd, const c
 void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) {
   check_f32(k, "write_kv", "k");
   check_f32(v, "write_kv", "v");
-  MS_CHECK(k.shape == v.shape, "write_kv: k {} and v {} differ", shape_str(k.shape), shape_str(v.shape));
-  const int64_t T = rows_of(k), W = cols_of(k);
+  MS_CHECK(rows_of(k) == rows_of(v), "write_kv: k {} and v {} differ in rows", shape_str(k.shape), shape_str(v.shape));
+  const int64_t T = rows_of(k), W = cols_of(k), WV = cols_of(v);
   const int64_t slots = check_cache(kv.k, "k", W, "write_kv");
-  MS_CHECK(check_cache(kv.v, "v", W, "write_kv") == slots && kv.k.shape == kv.v.shape,
+  MS_CHECK(check_cache(kv.v, "v", WV, "write_kv") == slots && kv.k.dim(2) == kv.v.dim(2),
            "write_kv: K cache {} and V cache {} differ", shape_str(kv.k.shape), shape_str(kv.v.shape));
   MS_CHECK(meta.block_size == 0 || meta.block_size == kv.k.dim(1),
            "write_kv: meta.block_size {} but the cache has blocks of {}", meta.block_size, kv.k.dim(1));
@@ -154,7 +185,7 @@ void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const Attentio
     if (slot[t] < 0) continue;  // padding token: nothing to store
     MS_CHECK(slot[t] < slots, "write_kv: slot {} of token {} is outside the cache ({} slots)", slot[t], t, slots);
     std::memcpy(kc + int64_t(slot[t]) * W, k.ptr<float>() + t * W, size_t(W) * 4);
-    std::memcpy(vc + int64_t(slot[t]) * W, v.ptr<float>() + t * W, size_t(W) * 4);
+    std::memcpy(vc + int64_t(slot[t]) * WV, v.ptr<float>() + t * WV, size_t(WV) * 4);
   }
 }
 
@@ -166,13 +197,15 @@ void attention(const AttentionArgs& a) {
   MS_CHECK(a.num_q_heads > 0 && a.num_kv_heads > 0 && a.head_dim > 0 && a.num_q_heads % a.num_kv_heads == 0,
            "attention: bad head counts q={} kv={} head_dim={}", a.num_q_heads, a.num_kv_heads, a.head_dim);
   const int64_t hd = a.head_dim, Hq = a.num_q_heads, Hkv = a.num_kv_heads;
+  const int64_t vd = a.v_head_dim > 0 ? a.v_head_dim : hd;
   const int64_t T = rows_of(*a.q);
   MS_CHECK(cols_of(*a.q) == Hq * hd, "attention: q {} must have {} columns", shape_str(a.q->shape), Hq * hd);
-  MS_CHECK(a.out->shape == a.q->shape, "attention: out {} must match q {}", shape_str(a.out->shape),
-           shape_str(a.q->shape));
+  MS_CHECK(rows_of(*a.out) == T && cols_of(*a.out) == Hq * vd, "attention: out {} must be [{}, {}]",
+           shape_str(a.out->shape), T, Hq * vd);
   check_cache(a.kv->k, "k", Hkv * hd, "attention");
-  check_cache(a.kv->v, "v", Hkv * hd, "attention");
-  MS_CHECK(a.kv->k.shape == a.kv->v.shape && a.kv->k.dim(2) == Hkv,
+  check_cache(a.kv->v, "v", Hkv * vd, "attention");
+  MS_CHECK(a.kv->k.dim(0) == a.kv->v.dim(0) && a.kv->k.dim(1) == a.kv->v.dim(1) && a.kv->k.dim(2) == Hkv &&
+               a.kv->v.dim(2) == Hkv,
            "attention: K cache {} / V cache {} do not match {} kv heads", shape_str(a.kv->k.shape),
            shape_str(a.kv->v.shape), Hkv);
   const int64_t nblocks = a.kv->k.dim(0), bs = a.kv->k.dim(1);
@@ -223,7 +256,7 @@ void attention(const AttentionArgs& a) {
   // One task per (token, query head): scores over positions 0..p, fp32 softmax with the
   // max subtracted, then the probability-weighted sum of V.
   ThreadPool::global().parallel_for(T * Hq, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, qv(static_cast<size_t>(hd)), acc(static_cast<size_t>(hd));
+    std::vector<float> scores, qv(static_cast<size_t>(hd)), acc(static_cast<size_t>(vd));
     for (int64_t item = b; item < e; ++item) {
       const int64_t t = item / Hq, h = item % Hq, kvh = h / group;
       const int64_t s = seq_of[size_t(t)];
@@ -245,13 +278,13 @@ void attention(const AttentionArgs& a) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
-        const float* vr = vc + (slot * Hkv + kvh) * hd;
+        const float* vr = vc + (slot * Hkv + kvh) * vd;
         const float p = scores[size_t(j)];
-        for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] += p * vr[d];
+        for (int64_t d = 0; d < vd; ++d) acc[size_t(d)] += p * vr[d];
       }
-      float* o = a.out->ptr<float>() + t * Hq * hd + h * hd;
+      float* o = a.out->ptr<float>() + t * Hq * vd + h * vd;
       const float inv = 1.f / sum;
-      for (int64_t d = 0; d < hd; ++d) o[d] = acc[size_t(d)] * inv;
+      for (int64_t d = 0; d < vd; ++d) o[d] = acc[size_t(d)] * inv;
     }
   });
 }

@@ -177,6 +177,20 @@ class CpuBackend final : public Backend {
     }, 1 << 14);
   }
 
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    check_f32(gate, "silu_mul", "gate");
+    check_f32(up, "silu_mul", "up");
+    check_f32(out, "silu_mul", "out");
+    MS_CHECK(gate.shape == up.shape && gate.shape == out.shape, "silu_mul: shapes {}, {} and {} differ",
+             shape_str(gate.shape), shape_str(up.shape), shape_str(out.shape));
+    const float* g = gate.ptr<float>();
+    const float* u = up.ptr<float>();
+    float* op = out.ptr<float>();
+    ThreadPool::global().parallel_for(gate.numel(), [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) op[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    }, 1 << 14);
+  }
+
  private:
   // A norm weight [H] of any float dtype as f32.
   static std::vector<float> norm_weight(const Tensor& weight, int64_t H, const char* op) {

@@ -1,6 +1,7 @@
-// CPU MoE ops: sigmoid router with selection bias, and SwiGLU experts grouped by expert.
+// CPU MoE ops: the router of every RoutingSpec (sigmoid/softmax, selection bias, grouped top-k), and SwiGLU experts grouped by expert.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -31,17 +32,52 @@ void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) {
            "moe_route: outputs {} / {} must hold [{}, {}]", shape_str(out.expert_ids.shape),
            shape_str(out.weights.shape), T, K);
 
+  const RoutingSpec& spec = moe.route;
+  const int64_t G = std::max(1, spec.n_group), TG = std::max(1, spec.topk_group);
+  MS_CHECK(E % G == 0 && TG <= G, "moe_route: {} experts do not form {} groups (topk_group {})", E, G, TG);
+  MS_CHECK(G == 1 || K <= TG * (E / G), "moe_route: top_k {} exceeds the {} experts of {} groups", K, TG * (E / G), TG);
+  const bool has_bias = moe.score_bias.defined();
+
   std::vector<float> logits(size_t(T * E));
   linear_f32(x.ptr<float>(), T, gate, logits.data());
   int32_t* ids = out.expert_ids.ptr<int32_t>();
   float* wts = out.weights.ptr<float>();
   ThreadPool::global().parallel_for(T, [&](int64_t b, int64_t e) {
-    std::vector<float> s(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
-    std::vector<int32_t> order(static_cast<size_t>(E));
+    std::vector<float> s(static_cast<size_t>(E)), choice(static_cast<size_t>(E)), gscore(static_cast<size_t>(G));
+    std::vector<int32_t> order(static_cast<size_t>(E)), gorder(static_cast<size_t>(G));
+    const float ninf = -std::numeric_limits<float>::infinity();
     for (int64_t t = b; t < e; ++t) {
-      for (int64_t i = 0; i < E; ++i) {
-        s[size_t(i)] = 1.f / (1.f + std::exp(-logits[size_t(t * E + i)]));
-        choice[size_t(i)] = s[size_t(i)] + bias[size_t(i)];
+      const float* lg = logits.data() + t * E;
+      if (spec.scoring == RouteScoring::Softmax) {
+        float mx = ninf;
+        for (int64_t i = 0; i < E; ++i) mx = std::max(mx, lg[i]);
+        double sum = 0;
+        for (int64_t i = 0; i < E; ++i) sum += double(s[size_t(i)] = std::exp(lg[i] - mx));
+        for (int64_t i = 0; i < E; ++i) s[size_t(i)] = float(double(s[size_t(i)]) / sum);
+      } else {
+        for (int64_t i = 0; i < E; ++i) s[size_t(i)] = 1.f / (1.f + std::exp(-lg[i]));
+      }
+      for (int64_t i = 0; i < E; ++i) choice[size_t(i)] = s[size_t(i)] + bias[size_t(i)];
+      if (G > 1) {
+        // Group score: sum of the two best choices with a bias (DeepSeek-V3), else the best.
+        const int64_t per = E / G;
+        for (int64_t g = 0; g < G; ++g) {
+          float b1 = ninf, b2 = ninf;
+          for (int64_t i = g * per; i < (g + 1) * per; ++i) {
+            const float c = choice[size_t(i)];
+            if (c > b1) b2 = b1, b1 = c;
+            else if (c > b2) b2 = c;
+          }
+          gscore[size_t(g)] = has_bias && per >= 2 ? b1 + b2 : b1;
+        }
+        std::iota(gorder.begin(), gorder.end(), 0);
+        std::partial_sort(gorder.begin(), gorder.begin() + TG, gorder.end(), [&](int32_t l, int32_t r) {
+          return gscore[size_t(l)] > gscore[size_t(r)] || (gscore[size_t(l)] == gscore[size_t(r)] && l < r);
+        });
+        std::vector<char> keep(size_t(G), 0);
+        for (int64_t g = 0; g < TG; ++g) keep[size_t(gorder[size_t(g)])] = 1;
+        for (int64_t i = 0; i < E; ++i)
+          if (!keep[size_t(i / per)]) choice[size_t(i)] = ninf;
       }
       std::iota(order.begin(), order.end(), 0);
       // Larger choice first; equal choices: lower expert id first (a stable, documented rule).
@@ -50,9 +86,10 @@ void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) {
       });
       float sum = 0.f;
       for (int64_t k = 0; k < K; ++k) sum += s[size_t(order[size_t(k)])];
+      const float div = spec.renormalize ? sum : 1.f;
       for (int64_t k = 0; k < K; ++k) {
         ids[t * K + k] = order[size_t(k)];
-        wts[t * K + k] = s[size_t(order[size_t(k)])] / sum;
+        wts[t * K + k] = s[size_t(order[size_t(k)])] / div * spec.routed_scaling_factor;
       }
     }
   }, 4);

@@ -12,6 +12,7 @@
 #include "backend/cuda/cublaslt.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_generic.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/kernels_prefill.h"
@@ -105,7 +106,60 @@ CudaDeviceInfo cuda_device_info(int index) {
 
 std::unique_ptr<CudaBackend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
 
+namespace {
+// Capabilities (backend/capabilities.h) over the CudaBackend's own methods.
+class CudaCapturedGraph final : public CapturedGraph {
+ public:
+  CudaCapturedGraph(CudaGraph g, cudaStream_t s) : g_(std::move(g)), s_(s) {}
+  void replay() override { g_.replay(s_); }
+
+ private:
+  CudaGraph g_;
+  cudaStream_t s_;
+};
+class CudaGraphCapture final : public GraphCapture {
+ public:
+  explicit CudaGraphCapture(CudaBackend& b) : b_(b) {}
+  void begin_capture() override { b_.begin_capture(); }
+  std::unique_ptr<CapturedGraph> end_capture() override {
+    return std::make_unique<CudaCapturedGraph>(b_.end_capture(), b_.stream());
+  }
+  uint64_t workspace_generation() const override { return b_.workspace_generation(); }
+
+ private:
+  CudaBackend& b_;
+};
+class CudaDeviceSampler final : public DeviceSampler {
+ public:
+  explicit CudaDeviceSampler(CudaBackend& b) : b_(b) {}
+  void sample(const Tensor& logits, const std::vector<DeviceSampleRow>& rows, Tensor& out_ids) override {
+    std::vector<GpuSamplingParams> p(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      p[i] = GpuSamplingParams{rows[i].temperature, rows[i].top_k, rows[i].top_p, rows[i].seed};
+    b_.sample(logits, p, out_ids);
+  }
+
+ private:
+  CudaBackend& b_;
+};
+}  // namespace
+
+void CudaBackend::reserve_workspaces(const BackendWorkspaceDims& d) {
+  WorkspacePlan p;
+  p.max_tokens = d.max_tokens;
+  p.hidden = d.hidden;
+  p.intermediate = d.intermediate;
+  p.top_k = d.top_k;
+  p.num_local_experts = d.num_local_experts;
+  p.num_q_heads = d.num_q_heads;
+  p.head_dim = d.head_dim;
+  p.fp8 = d.fp8;
+  reserve(p);
+}
+
 CudaBackend::CudaBackend(int device) : device_(device) {
+  capture_cap_ = std::make_unique<CudaGraphCapture>(*this);
+  sampler_cap_ = std::make_unique<CudaDeviceSampler>(*this);
   MS_CHECK(device >= 0 && device < cuda_device_count(), "cuda: device {} not available ({} devices)", device,
            cuda_device_count());
   CUDA_CHECK(cudaSetDevice(device));
@@ -601,6 +655,8 @@ void CudaBackend::qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor&
                                          const AttentionMeta& meta, const AttentionArgs& attn) {
   MS_CHECK(attn.q == qk.q && attn.kv == &kv && attn.meta == &meta,
            "qk_norm_rope_attention: attention must read the normed q and the written cache");
+  // The fused decode kernels implement full-width QK-norm with plain NeoX RoPE only.
+  if (!qk_fast_spec(qk)) return Backend::qk_norm_rope_attention(qk, v, kv, meta, attn);
   if (meta.num_tokens > 0 && meta.num_tokens <= attn_decode_max_tokens && meta.max_query_len == 1) {
     const QkNormRopeParams n = qk_norm_rope_params(qk, &v, &kv, &meta);
     const AttnParams p = attention_params(attn);
@@ -622,9 +678,64 @@ void CudaBackend::qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor&
   attention(attn);
 }
 
+bool CudaBackend::qk_fast_spec(const QkNormRopeArgs& a) {
+  return a.norm == QkNormMode::FullWidth && a.rope.plain();
+}
+
 void CudaBackend::qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
                                     const AttentionMeta* meta) {
-  launch_qk_norm_rope(qk_norm_rope_params(a, v, kv, meta), stream_);
+  if (qk_fast_spec(a)) {
+    launch_qk_norm_rope(qk_norm_rope_params(a, v, kv, meta), stream_);
+    return;
+  }
+  // Other QK-norm modes / RoPE specs: the generic kernel, then the KV write.
+  MS_CHECK(a.q && a.k && a.positions && (a.norm == QkNormMode::None || (a.q_norm_weight && a.k_norm_weight)),
+           "qk_norm_rope: missing argument");
+  check_dev(*a.q, "qk_norm_rope", "q");
+  check_dev(*a.k, "qk_norm_rope", "k");
+  check_dev(*a.positions, "qk_norm_rope", "positions");
+  GenericQkNormRopeParams p;
+  p.q = a.q->data, p.k = a.k->data;
+  p.act_bf16 = is_bf16(*a.q, "qk_norm_rope", "q");
+  MS_CHECK(a.k->dtype == a.q->dtype, "qk_norm_rope: q/k must share a dtype");
+  p.T = int(rows_of(*a.q));
+  p.q_width = int(a.q->dim(-1)), p.k_width = int(a.k->dim(-1));
+  MS_CHECK(rows_of(*a.k) == p.T && a.positions->numel() == p.T, "qk_norm_rope: q {} k {} positions {}",
+           shape_str(a.q->shape), shape_str(a.k->shape), shape_str(a.positions->shape));
+  const RopeSpec& r = a.rope;
+  MS_CHECK(r.head_dim > 0 && p.q_width % r.head_dim == 0 && p.k_width % r.head_dim == 0 && r.rotary_dim % 2 == 0 &&
+               r.rotary_dim <= r.head_dim && (r.scaling != RopeScaling::Yarn || r.original_max_position > 0),
+           "qk_norm_rope: head_dim {} rotary_dim {} widths {} / {}", r.head_dim, r.rotary_dim, p.q_width, p.k_width);
+  if (a.norm != QkNormMode::None) {
+    check_dev(*a.q_norm_weight, "qk_norm_rope", "q_norm_weight");
+    check_dev(*a.k_norm_weight, "qk_norm_rope", "k_norm_weight");
+    MS_CHECK(a.k_norm_weight->dtype == a.q_norm_weight->dtype, "qk_norm_rope: q/k norm weights must share a dtype");
+    p.q_w = a.q_norm_weight->data, p.k_w = a.k_norm_weight->data;
+    p.w_bf16 = is_bf16(*a.q_norm_weight, "qk_norm_rope", "q_norm_weight");
+    const int64_t wq = a.norm == QkNormMode::PerHead ? r.head_dim : p.q_width;
+    const int64_t wk = a.norm == QkNormMode::PerHead ? r.head_dim : p.k_width;
+    MS_CHECK(a.q_norm_weight->numel() == wq && a.k_norm_weight->numel() == wk,
+             "qk_norm_rope: norm weights {} / {} must have {} / {} elements", a.q_norm_weight->numel(),
+             a.k_norm_weight->numel(), wq, wk);
+  }
+  p.norm = a.norm, p.rope = r, p.eps = a.eps;
+  p.q_sumsq = a.q_sum_squares ? a.q_sum_squares->ptr<float>() : nullptr;
+  p.k_sumsq = a.k_sum_squares ? a.k_sum_squares->ptr<float>() : nullptr;
+  p.q_full = a.q_full_width > 0 ? a.q_full_width : p.q_width;
+  p.k_full = a.k_full_width > 0 ? a.k_full_width : p.k_width;
+  launch_qk_norm_rope_generic(p, stream_);
+  if (kv) write_kv(*a.k, *v, *kv, *meta);
+}
+
+void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  check_dev(gate, "silu_mul", "gate");
+  check_dev(up, "silu_mul", "up");
+  check_dev(out, "silu_mul", "out");
+  MS_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel() && gate.dtype == up.dtype &&
+               gate.dtype == out.dtype,
+           "silu_mul: gate {} up {} out {} must match", shape_str(gate.shape), shape_str(up.shape),
+           shape_str(out.shape));
+  launch_silu_mul(gate.data, up.data, out.data, is_bf16(gate, "silu_mul", "gate"), gate.numel(), stream_);
 }
 
 QkNormRopeParams CudaBackend::qk_norm_rope_params(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
@@ -648,7 +759,7 @@ QkNormRopeParams CudaBackend::qk_norm_rope_params(const QkNormRopeArgs& a, const
   MS_CHECK(a.q_norm_weight->numel() == p.q_width && a.k_norm_weight->numel() == p.k_width,
            "qk_norm_rope: norm weights {} / {} vs widths {} / {}", a.q_norm_weight->numel(), a.k_norm_weight->numel(),
            p.q_width, p.k_width);
-  const RopeParams& r = a.rope;
+  const RopeSpec& r = a.rope;
   MS_CHECK(r.head_dim > 0 && p.q_width % r.head_dim == 0 && p.k_width % r.head_dim == 0 && r.rotary_dim % 2 == 0 &&
                r.rotary_dim <= r.head_dim,
            "qk_norm_rope: head_dim {} rotary_dim {} widths {} / {}", r.head_dim, r.rotary_dim, p.q_width, p.k_width);
@@ -695,6 +806,8 @@ void CudaBackend::write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, c
 
 AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   MS_CHECK(a.q && a.kv && a.meta && a.out, "attention: missing argument");
+  MS_CHECK(a.v_head_dim == 0 || a.v_head_dim == a.head_dim,
+           "attention: V head dim {} != K head dim {} is not implemented on CUDA", a.v_head_dim, a.head_dim);
   const AttentionMeta& m = *a.meta;
   check_dev(*a.q, "attention", "q");
   check_dev(*a.out, "attention", "out");

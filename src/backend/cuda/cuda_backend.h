@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/decode_layer_op.h"
 
 namespace moeserve {
 namespace cuda {
@@ -102,6 +103,7 @@ class CudaBackend final : public Backend {
   void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) override;
   void moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) override;
   void add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
                                  const LinearWeight* const* ws, Tensor* const* outs, int n) override;
@@ -134,10 +136,18 @@ class CudaBackend final : public Backend {
   // FP8 activations taken from the op before (attention -> o_proj, norm -> experts) so far.
   uint64_t prequant_uses() const { return prequant_uses_; }
   cudaStream_t stream() const { return stream_; }
-  int device_index() const { return device_; }
-  std::string device_name() const;
+  int device_index() const override { return device_; }
+  std::string device_name() const override;
   int num_sms() const { return num_sms_; }
   void mem_info(size_t* free_bytes, size_t* total_bytes) const;
+  // Capabilities (backend/capabilities.h).
+  GraphCapture* graph_capture() override { return capture_cap_.get(); }
+  DeviceSampler* device_sampler() override { return sampler_cap_.get(); }
+  bool memory_info(size_t* free_bytes, size_t* total_bytes) override {
+    mem_info(free_bytes, total_bytes);
+    return true;
+  }
+  void reserve_workspaces(const BackendWorkspaceDims& dims) override;
 
   // Path thresholds (tokens): linear uses the GEMV path up to this many rows, else the
   // tensor-core GEMM; moe_experts likewise.
@@ -322,6 +332,8 @@ class CudaBackend final : public Backend {
   // Fills the QK-norm parameters (with the KV write when kv is given); launches nothing.
   cuda::QkNormRopeParams qk_norm_rope_params(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
                                              const AttentionMeta* meta);
+  // The QK-norm/RoPE spec the fast kernels implement (full-width norm, plain NeoX RoPE).
+  static bool qk_fast_spec(const QkNormRopeArgs& a);
   void qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv, const AttentionMeta* meta);
   cuda::AttnParams attention_params(const AttentionArgs& a);
   bool run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
@@ -391,6 +403,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   bool capturing_ = false;
   uint64_t ws_generation_ = 0;
+  std::unique_ptr<GraphCapture> capture_cap_;   // made in the constructor (cuda_backend.cpp)
+  std::unique_ptr<DeviceSampler> sampler_cap_;
   uint64_t graph_fp8_ops_ = 0, graph_fallbacks_ = 0;
   // A prefill path may run now: eagerly, or in a capture when prefill_paths_in_graphs.
   bool prefill_path_allowed() const { return !capturing_ || prefill_paths_in_graphs; }

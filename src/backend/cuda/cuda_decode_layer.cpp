@@ -74,6 +74,8 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
   const QkNormRopeArgs& qk = *&a.qk;
   const AttentionArgs& at = a.attn_args;
   if (qk.q_sum_squares || qk.k_sum_squares) return refuse("tensor-parallel QK-norm");
+  if (!qk_fast_spec(qk)) return refuse("QK-norm mode / RoPE spec");
+  if (!a.moe->route.sigmoid_renorm()) return refuse("routing spec");
   if (at.head_dim != 128 || qk.rope.head_dim != 128) return refuse("head_dim != 128");
   const int H = int(a.residual->dim(-1)), Hq = at.num_q_heads, Hkv = at.num_kv_heads, D = 128;
   const MoeWeights& moe = *a.moe;

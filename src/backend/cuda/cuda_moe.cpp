@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_generic.h"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/k_moe_gemv.h"
 #include "core/error.h"
@@ -142,6 +143,18 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
   if (moe.score_bias.defined())
     MS_CHECK(moe.score_bias.dtype == DType::F32 && moe.score_bias.numel() == E && moe.score_bias.device == Device::CUDA,
              "moe_route: score_bias must be F32 [{}] on the GPU", E);
+  if (!moe.route.sigmoid_renorm()) {
+    // Softmax / grouped / unnormalised / scaled routing: the generic kernel (no fused norm).
+    if (nf) return false;
+    GenericRouteParams g;
+    g.x = x.data, g.x_bf16 = x.dtype == DType::BF16;
+    g.gate = moe.gate.data, g.gate_bf16 = moe.gate.dtype == DType::BF16;
+    g.bias = moe.score_bias.defined() ? moe.score_bias.ptr<float>() : nullptr;
+    g.T = T, g.H = H, g.E = E, g.top_k = k, g.spec = moe.route;
+    g.ids = out.expert_ids.ptr<int32_t>(), g.weights = out.weights.ptr<float>();
+    launch_moe_route_generic(g, stream_);
+    return true;
+  }
   RouteParams p;
   p.x = x.data, p.x_bf16 = x.dtype == DType::BF16;
   p.gate = moe.gate.data, p.gate_bf16 = moe.gate.dtype == DType::BF16;

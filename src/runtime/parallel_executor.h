@@ -1,5 +1,5 @@
 // ParallelExecutor: one ModelExecutor over `world` tensor/expert-parallel ranks in this
-// process. Each rank is a MiniMaxM2Executor on its own long-lived thread (a CUDA rank's
+// process. Each rank is a RankExecutor on its own long-lived thread (a CUDA rank's
 // thread keeps its device current, so its backend, stream and NCCL communicator are only
 // ever used from that thread). execute() hands the step to every rank, waits for all of
 // them and returns rank 0's logits (every rank computes the same ones).
@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "model/model_executor.h"
+#include "runtime/model_executor.h"
 
 namespace moeserve {
 
@@ -39,7 +39,7 @@ struct ParallelLayout {
 
 // Throws a user-facing message when the layout cannot run `cfg` (sizes that do not split,
 // FP8 blocks cut, data_parallel != 1, more ranks than available devices).
-void check_parallel_layout(const MiniMaxM2Config& cfg, const ParallelLayout& layout);
+void check_parallel_layout(const ArchConfig& cfg, const ParallelLayout& layout);
 
 struct ParallelExecutorOptions {
   ExecutorOptions exec;  // per-rank options; comm, expert_parallel and kv_blocks_for_memory are set per rank
@@ -51,7 +51,7 @@ struct ParallelExecutorOptions {
   // Optional: KV blocks rank r can hold given the bytes of one block; the pool is the
   // minimum over ranks (every rank holds the same block ids).
   std::function<int(Backend& backend, int64_t bytes_per_block)> kv_blocks_for_memory;
-  // Optional: rank 0's device sampler over its backend (CUDA: cuda_device_sampler). Only rank
+  // Optional: rank 0's device sampler over its backend (backend_device_sampler). Only rank
   // 0 computes logits, so only rank 0 samples; the executor then reports device_sampling and
   // returns the sampled ids like a one-rank executor. exec.device_sampler is ignored.
   std::function<std::function<void(const Tensor&, const std::vector<DeviceSampling>&, Tensor&)>(Backend& backend)>

@@ -1,4 +1,4 @@
-#include "model/decode_plan.h"
+#include "runtime/decode_plan.h"
 
 #include <algorithm>
 

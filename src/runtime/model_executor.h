@@ -1,5 +1,8 @@
-// ModelExecutor for MiniMax-M2 on one rank: owns the backend, the weights (this rank's
-// slices) and the paged KV pool; turns a StepBatch into AttentionMeta and returns logits.
+// RankExecutor: the engine's ModelExecutor for one rank of any registered architecture. Owns
+// the backend, the Model (from the registry: model/registry.h; this rank's weight slices) and
+// the paged KV pool (the model's KvLayout); turns a StepBatch into AttentionMeta and returns
+// logits. Pure-decode steps are padded into buckets and replayed as captured graphs when the
+// backend offers graph capture (backend/capabilities.h).
 // With a communicator of world > 1 every rank runs execute() on the same batch at the same
 // time (the model all-reduces inside the forward); each rank returns the full logits.
 #pragma once
@@ -11,9 +14,9 @@
 #include "backend/backend.h"
 #include "dist/communicator.h"
 #include "engine/executor.h"
-#include "model/decode_plan.h"
-#include "model/graph_runner.h"
-#include "model/minimax_m2.h"
+#include "model/registry.h"
+#include "runtime/decode_plan.h"
+#include "runtime/graph_runner.h"
 
 namespace moeserve {
 
@@ -23,7 +26,7 @@ struct ExecutorOptions {
   // When set, replaces reading the checkpoint (--load-format dummy): fills the model built
   // from config.json with generated weights on its backend (lm_head: whether this rank needs
   // the output projection, i.e. `logits` below).
-  std::function<void(Backend&, MiniMaxM2Model&, bool lm_head)> make_weights;
+  std::function<void(Backend&, Model&, bool lm_head)> make_weights;
   int block_size = 16;
   int num_kv_blocks = 0;   // 0: enough for one sequence of max_model_len
   int max_model_len = 0;   // 0: config max_position_embeddings
@@ -52,17 +55,17 @@ struct ExecutorOptions {
   std::function<std::unique_ptr<GraphRunner>(Backend&)> graph_runner_factory;
   // When set, the executor reports device_sampling and samples the rows that ask for it:
   // out_ids [R] I32 (device) = one token per row of the device logits [R, V] (the model's
-  // output dtype). See model/device_sampler.h for the CUDA one.
+  // output dtype). runtime/device_sampler.h makes one from the backend's capability.
   std::function<void(const Tensor& logits, const std::vector<DeviceSampling>& params, Tensor& out_ids)>
       device_sampler;
 };
 
-class MiniMaxM2Executor : public ModelExecutor {
+class RankExecutor : public ModelExecutor {
  public:
-  MiniMaxM2Executor(std::unique_ptr<Backend> backend, const ExecutorOptions& opts);
+  RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptions& opts);
   ExecutorInfo info() const override { return info_; }
   StepResult execute(const StepBatch& batch) override;
-  const MiniMaxM2Model& model() const { return *model_; }
+  const Model& model() const { return *model_; }
   Backend& backend() { return *backend_; }
   // Decode buckets in use (empty when decode steps are not padded) and graphs captured so far.
   const std::vector<int>& graph_buckets() const { return buckets_; }
@@ -87,7 +90,7 @@ class MiniMaxM2Executor : public ModelExecutor {
   // step, no allocation once it has grown to the largest step).
   Tensor meta_buf_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<MiniMaxM2Model> model_;
+  std::unique_ptr<Model> model_;
   std::vector<KVCacheLayer> kv_;
   ExecutorInfo info_;
   // Padded decode: buckets, the fixed metadata buffer every bucket's layout starts at (sized for
@@ -112,6 +115,6 @@ class MiniMaxM2Executor : public ModelExecutor {
 void check_step_batch(const ExecutorInfo& info, const StepBatch& batch);
 
 // Convenience: the executor for a checkpoint directory on the CPU backend.
-std::unique_ptr<MiniMaxM2Executor> make_cpu_executor(const ExecutorOptions& opts);
+std::unique_ptr<RankExecutor> make_cpu_executor(const ExecutorOptions& opts);
 
 }  // namespace moeserve

@@ -1,4 +1,4 @@
-#include "model/model_executor.h"
+#include "runtime/model_executor.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,11 +12,11 @@
 
 namespace moeserve {
 
-MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const ExecutorOptions& opts)
+RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptions& opts)
     : backend_(std::move(backend)), logits_(opts.logits) {
-  MS_CHECK(backend_, "MiniMaxM2Executor needs a backend");
-  const std::string cfg_path = (std::filesystem::path(opts.model_dir) / "config.json").string();
-  MiniMaxM2Config cfg = MiniMaxM2Config::from_file(cfg_path, opts.hf_overrides);
+  MS_CHECK(backend_, "RankExecutor needs a backend");
+  const LoadedConfig lc = load_model_config(opts.model_dir, opts.hf_overrides);
+  const ModelDesc cfg = lc.config->desc();
   ParallelConfig par;
   AllReduceFn all_reduce;
   if (opts.comm) {
@@ -24,12 +24,13 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
     Communicator* comm = opts.comm;
     all_reduce = [comm](Tensor& t) { comm->all_reduce_sum(t); };
   }
-  model_ = std::make_unique<MiniMaxM2Model>(cfg, *backend_, par, std::move(all_reduce));
+  model_ = lc.entry->create(*lc.config, *backend_, par, std::move(all_reduce));
   if (opts.make_weights) opts.make_weights(*backend_, *model_, opts.logits);
   else model_->load(Checkpoint::open(opts.model_dir));
   MS_CHECK(opts.block_size > 0, "block_size must be positive");
   info_.vocab_size = cfg.vocab_size;
   info_.max_model_len = opts.max_model_len > 0 ? opts.max_model_len : cfg.max_position_embeddings;
+  MS_CHECK(info_.max_model_len > 0, "max_model_len: the config has no max_position_embeddings; give one");
   info_.block_size = opts.block_size;
   info_.num_kv_blocks = opts.num_kv_blocks > 0 ? opts.num_kv_blocks
                                                : (info_.max_model_len + opts.block_size - 1) / opts.block_size;
@@ -52,10 +53,7 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
   if (max_tokens > 0) {
     const int64_t used0 = backend_memory_used(*backend_);
     model_->reserve_workspace(max_tokens, std::max(1, std::max(opts.max_num_seqs, max_bucket)));
-    const MiniMaxM2Shard& sh = model_->shard();
-    reserve_backend_workspaces(*backend_, BackendWorkspaceDims{max_tokens, cfg.hidden_size, sh.expert_inter,
-                                                               cfg.num_experts_per_tok, sh.num_experts, sh.q_heads,
-                                                               cfg.head_dim, cfg.quantization.enabled()});
+    backend_->reserve_workspaces(model_->backend_workspace_dims(max_tokens));
     const int64_t used1 = backend_memory_used(*backend_);
     spdlog::log(used0 >= 0 ? spdlog::level::info : spdlog::level::debug,
                 "executor: step workspaces for {} tokens: model {:.1f} MiB{}", max_tokens,
@@ -63,8 +61,8 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
                  used0 >= 0 ? fmt::format(", device memory {:+.1f} MiB in all", (used1 - used0) / 1048576.0) : "");
   }
   if (opts.num_kv_blocks <= 0 && opts.kv_blocks_for_memory) {
-    const int64_t per_block = int64_t(cfg.num_hidden_layers) * 2 * opts.block_size * model_->shard().kv_heads *
-                              cfg.head_dim * int64_t(dtype_size(backend_->activation_dtype()));
+    const int64_t per_block =
+        model_->kv_layout().bytes_per_block(opts.block_size, int64_t(dtype_size(backend_->activation_dtype())));
     // One block more than the pool: the dummy block padded decode rows attend to.
     info_.num_kv_blocks = opts.kv_blocks_for_memory(per_block) - (buckets_.empty() ? 0 : 1);
     MS_CHECK(info_.num_kv_blocks > 0, "no memory left for the KV cache ({} bytes per block of {} tokens)", per_block,
@@ -74,7 +72,8 @@ MiniMaxM2Executor::MiniMaxM2Executor(std::unique_ptr<Backend> backend, const Exe
   info_.device_sampling = bool(device_sampler_);
   MS_CHECK(!device_sampler_ || info_.vocab_size < (1 << 24), "device sampling: vocab {} >= 2^24", info_.vocab_size);
   const int extra = buckets_.empty() ? 0 : 1;
-  kv_ = model_->allocate_kv_cache(info_.num_kv_blocks + extra, info_.block_size, backend_->activation_dtype());
+  kv_ = allocate_kv_cache(*backend_, model_->kv_layout(), info_.num_kv_blocks + extra, info_.block_size,
+                          backend_->activation_dtype());
   spdlog::info("KV cache: {} blocks = {} tokens (block size {})", info_.num_kv_blocks,
                int64_t(info_.num_kv_blocks) * info_.block_size, info_.block_size);
 
@@ -122,7 +121,7 @@ void check_step_batch(const ExecutorInfo& info, const StepBatch& batch) {
   }
 }
 
-StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
+StepResult RankExecutor::execute(const StepBatch& batch) {
   StepResult res;
   res.vocab_size = info_.vocab_size;
   const int S = int(batch.seqs.size());
@@ -141,7 +140,7 @@ StepResult MiniMaxM2Executor::execute(const StepBatch& batch) {
   return res;
 }
 
-void MiniMaxM2Executor::drop_stale_graphs() {
+void RankExecutor::drop_stale_graphs() {
   if (!graphs_) return;
   const int64_t ep = model_->workspace_epoch();
   const uint64_t gen = graphs_->backend_generation();
@@ -155,7 +154,7 @@ void MiniMaxM2Executor::drop_stale_graphs() {
   graph_backend_gen_ = gen;
 }
 
-Tensor MiniMaxM2Executor::forward_padded(const StepBatch& batch, int bucket) {
+Tensor RankExecutor::forward_padded(const StepBatch& batch, int bucket) {
   const int stride = (info_.max_model_len + info_.block_size - 1) / info_.block_size;
   const DecodeLayout L = DecodeLayout::make(bucket, stride);
   const int used = plan_padded_decode(batch, L, pad_, staging_.data());
@@ -206,7 +205,7 @@ Tensor MiniMaxM2Executor::forward_padded(const StepBatch& batch, int bucket) {
   return logits;
 }
 
-Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
+Tensor RankExecutor::forward_eager(const StepBatch& batch) {
   const int S = int(batch.seqs.size());
   const int bs = info_.block_size;
   // Host planning: token ids, positions, per-sequence offsets, block tables, slots.
@@ -276,7 +275,7 @@ Tensor MiniMaxM2Executor::forward_eager(const StepBatch& batch) {
   return model_->forward(ids_t, meta, kv_, rows_t);
 }
 
-void MiniMaxM2Executor::collect_rows(const StepBatch& batch, const Tensor& logits, StepResult& res) {
+void RankExecutor::collect_rows(const StepBatch& batch, const Tensor& logits, StepResult& res) {
   const int64_t R = logits.dim(0);
   // Per logits row (forward_eager's order): its device parameters, or greedy as a placeholder
   // for a host or prompt-only row (the kernel costs one block per row; sampling all rows keeps
@@ -333,8 +332,8 @@ void MiniMaxM2Executor::collect_rows(const StepBatch& batch, const Tensor& logit
   download_rows(prompt, num_prompt, res.prompt_logits);
 }
 
-std::unique_ptr<MiniMaxM2Executor> make_cpu_executor(const ExecutorOptions& opts) {
-  return std::make_unique<MiniMaxM2Executor>(make_cpu_backend(), opts);
+std::unique_ptr<RankExecutor> make_cpu_executor(const ExecutorOptions& opts) {
+  return std::make_unique<RankExecutor>(make_cpu_backend(), opts);
 }
 
 }  // namespace moeserve

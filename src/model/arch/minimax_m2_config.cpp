@@ -1,107 +1,14 @@
 // MiniMaxM2Config parsing (shared/reference/minimax-m2.md §1). Every field is type-checked
 // and named in errors; combinations the model code cannot run fail here, at load.
-#include "model/config.h"
-
 #include <cmath>
-#include <fstream>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/bounded_json.h"
+#include "model/arch/minimax_m2.h"
 
 namespace moeserve {
-namespace {
-
 using json = nlohmann::json;
-
-const char* type_name(const json& v) { return v.type_name(); }
-
-// Typed field readers: absent -> fallback (or error when required), wrong type -> error.
-int get_int(const json& j, const char* key, std::optional<int> fallback = std::nullopt) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback) return *fallback;
-    fail("config.json: required field '{}' is missing", key);
-  }
-  const json& v = j[key];
-  // Integers (or integral floats such as 128.0) that fit in an int; anything else is an error.
-  const bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
-  MS_CHECK(integral, "config.json: field '{}' must be an integer, got {} ({})", key, type_name(v), v.dump());
-  const double d = v.get<double>();
-  MS_CHECK(d >= -2147483648.0 && d <= 2147483647.0, "config.json: field '{}' = {} is out of range", key, v.dump());
-  return v.is_number_integer() ? v.get<int>() : int(d);
-}
-
-double get_double(const json& j, const char* key, std::optional<double> fallback = std::nullopt) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback) return *fallback;
-    fail("config.json: required field '{}' is missing", key);
-  }
-  const json& v = j[key];
-  MS_CHECK(v.is_number(), "config.json: field '{}' must be a number, got {} ({})", key, type_name(v), v.dump());
-  return v.get<double>();
-}
-
-bool get_bool(const json& j, const char* key, bool fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  MS_CHECK(j[key].is_boolean(), "config.json: field '{}' must be a boolean, got {}", key, j[key].dump());
-  return j[key].get<bool>();
-}
-
-std::string get_string(const json& j, const char* key, const std::string& fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  MS_CHECK(j[key].is_string(), "config.json: field '{}' must be a string, got {}", key, j[key].dump());
-  return j[key].get<std::string>();
-}
-
-std::optional<int> get_token_id(const json& j, const char* key) {
-  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-  const json& v = j[key];
-  // eos_token_id may be a list; the first entry is the primary stop token.
-  if (v.is_array()) {
-    if (v.empty()) return std::nullopt;
-    MS_CHECK(v[0].is_number_integer(), "config.json: field '{}' must hold integers", key);
-    return v[0].get<int>();
-  }
-  MS_CHECK(v.is_number_integer(), "config.json: field '{}' must be an integer, got {}", key, v.dump());
-  return v.get<int>();
-}
-
-QuantizationConfig parse_quantization(const json& q) {
-  MS_CHECK(q.is_object(), "config.json: 'quantization_config' must be an object");
-  QuantizationConfig c;
-  c.quant_method = get_string(q, "quant_method", "");
-  MS_CHECK(c.quant_method == "fp8", "config.json: quantization_config.quant_method '{}' is not supported (only fp8)",
-           c.quant_method);
-  c.fmt = get_string(q, "fmt", "float8_e4m3fn");
-  MS_CHECK(c.fmt == "float8_e4m3fn" || c.fmt == "e4m3",
-           "config.json: quantization_config.fmt '{}' is not supported (only float8_e4m3fn)", c.fmt);
-  c.activation_scheme = get_string(q, "activation_scheme", "dynamic");
-  MS_CHECK(c.activation_scheme == "dynamic",
-           "config.json: quantization_config.activation_scheme '{}' is not supported (only dynamic)",
-           c.activation_scheme);
-  MS_CHECK(q.contains("weight_block_size"), "config.json: quantization_config.weight_block_size is missing");
-  const json& b = q["weight_block_size"];
-  MS_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer(),
-           "config.json: quantization_config.weight_block_size must be [out, in] integers, got {}", b.dump());
-  const int64_t bo = b[0].get<int64_t>(), bi = b[1].get<int64_t>();
-  MS_CHECK(bo > 0 && bi > 0 && bo <= (1 << 20) && bi <= (1 << 20),
-           "config.json: quantization_config.weight_block_size {} must be positive (and at most 2^20)", b.dump());
-  c.block_out = int(bo);
-  c.block_in = int(bi);
-  MS_CHECK(c.block_out > 0 && c.block_in > 0, "config.json: quantization_config.weight_block_size {} must be positive",
-           b.dump());
-  if (q.contains("modules_to_not_convert") && !q["modules_to_not_convert"].is_null()) {
-    const json& m = q["modules_to_not_convert"];
-    MS_CHECK(m.is_array(), "config.json: quantization_config.modules_to_not_convert must be a list");
-    for (const auto& x : m) {
-      MS_CHECK(x.is_string(), "config.json: quantization_config.modules_to_not_convert must hold strings");
-      c.modules_to_not_convert.push_back(x.get<std::string>());
-    }
-  }
-  return c;
-}
-
-}  // namespace
+using namespace config_json;
 
 MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   MS_CHECK(j.is_object(), "config.json: top level must be an object");
@@ -211,9 +118,6 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
   MS_CHECK(c.vocab_size > 0, "config.json: vocab_size must be positive");
   // Sanity bounds, far above any real model, so a corrupt config fails here instead of
   // declaring billions of tensors or overflowing sizes.
-  auto bound = [](const char* field, int64_t v, int64_t max) {
-    MS_CHECK(v <= max, "config.json: {} = {} is implausibly large (limit {})", field, v, max);
-  };
   bound("num_hidden_layers", c.num_hidden_layers, 4096);
   bound("num_local_experts", c.num_local_experts, 65536);
   bound("num_hidden_layers * num_local_experts", int64_t(c.num_hidden_layers) * c.num_local_experts, 1 << 22);
@@ -237,32 +141,7 @@ MiniMaxM2Config MiniMaxM2Config::from_json(const json& j) {
 }
 
 MiniMaxM2Config MiniMaxM2Config::from_file(const std::string& path, const std::string& overrides_json) {
-  std::ifstream in(path);
-  MS_CHECK(in.good(), "cannot open model config {}", path);
-  json j;
-  try {
-    j = parse_json_bounded<json>(std::string(std::istreambuf_iterator<char>(in), {}), path);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", path, e.what());
-  }
-  if (!overrides_json.empty()) {
-    json patch;
-    try {
-      patch = json::parse(overrides_json);
-    } catch (const json::exception& e) {
-      fail("--hf-overrides: invalid JSON: {}", e.what());
-    }
-    MS_CHECK(patch.is_object(), "--hf-overrides: expected a JSON object");
-    j.merge_patch(patch);
-    // Fewer layers (the usual benchmarking override): per-layer lists the override does not
-    // replace keep their first num_hidden_layers entries, as the model reads only those.
-    if (patch.contains("num_hidden_layers") && patch["num_hidden_layers"].is_number_integer())
-      for (const char* key : {"attn_type_list", "layer_types", "mlp_layer_types"})
-        if (!patch.contains(key) && j.contains(key) && j[key].is_array() &&
-            int64_t(j[key].size()) > patch["num_hidden_layers"].get<int64_t>() &&
-            patch["num_hidden_layers"].get<int64_t>() > 0)
-          j[key].erase(j[key].begin() + patch["num_hidden_layers"].get<int64_t>(), j[key].end());
-  }
+  const json j = read_file(path, overrides_json);
   try {
     MiniMaxM2Config c = from_json(j);
     const bool factor = j.contains("partial_rotary_factor") ||
@@ -316,13 +195,7 @@ json MiniMaxM2Config::to_json() const {
   j["mtp_transformer_layers"] = mtp_transformer_layers;
   if (routed_scaling_factor != 1.0) j["routed_scaling_factor"] = routed_scaling_factor;
   if (quantization.enabled()) {
-    json q = json::object();
-    q["activation_scheme"] = quantization.activation_scheme.empty() ? "dynamic" : quantization.activation_scheme;
-    q["fmt"] = quantization.fmt.empty() ? "float8_e4m3fn" : quantization.fmt;
-    q["quant_method"] = quantization.quant_method;
-    q["weight_block_size"] = {quantization.block_out, quantization.block_in};
-    q["modules_to_not_convert"] = quantization.modules_to_not_convert;
-    j["quantization_config"] = q;
+    j["quantization_config"] = quantization_to_json(quantization);
   } else {
     j.erase("quantization_config");
   }

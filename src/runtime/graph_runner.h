@@ -1,7 +1,8 @@
 // Whole-step graph capture behind a backend-neutral interface, so the executor's decode path
-// (model_executor.cpp) has no CUDA types. make_graph_runner() returns the CUDA implementation
-// for a CudaBackend (graph_runner.cpp, built with MOESERVE_CUDA) and null otherwise; tests may
-// supply their own runner (ExecutorOptions::graph_runner_factory).
+// (model_executor.cpp) has no device types. make_graph_runner() returns a runner over the
+// backend's GraphCapture capability (backend/capabilities.h) and null when the backend has
+// none (the CPU backend); tests may supply their own runner
+// (ExecutorOptions::graph_runner_factory).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -25,22 +26,8 @@ class GraphRunner {
   virtual uint64_t backend_generation() const { return 0; }
 };
 
-// Upper bounds of one step, for the backend's own workspaces (CudaBackend::reserve).
-struct BackendWorkspaceDims {
-  int max_tokens = 0;
-  int hidden = 0;
-  int intermediate = 0;  // local expert intermediate size
-  int top_k = 0;
-  int num_local_experts = 0;
-  int num_q_heads = 0;  // local
-  int head_dim = 0;
-  bool fp8 = false;  // FP8 block-scaled weights (sizes the FP8-activation buffers too)
-};
-
 // Null when `backend` cannot capture graphs (the CPU backend).
 std::unique_ptr<GraphRunner> make_graph_runner(Backend& backend);
-// Pre-sizes the backend's workspaces (CUDA); no-op for backends without any.
-void reserve_backend_workspaces(Backend& backend, const BackendWorkspaceDims& dims);
 // Device memory in use (bytes), or -1 when the backend does not report it.
 int64_t backend_memory_used(Backend& backend);
 

@@ -1,4 +1,4 @@
-#include "model/parallel_executor.h"
+#include "runtime/parallel_executor.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -9,7 +9,8 @@
 
 namespace moeserve {
 
-void check_parallel_layout(const MiniMaxM2Config& cfg, const ParallelLayout& l) {
+void check_parallel_layout(const ArchConfig& cfg, const ParallelLayout& l) {
+  const ModelDesc d = cfg.desc();
   MS_CHECK(l.data_parallel == 1,
            "--data-parallel-size {}: attention data parallelism is not implemented (only 1); use "
            "--tensor-parallel-size N with --enable-expert-parallel instead",
@@ -19,18 +20,15 @@ void check_parallel_layout(const MiniMaxM2Config& cfg, const ParallelLayout& l) 
            "--tensor-parallel-size {} needs {} GPUs but only {} are visible", l.tensor_parallel, l.tensor_parallel,
            l.available_devices);
   if (l.expert_parallel)
-    MS_CHECK(cfg.num_local_experts % l.tensor_parallel == 0,
+    MS_CHECK(d.num_experts % l.tensor_parallel == 0,
              "--enable-expert-parallel: {} experts do not divide over {} ranks (experts % ranks must be 0)",
-             cfg.num_local_experts, l.tensor_parallel);
+             d.num_experts, l.tensor_parallel);
   const ParallelConfig par{0, l.tensor_parallel, l.expert_parallel};
-  try {
-    plan_shard(cfg, par);
-  } catch (const Error& e) {
+  if (const std::string p = cfg.shard_problem(par); !p.empty())
     fail("--tensor-parallel-size {}{}: {}", l.tensor_parallel, l.expert_parallel ? " --enable-expert-parallel" : "",
-         e.what());
-  }
+         p);
   if (!l.allow_fp8_block_split) {
-    const std::string p = fp8_split_problem(cfg, par);
+    const std::string p = cfg.fp8_split_problem(par);
     MS_CHECK(p.empty(), "--tensor-parallel-size {}: {}", l.tensor_parallel, p);
   }
 }
@@ -40,7 +38,7 @@ struct ParallelExecutor::Rank {
   std::thread thread;
   std::unique_ptr<Backend> backend;  // until the executor takes it
   std::unique_ptr<Communicator> comm;
-  std::unique_ptr<MiniMaxM2Executor> exec;
+  std::unique_ptr<RankExecutor> exec;
   StepResult result;
   std::exception_ptr error;
 };
@@ -49,10 +47,8 @@ ParallelExecutor::ParallelExecutor(ParallelExecutorOptions opts) : opts_(std::mo
   const ParallelLayout& l = opts_.layout;
   world_ = l.tensor_parallel;
   MS_CHECK(opts_.make_backend && (world_ == 1 || opts_.make_comm), "ParallelExecutor needs backend and comm factories");
-  const auto cfg =
-      MiniMaxM2Config::from_file((std::filesystem::path(opts_.exec.model_dir) / "config.json").string(),
-                                 opts_.exec.hf_overrides);
-  check_parallel_layout(cfg, l);
+  const LoadedConfig cfg = load_model_config(opts_.exec.model_dir, opts_.exec.hf_overrides);
+  check_parallel_layout(*cfg.config, l);
   kv_local_.assign(size_t(world_), 0);
   for (int r = 0; r < world_; ++r) {
     ranks_.push_back(std::make_unique<Rank>());
@@ -94,7 +90,7 @@ ParallelExecutor::ParallelExecutor(ParallelExecutorOptions opts) : opts_(std::mo
         return *std::min_element(kv_local_.begin(), kv_local_.end());
       };
     }
-    k.exec = std::make_unique<MiniMaxM2Executor>(std::move(k.backend), eo);
+    k.exec = std::make_unique<RankExecutor>(std::move(k.backend), eo);
   };
   for (const auto& phase : {std::function<void(Rank&)>(make_backends), std::function<void(Rank&)>(make_comms),
                             std::function<void(Rank&)>(load)})

@@ -1,0 +1,103 @@
+// The architecture-neutral model interface. An architecture file (model/arch/<arch>.cpp)
+// provides a typed config (an ArchConfig) and a Model; the runtime (src/runtime/), inspect and
+// plan use only what is declared here, and get both from the registry (model/registry.h).
+#pragma once
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/capabilities.h"
+#include "io/safetensors.h"
+#include "model/config_json.h"
+#include "model/weights.h"
+
+namespace moeserve {
+
+struct ParallelConfig {
+  int rank = 0;
+  int world = 1;
+  bool expert_parallel = false;  // experts owned whole by one rank (EP) vs sliced (expert TP)
+};
+
+// In-place sum of a device tensor over all ranks (a Communicator's all-reduce).
+using AllReduceFn = std::function<void(Tensor&)>;
+
+// The numbers of a parsed config that code outside the architecture file reads (inspect,
+// plan, the runtime's bounds). Sizes are global (not per rank).
+struct ModelDesc {
+  std::string architecture;  // architectures[0] as the registry knows it
+  std::string model_type;
+  int hidden_size = 0;
+  int num_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;    // q/K
+  int v_head_dim = 0;  // V
+  int rotary_dim = 0;
+  int num_experts = 0;
+  int experts_per_token = 0;
+  int expert_intermediate_size = 0;
+  int num_dense_layers = 0;  // layers with a dense MLP instead of experts
+  int dense_intermediate_size = 0;
+  int vocab_size = 0;
+  int max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  std::optional<int> bos_token_id, eos_token_id;
+  QuantizationConfig quantization;
+  int num_mtp_modules = 0;  // declared in config.json (not loaded)
+  bool use_mtp = false;
+};
+
+// A typed config as an architecture file parsed it.
+class ArchConfig {
+ public:
+  virtual ~ArchConfig() = default;
+  virtual ModelDesc desc() const = 0;
+  // Every tensor of the main model with its global shape, accepted dtypes and shard spec.
+  virtual std::vector<WeightDecl> weights(const ParallelConfig& par) const = 0;
+  // "" when the sizes split over `par`, else a user-facing message naming the size.
+  virtual std::string shard_problem(const ParallelConfig& par) const = 0;
+  // "" unless an FP8 checkpoint's split cuts weight blocks (exact, but the fast kernels want
+  // whole blocks), else a message naming the tensor and what to use instead.
+  virtual std::string fp8_split_problem(const ParallelConfig& par) const = 0;
+  // Checkpoint tensors the model knowingly skips (MTP modules): not reported as unexpected.
+  virtual bool is_skipped_tensor(const std::string& /*name*/) const { return false; }
+  virtual nlohmann::json to_json() const = 0;  // hub-style config.json
+};
+
+// One rank's model: weights, step workspace, KV layout and the forward pass.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ArchConfig& config() const = 0;
+  ModelDesc desc() const { return config().desc(); }
+  // Checks every declared tensor, loads this rank's slices and uploads them.
+  virtual void load(const Checkpoint& ckpt) = 0;
+  // This rank's KV cache per layer (allocate_kv_cache below allocates it).
+  virtual KvLayout kv_layout() const = 0;
+  // Upper bounds for the backend's own workspaces (Backend::reserve_workspaces).
+  virtual BackendWorkspaceDims backend_workspace_dims(int max_tokens) const = 0;
+  // Allocates the step buffers for up to max_tokens tokens and max_rows logits rows (grows
+  // only; forward grows them on demand too, bumping workspace_epoch()).
+  virtual void reserve_workspace(int64_t max_tokens, int64_t max_rows) = 0;
+  // Changes whenever a step buffer was reallocated (graphs captured before are stale).
+  virtual int64_t workspace_epoch() const = 0;
+  virtual int64_t workspace_bytes() const = 0;
+  // Profiling: when set, forward calls it after each op with the op's name. Not for captured
+  // steps.
+  virtual void set_op_hook(std::function<void(const char*)> hook) = 0;
+  // ids [T] I32 (device), meta for the batch, the KV cache (written at meta.slot_mapping),
+  // rows [R] I32: which token rows to produce logits for. Returns logits [R, V], a view of the
+  // workspace (valid until the next forward). Allocates nothing when the workspace fits.
+  virtual Tensor forward(const Tensor& ids, const AttentionMeta& meta, std::vector<KVCacheLayer>& kv,
+                         const Tensor& rows) = 0;
+};
+
+// K/V tensors of every layer of `layout` on `backend`: [num_blocks, block_size, kv_heads, dim].
+std::vector<KVCacheLayer> allocate_kv_cache(Backend& backend, const KvLayout& layout, int num_blocks, int block_size,
+                                            DType dtype);
+
+}  // namespace moeserve
