@@ -7,6 +7,8 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/bounded_json.h"
+#include "model/inspect.h"
+#include "model/registry.h"
 #include "tools/plan.h"
 
 namespace {
@@ -100,6 +102,17 @@ int run(Args& a) {
     }
   }
   json r = make_plan(config, have_index ? &index : nullptr, a.opt);
+  // Whether this build runs the model (the architecture registry), and the registry's own
+  // parameter count from its weight declarations (a cross-check of plan's arithmetic).
+  try {
+    const moeserve::LoadedConfig lc = moeserve::parse_config(config);
+    const moeserve::ParamCounts pc = moeserve::count_params(*lc.config);
+    r["architecture"] = {{"supported", true}, {"name", lc.entry->architecture},
+                         {"params_total", pc.total}, {"params_active_with_lm_head", pc.active}};
+  } catch (const moeserve::Error& e) {
+    r["architecture"] = {{"supported", false}, {"problem", e.what()}};
+    r["warnings"].push_back(std::string("this build cannot serve the model: ") + e.what());
+  }
   r["sources"] = {{"config", config_src}, {"index", have_index ? json(index_src) : json(nullptr)}};
   if (!r["recommended"].is_null()) r["recommended_command"] = moeserve::plan::recommended_command(r, a.model);
   if (a.json_out) {

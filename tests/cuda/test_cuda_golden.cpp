@@ -1,4 +1,5 @@
-// Golden fixtures on the CUDA backend (label gpu): the MiniMax-M2 executor on CudaBackend
+// Golden fixtures on the CUDA backend (label gpu): the registry's model (MiniMax-M2, Qwen3-MoE)
+// in the RankExecutor on CudaBackend
 // against the Hugging Face transformers float32 reference logits of tests/fixtures/golden/.
 //
 // Teacher forcing: step 0 prefills the prompt, step k decodes the reference's generated token
@@ -90,7 +91,11 @@ TEST_P(CudaGolden, TeacherForcedMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
-                         ::testing::Values(Case{"tiny_bf16", 16}, Case{"tiny_fp8_b128", 16}, Case{"tiny_fp8_partial", 4}),
+                         ::testing::Values(Case{"tiny_bf16", 16}, Case{"tiny_fp8_b128", 16}, Case{"tiny_fp8_partial", 4},
+                                           // Qwen3-MoE: the generic routing / per-head QK-norm / YaRN
+                                           // kernels and the dense SwiGLU layers on CUDA.
+                                           Case{"qwen3_tiny_bf16", 16}, Case{"qwen3_tiny_fp8", 4},
+                                           Case{"qwen3_tiny_yarn", 16}),
                          [](const auto& info) { return info.param.name; });
 
 // Two sequences in one batch (prefill of one while the other decodes) give each sequence the

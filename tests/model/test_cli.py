@@ -19,7 +19,8 @@ def run(*args, check=True):
     return p
 
 
-@pytest.mark.parametrize("name", ["tiny_fp8_partial", "tiny_bf16", "tiny_fp8_nonsquare", "tiny_mixed_tied"])
+@pytest.mark.parametrize("name", ["tiny_fp8_partial", "tiny_bf16", "tiny_fp8_nonsquare", "tiny_mixed_tied",
+                                  "qwen3_tiny_bf16", "qwen3_tiny_fp8"])
 def test_generate_matches_golden(tmp_path, name):
     d = os.path.join(GOLDEN, name)
     g = json.load(open(os.path.join(d, "golden.json")))
@@ -65,6 +66,16 @@ def test_inspect_golden_fixture():
     assert r["mtp"]["present_tensors"] == 3
     text = run("inspect", os.path.join(GOLDEN, "tiny_bf16")).stdout
     assert "MTP modules      1 declared, 1 present" in text
+
+
+def test_inspect_qwen3_fixture():
+    # Qwen3-MoE through the registry: layer 0 dense (decoder_sparse_step 2), layer 1 MoE.
+    r = json.loads(run("inspect", os.path.join(GOLDEN, "qwen3_tiny_fp8"), "--json").stdout)
+    assert r["architecture"] == "Qwen3MoeForCausalLM" and r["dense_layers"] == 1
+    H, I, ID, V, D = 192, 160, 224, 1000, 48
+    attn = 4 * D * H * 2 + 2 * D * H * 2 + 2 * H + 2 * D
+    assert r["params_total"] == 2 * attn + 3 * ID * H + 8 * H + 8 * 3 * I * H + 2 * V * H + H
+    assert r["complete"] and not r["missing_tensors"] and not r["unexpected_tensors"] and not r["mismatched_tensors"]
 
 
 def test_make_tiny_deterministic_and_loadable(tmp_path):

@@ -242,3 +242,27 @@ def test_fetch_errors():
         assert p.returncode == 1 and "HF_HUB_OFFLINE" in p.stderr and len(hub.requests) == n
     finally:
         hub.close()
+
+
+# Qwen3-MoE (published configs, no weights): plan's arithmetic and the registry's declared
+# tensors agree (bf16: 2 bytes a parameter), and the architecture is reported as supported.
+@pytest.mark.parametrize("name,params", [("qwen3-30b-a3b", 30532122624), ("qwen3-235b-a22b", 235093634560)])
+def test_plan_qwen3_moe_configs(name, params):
+    d = REPO / "tests/fixtures/models" / name
+    p = run("--model", str(d), "--gpus", "8", "--gpu-memory", "141GB", "--json", check=False)
+    assert p.returncode in (0, 2), p.stderr
+    r = json.loads(p.stdout)
+    assert r["architecture"]["supported"] is True and r["architecture"]["name"] == "Qwen3MoeForCausalLM"
+    assert r["architecture"]["params_total"] == params
+    assert r["checkpoint"]["computed_bytes"] == 2 * params
+    assert r["recommended"] is not None, r
+
+
+def test_plan_reports_unsupported_architecture(tmp_path):
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 512, "num_hidden_layers": 2,
+           "num_attention_heads": 8, "intermediate_size": 1024, "vocab_size": 100, "max_position_embeddings": 256}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = json.loads(run("--model", str(tmp_path), "--gpus", "1", "--gpu-memory", "80GB", "--json", check=False).stdout)
+    assert r["architecture"]["supported"] is False
+    assert "Qwen3MoeForCausalLM" in r["architecture"]["problem"]
+    assert any("cannot serve" in w for w in r["warnings"])

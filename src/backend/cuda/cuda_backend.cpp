@@ -728,6 +728,7 @@ void CudaBackend::qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KV
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  prequant_ = {};  // out is rewritten: no FP8 form of an earlier tensor may be taken for it
   check_dev(gate, "silu_mul", "gate");
   check_dev(up, "silu_mul", "up");
   check_dev(out, "silu_mul", "out");
