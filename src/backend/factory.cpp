@@ -21,6 +21,18 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int index) {
   fail("device '{}': expected cpu or cuda", device);
 }
 
+BackendDeviceInfo backend_device_info(const std::string& device, int index) {
+  if (device == "cpu") return {"cpu", 0};
+#ifdef MOESERVE_WITH_CUDA
+  if (device == "cuda") {
+    const CudaDeviceInfo d = cuda_device_info(index);
+    return {d.name, d.total_bytes};
+  }
+#endif
+  (void)index;
+  fail("device '{}': not available in this build", device);
+}
+
 int backend_device_count(const std::string& device) {
   if (device == "cpu") return 1;
 #ifdef MOESERVE_WITH_CUDA

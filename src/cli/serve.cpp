@@ -174,13 +174,13 @@ void warm_up(Engine& engine) {
 // --device's default and the first log line: which device, GPU names and memory.
 void resolve_device(ServeArgs& a) {
 #ifdef MOESERVE_WITH_CUDA
-  const int gpus = cuda_device_count();
+  const int gpus = backend_device_count("cuda");
   if (a.device.empty()) a.device = gpus > 0 ? "cuda" : "cpu";
   if (a.device == "cuda") {
     MS_CHECK(gpus > 0, "--device cuda: no CUDA device is visible (CUDA_VISIBLE_DEVICES, driver)");
     std::vector<std::string> names;
     for (int i = 0; i < gpus; ++i) {
-      const CudaDeviceInfo d = cuda_device_info(i);
+      const BackendDeviceInfo d = backend_device_info("cuda", i);
       names.push_back(fmt::format("cuda:{} {} ({:.1f} GiB)", i, d.name, d.total_bytes / 1073741824.0));
     }
     spdlog::info("device: cuda, {} GPU{} visible: {}", gpus, gpus == 1 ? "" : "s", fmt::join(names, ", "));
@@ -201,7 +201,7 @@ void resolve_batch_defaults(ServeArgs& a) {
   bool big = false;
 #ifdef MOESERVE_WITH_CUDA
   if (a.device == "cuda") {
-    const CudaDeviceInfo d = cuda_device_info(0);
+    const BackendDeviceInfo d = backend_device_info("cuda", 0);
     big = d.total_bytes >= (size_t(70) << 30) && d.name.find("A100") == std::string::npos;
   }
 #endif

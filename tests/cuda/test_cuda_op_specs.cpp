@@ -40,7 +40,9 @@ void check_route(const RoutingSpec& spec, bool bias, int E, int K, int T) {
   // agreeing weights must match.
   EXPECT_GE(same, T * K * 95 / 100) << "ids agree " << same << " / " << T * K;
   for (int i = 0; i < T * K; ++i)
-    if (int(ids[i]) == hr.expert_ids.ptr<int32_t>()[i]) EXPECT_NEAR(w[i], hr.weights.ptr<float>()[i], 2e-4) << i;
+    if (int(ids[i]) == hr.expert_ids.ptr<int32_t>()[i]) {
+      EXPECT_NEAR(w[i], hr.weights.ptr<float>()[i], 2e-4) << i;
+    }
 }
 
 TEST(CudaOpSpecs, SoftmaxRouting) {

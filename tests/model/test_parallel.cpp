@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "dist/in_process.h"
 #include "executor_scenario.h"
+#include "model/arch/minimax_m2.h"
 #include "model/generate.h"
 #include "runtime/model_executor.h"
 #include "runtime/parallel_executor.h"
