@@ -25,6 +25,7 @@
 #include "dist/in_process.h"
 #include "dist/nccl_communicator.h"
 #include "dist/p2p_allreduce.h"
+#include "model/arch/minimax_m2.h"
 #include "model/generate.h"
 #include "runtime/device_sampler.h"
 #include "runtime/parallel_executor.h"
