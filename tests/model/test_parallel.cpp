@@ -18,6 +18,7 @@
 #include "dist/in_process.h"
 #include "executor_scenario.h"
 #include "model/arch/minimax_m2.h"
+#include "model/registry.h"
 #include "model/generate.h"
 #include "runtime/model_executor.h"
 #include "runtime/parallel_executor.h"
@@ -31,6 +32,11 @@ namespace {
 
 MiniMaxM2Config fixture_config(const std::string& name) {
   return MiniMaxM2Config::from_file((test::golden_fixture(name) / "config.json").string());
+}
+
+// Any architecture's fixture config, through the registry.
+std::unique_ptr<ArchConfig> arch_config(const std::string& name) {
+  return load_model_config(test::golden_fixture(name).string()).config;
 }
 
 GenerateOptions greedy_from_golden(const std::string& name) {
@@ -59,7 +65,7 @@ GenerateResult run_tp1(const std::string& name) {
 // Whether `layout` is valid for the fixture (e.g. 6 experts cannot go over 4 EP ranks).
 bool layout_fits(const std::string& name, const ParallelLayout& l) {
   try {
-    check_parallel_layout(fixture_config(name), l);
+    check_parallel_layout(*arch_config(name), l);
     return true;
   } catch (const Error& e) {
     std::printf("  [layout] %s tp=%d ep=%d rejected: %s\n", name.c_str(), l.tensor_parallel, int(l.expert_parallel),
@@ -72,8 +78,8 @@ class ParallelGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ParallelGolden, ExpertParallel4MatchesTp1) {
   const std::string name = GetParam();
-  const auto cfg = fixture_config(name);
-  if (cfg.num_local_experts % 4 != 0) {
+  const int experts = arch_config(name)->desc().num_experts;
+  if (experts % 4 != 0) {
     // 6 experts over 4 ranks: refused with a clear message, on every rank.
     InProcessGroup group(4);
     try {
@@ -83,7 +89,7 @@ TEST_P(ParallelGolden, ExpertParallel4MatchesTp1) {
         eo.comm = &comm;
         make_cpu_executor(eo);
       });
-      FAIL() << "EP=4 with " << cfg.num_local_experts << " experts must be refused";
+      FAIL() << "EP=4 with " << experts << " experts must be refused";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("num_local_experts"), std::string::npos) << e.what();
     }
@@ -118,7 +124,7 @@ TEST_P(ParallelGolden, ParallelExecutorLayoutsMatchTp1) {
       l.expert_parallel = ep;
       l.allow_fp8_block_split = true;  // tiny FP8 fixtures: 128-blocks over 16-wide heads
       if (!layout_fits(name, l)) {
-        EXPECT_TRUE(ep && fixture_config(name).num_local_experts % tp != 0) << "only EP=4 over 6 experts may not fit";
+        EXPECT_TRUE(ep && arch_config(name)->desc().num_experts % tp != 0) << "only EP=4 over 6 experts may not fit";
         continue;
       }
       auto exec = make_cpu_parallel_executor(exec_opts(name), l);
@@ -136,6 +142,8 @@ TEST_P(ParallelGolden, ParallelExecutorLayoutsMatchTp1) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGolden,
                          ::testing::Values("tiny_bf16", "tiny_fp8_b128", "tiny_fp8_partial", "tiny_fp8_nonsquare",
                                            "tiny_mixed_tied"));
+INSTANTIATE_TEST_SUITE_P(Qwen3Moe, ParallelGolden,
+                         ::testing::Values("qwen3_tiny_bf16", "qwen3_tiny_fp8", "qwen3_tiny_yarn"));
 
 // A MiniMax-M2.5-shaped config (48 q heads, 8 KV heads of 128, 256 experts of 1536, FP8
 // 128x128 blocks) for the layout checks; no weights needed.
