@@ -52,6 +52,16 @@ struct SamplingParams {
   // Structured outputs / forced tool calls: the compiled grammar the output must follow
   // (null: unconstrained). Shared by the request's choices; see engine/structured_sampling.h.
   std::shared_ptr<const structured::StructuredConstraint> structured;
+  // vLLM's thinking_token_budget: at most `max_tokens` generated tokens inside the reasoning
+  // section (after `start_token`, before `end_token`; a prompt that ends inside an opened
+  // section counts as inside). When the budget is spent, `end_token` is forced as the next
+  // token (the "thinking_budget" logits stage) and generation goes on after it. max_tokens
+  // -1: no budget; 0: the section is closed at once (Anthropic's thinking disabled).
+  struct ThinkingBudget {
+    int max_tokens = -1;
+    int32_t start_token = -1;
+    int32_t end_token = -1;
+  } thinking;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };

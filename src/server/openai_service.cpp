@@ -321,6 +321,18 @@ const StructuredContext& OpenAIService::structured_context() {
   return structured_ctx_;
 }
 
+const SamplingParams::ThinkingBudget& OpenAIService::reasoning_markers() {
+  std::call_once(reasoning_markers_once_, [&] {
+    if (cfg_.reasoning_parser.empty()) return;
+    std::vector<int32_t> start = frontend_.encode("<think>", false), end = frontend_.encode("</think>", false);
+    if (start.size() == 1 && end.size() == 1) {
+      reasoning_markers_.start_token = start[0];
+      reasoning_markers_.end_token = end[0];
+    }
+  });
+  return reasoning_markers_;
+}
+
 void OpenAIService::check_model(const std::string& model) const {
   if (model.empty()) return;
   for (auto& n : cfg_.served_model_names)
@@ -516,6 +528,18 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
   // Validate every prompt before submitting anything.
   const std::vector<std::vector<int32_t>> bad_words =
       bad_words_token_ids(r.bad_words, [&](const std::string& w) { return frontend_.encode(w, false); }, vocab_size);
+  SamplingParams::ThinkingBudget thinking;
+  if (r.thinking_token_budget) {
+    thinking = reasoning_markers();
+    if (thinking.end_token < 0)
+      throw bad_request(cfg_.reasoning_parser.empty()
+                            ? "a thinking budget (thinking_token_budget, Anthropic's thinking, reasoning effort \"none\") needs a "
+                              "reasoning parser: start the server with --reasoning-parser"
+                            : "thinking_token_budget needs the reasoning markers <think> and </think> to be single "
+                              "tokens of this model's tokenizer",
+                        "thinking_token_budget");
+    thinking.max_tokens = static_cast<int>(std::min<int64_t>(*r.thinking_token_budget, INT32_MAX));
+  }
   std::vector<std::vector<SamplingParams>> params(call->prompt_ids.size());
   for (size_t p = 0; p < call->prompt_ids.size(); ++p)
     for (int i = 0; i < r.n; ++i) {
@@ -523,6 +547,7 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
                                                cfg_.max_model_len, i));
       params[p].back().structured = constraint;
       params[p].back().bad_words_token_ids = bad_words;
+      params[p].back().thinking = thinking;
     }
 
   ResponseContext& ctx = call->ctx;

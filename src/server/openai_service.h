@@ -101,6 +101,11 @@ class OpenAIService : public Handler {
   std::atomic<int> active_{0};
   std::unique_ptr<ResponsesApi> responses_;  // /v1/responses and its store
   std::once_flag structured_once_;
+  // The reasoning section's start / end token ids ("<think>", "</think>" as single tokens)
+  // when a reasoning parser is on; -1 otherwise. Set once, from the frontend's tokenizer.
+  const SamplingParams::ThinkingBudget& reasoning_markers();
+  SamplingParams::ThinkingBudget reasoning_markers_;
+  std::once_flag reasoning_markers_once_;
   StructuredContext structured_ctx_;
   structured::GrammarCache grammar_cache_;
   PrepPool prep_;  // last: its workers use the members above until joined
