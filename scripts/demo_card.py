@@ -27,8 +27,37 @@ def plot(curve, path):
     fig.savefig(path)
 
 
+def argument_check(samples):
+    """Held-out tool prompts whose first call also has the right arguments: the calculator's
+    expression exactly as asked, the clock's IANA zone of the asked city, the converter's value.
+    Returns {tool: [right, asked]}."""
+    import re
+    import demo_dialogs
+    import train_eagle
+    zones = {v: k for k, v in demo_dialogs.HELD_OUT_ZONES.items()}
+    out = {"calculator": [0, 0], "get_current_time": [0, 0], "convert_units": [0, 0]}
+    for smp in samples:
+        t, p = smp["expected_tool"], smp["prompt"]
+        if not t:
+            continue
+        out[t][1] += 1
+        calls = train_eagle.parse_calls(smp["output"])
+        if not calls or calls[0][0] != t:
+            continue
+        a = calls[0][1]
+        if t == "calculator":
+            good = a.get("expression") == re.search(r"(?:out|of) (.*?)[.?]$", p).group(1)
+        elif t == "get_current_time":
+            good = a.get("timezone") == zones[[c for c in zones if c in p][0]]
+        else:
+            good = a.get("value") == re.search(r"(\d+)", p).group(1)
+        out[t][0] += good
+    return out
+
+
 def write_card(dest, m, prep, g16, g8):
     plot(m["loss_curve"], os.path.join(dest, "loss.png"))
+    args_ok = argument_check(m["samples"])
     acc, v, te = m["acceptance"], m["val"], m["tool_eval"]
     fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)
     s16, s8, se = _size(dest), _size(os.path.join(dest, "fp8")), _size(os.path.join(dest, "eagle3"))
@@ -73,8 +102,9 @@ for the exact commands. Seed {m['seed']}.
 | files | bf16 {s16 / 1e6:.1f} MB (this folder), FP8 {s8 / 1e6:.1f} MB (`fp8/`: 128x128 blocks, e4m3fn + `weight_scale_inv`), EAGLE-3 {se / 1e6:.1f} MB (`eagle3/`) |
 
 Size trade-off: the issue asked for 20-60 M parameters but also at most about 40 MB for bf16 +
-FP8 + EAGLE-3 together. The 40 MB bound wins here: {n_total / 1e6:.1f} M parameters, of which
-4.2 M are the embedding and lm_head, which stay bf16 in the FP8 copy too. A model this small
+FP8 + EAGLE-3 together. The size bound won: {n_total / 1e6:.1f} M parameters, of which
+4.2 M are the embedding and lm_head, which stay bf16 in the FP8 copy too; all three copies take
+{(s16 + s8 + se) / 1e6:.1f} MB (tokenizer and card included), a little over the 40 MB. A model this small
 repeats phrasings from its training dialogs and gets facts wrong; it is meant to show that the
 engine, the parsers and the draft heads work end to end, not to be useful.
 
@@ -113,6 +143,9 @@ One {m['device']}, torch {m['torch']}: {m['steps']} steps of {m['batch']} x {m['
 states, so they do not change the model), then {m['eagle_train']['steps']} steps
 ({m['eagle_train']['seconds']:.0f} s) for EAGLE-3; {m['total_seconds']:.0f} s for the whole run with evaluation.
 Re-running gives the same data and initialisation; GPU kernels are not bitwise deterministic.
+The step counts were picked by the script from the speed of the first steps (which include
+warm-up, so the run trained for less than its 170 s budget); to repeat this run:
+`scripts/train_demo_gpu.sh DOCS OUT --steps {m['steps']} --eagle-steps {m['eagle_train']['steps']}`.
 
 ![training loss](loss.png)
 
@@ -123,7 +156,17 @@ Re-running gives the same data and initialisation; GPU kernels are not bitwise d
 | validation perplexity, held-out Python docs prose | {v['docs_ppl']:.2f} (loss {v['docs_loss']:.3f}) |
 | validation perplexity, held-out dialogs (same generator, other seed) | {v['dialog_ppl']:.3f} (loss {v['dialog_loss']:.3f}) |
 | held-out tool prompts (phrasings, cities, numbers not in training) answered with the right tool and all required parameters | {te['tool_success']} / {te['tool_prompts']} |
+| of those, with the right arguments: calculator expression / clock time zone / converter value | {args_ok['calculator'][0]}/{args_ok['calculator'][1]}, {args_ok['get_current_time'][0]}/{args_ok['get_current_time'][1]}, {args_ok['convert_units'][0]}/{args_ok['convert_units'][1]} |
 | held-out plain prompts answered without a tool call | {te['plain_success']} / {te['plain_prompts']} |
+
+Known weaknesses, seen in these outputs and in `tests/server/test_demo_model.py`:
+* Cities outside the training dialogs (Rome, Chicago, Seoul) get a training city's time zone.
+* After a tool result the model writes a final answer of the right form but often not with the
+  result's number (the round-trip test is a strict expected failure for that reason).
+* Expressions of a form the generator never used (`a * b + c`) are copied incompletely.
+* Offered a subset of the three tools, it leans towards calling one even for plain questions: the
+  generator offered subsets only in tool-call dialogs. Offer all three.
+* "Hello, who are you?" and "Thanks, that helped." got tool calls (the two failed plain prompts).
 
 Acceptance of the draft heads (greedy chain of 3 drafts after the target's own token, on
 {acc['positions']} positions of greedy continuations of held-out text; rate k = share of drafts k
@@ -160,3 +203,19 @@ and of moeserve's own synthetic dialogs; moeserve's licence applies to the rest.
 """
     with open(os.path.join(dest, "README.md"), "w") as fh:
         fh.write(card)
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description="rewrite the model card from a run's metrics.json")
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--dest", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                   "assets", "demo-model"))
+    ap.add_argument("--golden", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                     "tests", "fixtures", "golden"))
+    a = ap.parse_args()
+    mm = json.load(open(os.path.join(a.run, "metrics.json")))
+    write_card(a.dest, mm, mm["prepare"], json.load(open(os.path.join(a.golden, "demo_bf16", "golden.json"))),
+               json.load(open(os.path.join(a.golden, "demo_fp8", "golden.json"))))
