@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 
 #include <nlohmann/json.hpp>
 
@@ -31,6 +32,9 @@ struct Variant {
   std::string name;       // fixture folder under tests/fixtures/golden
   std::string model_sub;  // model folder under assets/demo-model
 };
+
+// Readable test names in CTest (else gtest prints the struct's bytes).
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 class DemoGolden : public ::testing::TestWithParam<Variant> {};
 
