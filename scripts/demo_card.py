@@ -149,7 +149,7 @@ warm-up, so the run trained for less than its 170 s budget); to repeat this run:
 
 ![training loss](loss.png)
 
-## Results (from the run's metrics.json)
+## Results (from the run's metrics.json, committed as training_metrics.json with train.log)
 
 | | |
 |---|---|
