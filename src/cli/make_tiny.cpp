@@ -11,7 +11,7 @@ struct Args {
 };
 
 moeserve::cli::RegisterSubcommand reg(
-    "make-tiny", "Write a deterministic tiny random MiniMax-M2 checkpoint", [](CLI::App* sub) {
+    "make-tiny", "Write a deterministic tiny MiniMax-M2 checkpoint with random weights (for tests; it does not speak: scripts/run.sh serves the trained demo model)", [](CLI::App* sub) {
       auto a = std::make_shared<Args>();
       auto& o = a->o;
       sub->add_option("dir", a->dir, "output directory")->required();
