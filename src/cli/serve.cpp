@@ -209,6 +209,10 @@ void resolve_batch_defaults(ServeArgs& a) {
 #endif
   if (a.max_num_seqs == 0) a.max_num_seqs = big ? 1024 : 256;
   if (a.max_num_batched_tokens == 0) a.max_num_batched_tokens = big ? 8192 : 2048;
+  // vLLM's check (SchedulerConfig): every running sequence's decode token must fit a step.
+  MS_CHECK(a.max_num_batched_tokens >= a.max_num_seqs,
+           "--max-num-batched-tokens ({}) must be greater than or equal to --max-num-seqs ({})",
+           a.max_num_batched_tokens, a.max_num_seqs);
 }
 
 std::vector<std::string> json_strings(const std::string& text) {
@@ -366,6 +370,8 @@ int run_serve(ServeArgs a, const std::string& noop_warning) {
   EngineConfig ec;
   ec.max_num_seqs = a.max_num_seqs;
   ec.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.long_prefill_token_threshold = a.long_prefill_token_threshold;
+  ec.max_num_partial_prefills = a.max_num_partial_prefills;
   ec.max_model_len = max_model_len;
   ec.enable_prefix_caching = a.enable_prefix_caching;
   ec.max_waiting_requests = a.max_waiting_requests;
