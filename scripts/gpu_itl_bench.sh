@@ -24,7 +24,7 @@ declare -A FLAGS=(
 )
 VARIANTS=${VARIANTS:-"default partial1 budget2048 threshold512"}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/itl.txt"
-./moeserve --version >> "$OUT/itl.txt" 2>&1
+{ ./moeserve --version; cat REVISION 2>/dev/null; } >> "$OUT/itl.txt" 2>&1
 PORT=8012
 for v in $VARIANTS; do
   # shellcheck disable=SC2086

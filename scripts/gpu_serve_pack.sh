@@ -23,4 +23,6 @@ python3 scripts/pad_tokenizer.py "$TOK/tokenizer.json" "$VOCAB" .gpuserve/model/
 cp "$TOK/tokenizer_config.json" .gpuserve/model/
 xz -T2 -6 .gpuserve/model/tokenizer.json
 cp scripts/gpu_itl_bench.sh .gpuserve/
+# The revision the binary was built from (benchmarks state it).
+{ git rev-parse HEAD; git status --porcelain --untracked-files=no | grep -q . && echo '(uncommitted changes)'; } > .gpuserve/REVISION || true
 du -sh .gpuserve

@@ -4,6 +4,7 @@
 // and [DONE]), exit 0.
 #include <condition_variable>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -32,6 +33,7 @@
 #include "server/sd_notify.h"
 #include "server/parsers/parser.h"
 #include "server/tokenizer_frontend.h"
+#include "tools/load_progress.h"
 #include "model/model_executor.h"
 #ifdef MOESERVE_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -384,7 +386,16 @@ int run_serve(ServeArgs a, const std::string& noop_warning) {
   gate.set_phase(a.load_format == "dummy" ? "generating dummy weights" : "loading weights");
   server::sd_notify("STATUS=loading model weights from " + a.model);
   const auto t_load = std::chrono::steady_clock::now();
-  auto engine = make_engine(ec, make_executor(a, max_model_len));
+  std::unique_ptr<ModelExecutor> executor;
+  {
+    // Bytes of the checkpoint in memory while the executor reads it (bar on a terminal, else
+    // a line every 5 s), then one line with the time it took.
+    std::optional<hub::WeightLoadProgress> progress;
+    if (a.load_format != "dummy" && a.replay_script.empty())
+      progress.emplace(a.model, hub::WeightLoadProgress::Options{.tty = ::isatty(STDERR_FILENO) != 0});
+    executor = make_executor(a, max_model_len);
+  }
+  auto engine = make_engine(ec, std::move(executor));
   const EngineConfig& resolved = engine->config();
   ExecutorInfo info = engine->executor_info();
   spdlog::info("model ready in {:.1f} s: max_model_len {}, {} KV blocks of {} tokens = {} KV tokens, max_num_seqs {}, "
