@@ -111,6 +111,9 @@ void WeightLoadProgress::report(int64_t resident, double t, bool final) {
     if (drew_bar_) std::fputs("\n", stderr);
     if (resident_at_start_ >= total_)
       spdlog::info("weights loaded in {:.1f} s ({} from the page cache)", t, format_bytes(double(total_)));
+    else if (read <= 0)
+      spdlog::info("weights loaded in {:.1f} s ({} of {} in memory; no page of the files came from disk meanwhile)", t,
+                   format_bytes(double(resident)), format_bytes(double(total_)));
     else
       spdlog::info("weights loaded in {:.1f} s ({} read at {}/s, {} of {} in memory at the end)", t,
                    format_bytes(double(std::max<int64_t>(read, 0))), format_bytes(rate),
