@@ -6,7 +6,8 @@ A stand-in tokenizer smaller than the model's vocabulary (Qwen3's 151,669 ids fo
 chunk, so a chunk carries several tokens and the inter-token latency (time between chunks)
 reads as 2-5 decode steps for ~1.4% of the chunks (p99 ITL = 4x the median at every
 concurrency in the session-9 run). Each missing id becomes a plain vocabulary entry "Ġ@<id>"
-(decodes to " @<id>"; no merge produces it, so encoding real text is unchanged).
+(decodes to " @<id>"; no merge produces it, so encoding real text is unchanged), and the added
+tokens are entered at their ids so they keep them.
 
 usage: pad_tokenizer.py IN/tokenizer.json VOCAB_SIZE OUT/tokenizer.json
 """
@@ -18,7 +19,12 @@ def main() -> None:
     src, vocab_size, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     tok = json.load(open(src, encoding="utf-8"))
     vocab = tok["model"]["vocab"]
-    used = set(vocab.values()) | {a["id"] for a in tok.get("added_tokens", [])}
+    # The added (special) tokens enter the model vocabulary at their own ids too: an added
+    # token absent from it would be renumbered after the vocabulary (HF's rule) once the
+    # vocabulary reaches past it.
+    for a in tok.get("added_tokens", []):
+        vocab.setdefault(a["content"], a["id"])
+    used = set(vocab.values())
     added = 0
     for i in range(vocab_size):
         if i not in used:
