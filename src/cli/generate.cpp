@@ -67,15 +67,19 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 
 moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token ids", [](CLI::App* sub) {
   auto a = std::make_shared<Args>();
+  sub->option_defaults()->group("Input");
   sub->add_option("--model", a->model, "checkpoint directory")->required();
   sub->add_option("--prompt-ids", a->prompt_ids, "comma-separated prompt token ids")->required();
   sub->add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
+  sub->option_defaults()->group("Sampling");
   sub->add_option("--temperature", a->temperature, "0 = greedy (ties to the lowest id)")->capture_default_str();
   sub->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+  sub->option_defaults()->group("Output");
   sub->add_option("--dump-logits", a->dump_logits,
                   "write float32 .npy [N, vocab]: row k = raw model logits (before temperature) that token k was "
                   "sampled from");
   sub->add_flag("--json", a->json, "print {prompt_ids, generated_ids} as JSON on stdout");
+  sub->option_defaults()->group("Engine");
   sub->add_option("--device", a->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   sub->add_option("--block-size", a->block_size, "KV cache block size")->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "chunked prefill size (0 = whole prompt)");

@@ -4,6 +4,7 @@
 // and [DONE]), exit 0.
 #include <condition_variable>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -32,6 +33,7 @@
 #include "server/sd_notify.h"
 #include "server/parsers/parser.h"
 #include "server/tokenizer_frontend.h"
+#include "tools/load_progress.h"
 #include "model/model_executor.h"
 #ifdef MOESERVE_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -209,6 +211,10 @@ void resolve_batch_defaults(ServeArgs& a) {
 #endif
   if (a.max_num_seqs == 0) a.max_num_seqs = big ? 1024 : 256;
   if (a.max_num_batched_tokens == 0) a.max_num_batched_tokens = big ? 8192 : 2048;
+  // vLLM's check (SchedulerConfig): every running sequence's decode token must fit a step.
+  MS_CHECK(a.max_num_batched_tokens >= a.max_num_seqs,
+           "--max-num-batched-tokens ({}) must be greater than or equal to --max-num-seqs ({})",
+           a.max_num_batched_tokens, a.max_num_seqs);
 }
 
 std::vector<std::string> json_strings(const std::string& text) {
@@ -366,6 +372,8 @@ int run_serve(ServeArgs a, const std::string& noop_warning) {
   EngineConfig ec;
   ec.max_num_seqs = a.max_num_seqs;
   ec.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.long_prefill_token_threshold = a.long_prefill_token_threshold;
+  ec.max_num_partial_prefills = a.max_num_partial_prefills;
   ec.max_model_len = max_model_len;
   ec.enable_prefix_caching = a.enable_prefix_caching;
   ec.max_waiting_requests = a.max_waiting_requests;
@@ -378,7 +386,16 @@ int run_serve(ServeArgs a, const std::string& noop_warning) {
   gate.set_phase(a.load_format == "dummy" ? "generating dummy weights" : "loading weights");
   server::sd_notify("STATUS=loading model weights from " + a.model);
   const auto t_load = std::chrono::steady_clock::now();
-  auto engine = make_engine(ec, make_executor(a, max_model_len));
+  std::unique_ptr<ModelExecutor> executor;
+  {
+    // Bytes of the checkpoint in memory while the executor reads it (bar on a terminal, else
+    // a line every 5 s), then one line with the time it took.
+    std::optional<hub::WeightLoadProgress> progress;
+    if (a.load_format != "dummy" && a.replay_script.empty())
+      progress.emplace(a.model, hub::WeightLoadProgress::Options{.tty = ::isatty(STDERR_FILENO) != 0});
+    executor = make_executor(a, max_model_len);
+  }
+  auto engine = make_engine(ec, std::move(executor));
   const EngineConfig& resolved = engine->config();
   ExecutorInfo info = engine->executor_info();
   spdlog::info("model ready in {:.1f} s: max_model_len {}, {} KV blocks of {} tokens = {} KV tokens, max_num_seqs {}, "

@@ -23,6 +23,8 @@ struct ServeArgs {
   std::string max_model_len;
   int max_num_seqs = 0;            // 0: vLLM's default for the device (resolve_batch_defaults)
   int max_num_batched_tokens = 0;  // 0: likewise
+  int long_prefill_token_threshold = 0;  // 0: none (engine/scheduler.h)
+  int max_num_partial_prefills = 0;      // 0: no limit
   int block_size = 16;
   int num_kv_blocks = 0;
   std::string api_key;

@@ -1,6 +1,7 @@
 // The engine loop: one thread owns the scheduler, block manager, sequences and the
 // executor. submit/abort/stats are called from other threads; they touch only the inbox
 // (under mu_) and atomics, so they never wait for a model step.
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -59,6 +60,18 @@ EngineConfig resolve_config(EngineConfig c, const ExecutorInfo& info) {
   c.max_model_len = len;
   MS_CHECK(c.max_num_seqs > 0, "max_num_seqs must be positive, got {}", c.max_num_seqs);
   MS_CHECK(c.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive, got {}", c.max_num_batched_tokens);
+  MS_CHECK(c.long_prefill_token_threshold >= 0 && c.max_num_partial_prefills >= 0,
+           "long_prefill_token_threshold ({}) and max_num_partial_prefills ({}) must be >= 0",
+           c.long_prefill_token_threshold, c.max_num_partial_prefills);
+  if (c.max_num_partial_prefills > 1 && c.long_prefill_token_threshold == 0)
+    c.long_prefill_token_threshold = std::max(1, static_cast<int>(c.max_model_len * 0.04));
+  MS_CHECK(c.max_num_partial_prefills <= 1 || c.long_prefill_token_threshold <= c.max_model_len,
+           "long_prefill_token_threshold ({}) cannot be greater than max_model_len ({})",
+           c.long_prefill_token_threshold, c.max_model_len);
+  if (c.max_num_partial_prefills > 0 || c.long_prefill_token_threshold > 0)
+    spdlog::info("prefill caps per step: max_num_partial_prefills {}, long_prefill_token_threshold {}",
+                 c.max_num_partial_prefills > 0 ? std::to_string(c.max_num_partial_prefills) : "unlimited",
+                 c.long_prefill_token_threshold > 0 ? std::to_string(c.long_prefill_token_threshold) : "none");
   return c;
 }
 
@@ -74,7 +87,9 @@ class EngineImpl final : public Engine {
                                    .hash_fn = {}}),
         sched_(SchedulerConfig{.max_num_seqs = config_.max_num_seqs,
                                .max_num_batched_tokens = config_.max_num_batched_tokens,
-                               .max_model_len = config_.max_model_len},
+                               .max_model_len = config_.max_model_len,
+                               .long_prefill_token_threshold = config_.long_prefill_token_threshold,
+                               .max_num_partial_prefills = config_.max_num_partial_prefills},
                blocks_) {
     thread_ = std::thread([this] { loop(); });
   }

@@ -120,6 +120,11 @@ struct Request {
 struct EngineConfig {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
+  // Prefill caps of one step (see engine/scheduler.h). vLLM's rule: when
+  // max_num_partial_prefills > 1 and no threshold is given, the threshold becomes 4% of
+  // max_model_len (resolved with max_model_len).
+  int long_prefill_token_threshold = 0;  // 0: no cap
+  int max_num_partial_prefills = 0;      // 0: no limit
   int max_model_len = 0;  // 0: the executor's
   bool enable_prefix_caching = true;
   int max_waiting_requests = 1024;  // submit() refuses beyond this (server answers 429/503)
