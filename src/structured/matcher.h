@@ -6,10 +6,24 @@
 // configuration is a sorted vector of node ids and equal configurations are equal vectors.
 // Configurations are interned as "states" and byte transitions between states are memoised:
 // what is built is a lazily constructed DFA over exactly the configurations that inputs
-// reach, shared by every matcher of the grammar. A token mask is a walk of the vocabulary's
-// byte trie from the current state (subtrees pruned at the first dead byte, bytes outside the
-// state's first-byte set skipped without a transition), and is itself cached per state, so
-// inside a JSON string or a repeated structure a mask is a copy after the first time.
+// reach, shared by every matcher of the grammar.
+//
+// Token masks in two parts (the idea xgrammar calls context-independent tokens, in our
+// design). Each scan-ready node of a state is (byte position p, parent stack). Per class key
+// = p plus the positions of its next kClassFrames stack frames (lazily, shared by every state
+// and matcher of the grammar), the vocabulary trie is walked from those frames over a
+// sentinel in place of the rest of the stack, which classifies each token as ACCEPTED (its
+// bytes are consumed inside the frames: allowed whatever the rest of the stack), REJECTED (it
+// dies inside the frames, and where the frames could end the next byte is not in FOLLOW of
+// the bottom frame's rule) or UNCERTAIN (it leaves the frames: needs the real stack).
+// Accepted sets are stored adaptively (token list, rejected list or bitset, whichever is
+// smallest). A state's mask = OR of its nodes' accepted sets, then only the uncertain tokens
+// run through the real automaton, in byte order so that consecutive tokens share the steps
+// of their common prefix and a dead prefix skips its whole trie subtree. A class costs about
+// one trie walk, as much as a state's plain walk, so it is built the second time its key is
+// met (the first time the state's mask is a plain trie walk, pruned at dead bytes). The
+// finished mask is also cached per state (inside a JSON string or a repeated structure a
+// mask is then a copy).
 //
 // Threads: a CompiledGrammar is shared between requests; its lazy tables are guarded by a
 // mutex. A Matcher belongs to one sequence (the engine thread / one sampling task).
