@@ -12,8 +12,8 @@ into an int32 numpy bitmask), then the token is accepted. "cold" is the first pa
 document on a freshly compiled grammar (ours: it also builds, lazily, the per-position token
 classes that xgrammar builds at compile time); "warm" a second pass on the same compiled
 grammar (ours hits the per-state mask cache; xgrammar keeps no such cache across matchers,
-so its warm pass measures the same work again); "fresh" (ours only) a third pass after the
-per-state mask cache is dropped: every mask is made again from the classes (OR of the
+so its warm pass measures the same work again); "fresh" (ours only) the fourth pass: twice the
+per-state mask cache is dropped (the first of these builds the classes of keys met again), then every mask is made again from the classes (OR of the
 accepted sets + the uncertain tokens through the automaton), the per-token cost of a state
 that no earlier request reached. Compile times are reported too. One thread each.
 Prints a markdown table, then the revision and the command."""
