@@ -9,15 +9,18 @@ Vocabularies: Qwen3's 151,669 tokens (tests/fixtures/shared-data) and a syntheti
 token sequence for both engines). Per token: the mask before it is computed (ours:
 Matcher::fill_mask into a uint32 bitset; xgrammar: GrammarMatcher.fill_next_token_bitmask
 into an int32 numpy bitmask), then the token is accepted. "cold" is the first pass over the
-document on a freshly compiled grammar (ours: it also builds, lazily, the per-position token
-classes that xgrammar builds at compile time); "warm" a second pass on the same compiled
-grammar (ours hits the per-state mask cache; xgrammar keeps no such cache across matchers,
-so its warm pass measures the same work again); "fresh" (ours only) the fourth pass: twice the
-per-state mask cache is dropped (the first of these builds the classes of keys met again), then every mask is made again from the classes (OR of the
-accepted sets + the uncertain tokens through the automaton), the per-token cost of a state
-that no earlier request reached. Compile times are reported too. One thread each.
+document on a freshly compiled grammar (ours: each new state's mask is a plain walk of the
+vocabulary trie; xgrammar has built its per-rule token classes at compile time); "warm" a
+second pass on the same compiled grammar (ours hits the per-state mask cache; xgrammar keeps
+no such cache across matchers, so its warm pass measures the same work again); "fresh" (ours
+only) the fourth pass: the per-state mask cache is dropped before passes 3 and 4 (pass 3
+builds the token classes of the keys met again), so in pass 4 every mask is made from the
+classes (OR of the accepted sets + the uncertain tokens through the automaton): the cost of
+a state no earlier request reached, once the grammar has been used. Compile times are
+reported too. One thread each.
 Prints a markdown table, then the revision and the command."""
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -129,7 +132,7 @@ def main():
     rev = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
-    print(f"\nrevision {rev.strip()}{' (uncommitted changes)' if dirty else ''}; xgrammar {xgr.__version__}; "
+    print(f"\nrevision {rev.strip()}{' (uncommitted changes)' if dirty else ''}; xgrammar {importlib.metadata.version('xgrammar')}; "
           f"command: python3 {' '.join(sys.argv)}")
 
 

@@ -27,7 +27,16 @@ struct StructuredState {
 
 // The logits row to sample from: `logits` itself when the sequence is unconstrained (or the
 // constraint has not started), else a thread-local copy with disallowed tokens at -inf.
+// Throws SamplingError when the grammar allows no token at all: the request then finishes
+// with finish_reason "error" (as vLLM's FINISHED_ERROR), never unconstrained.
 std::span<const float> apply_structured_mask(Sequence& seq, std::span<const float> logits);
+
+// Whether the grammar is complete and allows nothing but a stop token now: min_tokens then
+// lets the stop tokens through, so the value ends instead of the row being empty (vLLM
+// lets terminal grammars stop under min_tokens the same way).
+bool structured_allows_only_stop(Sequence& seq, std::span<const int32_t> stop_ids);
+// The grammar has accepted its stop token (the constrained output is finished).
+bool structured_terminated(const Sequence& seq);
 
 // Advances the matcher by the generated token (and starts the constraint after a start token).
 void structured_note_token(Sequence& seq, int32_t token);

@@ -171,5 +171,56 @@ TEST(StructuredEngine, LogprobsAreAfterMasking) {
   EXPECT_NEAR(c.logprobs["lp"][0].logprob, 0.0f, 1e-6);  // the only allowed token has probability 1
 }
 
+// One constrained greedy request on the toy model; returns its collected outputs.
+struct OneRun {
+  std::vector<int32_t> tokens;
+  RequestOutput final;
+};
+OneRun run_one(std::shared_ptr<structured::StructuredConstraint> con, int min_tokens, int max_tokens) {
+  EngineConfig cfg{.max_num_seqs = 4, .max_num_batched_tokens = 64};
+  cfg.eos_token_ids = {kEos};
+  auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(ToyExecutorConfig{.vocab_size = 64}));
+  Collector c;
+  Request r;
+  r.id = "one";
+  r.prompt_ids = {3, 4, 5, 6};
+  r.params.temperature = 0.0f;
+  r.params.min_tokens = min_tokens;
+  r.params.max_tokens = max_tokens;
+  r.params.structured = std::move(con);
+  r.on_output = c.sink();
+  EXPECT_TRUE(engine->submit(std::move(r)));
+  EXPECT_TRUE(c.wait(1));
+  engine->shutdown(1s);
+  return {c.tokens["one"], c.final["one"]};
+}
+
+// A grammar that allows no token (complete, and the vocabulary knows no EOS) ends the request
+// with finish_reason error and a message, deterministically, instead of going on unconstrained.
+TEST(StructuredEngine, EmptyMaskFinishesWithError) {
+  auto vocab = std::make_shared<structured::TokenVocab>(*toy_vocab());
+  vocab->stop_ids.clear();
+  vocab->build();
+  auto con = std::make_shared<structured::StructuredConstraint>();
+  con->grammar = std::make_shared<structured::CompiledGrammar>(structured::grammar_from_regex("x"), vocab);
+  for (int rep = 0; rep < 2; ++rep) {
+    OneRun o = run_one(con, 0, 10);
+    EXPECT_EQ(o.tokens, std::vector<int32_t>{6});  // "x", then nothing is allowed
+    EXPECT_EQ(o.final.finish_reason, FinishReason::Error);
+    EXPECT_NE(o.final.error.find("grammar allows no next token"), std::string::npos) << o.final.error;
+  }
+}
+
+// min_tokens beyond a complete grammar: the stop token is let through (vLLM), the request stops.
+TEST(StructuredEngine, MinTokensGivesWayToACompleteGrammar) {
+  OneRun o = run_one(constraint("x"), 5, 10);
+  EXPECT_EQ(o.tokens, (std::vector<int32_t>{6, kEos}));
+  EXPECT_EQ(o.final.finish_reason, FinishReason::Stop);
+  // Below a grammar that can go on, min_tokens still holds EOS back.
+  OneRun more = run_one(constraint("x+"), 4, 10);
+  ASSERT_GE(more.tokens.size(), 4u);
+  EXPECT_EQ(std::count(more.tokens.begin(), more.tokens.begin() + 4, kEos), 0);
+}
+
 }  // namespace
 }  // namespace moeserve
