@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace moeserve {
 
@@ -22,6 +24,10 @@ struct StructuredState {
   std::unique_ptr<structured::Matcher> matcher;
   bool started = false;  // the reasoning section is over (or there is none)
   bool failed = false;   // a token the grammar rejected was produced (see structured_note_token)
+  // A mask computed ahead by prepare_structured_mask, valid while the matcher is at
+  // `ready_at` (its position()).
+  std::vector<uint32_t> ready_mask;
+  std::pair<size_t, int32_t> ready_at{0, -1};
   ~StructuredState();
 };
 
@@ -40,6 +46,15 @@ bool structured_terminated(const Sequence& seq);
 
 // Advances the matcher by the generated token (and starts the constraint after a start token).
 void structured_note_token(Sequence& seq, int32_t token);
+
+// Computes the mask apply_structured_mask will need next, ahead of time: the engine calls it
+// on a worker thread while the executor runs the step whose logits the mask applies to, so
+// the mask work overlaps the model step. Only touches this sequence's StructuredState (and
+// the shared grammar, which locks); never throws (a failure is left to apply_structured_mask,
+// which computes again and reports it).
+void prepare_structured_mask(Sequence& seq);
+// Masks taken from prepare_structured_mask so far (process-wide; tests).
+uint64_t structured_masks_taken_ahead();
 
 // Whether sampling this sequence needs the host (it has a constraint).
 bool has_structured_constraint(const Sequence& seq);

@@ -189,6 +189,9 @@ class Matcher {
   void fill_mask_reference(std::span<uint32_t> mask);  // CompiledGrammar::fill_mask_reference
   void rollback(int num_tokens);
   bool terminated() const { return terminated_; }
+  // Identifies the current position (tokens accepted, automaton state): a mask computed ahead
+  // (engine/structured_sampling.h) is used only while this is unchanged.
+  std::pair<size_t, int32_t> position() const { return {history_.size(), history_.back()}; }
   bool accepting();  // the text so far is a complete match
   int32_t mask_words() const { return g_->vocab().mask_words(); }
   const CompiledGrammar& grammar() const { return *g_; }

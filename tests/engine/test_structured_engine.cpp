@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "engine/engine.h"
+#include "engine/structured_sampling.h"
 #include "engine/testing/toy_executor.h"
 #include "structured/constraint.h"
 #include "structured/regex.h"
@@ -220,6 +221,43 @@ TEST(StructuredEngine, MinTokensGivesWayToACompleteGrammar) {
   OneRun more = run_one(constraint("x+"), 4, 10);
   ASSERT_GE(more.tokens.size(), 4u);
   EXPECT_EQ(std::count(more.tokens.begin(), more.tokens.begin() + 4, kEos), 0);
+}
+
+// Masks made on a worker thread during the model step give the same outputs as masks made at
+// sampling (greedy and seeded rows, a constraint after reasoning), and are really used.
+TEST(StructuredEngine, MasksAheadOfTheStepGiveTheSameOutputs) {
+  auto run = [](bool overlap) {
+    EngineConfig cfg{.max_num_seqs = 8, .max_num_batched_tokens = 64};
+    cfg.eos_token_ids = {kEos};
+    cfg.overlap_structured_masks = overlap;
+    auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(ToyExecutorConfig{.vocab_size = 64, .peak = 0.5f}));
+    Collector c;
+    auto con = constraint("(ab|cd)+-x{2,3}");
+    auto con_r = constraint("(ab|cd)+-x{2,3}", {kThinkEnd});
+    for (int i = 0; i < 10; ++i) {
+      Request r;
+      r.id = "r" + std::to_string(i);
+      for (int k = 0; k < 9; ++k) r.prompt_ids.push_back((k * 5 + i * 7) % 64);
+      r.params.temperature = i % 2 ? 0.0f : 0.8f;
+      r.params.seed = 77 + i;
+      r.params.max_tokens = 60;
+      r.params.structured = i % 3 == 2 ? con_r : con;
+      r.on_output = c.sink();
+      EXPECT_TRUE(engine->submit(std::move(r)));
+    }
+    EXPECT_TRUE(c.wait(10));
+    engine->shutdown(1s);
+    return c.tokens;
+  };
+  const uint64_t before = structured_masks_taken_ahead();
+  auto off = run(false);
+  EXPECT_EQ(structured_masks_taken_ahead(), before);
+  auto on = run(true);
+  EXPECT_GT(structured_masks_taken_ahead(), before);
+  EXPECT_EQ(on, off);
+  size_t total = 0;
+  for (auto& [id, t] : on) total += t.size();
+  EXPECT_GT(total, 50u);
 }
 
 }  // namespace
