@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/stop.h"
+#include "engine/structured_sampling.h"
 
 namespace moeserve {
 
@@ -310,9 +312,22 @@ class EngineImpl final : public Engine {
       rows.push_back(sc.seq);
     }
     const size_t num_device = rows.size() - host_rows.size();
+    // Grammar masks for this step's constrained host rows, made while the model runs (they
+    // depend only on the tokens already accepted). Joined before anything reads the rows.
+    std::future<void> masks_ahead;
+    if (config_.overlap_structured_masks) {
+      std::vector<Sequence*> constrained;
+      for (int64_t h : host_rows)
+        if (has_structured_constraint(*rows[h])) constrained.push_back(rows[h]);
+      if (!constrained.empty())
+        masks_ahead = std::async(std::launch::async, [constrained = std::move(constrained)] {
+          for (Sequence* s : constrained) prepare_structured_mask(*s);
+        });
+    }
     StepResult res;
     try {
       res = exec_->execute(out.batch);
+      if (masks_ahead.valid()) masks_ahead.wait();
       MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == host_rows.size() * size_t(res.vocab_size),
                "executor returned {} logits of vocab {} for {} host rows (expected vocab {})", res.logits.size(),
                res.vocab_size, host_rows.size(), info_.vocab_size);
@@ -326,6 +341,7 @@ class EngineImpl final : public Engine {
         MS_CHECK(t == kDeviceNoCandidate || t == kDeviceInfLogit || (t >= 0 && t < info_.vocab_size),
                  "executor sampled token {} outside [0, {})", t, info_.vocab_size);
     } catch (const std::exception& e) {
+      if (masks_ahead.valid()) masks_ahead.wait();
       spdlog::error("model step failed: {}", e.what());
       for (const auto& sc : out.scheduled) finish(sc.seq, FinishReason::Error, make_output(*sc.seq), e.what());
       return;

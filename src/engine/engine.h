@@ -136,6 +136,10 @@ struct EngineConfig {
   // samplers draw from different random streams: seeded non-greedy outputs differ between
   // them (each is reproducible); greedy is the same argmax (lowest id on ties).
   bool device_sampling = true;
+  // Structured-output masks of the rows sampled on the host are computed on a worker thread
+  // while the executor runs the step (engine/structured_sampling.h); false computes them
+  // after the step, at sampling. Outputs are the same either way.
+  bool overlap_structured_masks = true;
 };
 
 // Live counters for /metrics, read without stopping the engine.

@@ -177,6 +177,13 @@ void min_tokens_stage(std::span<float> row, Sequence& seq, const SampleInput& in
   auto mask = [&](int32_t t) {
     if (t >= 0 && t < vocab) row[t] = kNegInf;
   };
+  // A complete grammar whose only continuation is a stop token wins over min_tokens (vLLM):
+  // the stop tokens stay and check_stop ends the request on one.
+  if (has_structured_constraint(seq)) {
+    std::vector<int32_t> stops = p.stop_token_ids;
+    if (in.eos_token_ids) stops.insert(stops.end(), in.eos_token_ids->begin(), in.eos_token_ids->end());
+    if (structured_allows_only_stop(seq, stops)) return;
+  }
   if (in.eos_token_ids && !p.ignore_eos)
     for (int32_t t : *in.eos_token_ids) mask(t);
   for (int32_t t : p.stop_token_ids) mask(t);
