@@ -51,9 +51,10 @@ def both(srv, messages, **kw):
                 continue
             for c in json.loads(line[6:])["choices"]:
                 d = c["delta"]
-                if d.get("reasoning") is not None:
+                # (the first delta carries role and content "", as vLLM's does)
+                if d.get("reasoning"):
                     reasoning = (reasoning or "") + d["reasoning"]
-                if d.get("content") is not None:
+                if d.get("content"):
                     content = (content or "") + d["content"]
                 for tc in d.get("tool_calls") or []:
                     e = calls.setdefault(tc["index"], {"id": None, "name": "", "arguments": ""})
