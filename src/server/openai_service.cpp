@@ -489,9 +489,15 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
   };
 
   // Prompts -> token ids.
+  bool reasoning_ended = false;
   if (chat) {
     bool add_special = get_bool(body, "add_special_tokens").value_or(false);
-    call->prompt_ids.push_back(encode_prompt(frontend_.render_chat(chat_render_inputs(r)), add_special));
+    const std::string prompt_text = frontend_.render_chat(chat_render_inputs(r));
+    call->prompt_ids.push_back(encode_prompt(prompt_text, add_special));
+    // Some families' templates end the reasoning section in the prompt (Qwen3 with
+    // enable_thinking false): the whole output is then content.
+    if (!cfg_.reasoning_parser.empty())
+      reasoning_ended = reasoning_ended_by_prompt(cfg_.reasoning_parser, {prompt_text, &r.chat_template_kwargs});
     // vLLM's chat echo: the last message's content is prepended to the reply when it has the
     // reply's role (assistant with add_generation_prompt, else the last message's own role).
     std::string echo;
@@ -523,7 +529,10 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
 
   // Structured outputs / forced tool calls: compiled (or taken from the cache) before anything
   // is submitted, so an invalid schema, regex or grammar is a 400.
-  auto constraint = make_structured_constraint(r, structured_context());
+  // The constraint waits for the end of the reasoning, unless the prompt already ended it.
+  StructuredContext sctx = structured_context();
+  if (reasoning_ended) sctx.start_after.clear();
+  auto constraint = make_structured_constraint(r, sctx);
 
   // Validate every prompt before submitting anything.
   const std::vector<std::vector<int32_t>> bad_words =
@@ -575,6 +584,7 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
   cs.include_reasoning = r.include_reasoning;
   if (chat) {
     cs.reasoning_parser = cfg_.reasoning_parser;
+    cs.reasoning_ended_by_prompt = reasoning_ended;
     // tool_choice none: tools are rendered but never parsed. required/named: the output is
     // constrained to the tool parser family's call syntax (make_structured_constraint).
     if (r.tool_choice != ToolChoice::None && !cfg_.tool_parser.empty()) {

@@ -96,8 +96,8 @@ std::vector<FlagSpec> make_table() {
   add("chat-template", I, O, api, "chat template file or template text");
   add("generation-config", I, O, api, "auto: sampling defaults from generation_config.json; vllm: none; or a folder");
   add("enable-auto-tool-choice", I, F, api, "allow tool_choice \"auto\" (needs --tool-call-parser)");
-  add("tool-call-parser", I, O, api, "tool-call parser (minimax_m2)");
-  add("reasoning-parser", I, O, api, "reasoning parser (minimax_m2, minimax_m2_append_think)");
+  add("tool-call-parser", I, O, api, "tool-call parser (minimax_m2, hermes)");
+  add("reasoning-parser", I, O, api, "reasoning parser (minimax_m2, minimax_m2_append_think, qwen3)");
   add("enable-request-id-headers", I, F, api, "X-Request-Id on every response (the client's, else a new one)");
   add("enable-force-include-usage", I, F, api, "every stream ends with a usage chunk, even without stream_options");
   add("max-logprobs", I, O, api, "largest top_logprobs / logprobs accepted (20)");

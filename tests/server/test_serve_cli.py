@@ -101,6 +101,7 @@ STARTS = [
     "--compilation-config {\"cudagraph_mode\":\"FULL\"} --async-scheduling --disable-frontend-multiprocessing",
     "-tp 1 --enable_expert_parallel --max-num-seqs 64 --max_num_batched_tokens 4096 --gpu-memory-utilization 0.95",
     "--enable-auto-tool-choice --tool-call-parser minimax_m2 --reasoning-parser minimax_m2_append_think",
+    "--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3",  # Qwen3 recipes
     "--served-model-name minimax-m2.5 m25 --max-model-len 2k --enable-prefix-caching --block-size 16",
     "--revision main --allowed-origins [\"*\"] --enable-force-include-usage --disable-log-stats",
     "--quantization fp8 --seed 1 --max-logprobs 10 --generation-config vllm --no-enable-prefix-caching",
@@ -182,6 +183,15 @@ def test_other_subcommands_group_their_help():
         assert r.returncode == 0, (sub, r.stderr)
         for g in groups:
             assert "\n" + g + ":" in r.stdout, (sub, g, r.stdout)
+
+
+def test_unknown_parser_names_list_the_known_ones(tmp_path, model):
+    for flag, known in [("--tool-call-parser", "hermes, minimax_m2"),
+                        ("--reasoning-parser", "minimax_m2, minimax_m2_append_think, qwen3")]:
+        r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
+                flag, "qwen3_nope")
+        assert r.returncode != 0
+        assert f"{flag} qwen3_nope: unknown (known: {known})" in r.stderr, r.stderr
 
 
 def test_config_yaml_and_command_line_wins(tmp_path, model):

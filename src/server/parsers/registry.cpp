@@ -7,23 +7,31 @@
 #include "core/error.h"
 #include "server/parsers/minimax_m2.h"
 #include "server/parsers/parser.h"
+#include "server/parsers/qwen3.h"
 
 namespace moeserve::server {
 
 namespace {
-using RFactory = std::function<std::unique_ptr<ReasoningParser>()>;
+using RFactory = std::function<std::unique_ptr<ReasoningParser>(bool ended_by_prompt)>;
 using TFactory = std::function<std::unique_ptr<ToolParser>(const ojson&)>;
+struct ReasoningEntry {
+  RFactory make;
+  bool (*ended_by_prompt)(const ReasoningRequest&) = nullptr;  // null: never
+};
 
-const std::map<std::string, RFactory>& reasoning_table() {
-  static const std::map<std::string, RFactory> t = {
-      {"minimax_m2", [] { return std::make_unique<MinimaxM2ReasoningParser>(); }},
-      {"minimax_m2_append_think", [] { return std::make_unique<MinimaxM2AppendThinkParser>(); }},
+const std::map<std::string, ReasoningEntry>& reasoning_table() {
+  static const std::map<std::string, ReasoningEntry> t = {
+      {"minimax_m2", {[](bool) { return std::make_unique<MinimaxM2ReasoningParser>(); }}},
+      {"minimax_m2_append_think", {[](bool) { return std::make_unique<MinimaxM2AppendThinkParser>(); }}},
+      {"qwen3", {[](bool ended) { return std::make_unique<Qwen3ReasoningParser>(ended); },
+                 qwen3_reasoning_ended_by_prompt}},
   };
   return t;
 }
 const std::map<std::string, TFactory>& tool_table() {
   static const std::map<std::string, TFactory> t = {
       {"minimax_m2", [](const ojson& tools) { return std::make_unique<MinimaxM2ToolParser>(tools); }},
+      {"hermes", [](const ojson& tools) { return std::make_unique<HermesToolParser>(tools); }},
   };
   return t;
 }
@@ -31,6 +39,7 @@ using GFactory = std::function<structured::Grammar(const ToolCallGrammarRequest&
 const std::map<std::string, GFactory>& tool_grammar_table() {
   static const std::map<std::string, GFactory> t = {
       {"minimax_m2", minimax_m2_tool_call_grammar},
+      {"hermes", hermes_tool_call_grammar},
   };
   return t;
 }
@@ -43,10 +52,15 @@ structured::Grammar tool_call_grammar(const std::string& name, const ToolCallGra
   return it->second(req);
 }
 
-std::unique_ptr<ReasoningParser> make_reasoning_parser(const std::string& name) {
+std::unique_ptr<ReasoningParser> make_reasoning_parser(const std::string& name, bool ended_by_prompt) {
   auto it = reasoning_table().find(name);
   MS_CHECK(it != reasoning_table().end(), "unknown reasoning parser '{}'", name);
-  return it->second();
+  return it->second.make(ended_by_prompt);
+}
+bool reasoning_ended_by_prompt(const std::string& name, const ReasoningRequest& req) {
+  auto it = reasoning_table().find(name);
+  MS_CHECK(it != reasoning_table().end(), "unknown reasoning parser '{}'", name);
+  return it->second.ended_by_prompt && it->second.ended_by_prompt(req);
 }
 std::unique_ptr<ToolParser> make_tool_parser(const std::string& name, const ojson& tools) {
   auto it = tool_table().find(name);
