@@ -131,12 +131,13 @@ def test_chat_in_process_terminal(replay):
 
 def test_chat_base_url_terminal(replay):
     before = replay.metrics()
-    stopped_after = drive_conversation(spawn([BIN, "chat", "--base-url", replay.base]))
+    stopped_after = drive_conversation(spawn([BIN, "chat", "--base-url", replay.base, "--tools", str(replay.tools)]))
     assert stopped_after < 3.0, stopped_after  # libcurl's progress callback: about once a second
     after = replay.metrics()
     # The stopped answer was aborted on the server (a client disconnect), not run to its end.
-    key = next(k for k in after if k.startswith("vllm:request_success_total") and 'finished_reason="abort"' in k)
-    assert after[key] - before.get(key, 0) >= 1, (before, after)
+    key = next((k for k in after if k.startswith("vllm:request_success_total") and 'finished_reason="abort"' in k),
+               None)
+    assert key and after[key] - before.get(key, 0) >= 1, {k: v for k, v in after.items() if "success" in k}
 
 
 def test_chat_pipe_in_process(replay):
@@ -156,9 +157,8 @@ def test_chat_pipe_base_url_tool_call_and_result(replay):
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0] == "(reasoning: 6 words; /thoughts shows it)", out
-    call = out[1].split(" ", 3)
-    assert call[:3] == ["[tool call]", "get_weather", call[2]] and json.loads(call[2] + " " + call[3]) == {
-        "city": "Paris", "days": 3}, out
+    head = "[tool call] get_weather "
+    assert out[1].startswith(head) and json.loads(out[1][len(head):]) == {"city": "Paris", "days": 3}, out
     assert out[2] == "(send the result with /tool TEXT)"
     # The tool result went back as a role "tool" message; TOOLTEST is still in the history.
     assert out[3].startswith("(reasoning:") and out[4].startswith("[tool call] get_weather"), out
@@ -166,7 +166,7 @@ def test_chat_pipe_base_url_tool_call_and_result(replay):
 
 def test_chat_base_url_errors(replay, tmp_path):
     # A refused request is reported and the conversation goes on.
-    r = subprocess.run([BIN, "chat", "--base-url", replay.base, "--temperature", "-0.5"], input="hello\n",
+    r = subprocess.run([BIN, "chat", "--base-url", replay.base, "--top-p", "1.5"], input="hello\n",
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("[error: HTTP 400"), r.stdout
@@ -253,18 +253,31 @@ def test_generate_messages(tiny, tmp_path):
     f = tmp_path / "msgs.json"
     f.write_text(json.dumps(msgs))
     # The oracle: the conversation rendered by `chat-template` (tested against Jinja2) with the
-    # content parts joined as chat/completions joins them.
-    flat = [msgs[0], {"role": "user", "content": "What is 2+2?"}]
+    # content parts joined as chat/completions joins them (vLLM: one "\n" between text parts).
+    flat = [msgs[0], {"role": "user", "content": "What is \n2+2?"}]
     (tmp_path / "flat.json").write_text(json.dumps(flat))
     prompt = subprocess.run([BIN, "chat-template", "--tokenizer", str(tiny), "--messages", str(tmp_path / "flat.json"),
                              "--add-generation-prompt"], capture_output=True, text=True, check=True).stdout
     j = json.loads(generate(tiny, "--messages", str(f), "--json"))
     assert j["prompt_ids"] == tok.encode(prompt, add_special_tokens=False).ids
     assert j["text"] == expected_text(tiny, tok, j["generated_ids"])
-    # {"messages", "tools"} is accepted too; a bad message is a clear error.
-    f.write_text(json.dumps({"messages": [{"role": "wizard", "content": "x"}]}))
-    r = subprocess.run([BIN, "generate", "--model", str(tiny), "--messages", str(f)], capture_output=True, text=True)
-    assert r.returncode == 1 and "--messages" in r.stderr, r.stderr
+    # {"messages", "tools"} is accepted too (the tools rendered by the template).
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+    f.write_text(json.dumps({"messages": flat, "tools": tools}))
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    prompt = subprocess.run([BIN, "chat-template", "--tokenizer", str(tiny), "--messages", str(tmp_path / "flat.json"),
+                             "--tools", str(tmp_path / "tools.json"), "--add-generation-prompt"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "get_time" in prompt
+    assert json.loads(generate(tiny, "--messages", str(f), "--json"))["prompt_ids"] == tok.encode(
+        prompt, add_special_tokens=False).ids
+    # Bad messages: the chat route's own checks, as a CLI error.
+    for bad, why in [([{"content": "x"}], "field `role` is required"), ([], "at least one message"),
+                     ({"msgs": []}, 'an object with "messages"')]:
+        f.write_text(json.dumps(bad))
+        r = subprocess.run([BIN, "generate", "--model", str(tiny), "--messages", str(f)], capture_output=True,
+                           text=True)
+        assert r.returncode == 1 and "--messages" in r.stderr and why in r.stderr, r.stderr
 
 
 def test_generate_prompt_flags_exclusive(tiny):

@@ -194,8 +194,21 @@ def test_scripted_conversation(server, browser, tmp_path):
     cdp.wait(idle(cdp))
     assert cdp.js(last(cdp, ".content")) == THINK_A
 
-    # Screenshot for the docs, with the reasoning block expanded.
-    cdp.js("document.querySelectorAll('details.reasoning').forEach(d => d.open = true); true")
+    # Screenshot for the docs: a conversation with an answer, reasoning (expanded) and a tool
+    # call, and the settings panel open.
+    cdp.js("document.getElementById('new-chat').click(); true")
+    for text in ("hello", "THINK: what is six times seven?", "TOOLTEST: and the weather in Paris?"):
+        if text.startswith("TOOLTEST"):
+            cdp.js(f"document.getElementById('tools').value = {json.dumps(json.dumps(TOOLS))}; true")
+        send(cdp, text)
+        cdp.wait(f"document.querySelectorAll('.msg.user').length === "
+                 f"document.querySelectorAll('.msg.assistant').length")
+        cdp.wait(idle(cdp))
+    assert "get_weather" in cdp.js(last(cdp, ".tool-call"))
+    cdp.js("document.getElementById('temperature').value = '0.7'; document.getElementById('max-tokens').value = '256';"
+           "document.getElementById('settings').hidden = false;"
+           "document.querySelectorAll('details.reasoning').forEach(d => d.open = true);"
+           "const m = document.getElementById('messages'); m.scrollTop = m.scrollHeight; true")
     png = base64.b64decode(cdp.call("Page.captureScreenshot", format="png")["data"])
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000
     out = REPO / "build" / "test-artifacts"
