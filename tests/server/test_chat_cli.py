@@ -3,6 +3,7 @@ a running server (--base-url), and `moeserve generate --prompt / --messages`."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -58,6 +59,17 @@ def drive_conversation(child):
     expect_prompt(child)
     say(child, "hello")
     child.expect_exact(PLAIN_T)
+    expect_prompt(child)
+    # Line editing and history (libedit): Up recalls "hello", Ctrl-A / Ctrl-E move in the line.
+    child.send("\x1b[A")
+    child.expect_exact("hello")
+    child.send("\r")
+    child.expect_exact(PLAIN_T)
+    expect_prompt(child)
+    child.send("ut it\x01THINK abo\r")  # typed "ut it", then Home, then "THINK abo" in front
+    child.expect_exact(THINK_A)
+    expect_prompt(child)
+    say(child, "/reset")
     expect_prompt(child)
     # The reasoning streams dimmed, then collapses to one line once the answer starts.
     say(child, "THINK about it")
@@ -193,6 +205,43 @@ def test_chat_base_url_api_key(tmp_path):
         assert r.returncode == 0 and r.stdout == PLAIN_T + "\n", (r.stdout, r.stderr)
     finally:
         assert s.stop() == 0
+
+
+def test_chat_real_engine_matches_serve(tiny, tmp_path):
+    """In process on the real CPU executor (make-tiny): the answer equals serve's for the same
+    greedy request, so chat runs serve's pipeline (template, tokenizer, engine, detokenizer)."""
+    import httpx
+    import openai
+    from conftest import free_port
+    r = subprocess.run([BIN, "chat", str(tiny), "--device", "cpu", "--temperature", "0", "--max-tokens", "8"],
+                       input="Hello, who are you?\n", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([BIN, "serve", str(tiny), "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            time.sleep(0.05)
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+        resp = c.chat.completions.create(model=str(tiny), messages=[{"role": "user", "content": "Hello, who are you?"}],
+                                         temperature=0, max_tokens=8)
+        choice = resp.choices[0]
+        content = (choice.message.content or "").lstrip("\r\n")
+        expected = (content + "\n" if content else "") + ("[max_tokens reached]\n" if choice.finish_reason == "length"
+                                                          else "")
+        assert r.stdout == expected, (r.stdout, expected)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
 
 
 # --- generate --prompt / --messages (the real CPU executor on `make-tiny`'s random model) -------------
