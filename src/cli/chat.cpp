@@ -238,7 +238,11 @@ int run_chat(ChatArgs& a, CLI::App* sub) {
         fail("{} configures the in-process engine; with --base-url the server's settings apply", f);
   } else {
     MS_CHECK(!a.model.empty(), "chat: give a MODEL (a folder or hub repo id), or --base-url URL of a running server");
+    MS_CHECK(a.api_key.empty(), "--api-key is for --base-url (the in-process engine needs no key)");
   }
+#ifndef MOESERVE_HAVE_LIBEDIT
+  MS_CHECK(a.history_file.empty(), "--history-file: this build has no libedit (install libedit-dev and rebuild)");
+#endif
   // Other threads (engine, strand) keep SIGINT blocked: it reaches the thread reading input.
   sigset_t sigs;
   sigemptyset(&sigs);

@@ -152,6 +152,27 @@ def test_chat_base_url_terminal(replay):
     assert key and after[key] - before.get(key, 0) >= 1, {k: v for k, v in after.items() if "success" in k}
 
 
+def test_chat_history_file(replay, tmp_path):
+    hist = tmp_path / "history"
+    child = spawn(in_process_cmd(replay, "--history-file", str(hist)))
+    expect_prompt(child)
+    say(child, "THINK of a number")
+    child.expect_exact(THINK_A)
+    expect_prompt(child)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and "THINK\\040of\\040a\\040number" in hist.read_text()  # libedit vis(3) encoding
+    # A new session recalls it with Up.
+    child = spawn(in_process_cmd(replay, "--history-file", str(hist)))
+    expect_prompt(child)
+    child.send("\x1b[A\r")
+    child.expect_exact(THINK_A)
+    expect_prompt(child)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
 def test_chat_pipe_in_process(replay):
     lines = "hello\nTHINK now\n/reset\nhello\n/nonsense\n"
     r = subprocess.run(in_process_cmd(replay, "--max-tokens", "64"), input=lines, capture_output=True, text=True,
@@ -192,6 +213,9 @@ def test_chat_base_url_errors(replay, tmp_path):
     assert r.returncode == 1 and "--device configures the in-process engine" in r.stderr, r.stderr
     r = subprocess.run([BIN, "chat"], input="", capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "give a MODEL" in r.stderr, r.stderr
+    r = subprocess.run([BIN, "chat", str(replay.tmp / "model"), "--api-key", "k"], input="", capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "--api-key is for --base-url" in r.stderr, r.stderr
 
 
 def test_chat_base_url_api_key(tmp_path):
