@@ -78,7 +78,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 // The prompt of --prompt / --messages as token ids, with the model's tokenizer and template.
 std::vector<int32_t> text_prompt_ids(const Args& a, const moeserve::server::TokenizerFrontend& fe) {
   using moeserve::server::ojson;
-  if (!a.prompt.empty()) return fe.encode(a.prompt, /*add_special_tokens=*/true);
+  if (a.messages.empty()) return fe.encode(a.prompt, /*add_special_tokens=*/true);
   std::ifstream f(a.messages, std::ios::binary);
   MS_CHECK(f.good(), "--messages: cannot read {}", a.messages);
   ojson doc;
@@ -133,9 +133,11 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate text (or token ids) 
   sub->add_option("--prefill-chunk", a->prefill_chunk, "chunked prefill size (0 = whole prompt)");
   sub->add_flag("--enforce-eager", a->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   moeserve::cli::add_parallel_flags(sub, a->par);
-  return [a] {
-    const bool text = !a->prompt.empty() || !a->messages.empty();
-    MS_CHECK(text || !a->prompt_ids.empty(), "give a prompt: --prompt TEXT, --messages FILE or --prompt-ids IDS");
+  return [a, p_text, p_msgs, p_ids] {
+    // Given (even empty) decides the mode: `--prompt-ids ""` is an empty id list (refused by parse_ids).
+    const bool text = p_text->count() > 0 || p_msgs->count() > 0;
+    MS_CHECK(text || p_ids->count() > 0, "give a prompt: --prompt TEXT, --messages FILE or --prompt-ids IDS");
+    MS_CHECK(p_msgs->count() == 0 || !a->messages.empty(), "--messages: give a JSON file");
     MS_CHECK(a->chat_template.empty() || !a->messages.empty(), "--chat-template applies to --messages only");
     std::unique_ptr<moeserve::Backend> backend;
     if (a->par.parallel()) {
