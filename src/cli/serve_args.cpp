@@ -166,6 +166,7 @@ void add_serve_options(CLI::App* sub, ServeArgs& a) {
   b("reasoning-parser", a.reasoning_parser);
   b("enable-request-id-headers", a.enable_request_id_headers);
   b("enable-force-include-usage", a.enable_force_include_usage);
+  b("web-ui", a.web_ui);
   b("max-logprobs", a.max_logprobs);
   b("io-threads", a.io_threads);
   b("prep-threads", a.prep_threads);

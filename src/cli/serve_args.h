@@ -42,6 +42,7 @@ struct ServeArgs {
   bool enable_prefix_caching = true;
   bool enable_request_id_headers = false;
   bool enable_force_include_usage = false;
+  bool web_ui = true;  // --no-web-ui: no chat page at /
   bool enable_log_requests = false;
   bool disable_log_stats = false;
   double gpu_memory_utilization = 0.9;

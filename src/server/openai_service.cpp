@@ -14,6 +14,7 @@
 #include "server/response.h"
 #include "server/responses_api.h"
 #include "server/tokenize_request.h"
+#include "server/web_ui.h"
 
 namespace moeserve::server {
 
@@ -401,6 +402,13 @@ void OpenAIService::route(const HttpRequest& req, const std::string& path, std::
     if (path == "/health" || path == "/ping") {
       if (!is_get && !(is_post && path == "/ping")) return method_not_allowed();
       sink->send(draining_ ? 503 : 200, kJson, "");
+    } else if (path == "/" && cfg_.web_ui) {
+      // The chat page (web_ui.h): no API key needed for the page itself, only for /v1.
+      if (!is_get) return method_not_allowed();
+      sink->add_header("Content-Security-Policy", kWebUiCsp);
+      sink->add_header("X-Content-Type-Options", "nosniff");
+      sink->add_header("Cache-Control", "no-cache");
+      sink->send(200, "text/html; charset=utf-8", std::string(web_ui_page()));
     } else if (path == "/version") {
       if (!is_get) return method_not_allowed();
       sink->send(200, kJson, "{\"version\":" + json_string(cfg_.version) + "}");

@@ -43,6 +43,7 @@ struct ServiceConfig {
   size_t max_body_bytes = 32u << 20;
   int prep_queue_bodies = 4;
   bool force_include_usage = false;  // --enable-force-include-usage: every stream ends with usage
+  bool web_ui = false;  // GET / answers the chat page (web_ui.h); false: 404 as any unknown path
 };
 
 class OpenAIService : public Handler {

@@ -99,6 +99,7 @@ std::vector<FlagSpec> make_table() {
   add("tool-call-parser", I, O, api, "tool-call parser (minimax_m2, hermes)");
   add("reasoning-parser", I, O, api, "reasoning parser (minimax_m2, minimax_m2_append_think, qwen3)");
   add("enable-request-id-headers", I, F, api, "X-Request-Id on every response (the client's, else a new one)");
+  add("web-ui", I, F, api, "moeserve: the chat page at / (default on; --no-web-ui: / answers 404)").negatable = true;
   add("enable-force-include-usage", I, F, api, "every stream ends with a usage chunk, even without stream_options");
   add("max-logprobs", I, O, api, "largest top_logprobs / logprobs accepted (20)");
   add("io-threads", I, O, api, "moeserve: HTTP io threads (2)");
