@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STASH=${STASH:-/tmp/moeserve-device-stash}
-BIG=(assets/demo-model tests/fixtures/shared-data/tokenizers/qwen3 tests/fixtures/shared-data/tokenizers/deepseek-v3)
+BIG=(assets/demo-model wip tests/fixtures/shared-data/tokenizers/qwen3 tests/fixtures/shared-data/tokenizers/deepseek-v3)
 case "${1:-}" in
   slim)
     mkdir -p "$STASH"
