@@ -314,10 +314,7 @@ const StructuredContext& OpenAIService::structured_context() {
     structured_ctx_.tool_parser = cfg_.tool_parser;
     // With a reasoning parser the constraint starts after the reasoning section ends (vLLM):
     // at the "</think>" token, when the tokenizer has it as one token.
-    if (!cfg_.reasoning_parser.empty()) {
-      std::vector<int32_t> end = frontend_.encode("</think>", false);
-      if (end.size() == 1) structured_ctx_.start_after = end;
-    }
+    if (int32_t end = reasoning_markers().end_token; end >= 0) structured_ctx_.start_after = {end};
   });
   return structured_ctx_;
 }
@@ -325,11 +322,10 @@ const StructuredContext& OpenAIService::structured_context() {
 const SamplingParams::ThinkingBudget& OpenAIService::reasoning_markers() {
   std::call_once(reasoning_markers_once_, [&] {
     if (cfg_.reasoning_parser.empty()) return;
+    // Each marker only when the tokenizer has it as one token (-1 otherwise).
     std::vector<int32_t> start = frontend_.encode("<think>", false), end = frontend_.encode("</think>", false);
-    if (start.size() == 1 && end.size() == 1) {
-      reasoning_markers_.start_token = start[0];
-      reasoning_markers_.end_token = end[0];
-    }
+    if (start.size() == 1) reasoning_markers_.start_token = start[0];
+    if (end.size() == 1) reasoning_markers_.end_token = end[0];
   });
   return reasoning_markers_;
 }
@@ -548,7 +544,7 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
   SamplingParams::ThinkingBudget thinking;
   if (r.thinking_token_budget) {
     thinking = reasoning_markers();
-    if (thinking.end_token < 0)
+    if (thinking.start_token < 0 || thinking.end_token < 0)
       throw bad_request(cfg_.reasoning_parser.empty()
                             ? "a thinking budget (thinking_token_budget, Anthropic's thinking, reasoning effort \"none\") needs a "
                               "reasoning parser: start the server with --reasoning-parser"

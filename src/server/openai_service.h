@@ -102,8 +102,9 @@ class OpenAIService : public Handler {
   std::atomic<int> active_{0};
   std::unique_ptr<ResponsesApi> responses_;  // /v1/responses and its store
   std::once_flag structured_once_;
-  // The reasoning section's start / end token ids ("<think>", "</think>" as single tokens)
-  // when a reasoning parser is on; -1 otherwise. Set once, from the frontend's tokenizer.
+  // The reasoning section's start / end token ids ("<think>", "</think>", each when it is a
+  // single token) when a reasoning parser is on; -1 otherwise. Set once, from the tokenizer;
+  // the thinking budget needs both, the structured-output start only the end.
   const SamplingParams::ThinkingBudget& reasoning_markers();
   SamplingParams::ThinkingBudget reasoning_markers_;
   std::once_flag reasoning_markers_once_;

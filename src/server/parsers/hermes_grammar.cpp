@@ -24,12 +24,8 @@ Grammar hermes_tool_call_grammar(const ToolCallGrammarRequest& req) {
   Grammar g;
   g.root = g.add_rule("root");
   std::vector<Alt> calls;
-  for (auto& tool : req.tools) {
-    if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object()) continue;
-    const ojson& fn = tool["function"];
-    std::string name = fn.value("name", "");
-    if (name.empty()) continue;
-    if (!req.names.empty() && std::find(req.names.begin(), req.names.end(), name) == req.names.end()) continue;
+  for (const auto& [name, fn_ptr] : callable_tools(req)) {
+    const ojson& fn = *fn_ptr;
     ojson params = fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : ojson::object();
     // No schema (or an empty one): any object, as the template's `{"arguments": <args-json-object>}` asks.
     if (params.empty()) params = ojson{{"type", "object"}};
@@ -51,10 +47,7 @@ Grammar hermes_tool_call_grammar(const ToolCallGrammarRequest& req) {
   if (calls.empty()) throw GrammarError("no callable tool for the requested tool_choice");
   int32_t call = g.add_rule("call", std::move(calls));
   Alt root;
-  structured::ByteSet lead;
-  lead.set(' ');
-  lead.set('\n');
-  g.repeat(Alt{Symbol::set(lead)}, 0, 8, "lead", root);  // bounded: a random model could loop on it
+  add_leading_whitespace(g, root);
   root.push_back(Symbol::ref(call));
   if (req.parallel) {
     Alt more;

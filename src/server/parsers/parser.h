@@ -95,6 +95,11 @@ bool has_tool_call_grammar(const std::string& parser_name);
 structured::Grammar tool_call_grammar(const std::string& parser_name, const ToolCallGrammarRequest& req);
 structured::Grammar minimax_m2_tool_call_grammar(const ToolCallGrammarRequest& req);  // parsers/minimax_m2_grammar.cpp
 structured::Grammar hermes_tool_call_grammar(const ToolCallGrammarRequest& req);      // parsers/hermes_grammar.cpp
+// For the families' grammars: the request's callable tools, (name, its "function" object), in
+// order: well-formed function tools with a name, restricted to req.names when given.
+std::vector<std::pair<std::string, const ojson*>> callable_tools(const ToolCallGrammarRequest& req);
+// Appends [ \n]{0,8} to `alt` (bounded: a random model could loop on unbounded whitespace).
+void add_leading_whitespace(structured::Grammar& g, structured::Alt& alt);
 
 // Shared helpers for parsers.
 // Length of the longest suffix of `text` that is a proper prefix of `marker`.

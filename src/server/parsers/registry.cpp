@@ -1,5 +1,6 @@
 // Parser registry: one line per parser name. Static registration objects would be dropped
 // by the static-library linker, so the table is explicit.
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <random>
@@ -44,6 +45,26 @@ const std::map<std::string, GFactory>& tool_grammar_table() {
   return t;
 }
 }  // namespace
+
+std::vector<std::pair<std::string, const ojson*>> callable_tools(const ToolCallGrammarRequest& req) {
+  std::vector<std::pair<std::string, const ojson*>> out;
+  for (auto& tool : req.tools) {
+    if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object()) continue;
+    const ojson& fn = tool["function"];
+    std::string name = fn.value("name", "");
+    if (name.empty()) continue;
+    if (!req.names.empty() && std::find(req.names.begin(), req.names.end(), name) == req.names.end()) continue;
+    out.emplace_back(std::move(name), &fn);
+  }
+  return out;
+}
+
+void add_leading_whitespace(structured::Grammar& g, structured::Alt& alt) {
+  structured::ByteSet lead;
+  lead.set(' ');
+  lead.set('\n');
+  g.repeat(structured::Alt{structured::Symbol::set(lead)}, 0, 8, "lead", alt);
+}
 
 bool has_tool_call_grammar(const std::string& name) { return tool_grammar_table().count(name) > 0; }
 structured::Grammar tool_call_grammar(const std::string& name, const ToolCallGrammarRequest& req) {
