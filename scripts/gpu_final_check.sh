@@ -11,6 +11,7 @@
 # Usage: cd .gpubin && OUT=/dir [FIXTURES=/repo/tests/fixtures/golden] ./gpu_final_check.sh
 set -uo pipefail
 cd "$(dirname "$0")"
+export LD_LIBRARY_PATH="$PWD/lib:${LD_LIBRARY_PATH:-}"  # yaml-cpp from gpu_pack.sh
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 start=$(date +%s)

@@ -12,6 +12,7 @@
 # Usage on the GPU machine: cd .gpubin && OUT=/dir STEPS="tests golden bench" LAYERS=30 ./gpu_prebuilt_check.sh
 set -uo pipefail
 cd "$(dirname "$0")"
+export LD_LIBRARY_PATH="$PWD/lib:${LD_LIBRARY_PATH:-}"  # yaml-cpp from gpu_pack.sh
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-tests golden serve multigpu bench}
 LAYERS=${LAYERS:-30}

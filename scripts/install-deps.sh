@@ -13,6 +13,7 @@ PKGS=(
   libyaml-cpp-dev             # serve --config FILE.yaml
   libcurl4-openssl-dev libssl-dev
   libpcre2-dev libutf8proc-dev
+  libedit-dev                 # moeserve chat: line editing and history (BSD licence)
   curl
 )
 if [ "$MODE" != "--runtime" ]; then
@@ -21,6 +22,7 @@ if [ "$MODE" != "--runtime" ]; then
     python3 python3-venv python3-pip
     systemd                   # systemd-analyze verify (service unit test)
     clang libclang-rt-dev     # scripts/fuzz.sh: libFuzzer, ASan and UBSan runtimes
+    chromium                  # tests/server/test_web_ui.py: the chat page in headless Chromium
   )
 fi
 missing=()

@@ -4,12 +4,18 @@
 # Developers run it before resolving an issue that touches those layers:
 #   JOBS=2 scripts/sanitize.sh            # build + run
 #   scripts/sanitize.sh --gtest_filter='HttpRobustness.*'   # extra args go to every test binary
+#   SANITIZE_TARGETS="test_engine_units test_engine_sched" scripts/sanitize.sh   # a subset
+#   SANITIZE_SET=quick scripts/sanitize.sh   # the host-only engine, tokenizer and Jinja tests
 # Timing on the 2-core dev machine: docs/reliability.md ("Sanitizers").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-asan}
 JOBS=${JOBS:-$(nproc)}
-TARGETS=(test_http test_http_robustness test_server_units test_engine_units test_engine_sched test_tokenizer test_jinja)
+ALL="test_http test_http_robustness test_server_units test_engine_units test_engine_sched test_tokenizer test_jinja"
+QUICK="test_engine_units test_engine_sched test_tokenizer test_jinja"
+if [ -n "${SANITIZE_TARGETS:-}" ]; then read -r -a TARGETS <<<"$SANITIZE_TARGETS"
+elif [ "${SANITIZE_SET:-all}" = quick ]; then read -r -a TARGETS <<<"$QUICK"
+else read -r -a TARGETS <<<"$ALL"; fi
 FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESERVE_CUDA=OFF -DMOESERVE_BENCH=OFF \

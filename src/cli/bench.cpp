@@ -26,6 +26,7 @@ moeserve::cli::RegisterSubcommand reg(
       auto rate = std::make_shared<std::string>("inf");
       auto burst = std::make_shared<std::string>("1.0");
       auto& d = o->dataset;
+      sub->option_defaults()->group("Server");
       sub->add_option("--base-url", o->base_url, "server base URL, e.g. http://127.0.0.1:8000 (default: --host/--port)");
       sub->add_option("--host", o->host, "server host when --base-url is not given")->capture_default_str();
       sub->add_option("--port", o->port, "server port when --base-url is not given")->capture_default_str();
@@ -35,6 +36,7 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--served-model-name", o->served_model_name, "name sent as \"model\" when it differs from --model");
       sub->add_option("--tokenizer", o->tokenizer,
                       "directory with tokenizer.json (default: --model or the server's model root if local)");
+      sub->option_defaults()->group("Dataset");
       sub->add_option("--dataset-name,--dataset", d.name, "random, sharegpt or jsonl")->capture_default_str();
       sub->add_option("--dataset-path", d.path, "ShareGPT JSON or JSONL ({\"prompt\", \"output_len\"} per line) file");
       sub->add_option("--num-prompts", d.num_prompts, "requests to send")->capture_default_str();
@@ -44,11 +46,13 @@ moeserve::cli::RegisterSubcommand reg(
                       "random: lengths uniform in [L(1-r), L(1+r)]; 0 = fixed")->capture_default_str();
       sub->add_option("--sharegpt-output-len", d.sharegpt_output_len, "sharegpt: fixed output length");
       sub->add_option("--seed", d.seed, "seed for prompts and arrivals")->capture_default_str();
+      sub->option_defaults()->group("Load");
       sub->add_option("--max-concurrency", o->max_concurrency, "client-side limit on requests in flight (default: none)");
       sub->add_option("--request-rate", *rate, "requests/s (inf: all at once)")->capture_default_str();
       sub->add_option("--burstiness", *burst, "gamma shape of inter-arrival times (1 = Poisson)")->capture_default_str();
       sub->add_flag("--ignore-eos", o->ignore_eos, "send ignore_eos so every request generates its full length");
       sub->add_option("--extra-body", o->extra_body, "JSON object merged into every request body");
+      sub->option_defaults()->group("Results and output");
       sub->add_option("--percentile-metrics", o->percentile_metrics, "comma list of ttft, tpot, itl, e2el")
           ->capture_default_str();
       sub->add_option("--metric-percentiles", o->metric_percentiles, "comma list, e.g. 50,90,99")

@@ -12,11 +12,13 @@ moeserve::cli::RegisterSubcommand reg(
     "bench-model", "Benchmark decode/prefill throughput against the GPU roofline", [](CLI::App* sub) {
 #ifdef MOESERVE_WITH_CUDA
       auto opt = std::make_shared<moeserve::tools::BenchModelOptions>();
+      sub->option_defaults()->group("Model");
       sub->add_option("--synthetic", opt->synthetic, "Random weights with a known model's shapes (minimax-m2.5)");
       sub->add_option("model", opt->checkpoint, "Checkpoint directory (instead of --synthetic)");
       sub->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (same as the positional argument)");
       sub->add_option("--layers", opt->layers, "Decoder layers (0: 4 synthetic / all of a checkpoint)")
           ->capture_default_str();
+      sub->option_defaults()->group("Workload");
       sub->add_option("--batch-sizes", opt->batches, "Decode batch sizes")->capture_default_str();
       sub->add_option("--contexts", opt->contexts, "Decode context lengths")->capture_default_str();
       sub->add_option("--prefill-tokens", opt->prefill_tokens, "Prompt length for prefill/TTFT (0: skip)")
@@ -24,6 +26,7 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--iters", opt->iters, "Timed repetitions (median)")->capture_default_str();
       sub->add_option("--warmup-ms", opt->warmup_ms, "Replay each decode graph ~this long before timing (GPU clocks)")
           ->capture_default_str();
+      sub->option_defaults()->group("Engine");
       sub->add_option("--block-size", opt->block_size, "KV block size")->capture_default_str();
       sub->add_option("--gpu-memory-utilization", opt->gpu_memory_utilization, "Fraction of GPU memory to use")
           ->capture_default_str();
@@ -31,11 +34,13 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--profile", opt->profile_batches, "Per-op time breakdown at these batch sizes (eager)");
       sub->add_option("--linear-gemv-max-tokens", opt->linear_gemv_max_tokens,
                       "Rows up to which linears use the GEMV path (0: backend default)");
+      sub->option_defaults()->group("Parallelism");
       sub->add_option("--tensor-parallel-size", opt->tensor_parallel, "(-tp) GPUs the stack is split over")
           ->capture_default_str();
       sub->add_flag("--enable-expert-parallel", opt->expert_parallel, "experts whole per GPU (EP) instead of sliced");
       sub->add_option("--data-parallel-size", opt->data_parallel, "(-dp) attention data parallelism (only 1)")
           ->capture_default_str();
+      sub->option_defaults()->group("Output");
       sub->add_option("--json", opt->json_out, "Write the JSON report here (default: stdout)");
       return [opt, sub]() {
         std::string cmd = "moeserve bench-model";

@@ -1,7 +1,12 @@
-// `moeserve generate --model DIR --prompt-ids "1,2,3" --max-tokens N`: token-id generation
-// through the ModelExecutor (no tokenizer, no server). --json prints only
-// {"prompt_ids": [...], "generated_ids": [...]} on stdout; --dump-logits writes float32
-// .npy [N, vocab] whose row k holds the logits generated token k was chosen from.
+// `moeserve generate --model DIR (--prompt TEXT | --messages FILE | --prompt-ids "1,2,3")`:
+// one sequence through the ModelExecutor (no engine, no server). --prompt is encoded with the
+// model's tokenizer (special tokens added as HF's encode does); --messages renders a JSON
+// messages list with the chat template, as chat/completions does (same normalisation,
+// protocol.h); both print the generated text (up to the first end-of-sequence token).
+// --prompt-ids takes token ids and prints the generated ids. --json prints
+// {"prompt_ids": [...], "generated_ids": [...]} (and "text" for text prompts) on stdout;
+// --dump-logits writes float32 .npy [N, vocab] whose row k holds the logits generated token
+// k was chosen from.
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -9,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +22,11 @@
 #include "cli/parallel_cli.h"
 #include "cli/model_source.h"
 #include "cli/registry.h"
+#include "core/bounded_json.h"
 #include "core/error.h"
+#include "engine/stop.h"
+#include "server/protocol.h"
+#include "server/tokenizer_frontend.h"
 #include "model/registry.h"
 #include "model/generate.h"
 #include "runtime/model_executor.h"
@@ -27,7 +37,7 @@
 
 namespace {
 struct Args {
-  std::string model, prompt_ids, dump_logits, device = "cpu";
+  std::string model, prompt_ids, prompt, messages, chat_template, dump_logits, device = "cpu";
   int max_tokens = 16, block_size = 16, prefill_chunk = 0;
   float temperature = 0.f;
   uint64_t seed = 0;
@@ -65,23 +75,74 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token ids", [](CLI::App* sub) {
+// The prompt of --prompt / --messages as token ids, with the model's tokenizer and template.
+std::vector<int32_t> text_prompt_ids(const Args& a, const moeserve::server::TokenizerFrontend& fe) {
+  using moeserve::server::ojson;
+  if (a.messages.empty()) return fe.encode(a.prompt, /*add_special_tokens=*/true);
+  std::ifstream f(a.messages, std::ios::binary);
+  MS_CHECK(f.good(), "--messages: cannot read {}", a.messages);
+  ojson doc;
+  try {
+    doc = moeserve::parse_json_bounded<ojson>(std::string(std::istreambuf_iterator<char>(f), {}), a.messages);
+  } catch (const nlohmann::json::exception& e) {
+    moeserve::fail("--messages {}: invalid JSON: {}", a.messages, e.what());
+  }
+  // A list of messages, or {"messages": [...], "tools": [...]}: checked and normalised as a
+  // chat/completions body is (content parts flattened, roles and tool calls validated).
+  ojson body = doc.is_array() ? ojson{{"messages", doc}} : doc;
+  MS_CHECK(body.is_object() && body.contains("messages"),
+           "--messages {}: expected a JSON list of messages or an object with \"messages\"", a.messages);
+  for (auto it = body.begin(); it != body.end();)
+    it = it.key() == "messages" || it.key() == "tools" ? std::next(it) : body.erase(it);
+  body["model"] = "generate";
+  moeserve::server::GenRequest r;
+  try {
+    moeserve::server::ProtocolLimits limits;
+    limits.auto_tool_choice_enabled = true;  // tools given are rendered by the template; no parser runs here
+    r = moeserve::server::parse_chat_request(body, limits);
+  } catch (const std::exception& e) {
+    moeserve::fail("--messages {}: {}", a.messages, e.what());
+  }
+  moeserve::server::ChatRenderInputs in;
+  in.messages = r.messages;
+  in.tools = r.tools;
+  in.add_generation_prompt = true;
+  return fe.encode(fe.render_chat(in), /*add_special_tokens=*/false);
+}
+
+moeserve::cli::RegisterSubcommand reg("generate", "Generate text (or token ids) from a prompt", [](CLI::App* sub) {
   auto a = std::make_shared<Args>();
+  sub->option_defaults()->group("Input");
   sub->add_option("--model", a->model, "checkpoint directory")->required();
-  sub->add_option("--prompt-ids", a->prompt_ids, "comma-separated prompt token ids")->required();
+  auto* p_text = sub->add_option("--prompt", a->prompt, "prompt text (tokenized with the model's tokenizer); prints text");
+  auto* p_msgs = sub->add_option("--messages", a->messages,
+                                 "JSON file: a list of chat messages (or {messages, tools}) rendered with the chat "
+                                 "template; prints text");
+  auto* p_ids = sub->add_option("--prompt-ids", a->prompt_ids, "comma-separated prompt token ids; prints token ids");
+  p_text->excludes(p_msgs)->excludes(p_ids);
+  p_msgs->excludes(p_ids);
+  sub->add_option("--chat-template", a->chat_template, "with --messages: a template file or text instead of the model's");
   sub->add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
+  sub->option_defaults()->group("Sampling");
   sub->add_option("--temperature", a->temperature, "0 = greedy (ties to the lowest id)")->capture_default_str();
   sub->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+  sub->option_defaults()->group("Output");
   sub->add_option("--dump-logits", a->dump_logits,
                   "write float32 .npy [N, vocab]: row k = raw model logits (before temperature) that token k was "
                   "sampled from");
-  sub->add_flag("--json", a->json, "print {prompt_ids, generated_ids} as JSON on stdout");
+  sub->add_flag("--json", a->json, "print {prompt_ids, generated_ids} (and text) as JSON on stdout");
+  sub->option_defaults()->group("Engine");
   sub->add_option("--device", a->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   sub->add_option("--block-size", a->block_size, "KV cache block size")->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "chunked prefill size (0 = whole prompt)");
   sub->add_flag("--enforce-eager", a->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   moeserve::cli::add_parallel_flags(sub, a->par);
-  return [a] {
+  return [a, p_text, p_msgs, p_ids] {
+    // Given (even empty) decides the mode: `--prompt-ids ""` is an empty id list (refused by parse_ids).
+    const bool text = p_text->count() > 0 || p_msgs->count() > 0;
+    MS_CHECK(text || p_ids->count() > 0, "give a prompt: --prompt TEXT, --messages FILE or --prompt-ids IDS");
+    MS_CHECK(p_msgs->count() == 0 || !a->messages.empty(), "--messages: give a JSON file");
+    MS_CHECK(a->chat_template.empty() || !a->messages.empty(), "--chat-template applies to --messages only");
     std::unique_ptr<moeserve::Backend> backend;
     if (a->par.parallel()) {
       // Ranks make their own backends (one per GPU, on their threads).
@@ -102,12 +163,19 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     }
     {  // a hub repo id resolves through the hub cache (downloaded when missing, as serve does)
       moeserve::cli::ModelSource src;
-      src.tokenizer = false;
+      src.tokenizer = text;
       a->model = moeserve::cli::resolve_model_path(a->model, src);
     }
     // Validate every argument before the (slow) model load.
     moeserve::GenerateOptions g;
-    g.prompt_ids = parse_ids(a->prompt_ids);
+    std::unique_ptr<moeserve::server::TokenizerFrontend> fe;
+    if (text) {
+      fe = std::make_unique<moeserve::server::TokenizerFrontend>(a->model, a->chat_template);
+      g.prompt_ids = text_prompt_ids(*a, *fe);
+      MS_CHECK(!g.prompt_ids.empty(), "the prompt encodes to no tokens");
+    } else {
+      g.prompt_ids = parse_ids(a->prompt_ids);
+    }
     MS_CHECK(a->max_tokens >= 1, "--max-tokens must be >= 1, got {}", a->max_tokens);
     MS_CHECK(std::isfinite(a->temperature) && a->temperature >= 0, "--temperature must be a finite number >= 0");
     MS_CHECK(a->block_size >= 1 && a->block_size <= 4096, "--block-size must be in [1, 4096], got {}", a->block_size);
@@ -115,7 +183,7 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     {
       const auto cfg = moeserve::load_model_config(a->model).config->desc();
       for (int32_t t : g.prompt_ids)
-        MS_CHECK(t < cfg.vocab_size, "--prompt-ids: token id {} is out of range [0, {}) (vocab_size)", t,
+        MS_CHECK(t < cfg.vocab_size, "prompt token id {} is out of range [0, {}) (config vocab_size)", t,
                  cfg.vocab_size);
       const int64_t total = int64_t(g.prompt_ids.size()) + a->max_tokens;
       MS_CHECK(total <= cfg.max_position_embeddings,
@@ -150,9 +218,24 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate token ids from token
     const auto res = moeserve::generate(*exec, g);
     if (!a->dump_logits.empty())
       moeserve::write_npy_f32(a->dump_logits, res.logits.data(), int64_t(res.generated_ids.size()), res.vocab_size);
+    std::string out_text;
+    if (text) {
+      // Up to the first end-of-sequence token (the loop runs --max-tokens; the ids show all).
+      std::vector<int32_t> eos = moeserve::read_eos_token_ids(a->model);
+      for (int32_t id : fe->eos_token_ids()) eos.push_back(id);
+      std::vector<int32_t> shown;
+      for (int32_t t : res.generated_ids) {
+        if (std::find(eos.begin(), eos.end(), t) != eos.end()) break;
+        shown.push_back(t);
+      }
+      out_text = fe->decode(shown, /*skip_special_tokens=*/true);
+    }
     if (a->json) {
       nlohmann::ordered_json j = {{"prompt_ids", g.prompt_ids}, {"generated_ids", res.generated_ids}};
-      std::printf("%s\n", j.dump().c_str());
+      if (text) j["text"] = out_text;
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else if (text) {
+      std::printf("%s\n", out_text.c_str());
     } else {
       std::string s;
       for (size_t i = 0; i < res.generated_ids.size(); ++i) s += (i ? "," : "") + std::to_string(res.generated_ids[i]);

@@ -11,13 +11,15 @@ struct Args {
 };
 
 moeserve::cli::RegisterSubcommand reg(
-    "make-tiny", "Write a deterministic tiny random MiniMax-M2 checkpoint", [](CLI::App* sub) {
+    "make-tiny", "Write a deterministic tiny MiniMax-M2 checkpoint with random weights (for tests; it does not speak: scripts/run.sh serves the trained demo model)", [](CLI::App* sub) {
       auto a = std::make_shared<Args>();
       auto& o = a->o;
       sub->add_option("dir", a->dir, "output directory")->required();
+      sub->option_defaults()->group("Weights");
       sub->add_option("--seed", o.seed, "random seed")->capture_default_str();
       sub->add_flag("--fp8", o.fp8, "FP8 e4m3 block-scaled linear weights");
       sub->add_option("--block-size", o.block_size, "FP8 weight block size (square)")->capture_default_str();
+      sub->option_defaults()->group("Shapes");
       sub->add_option("--hidden-size", o.hidden_size)->capture_default_str();
       sub->add_option("--num-layers", o.num_layers)->capture_default_str();
       sub->add_option("--num-heads", o.num_heads)->capture_default_str();
@@ -30,6 +32,7 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--vocab-size", o.vocab_size)->capture_default_str();
       sub->add_option("--max-model-len", o.max_position_embeddings, "max_position_embeddings")->capture_default_str();
       sub->add_option("--num-mtp-modules", o.num_mtp_modules, "declared in config.json only")->capture_default_str();
+      sub->option_defaults()->group("Tokenizer");
       sub->add_option("--bos-token-id", o.bos_token_id)->capture_default_str();
       sub->add_option("--eos-token-id", o.eos_token_id)->capture_default_str();
       sub->add_flag("!--no-tokenizer", o.with_tokenizer, "do not write the built-in tokenizer");

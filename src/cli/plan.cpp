@@ -127,12 +127,14 @@ int run(Args& a) {
 moeserve::cli::RegisterSubcommand reg(
     "plan", "List the parallel layouts (TP, TP+EP, DP+EP) that fit a model on N GPUs", [](CLI::App* sub) {
       auto a = std::make_shared<Args>();
+      sub->option_defaults()->group("Model and GPUs");
       sub->add_option("--model", a->model, "model directory or hub repo id (only config.json and the index are read)")
           ->required();
       sub->add_option("--gpus", a->gpus, "number of GPUs")->required();
       sub->add_option("--gpu-memory", a->gpu_memory, "memory per GPU: 96GB (= 96e9 B), 80GiB, 141GB")->required();
       sub->add_option("--gpu-memory-utilization", a->opt.utilization, "fraction of GPU memory to use")
           ->capture_default_str();
+      sub->option_defaults()->group("Serving settings");
       sub->add_option("--max-model-len", a->max_model_len, "context length (default: max_position_embeddings)");
       sub->add_option("--kv-cache-dtype", a->opt.kv_cache_dtype, "auto (model dtype) or fp8")->capture_default_str();
       sub->add_option("--block-size", a->opt.block_size, "KV cache block size (tokens)")->capture_default_str();
@@ -144,6 +146,7 @@ moeserve::cli::RegisterSubcommand reg(
           ->capture_default_str();
       sub->add_flag("--replicate-embeddings", a->replicate_embeddings,
                     "embedding and lm_head whole on every GPU (default: split by vocab over TP, as vLLM)");
+      sub->option_defaults()->group("Output and hub");
       sub->add_option("--revision", a->revision, "hub revision (branch, tag or commit)")->capture_default_str();
       sub->add_flag("--json", a->json_out, "print the plan as JSON");
       return [a] { return run(*a); };

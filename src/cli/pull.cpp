@@ -47,12 +47,14 @@ moeserve::cli::RegisterSubcommand reg(
     "pull", "Download a model repository from the Hugging Face hub (or a mirror: HF_ENDPOINT)", [](CLI::App* sub) {
       auto a = std::make_shared<Args>();
       sub->add_option("repo", a->repo, "repository id, e.g. MiniMaxAI/MiniMax-M2");
+      sub->option_defaults()->group("What to fetch");
       sub->add_option("--revision", a->revision, "branch, tag or commit")->capture_default_str();
       sub->add_option("--local-dir", a->local_dir, "write real files into this folder instead of the hub cache");
       sub->add_option("--cache-dir,--download-dir", a->cache_dir, "hub cache folder (default: $HF_HUB_CACHE)");
       CLI::Option* inc = sub->add_option("--include", a->include, "only files matching these globs (fnmatch; '*' spans '/')")
           ->expected(1, -1);
       CLI::Option* exc = sub->add_option("--exclude", a->exclude, "skip files matching these globs")->expected(1, -1);
+      sub->option_defaults()->group("Transfer");
       sub->add_option("--max-workers", a->max_workers, "parallel transfers (files and ranges)")
           ->capture_default_str()
           ->check(CLI::Range(1, 256));
@@ -63,6 +65,7 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--max-retries", a->max_retries, "retries of a request that fails without progress")
           ->capture_default_str()
           ->check(CLI::Range(0, 1000));
+      sub->option_defaults()->group("Output");
       sub->add_option("--log-interval", a->log_interval, "seconds between progress lines when not on a terminal")
           ->capture_default_str();
       sub->add_flag("--no-verify-existing", a->no_verify_existing,

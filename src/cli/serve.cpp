@@ -4,6 +4,7 @@
 // and [DONE]), exit 0.
 #include <condition_variable>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "cli/model_source.h"
 #include "cli/parallel_cli.h"
 #include "cli/serve_args.h"
+#include "cli/serve_stack.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -35,6 +37,7 @@
 #include "backend/factory.h"
 #include "runtime/device_sampler.h"
 #include "runtime/model_executor.h"
+#include "tools/load_progress.h"
 #ifdef MOESERVE_WITH_CUDA
 #include "tools/synthetic_weights.h"
 #endif
@@ -207,6 +210,10 @@ void resolve_batch_defaults(ServeArgs& a) {
 #endif
   if (a.max_num_seqs == 0) a.max_num_seqs = big ? 1024 : 256;
   if (a.max_num_batched_tokens == 0) a.max_num_batched_tokens = big ? 8192 : 2048;
+  // vLLM's check (SchedulerConfig): every running sequence's decode token must fit a step.
+  MS_CHECK(a.max_num_batched_tokens >= a.max_num_seqs,
+           "--max-num-batched-tokens ({}) must be greater than or equal to --max-num-seqs ({})",
+           a.max_num_batched_tokens, a.max_num_seqs);
 }
 
 std::vector<std::string> json_strings(const std::string& text) {
@@ -275,9 +282,14 @@ class StatsLogger {
   std::thread thread_;
 };
 
-int run_serve(ServeArgs a, const std::string& noop_warning) {
-  if (!a.log_level.empty()) init_logging(a.log_level);
-  MS_CHECK(!a.model.empty(), "serve: a model is required (a folder or a hub repo id ORG/NAME)");
+}  // namespace
+
+namespace moeserve::cli {
+
+ServeStack::~ServeStack() = default;
+
+void check_stack_args(ServeArgs& a) {
+  MS_CHECK(!a.model.empty(), "a model is required (a folder or a hub repo id ORG/NAME)");
   if (!a.tool_call_parser.empty())
     MS_CHECK(server::has_tool_parser(a.tool_call_parser), "--tool-call-parser {}: unknown (known: {})",
              a.tool_call_parser, fmt::join(server::tool_parser_names(), ", "));
@@ -288,11 +300,122 @@ int run_serve(ServeArgs a, const std::string& noop_warning) {
            "--enable-auto-tool-choice requires --tool-call-parser");
   if (a.replay_script.empty()) resolve_device(a);
   else if (a.device.empty()) a.device = "cpu";
-  if (!noop_warning.empty()) spdlog::warn("{}", noop_warning);
   MS_CHECK(a.load_format != "dummy" || a.device == "cuda" || !a.replay_script.empty(),
            "not supported yet: --load-format dummy with --device cpu (the random weights are generated on the GPU); "
            "use --device cuda, or a checkpoint (`moeserve make-tiny` writes a small one)");
   resolve_batch_defaults(a);
+}
+
+std::unique_ptr<ServeStack> load_serve_stack(ServeArgs& a, const StackProgress& progress) {
+  auto st = std::make_unique<ServeStack>();
+  st->model_arg = a.model;
+  progress("resolving " + st->model_arg, "");
+  cli::ModelSource src;
+  src.revision = a.revision;
+  src.download_dir = a.download_dir;
+  src.weights = a.load_format != "dummy" && a.replay_script.empty();
+  src.tokenizer = a.tokenizer.empty();
+  if (!src.weights || cli::looks_like_repo_id(a.model)) progress("resolving " + a.model, "STATUS=resolving " + a.model);
+  if (cli::looks_like_repo_id(a.model) && !fs::exists(a.model)) progress("downloading " + a.model, "");
+  a.model = fs::absolute(cli::resolve_model_path(a.model, src)).lexically_normal().string();
+  std::string tokenizer_dir = a.model;
+  if (!a.tokenizer.empty()) {
+    cli::ModelSource ts;
+    ts.revision = a.tokenizer_revision.empty() ? "main" : a.tokenizer_revision;
+    ts.download_dir = a.download_dir;
+    ts.weights = false;
+    tokenizer_dir = cli::resolve_model_path(a.tokenizer, ts);
+  }
+  check_quantization(a, a.model);
+
+  progress("loading tokenizer", "STATUS=loading tokenizer and chat template from " + tokenizer_dir);
+  st->frontend = std::make_unique<server::TokenizerFrontend>(tokenizer_dir, a.chat_template);
+  const int64_t max_len = a.max_model_len.empty() ? 0 : parse_human_int(a.max_model_len);
+  MS_CHECK(max_len <= INT32_MAX, "--max-model-len {} is too large", a.max_model_len);
+  int max_model_len = int(max_len);
+
+  server::SamplingDefaults defaults;
+  if (a.generation_config != "vllm") {
+    fs::path gdir = a.generation_config == "auto" ? fs::path(a.model) : fs::path(a.generation_config);
+    if (fs::exists(gdir / "generation_config.json"))
+      defaults = server::SamplingDefaults::from_json(read_json_file(gdir / "generation_config.json"));
+  }
+
+  EngineConfig ec;
+  ec.max_num_seqs = a.max_num_seqs;
+  ec.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.long_prefill_token_threshold = a.long_prefill_token_threshold;
+  ec.max_num_partial_prefills = a.max_num_partial_prefills;
+  ec.max_model_len = max_model_len;
+  ec.enable_prefix_caching = a.enable_prefix_caching;
+  ec.max_waiting_requests = a.max_waiting_requests;
+  ec.seed = a.seed;
+  ec.device_sampling = !a.host_sampling;
+  ec.eos_token_ids = read_eos_token_ids(a.model);
+  for (int32_t id : st->frontend->eos_token_ids())
+    if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())
+      ec.eos_token_ids.push_back(id);
+  progress(a.load_format == "dummy" ? "generating dummy weights" : "loading weights",
+           "STATUS=loading model weights from " + a.model);
+  const auto t_load = std::chrono::steady_clock::now();
+  std::unique_ptr<ModelExecutor> executor;
+  {
+    // Bytes of the checkpoint in memory while the executor reads it (bar on a terminal, else
+    // a line every 5 s), then one line with the time it took.
+    std::optional<hub::WeightLoadProgress> load_progress;
+    if (a.load_format != "dummy" && a.replay_script.empty())
+      load_progress.emplace(a.model, hub::WeightLoadProgress::Options{.tty = ::isatty(STDERR_FILENO) != 0});
+    executor = make_executor(a, max_model_len);
+  }
+  st->engine = make_engine(ec, std::move(executor));
+  const EngineConfig& resolved = st->engine->config();
+  ExecutorInfo info = st->engine->executor_info();
+  spdlog::info("model ready in {:.1f} s: max_model_len {}, {} KV blocks of {} tokens = {} KV tokens, max_num_seqs {}, "
+               "max_num_batched_tokens {}",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count(),
+               resolved.max_model_len, info.num_kv_blocks, info.block_size,
+               int64_t(info.num_kv_blocks) * info.block_size, resolved.max_num_seqs, resolved.max_num_batched_tokens);
+
+  server::ServiceConfig& sc = st->config;
+  sc.served_model_names =
+      a.served_model_names.empty() ? std::vector<std::string>{st->model_arg} : a.served_model_names;
+  sc.model_root = a.model;  // absolute: `bench` finds the tokenizer from any directory
+  sc.max_model_len = resolved.max_model_len;
+  sc.api_key = a.api_key;
+  if (sc.api_key.empty()) {
+    if (const char* k = std::getenv("VLLM_API_KEY")) sc.api_key = k;
+    if (const char* k = std::getenv("MOESERVE_API_KEY")) sc.api_key = k;
+  }
+  sc.reasoning_parser = a.reasoning_parser;
+  sc.tool_parser = a.tool_call_parser;
+  sc.enable_auto_tool_choice = a.enable_auto_tool_choice;
+  sc.max_logprobs = a.max_logprobs;
+  sc.defaults = defaults;
+  sc.version = MOESERVE_VERSION;
+  sc.enable_request_id_headers = a.enable_request_id_headers;
+  MS_CHECK(a.prep_threads >= 1, "--prep-threads {}: expected at least 1", a.prep_threads);
+  sc.prep_threads = a.prep_threads;
+  sc.max_body_bytes = a.max_request_body_bytes;
+  sc.force_include_usage = a.enable_force_include_usage;
+  sc.web_ui = a.web_ui;
+
+  st->metrics = std::make_unique<server::Metrics>(
+      server::MetricsConfig{sc.served_model_names[0], resolved.max_model_len, info.block_size, info.num_kv_blocks,
+                          resolved.enable_prefix_caching, a.gpu_memory_utilization});
+  st->service = std::make_unique<server::OpenAIService>(sc, *st->engine, *st->frontend, *st->metrics);
+  progress("warming up", "STATUS=warming up (one greedy token)");
+  warm_up(*st->engine);
+  return st;
+}
+
+}  // namespace moeserve::cli
+
+namespace {
+
+int run_serve(ServeArgs a, const std::string& noop_warning) {
+  if (!a.log_level.empty()) init_logging(a.log_level);
+  cli::check_stack_args(a);
+  if (!noop_warning.empty()) spdlog::warn("{}", noop_warning);
 
   // Signals are taken by sigwait below; block them before any thread starts.
   sigset_t sigs;
@@ -327,98 +450,21 @@ int run_serve(ServeArgs a, const std::string& noop_warning) {
   http.start();
   spdlog::info("listening on http://{}:{} (/health answers 503 until the model is ready)", a.host, http.port());
 
-  const std::string model_arg = a.model;
-  gate.set_phase("resolving " + model_arg);
-  cli::ModelSource src;
-  src.revision = a.revision;
-  src.download_dir = a.download_dir;
-  src.weights = a.load_format != "dummy" && a.replay_script.empty();
-  src.tokenizer = a.tokenizer.empty();
-  if (!src.weights || cli::looks_like_repo_id(a.model)) server::sd_notify("STATUS=resolving " + a.model);
-  if (cli::looks_like_repo_id(a.model) && !fs::exists(a.model)) gate.set_phase("downloading " + a.model);
-  a.model = fs::absolute(cli::resolve_model_path(a.model, src)).lexically_normal().string();
-  std::string tokenizer_dir = a.model;
-  if (!a.tokenizer.empty()) {
-    cli::ModelSource ts;
-    ts.revision = a.tokenizer_revision.empty() ? "main" : a.tokenizer_revision;
-    ts.download_dir = a.download_dir;
-    ts.weights = false;
-    tokenizer_dir = cli::resolve_model_path(a.tokenizer, ts);
-  }
-  check_quantization(a, a.model);
-
-  gate.set_phase("loading tokenizer");
-  server::sd_notify("STATUS=loading tokenizer and chat template from " + tokenizer_dir);
-  server::TokenizerFrontend frontend(tokenizer_dir, a.chat_template);
-  const int64_t max_len = a.max_model_len.empty() ? 0 : parse_human_int(a.max_model_len);
-  MS_CHECK(max_len <= INT32_MAX, "--max-model-len {} is too large", a.max_model_len);
-  int max_model_len = int(max_len);
-
-  server::SamplingDefaults defaults;
-  if (a.generation_config != "vllm") {
-    fs::path gdir = a.generation_config == "auto" ? fs::path(a.model) : fs::path(a.generation_config);
-    if (fs::exists(gdir / "generation_config.json"))
-      defaults = server::SamplingDefaults::from_json(read_json_file(gdir / "generation_config.json"));
-  }
-
-  EngineConfig ec;
-  ec.max_num_seqs = a.max_num_seqs;
-  ec.max_num_batched_tokens = a.max_num_batched_tokens;
-  ec.max_model_len = max_model_len;
-  ec.enable_prefix_caching = a.enable_prefix_caching;
-  ec.max_waiting_requests = a.max_waiting_requests;
-  ec.seed = a.seed;
-  ec.device_sampling = !a.host_sampling;
-  ec.eos_token_ids = read_eos_token_ids(a.model);
-  for (int32_t id : frontend.eos_token_ids())
-    if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())
-      ec.eos_token_ids.push_back(id);
-  gate.set_phase(a.load_format == "dummy" ? "generating dummy weights" : "loading weights");
-  server::sd_notify("STATUS=loading model weights from " + a.model);
-  const auto t_load = std::chrono::steady_clock::now();
-  auto engine = make_engine(ec, make_executor(a, max_model_len));
-  const EngineConfig& resolved = engine->config();
-  ExecutorInfo info = engine->executor_info();
-  spdlog::info("model ready in {:.1f} s: max_model_len {}, {} KV blocks of {} tokens = {} KV tokens, max_num_seqs {}, "
-               "max_num_batched_tokens {}",
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count(),
-               resolved.max_model_len, info.num_kv_blocks, info.block_size,
-               int64_t(info.num_kv_blocks) * info.block_size, resolved.max_num_seqs, resolved.max_num_batched_tokens);
-
-  server::ServiceConfig sc;
-  sc.served_model_names = a.served_model_names.empty() ? std::vector<std::string>{model_arg} : a.served_model_names;
-  sc.model_root = a.model;  // absolute: `bench` finds the tokenizer from any directory
-  sc.max_model_len = resolved.max_model_len;
-  sc.api_key = a.api_key;
-  if (sc.api_key.empty()) {
-    if (const char* k = std::getenv("VLLM_API_KEY")) sc.api_key = k;
-    if (const char* k = std::getenv("MOESERVE_API_KEY")) sc.api_key = k;
-  }
-  sc.reasoning_parser = a.reasoning_parser;
-  sc.tool_parser = a.tool_call_parser;
-  sc.enable_auto_tool_choice = a.enable_auto_tool_choice;
-  sc.max_logprobs = a.max_logprobs;
-  sc.defaults = defaults;
-  sc.version = MOESERVE_VERSION;
-  sc.enable_request_id_headers = a.enable_request_id_headers;
-  MS_CHECK(a.prep_threads >= 1, "--prep-threads {}: expected at least 1", a.prep_threads);
-  sc.prep_threads = a.prep_threads;
-  sc.max_body_bytes = a.max_request_body_bytes;
-  sc.force_include_usage = a.enable_force_include_usage;
-
-  server::Metrics metrics({sc.served_model_names[0], resolved.max_model_len, info.block_size, info.num_kv_blocks,
-                           resolved.enable_prefix_caching, a.gpu_memory_utilization});
-  server::OpenAIService service(sc, *engine, frontend, metrics);
-  gate.set_phase("warming up");
-  server::sd_notify("STATUS=warming up (one greedy token)");
-  warm_up(*engine);
+  auto stack = cli::load_serve_stack(a, [&gate](const std::string& phase, const std::string& status) {
+    gate.set_phase(phase);
+    if (!status.empty()) server::sd_notify(status);
+  });
+  Engine& engine = *stack->engine;
+  server::OpenAIService& service = *stack->service;
+  const server::ServiceConfig& sc = stack->config;
   gate.set_ready(&service);
   spdlog::info("http: at most {} connections (then 503), keep-alive {} s, header {} s, body {} s, write {} s",
                http.max_connections(), a.timeout_keep_alive, a.header_timeout, a.body_timeout, a.write_timeout);
-  spdlog::info("moeserve {} serving {} as '{}' on http://{}:{}{}", MOESERVE_VERSION, model_arg, sc.served_model_names[0],
-               a.host, http.port(), a.root_path);
+  spdlog::info("moeserve {} serving {} as '{}' on http://{}:{}{}{}", MOESERVE_VERSION, stack->model_arg,
+               sc.served_model_names[0], a.host, http.port(), a.root_path,
+               sc.web_ui ? " (chat page at /)" : "");
   std::optional<StatsLogger> stats;
-  if (!a.disable_log_stats) stats.emplace(*engine, metrics);
+  if (!a.disable_log_stats) stats.emplace(engine, *stack->metrics);
 
   // READY=1 only now: weights loaded, warm-up done, /health answering 200.
   server::sd_notify(fmt::format("READY=1\nSTATUS=serving on {}:{}", a.host, http.port()));
@@ -433,7 +479,7 @@ int run_serve(ServeArgs a, const std::string& noop_warning) {
   while (service.active_requests() + service.preparing_requests() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   // Aborts whatever still runs; the aborted streams then end on the io threads.
-  engine->shutdown(std::chrono::milliseconds(0));
+  engine.shutdown(std::chrono::milliseconds(0));
   auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (http.busy_sessions() > 0 && std::chrono::steady_clock::now() < flush_deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -139,6 +139,8 @@ void add_serve_options(CLI::App* sub, ServeArgs& a) {
   b("max-model-len", a.max_model_len);
   b("max-num-seqs", a.max_num_seqs);
   b("max-num-batched-tokens", a.max_num_batched_tokens);
+  b("long-prefill-token-threshold", a.long_prefill_token_threshold);
+  b("max-num-partial-prefills", a.max_num_partial_prefills);
   b("block-size", a.block_size);
   b("num-kv-blocks", a.num_kv_blocks);
   b("gpu-memory-utilization", a.gpu_memory_utilization);
@@ -164,6 +166,7 @@ void add_serve_options(CLI::App* sub, ServeArgs& a) {
   b("reasoning-parser", a.reasoning_parser);
   b("enable-request-id-headers", a.enable_request_id_headers);
   b("enable-force-include-usage", a.enable_force_include_usage);
+  b("web-ui", a.web_ui);
   b("max-logprobs", a.max_logprobs);
   b("io-threads", a.io_threads);
   b("prep-threads", a.prep_threads);
@@ -250,6 +253,10 @@ std::string check_serve_args(CLI::App* sub, ServeArgs& a) {
   }
   MS_CHECK(a.max_num_seqs >= 0 && a.max_num_batched_tokens >= 0,
            "--max-num-seqs and --max-num-batched-tokens must be positive");
+  MS_CHECK(a.long_prefill_token_threshold >= 0, "--long-prefill-token-threshold {}: expected >= 0",
+           a.long_prefill_token_threshold);
+  MS_CHECK(a.max_num_partial_prefills >= 0, "--max-num-partial-prefills {}: expected >= 1 (0: no limit)",
+           a.max_num_partial_prefills);
   if (!a.root_path.empty())
     MS_CHECK(a.root_path[0] == '/', "--root-path '{}': expected a path starting with '/'", a.root_path);
   if (noops.empty()) return "";

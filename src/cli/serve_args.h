@@ -23,6 +23,8 @@ struct ServeArgs {
   std::string max_model_len;
   int max_num_seqs = 0;            // 0: vLLM's default for the device (resolve_batch_defaults)
   int max_num_batched_tokens = 0;  // 0: likewise
+  int long_prefill_token_threshold = 0;  // 0: none (engine/scheduler.h)
+  int max_num_partial_prefills = 0;      // 0: no limit
   int block_size = 16;
   int num_kv_blocks = 0;
   std::string api_key;
@@ -40,6 +42,7 @@ struct ServeArgs {
   bool enable_prefix_caching = true;
   bool enable_request_id_headers = false;
   bool enable_force_include_usage = false;
+  bool web_ui = true;  // --no-web-ui: no chat page at /
   bool enable_log_requests = false;
   bool disable_log_stats = false;
   double gpu_memory_utilization = 0.9;

@@ -25,14 +25,18 @@ moeserve::cli::RegisterSubcommand reg(
     [](CLI::App* sub) {
       auto a = std::make_shared<Args>();
       sub->allow_extras();
+      sub->footer("Every other argument is a `moeserve serve` flag (see `moeserve serve --help`), checked as serve checks it.");
+      sub->option_defaults()->group("systemd unit");
       sub->add_option("--name", a->opt.name, "unit / syslog name")->capture_default_str();
       sub->add_option("--user", a->opt.user, "User= (default: none, i.e. root)");
       sub->add_option("--group", a->opt.group, "Group=");
       sub->add_option("--env-file", a->opt.env_file, "EnvironmentFile= (default: optional /etc/<name>/env)");
+      sub->option_defaults()->group("Environment");
       sub->add_option("--hf-home", a->opt.hf_home, "HF_HOME (default: /var/lib/<name>/huggingface)");
       sub->add_option("--cuda-visible-devices", a->cuda_visible_devices,
                       "CUDA_VISIBLE_DEVICES (default: 0..tp*dp-1 from the serve flags)");
       sub->add_option("--env", a->opt.env, "extra Environment= KEY=VALUE (repeatable)");
+      sub->option_defaults()->group("Process");
       sub->add_option("--timeout-start", a->opt.timeout_start, "TimeoutStartSec= (download, load, warm-up)")
           ->capture_default_str();
       sub->add_option("--working-directory", a->opt.working_directory, "WorkingDirectory=");

@@ -1,9 +1,11 @@
 // The engine loop: one thread owns the scheduler, block manager, sequences and the
 // executor. submit/abort/stats are called from other threads; they touch only the inbox
 // (under mu_) and atomics, so they never wait for a model step.
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -18,6 +20,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/stop.h"
+#include "engine/structured_sampling.h"
 
 namespace moeserve {
 
@@ -59,6 +62,18 @@ EngineConfig resolve_config(EngineConfig c, const ExecutorInfo& info) {
   c.max_model_len = len;
   MS_CHECK(c.max_num_seqs > 0, "max_num_seqs must be positive, got {}", c.max_num_seqs);
   MS_CHECK(c.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive, got {}", c.max_num_batched_tokens);
+  MS_CHECK(c.long_prefill_token_threshold >= 0 && c.max_num_partial_prefills >= 0,
+           "long_prefill_token_threshold ({}) and max_num_partial_prefills ({}) must be >= 0",
+           c.long_prefill_token_threshold, c.max_num_partial_prefills);
+  if (c.max_num_partial_prefills > 1 && c.long_prefill_token_threshold == 0)
+    c.long_prefill_token_threshold = std::max(1, static_cast<int>(c.max_model_len * 0.04));
+  MS_CHECK(c.max_num_partial_prefills <= 1 || c.long_prefill_token_threshold <= c.max_model_len,
+           "long_prefill_token_threshold ({}) cannot be greater than max_model_len ({})",
+           c.long_prefill_token_threshold, c.max_model_len);
+  if (c.max_num_partial_prefills > 0 || c.long_prefill_token_threshold > 0)
+    spdlog::info("prefill caps per step: max_num_partial_prefills {}, long_prefill_token_threshold {}",
+                 c.max_num_partial_prefills > 0 ? std::to_string(c.max_num_partial_prefills) : "unlimited",
+                 c.long_prefill_token_threshold > 0 ? std::to_string(c.long_prefill_token_threshold) : "none");
   return c;
 }
 
@@ -74,7 +89,9 @@ class EngineImpl final : public Engine {
                                    .hash_fn = {}}),
         sched_(SchedulerConfig{.max_num_seqs = config_.max_num_seqs,
                                .max_num_batched_tokens = config_.max_num_batched_tokens,
-                               .max_model_len = config_.max_model_len},
+                               .max_model_len = config_.max_model_len,
+                               .long_prefill_token_threshold = config_.long_prefill_token_threshold,
+                               .max_num_partial_prefills = config_.max_num_partial_prefills},
                blocks_) {
     thread_ = std::thread([this] { loop(); });
   }
@@ -295,9 +312,22 @@ class EngineImpl final : public Engine {
       rows.push_back(sc.seq);
     }
     const size_t num_device = rows.size() - host_rows.size();
+    // Grammar masks for this step's constrained host rows, made while the model runs (they
+    // depend only on the tokens already accepted). Joined before anything reads the rows.
+    std::future<void> masks_ahead;
+    if (config_.overlap_structured_masks) {
+      std::vector<Sequence*> constrained;
+      for (int64_t h : host_rows)
+        if (has_structured_constraint(*rows[h])) constrained.push_back(rows[h]);
+      if (!constrained.empty())
+        masks_ahead = std::async(std::launch::async, [constrained = std::move(constrained)] {
+          for (Sequence* s : constrained) prepare_structured_mask(*s);
+        });
+    }
     StepResult res;
     try {
       res = exec_->execute(out.batch);
+      if (masks_ahead.valid()) masks_ahead.wait();
       MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == host_rows.size() * size_t(res.vocab_size),
                "executor returned {} logits of vocab {} for {} host rows (expected vocab {})", res.logits.size(),
                res.vocab_size, host_rows.size(), info_.vocab_size);
@@ -311,6 +341,7 @@ class EngineImpl final : public Engine {
         MS_CHECK(t == kDeviceNoCandidate || t == kDeviceInfLogit || (t >= 0 && t < info_.vocab_size),
                  "executor sampled token {} outside [0, {})", t, info_.vocab_size);
     } catch (const std::exception& e) {
+      if (masks_ahead.valid()) masks_ahead.wait();
       spdlog::error("model step failed: {}", e.what());
       for (const auto& sc : out.scheduled) finish(sc.seq, FinishReason::Error, make_output(*sc.seq), e.what());
       return;

@@ -52,6 +52,16 @@ struct SamplingParams {
   // Structured outputs / forced tool calls: the compiled grammar the output must follow
   // (null: unconstrained). Shared by the request's choices; see engine/structured_sampling.h.
   std::shared_ptr<const structured::StructuredConstraint> structured;
+  // vLLM's thinking_token_budget: at most `max_tokens` generated tokens inside the reasoning
+  // section (after `start_token`, before `end_token`; a prompt that ends inside an opened
+  // section counts as inside). When the budget is spent, `end_token` is forced as the next
+  // token (the "thinking_budget" logits stage) and generation goes on after it. max_tokens
+  // -1: no budget; 0: the section is closed at once (Anthropic's thinking disabled).
+  struct ThinkingBudget {
+    int max_tokens = -1;
+    int32_t start_token = -1;
+    int32_t end_token = -1;
+  } thinking;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -110,6 +120,11 @@ struct Request {
 struct EngineConfig {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
+  // Prefill caps of one step (see engine/scheduler.h). vLLM's rule: when
+  // max_num_partial_prefills > 1 and no threshold is given, the threshold becomes 4% of
+  // max_model_len (resolved with max_model_len).
+  int long_prefill_token_threshold = 0;  // 0: no cap
+  int max_num_partial_prefills = 0;      // 0: no limit
   int max_model_len = 0;  // 0: the executor's
   bool enable_prefix_caching = true;
   int max_waiting_requests = 1024;  // submit() refuses beyond this (server answers 429/503)
@@ -121,6 +136,10 @@ struct EngineConfig {
   // samplers draw from different random streams: seeded non-greedy outputs differ between
   // them (each is reproducible); greedy is the same argmax (lowest id on ties).
   bool device_sampling = true;
+  // Structured-output masks of the rows sampled on the host are computed on a worker thread
+  // while the executor runs the step (engine/structured_sampling.h); false computes them
+  // after the step, at sampling. Outputs are the same either way.
+  bool overlap_structured_masks = true;
 };
 
 // Live counters for /metrics, read without stopping the engine.

@@ -177,9 +177,46 @@ void min_tokens_stage(std::span<float> row, Sequence& seq, const SampleInput& in
   auto mask = [&](int32_t t) {
     if (t >= 0 && t < vocab) row[t] = kNegInf;
   };
+  // A complete grammar whose only continuation is a stop token wins over min_tokens (vLLM):
+  // the stop tokens stay and check_stop ends the request on one.
+  if (has_structured_constraint(seq)) {
+    std::vector<int32_t> stops = p.stop_token_ids;
+    if (in.eos_token_ids) stops.insert(stops.end(), in.eos_token_ids->begin(), in.eos_token_ids->end());
+    if (structured_allows_only_stop(seq, stops)) return;
+  }
   if (in.eos_token_ids && !p.ignore_eos)
     for (int32_t t : *in.eos_token_ids) mask(t);
   for (int32_t t : p.stop_token_ids) mask(t);
+}
+
+// SamplingParams::thinking: the sequence's reasoning-section state, read from the prompt the
+// first time (the last start / end marker in it decides whether the prompt ends inside).
+const SamplerState::Thinking& thinking_state(const Sequence& seq) {
+  SamplerState::Thinking& t = seq.sampler.thinking;
+  if (!t.ready) {
+    const auto& tb = seq.params().thinking;
+    for (int32_t id : seq.prompt()) {
+      if (id == tb.start_token) t.inside = true, t.count = 0;
+      else if (id == tb.end_token) t.inside = false;
+    }
+    t.ready = true;
+  }
+  return t;
+}
+
+bool thinking_budget_spent(const Sequence& seq) {
+  const auto& tb = seq.params().thinking;
+  if (tb.max_tokens < 0 || tb.end_token < 0) return false;
+  const SamplerState::Thinking& t = thinking_state(seq);
+  return t.inside && t.count >= tb.max_tokens;
+}
+
+// Forces the reasoning section's end token: every other entry -inf, the end token finite, so
+// nothing before this stage (masks, bias, penalties) can keep it from being chosen.
+void thinking_budget_stage(std::span<float> row, Sequence& seq, const SampleInput&) {
+  const int32_t end = seq.params().thinking.end_token;
+  std::fill(row.begin(), row.end(), kNegInf);
+  if (end >= 0 && end < static_cast<int64_t>(row.size())) row[end] = 0.0f;
 }
 
 // vLLM v1's order (Sampler.apply_logits_processors, then apply_penalties): allowed ids and
@@ -198,6 +235,8 @@ constexpr LogitsStage kLogitsStages[] = {
      [](std::span<float> row, Sequence& s, const SampleInput&) { apply_logit_bias(row, s.params().logit_bias); }},
     {"min_tokens", [](const Sequence& s) { return s.num_output_tokens() < s.params().min_tokens; }, min_tokens_stage},
     {"penalties", [](const Sequence& s) { return has_penalties(s.params()); }, penalties_stage},
+    // Last, so the forced end of the reasoning section overrides every other stage.
+    {"thinking_budget", thinking_budget_spent, thinking_budget_stage},
 };
 
 }  // namespace
@@ -449,6 +488,13 @@ int32_t sample_token(std::span<const float> logits, const SamplingParams& p, std
 
 void note_generated(Sequence& seq, int32_t token) {
   ++seq.sampler.output_counts[token];
+  if (const auto& tb = seq.params().thinking; tb.max_tokens >= 0) {
+    SamplerState::Thinking& t = seq.sampler.thinking;
+    thinking_state(seq);  // from the prompt first
+    if (token == tb.start_token) t.inside = true, t.count = 0;
+    else if (token == tb.end_token) t.inside = false;
+    else if (t.inside) ++t.count;
+  }
   structured_note_token(seq, token);
 }
 

@@ -3,7 +3,8 @@
 //   -> the per-row logits stages (kLogitsStages below, on a copy of the row):
 //      allowed_token_ids mask, bad_words mask, logit_bias, min_tokens mask (EOS / stop ids
 //      to -inf until min_tokens are generated), penalties (repetition over prompt + output
-//      tokens, presence / frequency over output tokens)
+//      tokens, presence / frequency over output tokens), thinking budget (once a request's
+//      thinking_token_budget tokens are inside the reasoning section, its end token is forced)
 //   -> temperature (< 1e-5: greedy argmax, ties to the lowest id)
 //   -> min_p -> top_k -> top_p -> draw from the per-sequence RNG.
 // Each stage is a free function so tests can check it alone. The draw uses one uniform

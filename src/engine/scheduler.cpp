@@ -10,7 +10,14 @@ Scheduler::Scheduler(SchedulerConfig config, BlockManager& blocks) : config_(con
   MS_CHECK(config_.max_num_seqs > 0, "Scheduler: max_num_seqs must be positive");
   MS_CHECK(config_.max_num_batched_tokens > 0, "Scheduler: max_num_batched_tokens must be positive");
   MS_CHECK(config_.max_model_len > 0, "Scheduler: max_model_len must be positive");
+  MS_CHECK(config_.long_prefill_token_threshold >= 0, "Scheduler: long_prefill_token_threshold must be >= 0");
+  MS_CHECK(config_.max_num_partial_prefills >= 0, "Scheduler: max_num_partial_prefills must be >= 0");
 }
+
+namespace {
+// One uncomputed token: the sequence decodes (its last sampled token is the query).
+bool in_decode(const Sequence& s) { return s.num_uncomputed() == 1; }
+}  // namespace
 
 Sequence* Scheduler::add(std::unique_ptr<Sequence> seq) {
   MS_CHECK(seq && !seq->tokens.empty(), "Scheduler::add: empty sequence");
@@ -31,12 +38,29 @@ SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   KvPlan plan(blocks_);
   int budget = config_.max_num_batched_tokens;
+  const int threshold = config_.long_prefill_token_threshold;
+  const int max_prefills = config_.max_num_partial_prefills;
+  // Tokens one sequence may take now: its uncomputed rest, capped by what is `available`,
+  // the threshold and max_model_len.
+  auto chunk = [&](const Sequence& s, int available) {
+    int n = std::min({s.num_uncomputed(), available, config_.max_model_len - s.num_computed_tokens});
+    if (threshold > 0) n = std::min(n, threshold);
+    return n;
+  };
+  auto prefill_slot_free = [&] { return max_prefills == 0 || out.num_prefills < max_prefills; };
 
-  // 1. Running sequences, in admission order. Victims come off the back.
+  // 1. Running sequences, in admission order. Victims come off the back. `reserved`: one
+  // token for each decode not visited yet, which no prefill chunk may take.
   size_t end = running_.size();
+  int reserved = 0;
+  for (size_t i = 0; i < end; ++i)
+    if (in_decode(*running_[i]) && running_[i]->num_computed_tokens < config_.max_model_len) ++reserved;
   for (size_t i = 0; i < end && budget > 0; ++i) {
     Sequence* s = running_[i];
-    const int n = std::min({s->num_uncomputed(), budget, config_.max_model_len - s->num_computed_tokens});
+    const bool decode = in_decode(*s);
+    if (decode && s->num_computed_tokens < config_.max_model_len) --reserved;
+    if (!decode && !prefill_slot_free()) continue;  // waits a step; it keeps its blocks
+    const int n = chunk(*s, decode ? budget : budget - reserved);
     if (n <= 0) continue;
     bool self_preempted = false;
     while (!plan.grow(s->blocks, s->num_computed_tokens + n)) {
@@ -47,9 +71,11 @@ SchedulerOutput Scheduler::schedule() {
         self_preempted = true;
         break;
       }
+      if (in_decode(*victim) && victim->num_computed_tokens < config_.max_model_len) --reserved;
     }
     if (self_preempted) break;
     out.scheduled.push_back({s, s->num_computed_tokens, n, s->num_computed_tokens + n == s->num_tokens()});
+    if (!decode) ++out.num_prefills;
     budget -= n;
   }
 
@@ -70,9 +96,13 @@ SchedulerOutput Scheduler::schedule() {
                           ? PrefixHit{}
                           : blocks_.lookup(w->tokens, (w->num_tokens() - 1) / blocks_.block_size(),
                                            w->request->prefix_cache_root);
-      const int n = std::min(w->num_tokens() - hit.num_tokens, budget);
+      const int uncomputed = w->num_tokens() - hit.num_tokens;
+      if (uncomputed > 1 && !prefill_slot_free()) break;  // FCFS: the head is never skipped
+      int n = std::min(uncomputed, budget);
+      if (threshold > 0) n = std::min(n, threshold);
       if (!plan.grow(w->blocks, hit.num_tokens + n, &hit)) break;
       budget -= n;
+      if (uncomputed > 1) ++out.num_prefills;
       admits.push_back({w, std::move(hit), n});
     }
   }

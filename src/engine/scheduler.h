@@ -5,6 +5,17 @@
 // split into chunks over several steps; only the chunk that reaches the end of the known
 // tokens asks for logits.
 //
+// Decodes first: before any prefill chunk is sized, one budget token is reserved for every
+// running sequence in decode (one uncomputed token), so a prefill chunk of an older running
+// sequence or of a new one only takes what the decodes leave (budget - decodes). A step's
+// tokens never exceed the budget and a decode is never left out for a prefill. Two caps
+// bound the prefill work of one step (they trade TTFT for inter-token latency):
+//   - long_prefill_token_threshold (vLLM's): no sequence gets more than this many tokens in
+//     one step (0: no cap);
+//   - max_num_partial_prefills: at most this many sequences get a prefill chunk in one step
+//     (vLLM V0's meaning; V1 only derives the threshold from it); 0: no limit. A running
+//     prefill over the limit waits a step (older ones first); a waiting one is not admitted.
+//
 // Preemption by recompute: when a running sequence cannot get the blocks it needs, the
 // most recently admitted running sequence is preempted (all its blocks released, computed
 // count reset) and put at the front of the waiting queue; it is readmitted before any new
@@ -31,6 +42,8 @@ struct SchedulerConfig {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
   int max_model_len = 0;  // > 0
+  int long_prefill_token_threshold = 0;  // per-sequence tokens per step; 0: no cap
+  int max_num_partial_prefills = 0;      // sequences with a prefill chunk per step; 0: no limit
 };
 
 struct ScheduledSeq {
@@ -45,6 +58,7 @@ struct SchedulerOutput {
   std::vector<ScheduledSeq> scheduled;  // parallel to batch.seqs
   std::vector<Sequence*> preempted;     // preempted in this step (now waiting)
   int num_batched_tokens = 0;
+  int num_prefills = 0;  // scheduled sequences that had more than one token to compute
   bool empty() const { return scheduled.empty(); }
 };
 

@@ -29,6 +29,15 @@ struct SamplerState {
   std::vector<int32_t> prompt_set;  // sorted unique prompt ids (built lazily for repetition_penalty)
   bool prompt_set_ready = false;
   std::shared_ptr<StructuredState> structured;  // matcher of a constrained request (lazily made)
+  // SamplingParams::thinking: whether the output is inside the reasoning section and how many
+  // tokens it has there. Set from the prompt on first use (mutable: the logits stages' `active`
+  // test reads a const Sequence), then advanced by note_generated; kept across preemption.
+  struct Thinking {
+    bool ready = false;
+    bool inside = false;
+    int count = 0;
+  };
+  mutable Thinking thinking;
 };
 
 struct Sequence {

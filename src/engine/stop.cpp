@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/structured_sampling.h"
 #include "core/bounded_json.h"
 
 namespace moeserve {
@@ -16,7 +17,9 @@ StopDecision check_stop(const Sequence& seq, const std::vector<int32_t>& eos_tok
   const int n_out = seq.num_output_tokens();
   if (n_out <= 0) return d;
   const int32_t last = seq.tokens.back();
-  if (n_out >= p.min_tokens) {
+  // A finished structured output stops on its stop token even before min_tokens (see
+  // structured_allows_only_stop).
+  if (n_out >= p.min_tokens || structured_terminated(seq)) {
     const bool is_eos =
         !p.ignore_eos && std::find(eos_token_ids.begin(), eos_token_ids.end(), last) != eos_token_ids.end();
     const bool is_stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), last) != p.stop_token_ids.end();

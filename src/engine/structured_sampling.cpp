@@ -3,9 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "engine/sequence.h"
 #include "structured/constraint.h"
 
@@ -14,6 +16,8 @@ namespace moeserve {
 StructuredState::~StructuredState() = default;
 
 namespace {
+std::atomic<uint64_t> g_taken_ahead{0};
+
 StructuredState* state_of(Sequence& seq) {
   const auto& c = seq.params().structured;
   if (!c || !c->grammar) return nullptr;
@@ -34,10 +38,18 @@ bool has_structured_constraint(const Sequence& seq) {
 std::span<const float> apply_structured_mask(Sequence& seq, std::span<const float> logits) {
   StructuredState* st = state_of(seq);
   if (!st || !st->started || st->failed || st->matcher->terminated()) return logits;
-  thread_local std::vector<uint32_t> mask;
+  thread_local std::vector<uint32_t> own_mask;
   thread_local std::vector<float> masked;
-  mask.resize(st->matcher->mask_words());
-  st->matcher->fill_mask(mask);
+  std::vector<uint32_t>* mp = &own_mask;
+  if (st->ready_at == st->matcher->position() && !st->ready_mask.empty()) {
+    mp = &st->ready_mask;
+    g_taken_ahead.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    own_mask.resize(st->matcher->mask_words());
+    st->matcher->fill_mask(own_mask);
+  }
+  st->ready_at = {0, -1};
+  const std::vector<uint32_t>& mask = *mp;
   masked.assign(logits.size(), -std::numeric_limits<float>::infinity());
   bool any = false;
   const size_t n = std::min(logits.size(), mask.size() * 32);
@@ -53,14 +65,47 @@ std::span<const float> apply_structured_mask(Sequence& seq, std::span<const floa
     }
   }
   if (!any) {
-    // Nothing allowed (e.g. the grammar is complete but EOS is ignored or masked by
-    // min_tokens): sample unconstrained rather than from an all -inf row; the next
-    // structured_note_token marks the constraint failed.
-    spdlog::warn("structured output: no token allowed for request {}; the rest is unconstrained", seq.request->id);
-    st->failed = true;
-    return logits;
+    // Nothing allowed: the grammar is complete but no end-of-sequence token is known, or the
+    // vocabulary cannot spell any continuation. The request finishes here with
+    // finish_reason "error" (vLLM ends such a request as FINISHED_ERROR) instead of going on
+    // unconstrained; the engine reports the message.
+    throw SamplingError("structured output: the grammar allows no next token (" +
+                        std::string(st->matcher->accepting() ? "the output is complete and no end-of-sequence token is known"
+                                                             : "the vocabulary cannot continue the output") +
+                        ")");
   }
   return masked;
+}
+
+bool structured_allows_only_stop(Sequence& seq, std::span<const int32_t> stop_ids) {
+  StructuredState* st = state_of(seq);
+  if (!st || !st->started || st->failed || st->matcher->terminated() || !st->matcher->accepting()) return false;
+  // At an accepting state: does any non-stop token continue? (The mask is cached per state.)
+  thread_local std::vector<uint32_t> mask;
+  mask.resize(st->matcher->mask_words());
+  st->matcher->fill_mask(mask);
+  for (int32_t id : stop_ids)
+    if (id >= 0 && size_t(id) < mask.size() * 32) mask[id >> 5] &= ~(1u << (id & 31));
+  return std::all_of(mask.begin(), mask.end(), [](uint32_t w) { return w == 0; });
+}
+
+void prepare_structured_mask(Sequence& seq) {
+  try {
+    StructuredState* st = state_of(seq);
+    if (!st || !st->started || st->failed || st->matcher->terminated()) return;
+    st->ready_mask.resize(st->matcher->mask_words());
+    st->matcher->fill_mask(st->ready_mask);
+    st->ready_at = st->matcher->position();
+  } catch (const std::exception&) {
+    // apply_structured_mask computes the mask again and reports the failure.
+  }
+}
+
+uint64_t structured_masks_taken_ahead() { return g_taken_ahead.load(std::memory_order_relaxed); }
+
+bool structured_terminated(const Sequence& seq) {
+  const auto& st = seq.sampler.structured;
+  return st && st->started && !st->failed && st->matcher && st->matcher->terminated();
 }
 
 void structured_note_token(Sequence& seq, int32_t token) {

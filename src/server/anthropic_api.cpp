@@ -242,10 +242,16 @@ AnthropicTranslation translate_anthropic_request(const ojson& body, bool count_o
       if (b->get<int64_t>() < 1024) invalid("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024");
       if (!count_only && b->get<int64_t>() >= c["max_tokens"].get<int64_t>())
         invalid("`max_tokens` must be greater than `thinking.budget_tokens`");
+      // The budget is enforced by the engine (SamplingParams::thinking: the reasoning end
+      // token is forced once budget_tokens are spent); templates that read the kwargs see it.
       kwargs["enable_thinking"] = true;
       kwargs["thinking_budget"] = *b;
+      c["thinking_token_budget"] = *b;
     } else if (type == "disabled") {
+      // Templates with a switch (enable_thinking) skip the section; for those that always open
+      // it (MiniMax-M2), a zero budget closes it at the first generated token.
       kwargs["enable_thinking"] = false;
+      c["thinking_token_budget"] = 0;
     } else if (type == "adaptive") {
       kwargs["enable_thinking"] = true;
     } else {

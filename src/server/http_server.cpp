@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include <boost/beast/core.hpp>
@@ -220,7 +221,12 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
     // bytes are buffered: then the client waits (TCP flow control) for us.
     if (!reading_ && !peer_eof_ && buffer_.size() < cfg_.max_header_bytes + kReadChunk) {
       reading_ = true;
-      socket_.async_read_some(buffer_.prepare(kReadChunk), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      // Into read_buf_, never into buffer_.prepare(): parse() may consume buffer_ while this
+      // read is pending (a request that arrived before the previous response's write
+      // completed), and consuming everything rewinds the flat_buffer, so a region prepared
+      // earlier would be committed from the wrong place (the bytes received lost, stale ones
+      // parsed instead: wrong bodies, or 408s waiting for bytes that had arrived).
+      socket_.async_read_some(asio::buffer(read_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
         self->on_read(ec, n);
       });
     }
@@ -245,7 +251,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
       return pump();
     }
     if (ec) return close();
-    buffer_.commit(n);
+    buffer_.commit(asio::buffer_copy(buffer_.prepare(n), asio::buffer(read_buf_.data(), n)));
     pump();
   }
 
@@ -510,6 +516,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   ReadPhase phase_ = ReadPhase::Header;
   const bool overflow_;
   beast::flat_buffer buffer_;  // received, not yet parsed
+  std::array<char, kReadChunk> read_buf_{};  // the pending read's target (see pump)
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string raw_head_;
   std::string pending_, inflight_;

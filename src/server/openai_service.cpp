@@ -14,6 +14,7 @@
 #include "server/response.h"
 #include "server/responses_api.h"
 #include "server/tokenize_request.h"
+#include "server/web_ui.h"
 
 namespace moeserve::server {
 
@@ -313,12 +314,20 @@ const StructuredContext& OpenAIService::structured_context() {
     structured_ctx_.tool_parser = cfg_.tool_parser;
     // With a reasoning parser the constraint starts after the reasoning section ends (vLLM):
     // at the "</think>" token, when the tokenizer has it as one token.
-    if (!cfg_.reasoning_parser.empty()) {
-      std::vector<int32_t> end = frontend_.encode("</think>", false);
-      if (end.size() == 1) structured_ctx_.start_after = end;
-    }
+    if (int32_t end = reasoning_markers().end_token; end >= 0) structured_ctx_.start_after = {end};
   });
   return structured_ctx_;
+}
+
+const SamplingParams::ThinkingBudget& OpenAIService::reasoning_markers() {
+  std::call_once(reasoning_markers_once_, [&] {
+    if (cfg_.reasoning_parser.empty()) return;
+    // Each marker only when the tokenizer has it as one token (-1 otherwise).
+    std::vector<int32_t> start = frontend_.encode("<think>", false), end = frontend_.encode("</think>", false);
+    if (start.size() == 1) reasoning_markers_.start_token = start[0];
+    if (end.size() == 1) reasoning_markers_.end_token = end[0];
+  });
+  return reasoning_markers_;
 }
 
 void OpenAIService::check_model(const std::string& model) const {
@@ -389,6 +398,13 @@ void OpenAIService::route(const HttpRequest& req, const std::string& path, std::
     if (path == "/health" || path == "/ping") {
       if (!is_get && !(is_post && path == "/ping")) return method_not_allowed();
       sink->send(draining_ ? 503 : 200, kJson, "");
+    } else if (path == "/" && cfg_.web_ui) {
+      // The chat page (web_ui.h): no API key needed for the page itself, only for /v1.
+      if (!is_get) return method_not_allowed();
+      sink->add_header("Content-Security-Policy", kWebUiCsp);
+      sink->add_header("X-Content-Type-Options", "nosniff");
+      sink->add_header("Cache-Control", "no-cache");
+      sink->send(200, "text/html; charset=utf-8", std::string(web_ui_page()));
     } else if (path == "/version") {
       if (!is_get) return method_not_allowed();
       sink->send(200, kJson, "{\"version\":" + json_string(cfg_.version) + "}");
@@ -477,9 +493,15 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
   };
 
   // Prompts -> token ids.
+  bool reasoning_ended = false;
   if (chat) {
     bool add_special = get_bool(body, "add_special_tokens").value_or(false);
-    call->prompt_ids.push_back(encode_prompt(frontend_.render_chat(chat_render_inputs(r)), add_special));
+    const std::string prompt_text = frontend_.render_chat(chat_render_inputs(r));
+    call->prompt_ids.push_back(encode_prompt(prompt_text, add_special));
+    // Some families' templates end the reasoning section in the prompt (Qwen3 with
+    // enable_thinking false): the whole output is then content.
+    if (!cfg_.reasoning_parser.empty())
+      reasoning_ended = reasoning_ended_by_prompt(cfg_.reasoning_parser, {prompt_text, &r.chat_template_kwargs});
     // vLLM's chat echo: the last message's content is prepended to the reply when it has the
     // reply's role (assistant with add_generation_prompt, else the last message's own role).
     std::string echo;
@@ -511,11 +533,26 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
 
   // Structured outputs / forced tool calls: compiled (or taken from the cache) before anything
   // is submitted, so an invalid schema, regex or grammar is a 400.
-  auto constraint = make_structured_constraint(r, structured_context());
+  // The constraint waits for the end of the reasoning, unless the prompt already ended it.
+  StructuredContext sctx = structured_context();
+  if (reasoning_ended) sctx.start_after.clear();
+  auto constraint = make_structured_constraint(r, sctx);
 
   // Validate every prompt before submitting anything.
   const std::vector<std::vector<int32_t>> bad_words =
       bad_words_token_ids(r.bad_words, [&](const std::string& w) { return frontend_.encode(w, false); }, vocab_size);
+  SamplingParams::ThinkingBudget thinking;
+  if (r.thinking_token_budget) {
+    thinking = reasoning_markers();
+    if (thinking.start_token < 0 || thinking.end_token < 0)
+      throw bad_request(cfg_.reasoning_parser.empty()
+                            ? "a thinking budget (thinking_token_budget, Anthropic's thinking, reasoning effort \"none\") needs a "
+                              "reasoning parser: start the server with --reasoning-parser"
+                            : "thinking_token_budget needs the reasoning markers <think> and </think> to be single "
+                              "tokens of this model's tokenizer",
+                        "thinking_token_budget");
+    thinking.max_tokens = static_cast<int>(std::min<int64_t>(*r.thinking_token_budget, INT32_MAX));
+  }
   std::vector<std::vector<SamplingParams>> params(call->prompt_ids.size());
   for (size_t p = 0; p < call->prompt_ids.size(); ++p)
     for (int i = 0; i < r.n; ++i) {
@@ -523,6 +560,7 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
                                                cfg_.max_model_len, i));
       params[p].back().structured = constraint;
       params[p].back().bad_words_token_ids = bad_words;
+      params[p].back().thinking = thinking;
     }
 
   ResponseContext& ctx = call->ctx;
@@ -550,6 +588,7 @@ void OpenAIService::run_generation(const HttpRequest& http, std::shared_ptr<Resp
   cs.include_reasoning = r.include_reasoning;
   if (chat) {
     cs.reasoning_parser = cfg_.reasoning_parser;
+    cs.reasoning_ended_by_prompt = reasoning_ended;
     // tool_choice none: tools are rendered but never parsed. required/named: the output is
     // constrained to the tool parser family's call syntax (make_structured_constraint).
     if (r.tool_choice != ToolChoice::None && !cfg_.tool_parser.empty()) {

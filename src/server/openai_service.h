@@ -43,6 +43,7 @@ struct ServiceConfig {
   size_t max_body_bytes = 32u << 20;
   int prep_queue_bodies = 4;
   bool force_include_usage = false;  // --enable-force-include-usage: every stream ends with usage
+  bool web_ui = false;  // GET / answers the chat page (web_ui.h); false: 404 as any unknown path
 };
 
 class OpenAIService : public Handler {
@@ -101,6 +102,12 @@ class OpenAIService : public Handler {
   std::atomic<int> active_{0};
   std::unique_ptr<ResponsesApi> responses_;  // /v1/responses and its store
   std::once_flag structured_once_;
+  // The reasoning section's start / end token ids ("<think>", "</think>", each when it is a
+  // single token) when a reasoning parser is on; -1 otherwise. Set once, from the tokenizer;
+  // the thinking budget needs both, the structured-output start only the end.
+  const SamplingParams::ThinkingBudget& reasoning_markers();
+  SamplingParams::ThinkingBudget reasoning_markers_;
+  std::once_flag reasoning_markers_once_;
   StructuredContext structured_ctx_;
   structured::GrammarCache grammar_cache_;
   PrepPool prep_;  // last: its workers use the members above until joined

@@ -7,7 +7,7 @@ namespace moeserve::server {
 OutputProcessor::OutputProcessor(const Frontend& frontend, ChoiceSettings settings)
     : frontend_(frontend), s_(std::move(settings)) {
   detok_ = frontend_.incremental(s_.skip_special_tokens);
-  if (!s_.reasoning_parser.empty()) reasoning_ = make_reasoning_parser(s_.reasoning_parser);
+  if (!s_.reasoning_parser.empty()) reasoning_ = make_reasoning_parser(s_.reasoning_parser, s_.reasoning_ended_by_prompt);
   if (!s_.tool_parser.empty()) tools_ = make_tool_parser(s_.tool_parser, s_.tools);
 }
 

@@ -28,6 +28,7 @@ struct ChoiceSettings {
   int min_tokens = 0;  // stop strings are looked for only once more tokens than this exist (vLLM)
   bool include_reasoning = true;  // false: reasoning text is parsed out and dropped
   std::string reasoning_parser;  // empty: none (chat only)
+  bool reasoning_ended_by_prompt = false;  // the prompt closed the reasoning section (all content)
   std::string tool_parser;       // empty: no tool parsing (chat only)
   ojson tools;
 };

@@ -164,6 +164,12 @@ void parse_common(const ojson& body, GenRequest& r, const ProtocolLimits& limits
                         "min_tokens");
     r.min_tokens = clamp_int(*v);
   }
+  if (auto b = get_int(body, "thinking_token_budget")) {
+    if (*b < 0)
+      throw bad_request(fmt::format("thinking_token_budget must be greater than or equal to 0, got {}.", *b),
+                        "thinking_token_budget");
+    r.thinking_token_budget = *b;
+  }
   if (auto t = get_num(body, "temperature")) {
     if (*t < 0) throw bad_request(fmt::format("temperature must be non-negative, got {}.", *t), "temperature");
     r.temperature = static_cast<float>(*t);
@@ -415,8 +421,12 @@ GenRequest parse_chat_request(const ojson& body, const ProtocolLimits& limits) {
   }
   r.include_reasoning = get_bool(body, "include_reasoning").value_or(true);
   r.echo = get_bool(body, "echo").value_or(false);  // the last message, see openai_service.cpp
-  if (const ojson* e = field(body, "reasoning_effort"); e && !e->is_string())
-    type_error("reasoning_effort", "a valid string", *e);
+  if (const ojson* e = field(body, "reasoning_effort")) {
+    if (!e->is_string()) type_error("reasoning_effort", "a valid string", *e);
+    // As vLLM (build_chat_params): passed to the chat template, chat_template_kwargs win.
+    if (!r.chat_template_kwargs.is_object()) r.chat_template_kwargs = ojson::object();
+    if (!r.chat_template_kwargs.contains("reasoning_effort")) r.chat_template_kwargs["reasoning_effort"] = *e;
+  }
   return r;
 }
 

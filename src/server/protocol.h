@@ -76,6 +76,9 @@ struct GenRequest {
   bool return_tokens_as_token_ids = false;  // logprob tokens as "token_id:<id>"
   bool include_reasoning = true;  // chat: false drops the reasoning text from the response
   std::string cache_salt;  // non-empty: prefix-cache sharing only with the same salt
+  // vLLM's thinking_token_budget (>= 0): tokens allowed inside the reasoning section before
+  // its end marker is forced (SamplingParams::thinking); needs the server's reasoning parser.
+  std::optional<int64_t> thinking_token_budget;
   // chat
   ojson messages;
   ojson tools;  // null or array

@@ -257,8 +257,14 @@ ResponsesTranslation translate_responses_request(const ojson& body, const ojson&
       for (auto* k : kEfforts) ok = ok || *e == k;
       if (!ok) throw bad_request("reasoning.effort: Input should be none, minimal, low, medium, high or xhigh", "reasoning");
       // As vLLM: effort "none" turns thinking off in templates that can; the rest is passed on.
-      if (*e == "none") kwargs["enable_thinking"] = false;
-      else kwargs["reasoning_effort"] = *e;
+      // "none" also sets a zero thinking budget, so templates that always open the reasoning
+      // section (MiniMax-M2) have it closed at the first token.
+      if (*e == "none") {
+        kwargs["enable_thinking"] = false;
+        c["thinking_token_budget"] = 0;
+      } else {
+        kwargs["reasoning_effort"] = *e;
+      }
       f["reasoning"]["effort"] = *e;
     }
     // `summary`: this server has no summariser; reasoning items carry the full text and an

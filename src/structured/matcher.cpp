@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fmt/format.h>
+#include <iterator>
 #include <numeric>
 
 namespace moeserve::structured {
@@ -84,6 +85,28 @@ void TokenVocab::build() {
   }
   trie.child_begin.push_back(static_cast<int32_t>(trie.child_byte.size()));
   trie.tok_begin.push_back(static_cast<int32_t>(trie.tok_ids.size()));
+  // Nodes were made in preorder (sorted insertion), so a subtree is a contiguous id range
+  // ending where the last child's subtree ends.
+  trie.subtree_end.assign(nodes.size(), 0);
+  for (int32_t n = static_cast<int32_t>(nodes.size()) - 1; n >= 0; --n)
+    trie.subtree_end[n] = nodes[n].kids.empty() ? n + 1 : trie.subtree_end[nodes[n].kids.back().second];
+  trie.parent.assign(nodes.size(), -1);
+  trie.depth.assign(nodes.size(), 0);
+  for (size_t n = 0; n < nodes.size(); ++n)
+    for (auto [b, c] : nodes[n].kids) {
+      trie.parent[c] = static_cast<int32_t>(n);
+      trie.depth[c] = trie.depth[n] + 1;
+    }
+  trie.rank_node.assign(trie.tok_ids.size(), 0);
+  for (size_t n = 0; n < nodes.size(); ++n)
+    for (int32_t k = trie.tok_begin[n]; k < trie.tok_begin[n + 1]; ++k) trie.rank_node[k] = static_cast<int32_t>(n);
+  trie.rank_offset.assign(1, 0u);
+  for (int32_t id : trie.tok_ids) {
+    trie.rank_bytes += token_bytes[id];
+    trie.rank_offset.push_back(static_cast<uint32_t>(trie.rank_bytes.size()));
+  }
+  trie_token_bits.assign(mask_words(), 0u);
+  for (int32_t id : trie.tok_ids) trie_token_bits[id >> 5] |= 1u << (id & 31);
   uint64_t h = mix(0, static_cast<uint64_t>(mask_size));
   for (size_t i = 0; i < token_bytes.size(); ++i) {
     h = mix(h, std::hash<std::string>()(token_bytes[i]));
@@ -108,6 +131,7 @@ CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVo
   for (size_t r = 0; r < g.rules.size(); ++r) {
     for (auto& a : g.rules[r].alts) {
       alt_starts_[r].push_back(static_cast<int32_t>(pos_.size()));
+      rule_of_pos_.resize(pos_.size() + a.size() + 1, static_cast<int32_t>(r));
       for (auto& s : a) {
         if (s.is_rule()) {
           pos_.push_back({kRule, s.rule});
@@ -121,13 +145,101 @@ CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVo
       pos_.push_back({kEnd, 0});
     }
   }
+  analyse_rules(g);
+}
+
+void CompiledGrammar::analyse_rules(const Grammar& g) {
+  // Worklists over "who references whom", so long chains of helper rules stay linear-ish.
+  const size_t nr = g.rules.size();
+  std::vector<std::vector<int32_t>> users(nr);
+  for (size_t r = 0; r < nr; ++r)
+    for (auto& a : g.rules[r].alts)
+      for (auto& s : a)
+        if (s.is_rule()) users[s.rule].push_back(static_cast<int32_t>(r));
+  // Productive: some alternative whose symbols all derive a string.
+  std::vector<char> productive(nr, 0);
+  std::vector<int32_t> work(nr);
+  std::iota(work.begin(), work.end(), 0);
+  while (!work.empty()) {
+    int32_t r = work.back();
+    work.pop_back();
+    if (productive[r]) continue;
+    for (auto& a : g.rules[r].alts) {
+      bool ok = std::all_of(a.begin(), a.end(),
+                            [&](const Symbol& s) { return s.is_rule() ? productive[s.rule] != 0 : s.bytes.any(); });
+      if (ok) {
+        productive[r] = 1;
+        for (int32_t u : users[r]) work.push_back(u);
+        break;
+      }
+    }
+  }
+  all_productive_ = std::all_of(productive.begin(), productive.end(), [](char c) { return c != 0; });
+  // FIRST (bytes) of each rule.
+  std::vector<bool> nul = g.nullable();
+  std::vector<ByteSet> first(nr);
+  work.resize(nr);
+  std::iota(work.begin(), work.end(), 0);
+  std::vector<char> queued(nr, 1);
+  while (!work.empty()) {
+    int32_t r = work.back();
+    work.pop_back();
+    queued[r] = 0;
+    ByteSet f;
+    for (auto& a : g.rules[r].alts)
+      for (auto& s : a) {
+        if (!s.is_rule()) { f |= s.bytes; break; }
+        f |= first[s.rule];
+        if (!nul[s.rule]) break;
+      }
+    if (f != first[r]) {
+      first[r] = f;
+      for (int32_t u : users[r])
+        if (!queued[u]) { queued[u] = 1; work.push_back(u); }
+    }
+  }
+  // FOLLOW: A in B ::= x A y gets FIRST(y), and FOLLOW(B) when y is nullable (edge B -> A).
+  follow_.assign(nr, ByteSet());
+  std::vector<std::vector<int32_t>> inherits(nr);  // B -> [A...]
+  for (size_t b = 0; b < nr; ++b)
+    for (auto& a : g.rules[b].alts) {
+      ByteSet rest;
+      bool rest_nullable = true;
+      for (size_t i = a.size(); i-- > 0;) {
+        const Symbol& s = a[i];
+        if (s.is_rule()) {
+          follow_[s.rule] |= rest;
+          if (rest_nullable) inherits[b].push_back(s.rule);
+          if (nul[s.rule]) rest |= first[s.rule];
+          else { rest = first[s.rule]; rest_nullable = false; }
+        } else {
+          rest = s.bytes;
+          rest_nullable = false;
+        }
+      }
+    }
+  work.resize(nr);
+  std::iota(work.begin(), work.end(), 0);
+  std::fill(queued.begin(), queued.end(), 1);
+  while (!work.empty()) {
+    int32_t b = work.back();
+    work.pop_back();
+    queued[b] = 0;
+    for (int32_t a : inherits[b]) {
+      ByteSet merged = follow_[a] | follow_[b];
+      if (merged != follow_[a]) {
+        follow_[a] = merged;
+        if (!queued[a]) { queued[a] = 1; work.push_back(a); }
+      }
+    }
+  }
 }
 
 size_t CompiledGrammar::memory_bytes() const {
   size_t dense = 0;
   for (auto& st : states_) dense += st.next ? 256 * sizeof(int32_t) : 0;
   return pos_.size() * sizeof(Pos) + nodes_.size() * 28 + states_.size() * 96 + dense +
-         masks_.size() * size_t(vocab_->mask_words()) * 4;
+         masks_.size() * size_t(vocab_->mask_words()) * 4 + class_bytes_;
 }
 
 int32_t CompiledGrammar::node(int32_t pos, int32_t parent) {
@@ -145,7 +257,7 @@ int32_t CompiledGrammar::make_state(std::vector<int32_t> seeds) {
   // Epsilon closure: expand rule calls (push a return frame; a call in tail position returns
   // straight to the caller's parent) and completed alternatives (pop to the return frame).
   std::vector<int32_t> ready;
-  bool accept = false;
+  bool accept = false, ctx = false;
   std::vector<int32_t>& work = seeds;
   if (++stamp_ == 0) {  // wrapped: clear the stamps
     std::fill(seen_stamp_.begin(), seen_stamp_.end(), 0u);
@@ -164,6 +276,8 @@ int32_t CompiledGrammar::make_state(std::vector<int32_t> seeds) {
     } else if (at.kind == kRule) {
       int32_t ret = pos_[p + 1].kind == kEnd ? parent : node(p + 1, parent);
       for (int32_t a : alt_starts_[at.arg]) work.push_back(node(a, ret));
+    } else if (parent == kCtx) {
+      ctx = true;
     } else if (parent < 0) {
       accept = true;
     } else {
@@ -171,12 +285,13 @@ int32_t CompiledGrammar::make_state(std::vector<int32_t> seeds) {
     }
   }
   std::sort(ready.begin(), ready.end());
-  if (ready.empty() && !accept) return -1;
-  auto& ids = state_ids_[accept ? 1 : 0];
+  if (ready.empty() && !accept && !ctx) return -1;
+  auto& ids = state_ids_[(accept ? 1 : 0) + (ctx ? 2 : 0)];
   auto it = ids.find(ready);
   if (it != ids.end()) return it->second;
   State st;
   st.accept = accept;
+  st.ctx = ctx;
   for (int32_t n : ready) st.first |= sets_[pos_[nodes_[n].first].arg];
   st.nodes = ready;
   int32_t id = static_cast<int32_t>(states_.size());
@@ -237,7 +352,7 @@ bool CompiledGrammar::has_continuation(int32_t state) {
   return !states_[state].nodes.empty();
 }
 
-void CompiledGrammar::compute_mask_locked(int32_t state, std::span<uint32_t> mask) {
+void CompiledGrammar::compute_mask_full_locked(int32_t state, std::span<uint32_t> mask) {
   std::fill(mask.begin(), mask.end(), 0u);
   const auto& t = vocab_->trie;
   // Depth-first walk of the trie; each frame is (trie node, grammar state after its bytes).
@@ -262,6 +377,215 @@ void CompiledGrammar::compute_mask_locked(int32_t state, std::span<uint32_t> mas
   if (states_[state].accept)
     for (int32_t id : vocab_->stop_ids)
       if (id >= 0 && id < vocab_->mask_size) mask[id >> 5] |= 1u << (id & 31);
+}
+
+const CompiledGrammar::PosClass* CompiledGrammar::position_class_locked(const std::vector<int32_t>& key) {
+  if (auto it = classes_.find(key); it != classes_.end()) return it->second.get();
+  if (class_bytes_ >= kMaxClassBytes) return nullptr;
+  const auto& t = vocab_->trie;
+  // The key's frames on the sentinel (or on the real bottom when the key ends in -1).
+  const bool to_root = key.back() == -1;
+  const size_t nf = key.size() - (to_root ? 1 : 0);
+  int32_t seed = to_root ? -1 : kCtx;
+  for (size_t i = nf; i-- > 0;) seed = node(key[i], seed);
+  static const ByteSet kNone;
+  const ByteSet& follow = to_root ? kNone : follow_[rule_of_pos_[key[nf - 1]]];
+  // Walk the trie from position `pos` over the stack sentinel. A frame is (trie node, local
+  // state or -1, whether a path already left the rule with a byte FOLLOW allows, i.e. the
+  // subtree's tokens need the real stack unless a local path accepts them).
+  struct Frame {
+    int32_t tn, st;
+    bool unc;
+  };
+  std::vector<Frame> stack{{0, make_state({seed}), false}};
+  std::vector<int32_t> accepted, uncertain;
+  auto all_in_subtree = [&](int32_t c, std::vector<int32_t>& out) {
+    for (int32_t k = t.tok_begin[c]; k < t.tok_begin[t.subtree_end[c]]; ++k) out.push_back(k);
+  };
+  while (!stack.empty()) {
+    Frame f = stack.back();
+    stack.pop_back();
+    const bool ctx = states_[f.st].ctx;
+    const ByteSet first = states_[f.st].first;  // a copy: step_locked may grow states_
+    for (int32_t e = t.child_begin[f.tn]; e < t.child_begin[f.tn + 1]; ++e) {
+      const uint8_t b = t.child_byte[e];
+      const int32_t c = t.child_node[e];
+      const bool unc = f.unc || (ctx && follow.test(b));
+      const int32_t ns = first.test(b) ? step_locked(f.st, b) : -1;
+      if (ns < 0) {
+        if (unc) all_in_subtree(c, uncertain);
+        continue;
+      }
+      // Ends here: a scan-ready local node (or the real end) means accepted under any stack;
+      // having only completed the frames is accepted when no rule can dead-end after them.
+      const bool ok = !states_[ns].nodes.empty() || states_[ns].accept || all_productive_;
+      for (int32_t k = t.tok_begin[c]; k < t.tok_begin[c + 1]; ++k) (ok ? accepted : uncertain).push_back(k);
+      if (t.child_begin[c] != t.child_begin[c + 1]) stack.push_back({c, ns, unc});
+    }
+  }
+  auto pc = std::make_unique<PosClass>();
+  std::sort(uncertain.begin(), uncertain.end());
+  pc->uncertain = std::move(uncertain);
+  const size_t n_trie = t.tok_ids.size();
+  const size_t rejected = n_trie - accepted.size() - pc->uncertain.size();
+  const size_t bitset_words = static_cast<size_t>(vocab_->mask_words());
+  if (accepted.size() <= bitset_words && accepted.size() <= rejected) {
+    pc->kind = PosClass::kList;
+    for (int32_t k : accepted) pc->ids.push_back(t.tok_ids[k]);
+  } else if (rejected <= bitset_words) {
+    pc->kind = PosClass::kRejectedList;
+    std::vector<char> keep(n_trie, 0);
+    for (int32_t k : accepted) keep[k] = 1;
+    for (int32_t k : pc->uncertain) keep[k] = 1;
+    for (size_t k = 0; k < n_trie; ++k)
+      if (!keep[k]) pc->ids.push_back(t.tok_ids[k]);
+  } else {
+    pc->kind = PosClass::kBits;
+    pc->bits.assign(bitset_words, 0u);
+    for (int32_t k : accepted) {
+      int32_t id = t.tok_ids[k];
+      pc->bits[id >> 5] |= 1u << (id & 31);
+    }
+  }
+  class_bytes_ += pc->bytes();
+  return classes_.emplace(key, std::move(pc)).first->second.get();
+}
+
+void CompiledGrammar::compute_mask_locked(int32_t state, std::span<uint32_t> mask) {
+  const auto& t = vocab_->trie;
+  // The classes of the state's distinct class keys: a node's position and the positions of
+  // its next kClassFrames stack frames (ended by -1 when the stack's bottom is reached).
+  std::vector<const PosClass*> classes;
+  {
+    std::vector<std::vector<int32_t>> keys;
+    for (int32_t n : states_[state].nodes) {
+      std::vector<int32_t> key;
+      int32_t cur = n;
+      for (int f = 0; f <= kClassFrames && cur >= 0; ++f) {
+        key.push_back(nodes_[cur].first);
+        cur = nodes_[cur].second;
+      }
+      if (cur == -1) key.push_back(-1);
+      keys.push_back(std::move(key));
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    // A class costs about one trie walk to build, like this state's full walk: build it when
+    // its key is met the second time (it will pay back), until then walk in full.
+    bool all = true;
+    for (auto& key : keys) {
+      auto it = classes_.find(key);
+      if (it != classes_.end()) {
+        classes.push_back(it->second.get());
+        continue;
+      }
+      if (++key_uses_[key] < 2) {
+        all = false;
+        continue;
+      }
+      const PosClass* pc = position_class_locked(key);
+      if (!pc) return compute_mask_full_locked(state, mask);
+      classes.push_back(pc);
+    }
+    if (!all) return compute_mask_full_locked(state, mask);
+  }
+  std::fill(mask.begin(), mask.end(), 0u);
+  for (const PosClass* pc : classes) {
+    switch (pc->kind) {
+      case PosClass::kList:
+        for (int32_t id : pc->ids) mask[id >> 5] |= 1u << (id & 31);
+        break;
+      case PosClass::kBits:
+        for (size_t w = 0; w < mask.size(); ++w) mask[w] |= pc->bits[w];
+        break;
+      case PosClass::kRejectedList: {
+        // accepted = trie tokens - rejected - uncertain; OR'd word by word through a scratch.
+        thread_local std::vector<uint32_t> acc;
+        acc = vocab_->trie_token_bits;
+        for (int32_t id : pc->ids) acc[id >> 5] &= ~(1u << (id & 31));
+        for (int32_t k : pc->uncertain) acc[t.tok_ids[k] >> 5] &= ~(1u << (t.tok_ids[k] & 31));
+        for (size_t w = 0; w < mask.size(); ++w) mask[w] |= acc[w];
+        break;
+      }
+    }
+  }
+  // The uncertain tokens of all positions, in byte order, minus those already accepted.
+  std::vector<int32_t> cand;
+  if (classes.size() == 1) {
+    cand = classes[0]->uncertain;
+  } else {
+    for (const PosClass* pc : classes) {
+      std::vector<int32_t> merged;
+      merged.reserve(cand.size() + pc->uncertain.size());
+      std::set_union(cand.begin(), cand.end(), pc->uncertain.begin(), pc->uncertain.end(), std::back_inserter(merged));
+      cand.swap(merged);
+    }
+  }
+  // Run them through the real automaton in byte order: consecutive tokens reuse the states of
+  // their common prefix, and when a prefix dies every later candidate inside that prefix's
+  // trie subtree is skipped with one binary search.
+  walk_states_.assign(1, state);
+  std::string_view prev;
+  size_t valid = 0;  // walk_states_[0..valid] are the states after prev's first bytes
+  for (size_t ci = 0; ci < cand.size();) {
+    const int32_t k = cand[ci];
+    const int32_t id = t.tok_ids[k];
+    if ((mask[id >> 5] >> (id & 31)) & 1u) {
+      ++ci;
+      continue;
+    }
+    ++uncertain_checked_;
+    std::string_view b(t.rank_bytes.data() + t.rank_offset[k], t.rank_offset[k + 1] - t.rank_offset[k]);
+    size_t d = 0;
+    const size_t lim = std::min({prev.size(), b.size(), valid});
+    while (d < lim && prev[d] == b[d]) ++d;
+    prev = b;
+    int32_t st = walk_states_[d];
+    walk_states_.resize(d + 1);
+    for (; d < b.size(); ++d) {
+      st = step_locked(st, static_cast<uint8_t>(b[d]));
+      if (st < 0) break;
+      walk_states_.push_back(st);
+    }
+    valid = walk_states_.size() - 1;
+    if (st >= 0) {
+      mask[id >> 5] |= 1u << (id & 31);
+      ++ci;
+      continue;
+    }
+    // b[0..d] is dead: skip the subtree of the trie node at depth d + 1 on b's path.
+    int32_t dn = t.rank_node[k];
+    while (t.depth[dn] > static_cast<int32_t>(d) + 1) dn = t.parent[dn];
+    const int32_t end_rank = t.tok_begin[t.subtree_end[dn]];
+    ci = static_cast<size_t>(std::lower_bound(cand.begin() + ci + 1, cand.end(), end_rank) - cand.begin());
+  }
+  if (states_[state].accept)
+    for (int32_t id : vocab_->stop_ids)
+      if (id >= 0 && id < vocab_->mask_size) mask[id >> 5] |= 1u << (id & 31);
+}
+
+void CompiledGrammar::fill_mask_reference(int32_t state, std::span<uint32_t> mask) {
+  MS_CHECK(static_cast<int32_t>(mask.size()) == vocab_->mask_words(), "mask has {} words, expected {}", mask.size(),
+           vocab_->mask_words());
+  std::lock_guard<std::mutex> lock(mu_);
+  compute_mask_full_locked(state, mask);
+}
+
+void CompiledGrammar::clear_mask_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  masks_.clear();
+  for (auto& st : states_) st.mask_slot = -1;
+}
+
+CompiledGrammar::Stats CompiledGrammar::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s;
+  s.states = states_.size();
+  s.position_classes = classes_.size();
+  s.class_bytes = class_bytes_;
+  s.cached_masks = masks_.size();
+  s.uncertain_checked = uncertain_checked_;
+  return s;
 }
 
 void CompiledGrammar::fill_mask(int32_t state, std::span<uint32_t> mask) {
@@ -316,6 +640,14 @@ void Matcher::fill_mask(std::span<uint32_t> mask) {
     return;
   }
   g_->fill_mask(history_.back(), mask);
+}
+
+void Matcher::fill_mask_reference(std::span<uint32_t> mask) {
+  if (terminated_) {
+    std::fill(mask.begin(), mask.end(), 0u);
+    return;
+  }
+  g_->fill_mask_reference(history_.back(), mask);
 }
 
 void Matcher::rollback(int num_tokens) {

@@ -6,10 +6,24 @@
 // configuration is a sorted vector of node ids and equal configurations are equal vectors.
 // Configurations are interned as "states" and byte transitions between states are memoised:
 // what is built is a lazily constructed DFA over exactly the configurations that inputs
-// reach, shared by every matcher of the grammar. A token mask is a walk of the vocabulary's
-// byte trie from the current state (subtrees pruned at the first dead byte, bytes outside the
-// state's first-byte set skipped without a transition), and is itself cached per state, so
-// inside a JSON string or a repeated structure a mask is a copy after the first time.
+// reach, shared by every matcher of the grammar.
+//
+// Token masks in two parts (the idea xgrammar calls context-independent tokens, in our
+// design). Each scan-ready node of a state is (byte position p, parent stack). Per class key
+// = p plus the positions of its next kClassFrames stack frames (lazily, shared by every state
+// and matcher of the grammar), the vocabulary trie is walked from those frames over a
+// sentinel in place of the rest of the stack, which classifies each token as ACCEPTED (its
+// bytes are consumed inside the frames: allowed whatever the rest of the stack), REJECTED (it
+// dies inside the frames, and where the frames could end the next byte is not in FOLLOW of
+// the bottom frame's rule) or UNCERTAIN (it leaves the frames: needs the real stack).
+// Accepted sets are stored adaptively (token list, rejected list or bitset, whichever is
+// smallest). A state's mask = OR of its nodes' accepted sets, then only the uncertain tokens
+// run through the real automaton, in byte order so that consecutive tokens share the steps
+// of their common prefix and a dead prefix skips its whole trie subtree. A class costs about
+// one trie walk, as much as a state's plain walk, so it is built the second time its key is
+// met (the first time the state's mask is a plain trie walk, pruned at dead bytes). The
+// finished mask is also cached per state (inside a JSON string or a repeated structure a
+// mask is then a copy).
 //
 // Threads: a CompiledGrammar is shared between requests; its lazy tables are guarded by a
 // mutex. A Matcher belongs to one sequence (the engine thread / one sampling task).
@@ -42,8 +56,15 @@ struct TokenVocab {
     std::vector<uint8_t> child_byte;   // per edge
     std::vector<int32_t> child_node;   // per edge
     std::vector<int32_t> tok_begin;    // per node: tokens ending here [tok_begin[n], tok_begin[n+1])
-    std::vector<int32_t> tok_ids;
+    std::vector<int32_t> tok_ids;      // tokens in trie preorder ("rank" = index here)
+    std::vector<int32_t> subtree_end;  // per node: first node after its subtree (preorder ids)
+    std::vector<int32_t> parent;       // per node (root: -1)
+    std::vector<int32_t> depth;        // per node: bytes from the root
+    std::vector<int32_t> rank_node;    // per rank: the node the token ends at
+    std::vector<uint32_t> rank_offset; // per rank + 1: the token's bytes in rank_bytes
+    std::string rank_bytes;            // all trie tokens' bytes in rank order (a scan stays local)
   } trie;
+  std::vector<uint32_t> trie_token_bits;  // mask_words(): the tokens in the trie
   uint64_t fingerprint = 0;  // hash of the contents (for the compile cache key)
 
   void build();  // fills trie and fingerprint; call after filling the fields above
@@ -69,11 +90,28 @@ class CompiledGrammar {
   bool has_continuation(int32_t state);  // some byte can follow
   // Fills `mask` (mask_words() uint32 words, bit i of word i/32 = token i allowed).
   void fill_mask(int32_t state, std::span<uint32_t> mask);
+  // The same mask by the plain full walk of the trie (no per-position classes, no cache):
+  // the reference the fast path is tested against.
+  void fill_mask_reference(int32_t state, std::span<uint32_t> mask);
+  // Lazily made tables, for tests and benchmarks.
+  struct Stats {
+    size_t states = 0, position_classes = 0, class_bytes = 0, cached_masks = 0;
+    uint64_t uncertain_checked = 0;  // tokens run through the full automaton by fill_mask
+  };
+  Stats stats();
+  // Drops the per-state mask cache (benchmarks: the cost of a mask of a state not seen yet,
+  // with the per-position classes and the byte transitions already made).
+  void clear_mask_cache();
 
   // Bounds on the lazy tables: beyond them masks are no longer cached (memory) / the
   // configuration space is refused (a pathological grammar: the request fails).
   static constexpr size_t kMaxCachedMasks = 4096;
   static constexpr size_t kMaxNodes = 8u << 20;
+  // Beyond this much memory in per-position classes, new states' masks use the full walk.
+  static constexpr size_t kMaxClassBytes = size_t(256) << 20;
+  // Stack frames below a node that a class walk includes: small helper rules (one character,
+  // one digit) would otherwise leave their frame after a byte and make most tokens uncertain.
+  static constexpr int kClassFrames = 3;
 
  private:
   enum Kind : uint8_t { kBytes, kRule, kEnd };
@@ -81,13 +119,23 @@ class CompiledGrammar {
     Kind kind;
     int32_t arg;  // byte set index (kBytes) or rule id (kRule)
   };
+  static constexpr int32_t kCtx = -2;  // stack sentinel of a position class's walk
   struct State {
     std::vector<int32_t> nodes;  // scan-ready nodes (top position is a byte set), sorted
     bool accept = false;
+    bool ctx = false;            // (class walks) a path returned to the kCtx sentinel
     ByteSet first;               // union of the nodes' byte sets
     int32_t mask_slot = -1;      // index into masks_ when cached
     // Dense byte transitions, made on the first step out of this state: -2 unknown, -1 dead.
     std::unique_ptr<int32_t[]> next;
+  };
+  // The context-independent classification of one byte position's tokens (see the top).
+  struct PosClass {
+    enum Kind : uint8_t { kList, kRejectedList, kBits } kind = kList;
+    std::vector<int32_t> ids;     // kList: accepted ids; kRejectedList: rejected ids
+    std::vector<uint32_t> bits;   // kBits: accepted bitset
+    std::vector<int32_t> uncertain;  // trie ranks, ascending (byte order)
+    size_t bytes() const { return ids.size() * 4 + bits.size() * 4 + uncertain.size() * 4 + sizeof(*this); }
   };
   struct VecHash {
     size_t operator()(const std::vector<int32_t>& v) const;
@@ -97,22 +145,35 @@ class CompiledGrammar {
   std::vector<Pos> pos_;
   std::vector<ByteSet> sets_;
   std::vector<std::vector<int32_t>> alt_starts_;  // per rule
+  std::vector<int32_t> rule_of_pos_;
+  std::vector<ByteSet> follow_;   // per rule: bytes that can follow a completion of it
+  bool all_productive_ = true;    // every rule derives some string (completing a rule never dead-ends)
   int32_t root_ = 0;
 
   std::mutex mu_;
   std::vector<std::pair<int32_t, int32_t>> nodes_;  // (pos, parent)
   std::unordered_map<uint64_t, int32_t> node_ids_;
   std::vector<State> states_;
-  std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_ids_[2];  // by accept flag
+  std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_ids_[4];  // by accept + 2 ctx
   std::vector<uint32_t> seen_stamp_;  // per node: closure visit stamp (make_state)
   uint32_t stamp_ = 0;
   std::vector<std::vector<uint32_t>> masks_;
   int32_t initial_ = -1;
+  std::unordered_map<std::vector<int32_t>, std::unique_ptr<PosClass>, VecHash> classes_;  // by class key
+  std::unordered_map<std::vector<int32_t>, int32_t, VecHash> key_uses_;  // keys without a class yet
+  size_t class_bytes_ = 0;
+  uint64_t uncertain_checked_ = 0;
+  std::vector<int32_t> walk_states_;  // scratch of the uncertain walk (state per depth)
 
   int32_t node(int32_t pos, int32_t parent);
   int32_t make_state(std::vector<int32_t> seeds);  // closure of the seed nodes, interned
   int32_t step_locked(int32_t state, uint8_t byte);
-  void compute_mask_locked(int32_t state, std::span<uint32_t> mask);
+  void compute_mask_full_locked(int32_t state, std::span<uint32_t> mask);  // trie walk
+  void compute_mask_locked(int32_t state, std::span<uint32_t> mask);       // classes + uncertain
+  // The class of a key (positions of a node and its first frames; see compute_mask_locked);
+  // null when over kMaxClassBytes.
+  const PosClass* position_class_locked(const std::vector<int32_t>& key);
+  void analyse_rules(const Grammar& g);  // follow_, all_productive_
 };
 
 // One sequence's position in a grammar. accept_token / rollback keep a history of states, so
@@ -125,8 +186,12 @@ class Matcher {
   bool accept_token(int32_t id);
   bool is_allowed(int32_t id);  // without advancing
   void fill_mask(std::span<uint32_t> mask);
+  void fill_mask_reference(std::span<uint32_t> mask);  // CompiledGrammar::fill_mask_reference
   void rollback(int num_tokens);
   bool terminated() const { return terminated_; }
+  // Identifies the current position (tokens accepted, automaton state): a mask computed ahead
+  // (engine/structured_sampling.h) is used only while this is unchanged.
+  std::pair<size_t, int32_t> position() const { return {history_.size(), history_.back()}; }
   bool accepting();  // the text so far is a complete match
   int32_t mask_words() const { return g_->vocab().mask_words(); }
   const CompiledGrammar& grammar() const { return *g_; }

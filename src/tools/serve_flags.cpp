@@ -63,7 +63,15 @@ std::vector<FlagSpec> make_table() {
   add("served-model-name", I, M, api, "names accepted in `model`; the first is reported (default: the model argument)");
   add("max-model-len", I, O, sched, "context length (4096, 32k = 32000, 32K = 32768; default: from config.json)");
   add("max-num-seqs", I, O, sched, "sequences per engine step (default: 1024 on >= 70 GiB GPUs but A100, else 256)");
-  add("max-num-batched-tokens", I, O, sched, "tokens per engine step (default: 8192 on H100/H200, else 2048)");
+  add("max-num-batched-tokens", I, O, sched,
+      "tokens per engine step, decodes first, prefill chunks fill the rest (default: 8192 on H100/H200, else 2048; "
+      "smaller: lower inter-token latency, higher TTFT)");
+  add("long-prefill-token-threshold", I, O, sched,
+      "at most this many tokens of one sequence per step (0: none; default 4% of --max-model-len when "
+      "--max-num-partial-prefills > 1)");
+  add("max-num-partial-prefills", I, O, sched,
+      "at most this many sequences get a prefill chunk in one step (default: no limit; vLLM V1 only derives "
+      "--long-prefill-token-threshold from it, moeserve enforces it)");
   add("block-size", I, O, sched, "KV cache block size in tokens (default 16)");
   add("num-kv-blocks", I, O, sched, "KV cache blocks (0: from --gpu-memory-utilization / max_model_len)");
   add("num-gpu-blocks-override", I, O, sched, "vLLM's name for --num-kv-blocks");
@@ -88,9 +96,10 @@ std::vector<FlagSpec> make_table() {
   add("chat-template", I, O, api, "chat template file or template text");
   add("generation-config", I, O, api, "auto: sampling defaults from generation_config.json; vllm: none; or a folder");
   add("enable-auto-tool-choice", I, F, api, "allow tool_choice \"auto\" (needs --tool-call-parser)");
-  add("tool-call-parser", I, O, api, "tool-call parser (minimax_m2)");
-  add("reasoning-parser", I, O, api, "reasoning parser (minimax_m2, minimax_m2_append_think)");
+  add("tool-call-parser", I, O, api, "tool-call parser (minimax_m2, hermes)");
+  add("reasoning-parser", I, O, api, "reasoning parser (minimax_m2, minimax_m2_append_think, qwen3)");
   add("enable-request-id-headers", I, F, api, "X-Request-Id on every response (the client's, else a new one)");
+  add("web-ui", I, F, api, "moeserve: the chat page at / (default on; --no-web-ui: / answers 404)").negatable = true;
   add("enable-force-include-usage", I, F, api, "every stream ends with a usage chunk, even without stream_options");
   add("max-logprobs", I, O, api, "largest top_logprobs / logprobs accepted (20)");
   add("io-threads", I, O, api, "moeserve: HTTP io threads (2)");
@@ -192,8 +201,8 @@ std::vector<FlagSpec> make_table() {
   no("api-server-count", O, "one API server per process; run several services behind a load balancer");
   no("otlp-traces-endpoint", O, "OpenTelemetry tracing is not implemented; use /metrics");
   no("collect-detailed-traces", O, "OpenTelemetry tracing is not implemented; use /metrics");
-  no("max-num-partial-prefills", O, "one prefill chunk budget (--max-num-batched-tokens) is all there is");
-  no("long-prefill-token-threshold", O, "one prefill chunk budget (--max-num-batched-tokens) is all there is");
+  no("max-long-partial-prefills", O,
+     "short prompts never overtake long ones (FCFS); use --max-num-partial-prefills and --long-prefill-token-threshold");
   no("cuda-graph-sizes", M, "decode graph buckets follow --max-num-seqs; drop the flag");
   no("max-cudagraph-capture-size", O, "decode graph buckets follow --max-num-seqs; drop the flag");
   no("max-seq-len-to-capture", O, "decode graphs cover every context length; drop the flag");

@@ -1,6 +1,8 @@
 // The engine loop with the ToyExecutor: concurrency, abort, stats, determinism, validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -345,6 +347,69 @@ TEST(EngineLoop, LogprobsDelivered) {
     EXPECT_EQ(o.logprobs[0].top[0].first, o.new_token_ids[0]) << "greedy token is the most likely";
     EXPECT_FLOAT_EQ(o.logprobs[0].top[0].second, o.logprobs[0].logprob);
   }
+}
+
+
+// prompt_logprobs under chunked prefill: a 70-token prompt through a step budget of 8 (nine
+// chunks, next to other requests' decodes) gives the same prompt logprobs, bit for bit, as
+// one unchunked prefill, and both match log_softmax of the toy model's logits at each position.
+TEST(EngineLoop, PromptLogprobsUnderChunkedPrefillEqualUnchunked) {
+  const ToyExecutorConfig toy{.vocab_size = 64, .max_model_len = 128, .block_size = 4, .num_kv_blocks = 128};
+  const auto prompt = prompt_of(70, 9);
+  auto run = [&](int budget, bool with_others) {
+    auto engine = make_engine({.max_num_seqs = 8, .max_num_batched_tokens = budget}, std::make_unique<ToyExecutor>(toy));
+    Collector c;
+    std::vector<PromptTokenLogprob> got;
+    std::mutex mu;
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 2;
+    if (with_others) {  // running decodes share every step with the chunks
+      SamplingParams q = p;
+      q.max_tokens = 30;
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(engine->submit(make_request("o" + std::to_string(i), prompt_of(2, i), q, c)));
+    }
+    p.prompt_logprobs = 3;
+    Request r = make_request("pl", prompt, p, c);
+    r.on_output = [&](RequestOutput&& o) {
+      std::lock_guard lk(mu);
+      if (!o.prompt_logprobs.empty()) got = std::move(o.prompt_logprobs);
+    };
+    EXPECT_TRUE(engine->submit(std::move(r)));
+    engine->shutdown(20s);
+    return got;
+  };
+  const auto whole = run(128, false);
+  const auto chunked = run(8, true);
+  ASSERT_EQ(whole.size(), prompt.size() - 1);
+  ASSERT_EQ(chunked.size(), whole.size());
+  std::vector<float> logits(toy.vocab_size);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(chunked[i].token_id, whole[i].token_id) << i;
+    EXPECT_EQ(chunked[i].logprob, whole[i].logprob) << i;
+    EXPECT_EQ(chunked[i].rank, whole[i].rank) << i;
+    EXPECT_EQ(chunked[i].top, whole[i].top) << i;
+    // Independent check: position i predicts prompt token i + 1.
+    ToyExecutor::reference_logits(toy, std::span<const int32_t>(prompt.data(), i + 1), logits.data());
+    double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
+    for (float x : logits) sum += std::exp(double(x) - mx);
+    EXPECT_EQ(whole[i].token_id, prompt[i + 1]);
+    EXPECT_NEAR(whole[i].logprob, double(logits[size_t(prompt[i + 1])]) - mx - std::log(sum), 1e-5) << i;
+    ASSERT_EQ(whole[i].top.size(), 3u);
+  }
+}
+
+// vLLM's rule: max_num_partial_prefills > 1 without a threshold sets the threshold to 4% of
+// max_model_len; a threshold above max_model_len is refused.
+TEST(EngineLoop, PartialPrefillsDeriveTheThreshold) {
+  auto engine = make_engine({.max_num_batched_tokens = 64, .max_num_partial_prefills = 2},
+                            std::make_unique<ToyExecutor>(kToy));
+  EXPECT_EQ(engine->config().long_prefill_token_threshold, int(kToy.max_model_len * 0.04));
+  EXPECT_EQ(engine->config().max_num_partial_prefills, 2);
+  EXPECT_THROW(make_engine({.max_num_batched_tokens = 64, .long_prefill_token_threshold = 1000,
+                            .max_num_partial_prefills = 2},
+                           std::make_unique<ToyExecutor>(kToy)),
+               Error);
 }
 
 }  // namespace

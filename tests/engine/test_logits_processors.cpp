@@ -46,7 +46,8 @@ std::vector<float> processed(Sequence& s, std::vector<float> row, const std::vec
 TEST(LogitsStages, OrderIsVllms) {
   std::vector<std::string> names;
   for (const LogitsStage& st : logits_stages()) names.push_back(st.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"allowed_token_ids", "bad_words", "logit_bias", "min_tokens", "penalties"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"allowed_token_ids", "bad_words", "logit_bias", "min_tokens", "penalties",
+                                      "thinking_budget"}));
 }
 
 TEST(LogitsStages, LogitBiasTurnsGreedy) {
@@ -111,6 +112,51 @@ TEST(LogitsStages, MinTokensMasksEosAndStopIdsUntilReached) {
   EXPECT_EQ(sample_next(*s, {.logits = row, .eos_token_ids = &eos}).token, 2);
   s = make_seq(p, {0}, {2, 2});
   EXPECT_EQ(sample_next(*s, {.logits = row, .eos_token_ids = &eos}).token, 3);
+}
+
+// thinking_token_budget: with <think> = 5 and </think> = 6, a prompt that ends inside the
+// section counts from the first generated token; once `max_tokens` tokens are inside, the
+// end token is the only choice (whatever the other stages did), then sampling is free again.
+TEST(LogitsStages, ThinkingBudgetForcesTheEndOfTheReasoningSection) {
+  SamplingParams p{.temperature = 0};
+  p.thinking = {.max_tokens = 2, .start_token = 5, .end_token = 6};
+  p.logit_bias = {{6, -100.f}};  // even a strongly disfavoured end token is forced
+  const std::vector<float> row = {1.f, 9.f, 3.f, 2.f, 0.f, 0.f, -5.f};
+  auto s = make_seq(p, /*prompt=*/{0, 5});  // the template opened the section
+  EXPECT_EQ(sample_next(*s, {.logits = row}).token, 1);
+  EXPECT_FALSE(device_sampling_params(*s).has_value());  // logit_bias: a host row anyway
+  for (int32_t t : {1, 1}) {
+    s->tokens.push_back(t);
+    note_generated(*s, t);
+  }
+  EXPECT_EQ(s->sampler.thinking.count, 2);
+  EXPECT_EQ(sample_next(*s, {.logits = row}).token, 6);
+  s->tokens.push_back(6);
+  note_generated(*s, 6);
+  EXPECT_FALSE(s->sampler.thinking.inside);
+  EXPECT_EQ(sample_next(*s, {.logits = row}).token, 1);  // after the section: free
+
+  // Budget 0 closes a section the prompt opened at once; a prompt whose section is already
+  // closed (enable_thinking false templates) is never forced; a section the model opens
+  // itself is counted from its start token.
+  SamplingParams z{.temperature = 0};
+  z.thinking = {.max_tokens = 0, .start_token = 5, .end_token = 6};
+  EXPECT_EQ(sample_next(*make_seq(z, {0, 5}), {.logits = row}).token, 6);
+  EXPECT_EQ(sample_next(*make_seq(z, {0, 5, 6}), {.logits = row}).token, 1);
+  auto own = make_seq(z, {0}, /*output=*/{2});
+  EXPECT_EQ(sample_next(*own, {.logits = row}).token, 1);
+  own->tokens.push_back(5);
+  note_generated(*own, 5);
+  EXPECT_EQ(sample_next(*own, {.logits = row}).token, 6);
+  // Without a budget the stage is never active, and a device row stays on the device.
+  SamplingParams none{.temperature = 0};
+  none.thinking = {.max_tokens = -1, .start_token = 5, .end_token = 6};
+  auto free_seq = make_seq(none, {0, 5});
+  EXPECT_FALSE(needs_logits_processing(*free_seq));
+  EXPECT_TRUE(device_sampling_params(*free_seq).has_value());
+  // A spent budget sends the row to the host sampler (the device kernel has no forcing).
+  z.logit_bias.clear();
+  EXPECT_FALSE(device_sampling_params(*make_seq(z, {0, 5})).has_value());
 }
 
 TEST(LogitsStages, EveryFeatureKeepsTheRowOffTheDevice) {

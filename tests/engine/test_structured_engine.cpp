@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "engine/engine.h"
+#include "engine/structured_sampling.h"
 #include "engine/testing/toy_executor.h"
 #include "structured/constraint.h"
 #include "structured/regex.h"
@@ -169,6 +170,94 @@ TEST(StructuredEngine, LogprobsAreAfterMasking) {
   ASSERT_EQ(c.tokens["lp"], std::vector<int32_t>{6});
   ASSERT_EQ(c.logprobs["lp"].size(), 1u);
   EXPECT_NEAR(c.logprobs["lp"][0].logprob, 0.0f, 1e-6);  // the only allowed token has probability 1
+}
+
+// One constrained greedy request on the toy model; returns its collected outputs.
+struct OneRun {
+  std::vector<int32_t> tokens;
+  RequestOutput final;
+};
+OneRun run_one(std::shared_ptr<structured::StructuredConstraint> con, int min_tokens, int max_tokens) {
+  EngineConfig cfg{.max_num_seqs = 4, .max_num_batched_tokens = 64};
+  cfg.eos_token_ids = {kEos};
+  auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(ToyExecutorConfig{.vocab_size = 64}));
+  Collector c;
+  Request r;
+  r.id = "one";
+  r.prompt_ids = {3, 4, 5, 6};
+  r.params.temperature = 0.0f;
+  r.params.min_tokens = min_tokens;
+  r.params.max_tokens = max_tokens;
+  r.params.structured = std::move(con);
+  r.on_output = c.sink();
+  EXPECT_TRUE(engine->submit(std::move(r)));
+  EXPECT_TRUE(c.wait(1));
+  engine->shutdown(1s);
+  return {c.tokens["one"], c.final["one"]};
+}
+
+// A grammar that allows no token (complete, and the vocabulary knows no EOS) ends the request
+// with finish_reason error and a message, deterministically, instead of going on unconstrained.
+TEST(StructuredEngine, EmptyMaskFinishesWithError) {
+  auto vocab = std::make_shared<structured::TokenVocab>(*toy_vocab());
+  vocab->stop_ids.clear();
+  vocab->build();
+  auto con = std::make_shared<structured::StructuredConstraint>();
+  con->grammar = std::make_shared<structured::CompiledGrammar>(structured::grammar_from_regex("x"), vocab);
+  for (int rep = 0; rep < 2; ++rep) {
+    OneRun o = run_one(con, 0, 10);
+    EXPECT_EQ(o.tokens, std::vector<int32_t>{6});  // "x", then nothing is allowed
+    EXPECT_EQ(o.final.finish_reason, FinishReason::Error);
+    EXPECT_NE(o.final.error.find("grammar allows no next token"), std::string::npos) << o.final.error;
+  }
+}
+
+// min_tokens beyond a complete grammar: the stop token is let through (vLLM), the request stops.
+TEST(StructuredEngine, MinTokensGivesWayToACompleteGrammar) {
+  OneRun o = run_one(constraint("x"), 5, 10);
+  EXPECT_EQ(o.tokens, (std::vector<int32_t>{6, kEos}));
+  EXPECT_EQ(o.final.finish_reason, FinishReason::Stop);
+  // Below a grammar that can go on, min_tokens still holds EOS back.
+  OneRun more = run_one(constraint("x+"), 4, 10);
+  ASSERT_GE(more.tokens.size(), 4u);
+  EXPECT_EQ(std::count(more.tokens.begin(), more.tokens.begin() + 4, kEos), 0);
+}
+
+// Masks made on a worker thread during the model step give the same outputs as masks made at
+// sampling (greedy and seeded rows, a constraint after reasoning), and are really used.
+TEST(StructuredEngine, MasksAheadOfTheStepGiveTheSameOutputs) {
+  auto run = [](bool overlap) {
+    EngineConfig cfg{.max_num_seqs = 8, .max_num_batched_tokens = 64};
+    cfg.eos_token_ids = {kEos};
+    cfg.overlap_structured_masks = overlap;
+    auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(ToyExecutorConfig{.vocab_size = 64, .peak = 0.5f}));
+    Collector c;
+    auto con = constraint("(ab|cd)+-x{2,3}");
+    auto con_r = constraint("(ab|cd)+-x{2,3}", {kThinkEnd});
+    for (int i = 0; i < 10; ++i) {
+      Request r;
+      r.id = "r" + std::to_string(i);
+      for (int k = 0; k < 9; ++k) r.prompt_ids.push_back((k * 5 + i * 7) % 64);
+      r.params.temperature = i % 2 ? 0.0f : 0.8f;
+      r.params.seed = 77 + i;
+      r.params.max_tokens = 60;
+      r.params.structured = i % 3 == 2 ? con_r : con;
+      r.on_output = c.sink();
+      EXPECT_TRUE(engine->submit(std::move(r)));
+    }
+    EXPECT_TRUE(c.wait(10));
+    engine->shutdown(1s);
+    return c.tokens;
+  };
+  const uint64_t before = structured_masks_taken_ahead();
+  auto off = run(false);
+  EXPECT_EQ(structured_masks_taken_ahead(), before);
+  auto on = run(true);
+  EXPECT_GT(structured_masks_taken_ahead(), before);
+  EXPECT_EQ(on, off);
+  size_t total = 0;
+  for (auto& [id, t] : on) total += t.size();
+  EXPECT_GT(total, 50u);
 }
 
 }  // namespace

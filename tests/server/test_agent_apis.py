@@ -18,6 +18,9 @@ THINK = "Let me think.</think>\n\nHello from the model. The end."
 SCRIPTS = [{"marker": encode(" ANSWERTURN"), "tokens": encode(ANSWER)},
            {"marker": encode(" TOOLTEST"), "tokens": encode(TOOL)},
            {"marker": encode(" THINKTEST"), "tokens": encode(THINK)},
+           # ~340 tokens (7 s on the 20 ms/step server): long enough to be caught in flight
+           # however loaded the machine is.
+           {"marker": encode(" LONGTEST"), "tokens": encode(PLAIN * 20)},
            {"marker": [], "tokens": encode(PLAIN)}]
 ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "minimax_m2", "--reasoning-parser", "minimax_m2",
         "--chat-template", str(TEMPLATE)]
@@ -170,6 +173,74 @@ def test_messages_thinking_maps_to_template(server):
     tok = httpx.post(server.base + "/tokenize", json={"messages": msgs, "chat_template_kwargs":
                                                       {"enable_thinking": False}}).json()["count"]
     assert tok == off
+
+
+def decode(ids):
+    from tokenizers import Tokenizer
+    from conftest import QWEN
+    return Tokenizer.from_file(str(QWEN / "tokenizer.json")).decode(ids, skip_special_tokens=False)
+
+
+def test_thinking_budget_is_enforced(srv):
+    """thinking_token_budget (vLLM) / Anthropic thinking / Responses effort "none": the engine
+    forces </think> once the budget is spent inside the section the MiniMax template opened;
+    the replay script's next tokens then follow as the answer."""
+    ids = encode(PLAIN)
+    msgs = [{"role": "user", "content": "hello"}]
+    # No budget: the whole plain script is reasoning (no </think> in it).
+    free = oai(srv).chat.completions.create(model="replay", messages=msgs, max_tokens=200)
+    assert free.choices[0].message.reasoning_content == PLAIN and not free.choices[0].message.content
+    r = oai(srv).chat.completions.create(model="replay", messages=msgs, max_tokens=200,
+                                         extra_body={"thinking_token_budget": 3})
+    m = r.choices[0].message
+    assert m.reasoning_content.strip() == decode(ids[:3]).strip()
+    assert m.content.strip() == decode(ids[4:]).strip()  # token 3 was replaced by the forced </think>
+    # Streaming: the same split.
+    parts = {"reasoning": "", "content": ""}
+    for ch in oai(srv).chat.completions.create(model="replay", messages=msgs, max_tokens=200, stream=True,
+                                               extra_body={"thinking_token_budget": 3}):
+        d = ch.choices[0].delta if ch.choices else None
+        if d is not None:
+            parts["reasoning"] += getattr(d, "reasoning_content", None) or ""
+            parts["content"] += d.content or ""
+    assert parts["reasoning"].strip() == m.reasoning_content.strip() and parts["content"] == m.content
+
+    # Anthropic: disabled closes the section at once; enabled with a budget above the script's
+    # length changes nothing.
+    c = ant(srv)
+    off = c.messages.create(model="replay", max_tokens=200, messages=msgs, thinking={"type": "disabled"})
+    assert [b.type for b in off.content] == ["text"]
+    assert off.content[0].text.strip() == decode(ids[1:]).strip()
+    on = c.messages.create(model="replay", max_tokens=1500, messages=msgs,
+                           thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [b.type for b in on.content] == ["thinking"] and on.content[0].thinking == PLAIN
+    with c.messages.stream(model="replay", max_tokens=200, messages=msgs, thinking={"type": "disabled"}) as st:
+        assert "".join(st.text_stream).strip() == off.content[0].text.strip()
+
+    # Responses: reasoning effort "none".
+    rn = oai(srv).responses.create(model="replay", input="hello", reasoning={"effort": "none"}, store=False)
+    assert rn.output_text.strip() == decode(ids[1:]).strip()
+
+    # Bad values: 400 naming the field.
+    bad = httpx.post(srv.base + "/v1/chat/completions",
+                     json={"model": "replay", "messages": msgs, "thinking_token_budget": -1})
+    assert bad.status_code == 400 and "thinking_token_budget" in bad.text
+
+
+def test_thinking_budget_needs_a_reasoning_parser(tmp_path):
+    s = Server(tmp_path, [], script_extra={"scripts": SCRIPTS})
+    try:
+        msgs = [{"role": "user", "content": "hello"}]
+        r = httpx.post(s.base + "/v1/chat/completions",
+                       json={"model": "replay", "messages": msgs, "thinking_token_budget": 5})
+        assert r.status_code == 400 and "--reasoning-parser" in r.json()["error"]["message"], r.text
+        anth_error(s, {"model": "replay", "max_tokens": 10, "messages": msgs, "thinking": {"type": "disabled"}},
+                   400, "invalid_request_error")
+        # Without a budget the same request is served.
+        assert httpx.post(s.base + "/v1/messages", json={"model": "replay", "max_tokens": 10,
+                                                         "messages": msgs}).status_code == 200
+    finally:
+        assert s.stop() == 0
 
 
 def anth_error(s, body, status, etype, message=None, path="/v1/messages", headers=None):
@@ -371,7 +442,7 @@ def test_responses_cancel_in_flight(slow):
 
     def reader():
         with httpx.stream("POST", slow.base + "/v1/responses", headers=h,
-                          json={"model": "replay", "input": "hi", "stream": True}) as r:
+                          json={"model": "replay", "input": "hi LONGTEST", "stream": True}) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     events.append(json.loads(line[6:]))

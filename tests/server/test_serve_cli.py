@@ -101,10 +101,12 @@ STARTS = [
     "--compilation-config {\"cudagraph_mode\":\"FULL\"} --async-scheduling --disable-frontend-multiprocessing",
     "-tp 1 --enable_expert_parallel --max-num-seqs 64 --max_num_batched_tokens 4096 --gpu-memory-utilization 0.95",
     "--enable-auto-tool-choice --tool-call-parser minimax_m2 --reasoning-parser minimax_m2_append_think",
+    "--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3",  # Qwen3 recipes
     "--served-model-name minimax-m2.5 m25 --max-model-len 2k --enable-prefix-caching --block-size 16",
     "--revision main --allowed-origins [\"*\"] --enable-force-include-usage --disable-log-stats",
     "--quantization fp8 --seed 1 --max-logprobs 10 --generation-config vllm --no-enable-prefix-caching",
     "--pipeline-parallel-size 1 -dp 1 --swap-space 16 --enable-log-requests --root-path /api",
+    "--max-num-partial-prefills 2 --long-prefill-token-threshold 128 --max-num-seqs 8 --max-num-batched-tokens 64",
 ]
 REFUSED = [
     ("--speculative-config {\"method\":\"mtp\",\"num_speculative_tokens\":1}", "--speculative-config"),
@@ -118,6 +120,7 @@ REFUSED = [
     ("--ssl-keyfile k.pem --ssl-certfile c.pem", "--ssl-keyfile"),
     ("--no-enable-chunked-prefill", "--no-enable-chunked-prefill"),
     ("--max-num-seqz 8", "--max-num-seqz"),
+    ("--max-long-partial-prefills 2", "--max-long-partial-prefills"),
 ]
 
 
@@ -151,6 +154,44 @@ def test_vllm_command_lines_refused(tmp_path, model, flags, named):
     assert "not expected" not in r.stderr
     if named == "--max-num-seqz":
         assert "did you mean --max-num-seqs" in r.stderr
+
+
+def test_prefill_caps_logged_and_budget_below_max_num_seqs_refused(tmp_path, model):
+    s = Serve(tmp_path, model, "--max-num-partial-prefills", "3", "--max-model-len", "1000")
+    try:
+        # vLLM's rule: more than one partial prefill and no threshold -> 4% of max_model_len
+        assert "prefill caps per step: max_num_partial_prefills 3, long_prefill_token_threshold 40" in s.text(), s.text()
+    finally:
+        assert s.stop() == 0
+    r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
+            "--max-num-seqs", "64", "--max-num-batched-tokens", "32")
+    assert r.returncode != 0
+    assert "--max-num-batched-tokens (32) must be greater than or equal to --max-num-seqs (64)" in r.stderr, r.stderr
+    r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
+            "--long-prefill-token-threshold", "-1")
+    assert r.returncode != 0 and "--long-prefill-token-threshold -1: expected >= 0" in r.stderr, r.stderr
+
+
+def test_other_subcommands_group_their_help():
+    for sub, groups in {"bench": ["Server", "Dataset", "Load", "Results and output"],
+                        "pull": ["What to fetch", "Transfer", "Output"],
+                        "generate": ["Input", "Sampling", "Output", "Engine"],
+                        "plan": ["Model and GPUs", "Serving settings", "Output and hub"],
+                        "make-tiny": ["Weights", "Shapes", "Tokenizer"],
+                        "service": ["systemd unit", "Environment", "Process"]}.items():
+        r = run(sub, "--help")
+        assert r.returncode == 0, (sub, r.stderr)
+        for g in groups:
+            assert "\n" + g + ":" in r.stdout, (sub, g, r.stdout)
+
+
+def test_unknown_parser_names_list_the_known_ones(tmp_path, model):
+    for flag, known in [("--tool-call-parser", "hermes, minimax_m2"),
+                        ("--reasoning-parser", "minimax_m2, minimax_m2_append_think, qwen3")]:
+        r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
+                flag, "qwen3_nope")
+        assert r.returncode != 0
+        assert f"{flag} qwen3_nope: unknown (known: {known})" in r.stderr, r.stderr
 
 
 def test_config_yaml_and_command_line_wins(tmp_path, model):

@@ -26,8 +26,7 @@ from conftest import REPO, free_port  # noqa: E402
 NAME = "tiny"
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def tiny_server(tmp_path_factory, parser_args):
     binary = os.environ.get("MOESERVE_BIN", str(REPO / "build/moeserve"))
     tmp = tmp_path_factory.mktemp("tiny_structured")
     model = tmp / "model"
@@ -36,7 +35,7 @@ def base(tmp_path_factory):
     log = open(tmp / "server.log", "w")
     proc = subprocess.Popen([binary, "serve", str(model), "--served-model-name", NAME, "--device", "cpu",
                              "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
-                             "--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice"],
+                             "--enable-auto-tool-choice", *parser_args],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -54,6 +53,17 @@ def base(tmp_path_factory):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, (tmp / "server.log").read_text()
     log.close()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    yield from tiny_server(tmp_path_factory, ["--tool-call-parser", "minimax_m2"])
+
+
+@pytest.fixture(scope="module")
+def hermes_base(tmp_path_factory):
+    """Qwen3's parsers: hermes tool calls, qwen3 reasoning."""
+    yield from tiny_server(tmp_path_factory, ["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"])
 
 
 def client(base):
@@ -205,6 +215,47 @@ def check_calls(calls, names):
     for call in calls:
         assert call.function.name in names
         jsonschema.validate(json.loads(call.function.arguments), by_name[call.function.name])
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_tool_calls_hermes(hermes_base, choice):
+    """The hermes grammar, read back by the hermes parser. enable_thinking false: the qwen3
+    reasoning parser takes the prompt as having ended the reasoning, so the constraint starts
+    at the first token and the output is content (the calls), not reasoning."""
+    c = client(hermes_base)
+    tc = "required" if choice == "required" else {"type": "function", "function": {"name": "add"}}
+    names = {"get_weather", "add"} if choice == "required" else {"add"}
+    no_think = {"chat_template_kwargs": {"enable_thinking": False}}
+    done = 0
+    for seed in range(3):
+        r = c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                      tools=TOOLS, tool_choice=tc, parallel_tool_calls=False, seed=seed,
+                                      max_tokens=400, temperature=1.0, extra_body=no_think)
+        ch = r.choices[0]
+        if r.usage.completion_tokens >= 400:  # a long string ran to max_tokens; the call is cut
+            continue
+        done += 1
+        assert ch.finish_reason == "tool_calls", ch
+        assert len(ch.message.tool_calls) == 1, ch
+        assert (ch.message.content or "").strip() == ""
+        check_calls(ch.message.tool_calls, names)
+    assert done > 0
+    calls, finish = {}, None
+    for chunk in c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Add 1 and 2"}],
+                                           tools=TOOLS, tool_choice=tc, seed=5, max_tokens=600, stream=True,
+                                           extra_body=no_think):
+        if chunk.choices:
+            finish = chunk.choices[0].finish_reason or finish
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            e = calls.setdefault(d.index, {"name": "", "arguments": ""})
+            e["name"] += (d.function.name or "") if d.function else ""
+            e["arguments"] += (d.function.arguments or "") if d.function else ""
+    assert calls and finish in ("tool_calls", "length"), (calls, finish)
+    if finish == "tool_calls":
+        for e in calls.values():
+            assert e["name"] in names
+            jsonschema.validate(json.loads(e["arguments"]),
+                                {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[e["name"]])
 
 
 @pytest.mark.parametrize("choice", ["required", "named"])

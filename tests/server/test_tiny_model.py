@@ -1,6 +1,6 @@
 """End-to-end with the real MiniMax-M2 CPU executor: `moeserve make-tiny` (tiny checkpoint +
 built-in tokenizer and chat template) served with `--device cpu`, driven by the openai SDK.
-Same path as scripts/run.sh and the README's curl."""
+The random tiny checkpoint (make-tiny) end to end; scripts/run.sh serves the trained demo model (test_demo_model.py)."""
 import os
 import signal
 import subprocess

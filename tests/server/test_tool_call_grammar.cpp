@@ -7,6 +7,7 @@
 
 #include "server/parsers/minimax_m2.h"
 #include "server/parsers/parser.h"
+#include "grammar_docs.h"
 #include "structured/matcher.h"
 
 namespace moeserve::server {
@@ -22,38 +23,7 @@ const ojson kTools = ojson::parse(R"([
      "required": ["a"]}}}
 ])");
 
-std::shared_ptr<structured::TokenVocab> byte_vocab() {
-  auto v = std::make_shared<structured::TokenVocab>();
-  for (int b = 0; b < 256; ++b) v->token_bytes.push_back(std::string(1, char(b)));
-  v->token_bytes.push_back("");
-  v->special.assign(257, false);
-  v->special[256] = true;
-  v->stop_ids = {256};
-  v->build();
-  return v;
-}
-
-// A random document of the grammar: random allowed bytes ('<' favoured so values end).
-std::string random_document(structured::Matcher& m, std::mt19937& rng) {
-  std::string out;
-  std::vector<uint32_t> mask(m.mask_words());
-  for (int step = 0; step < 20000; ++step) {
-    m.fill_mask(mask);
-    std::vector<int> allowed;
-    for (int id = 0; id < 257; ++id)
-      if ((mask[id >> 5] >> (id & 31)) & 1) allowed.push_back(id);
-    EXPECT_FALSE(allowed.empty());
-    if (allowed.empty()) return out;
-    int pick = allowed[rng() % allowed.size()];
-    if (std::count(allowed.begin(), allowed.end(), 256) && rng() % 2) pick = 256;
-    else if (std::count(allowed.begin(), allowed.end(), '<') && rng() % 4 == 0) pick = '<';
-    if (pick == 256) return out;
-    EXPECT_TRUE(m.accept_token(pick));
-    out.push_back(char(pick));
-  }
-  ADD_FAILURE() << "document did not end";
-  return out;
-}
+using grammar_docs::byte_vocab;
 
 void check(bool parallel, std::vector<std::string> names) {
   auto g = std::make_shared<structured::CompiledGrammar>(
@@ -62,7 +32,7 @@ void check(bool parallel, std::vector<std::string> names) {
   int multi = 0;
   for (int doc = 0; doc < 40; ++doc) {
     structured::Matcher m(g);
-    std::string text = random_document(m, rng);
+    std::string text = grammar_docs::random_document(m, rng, {'<'});
     MinimaxM2ToolParser p(kTools);
     ToolParseDelta d;
     p.push(text, d);

@@ -67,8 +67,13 @@ int main() {
     bool all_steps = job.value("all_steps", false);  // masks before every token too
     std::vector<uint32_t> mask(vocab->mask_words());
     json results = json::array();
-    json cold = json::array(), warm = json::array();
-    for (int rep = 0; rep < repeat; ++rep) {
+    json cold = json::array(), warm = json::array(), fresh = json::array();
+    // Passes: 0 cold (fresh grammar), 1..repeat-1 warm (same grammar), then with "fresh_pass"
+    // two more, each after dropping the per-state mask cache (classes and transitions kept):
+    // the first builds the classes of keys met a second time, the second (reported) uses them.
+    const bool fresh_pass = job.value("fresh_pass", false);
+    for (int rep = 0; rep < repeat + (fresh_pass ? 2 : 0); ++rep) {
+      if (rep >= repeat) g->clear_mask_cache();
       for (auto& prefix : job["prefixes"]) {
         Matcher m(g);
         json step_masks = json::array();
@@ -101,13 +106,20 @@ int main() {
         }
         if (all_steps) r["step_masks"] = std::move(step_masks);  // before each accepted token
         r["mask_us_per_token"] = n_masks ? total_us / n_masks : 0.0;
-        (rep == 0 ? cold : warm).push_back(r["mask_us_per_token"]);
+        if (rep == 0) cold.push_back(r["mask_us_per_token"]);
+        else if (rep < repeat) warm.push_back(r["mask_us_per_token"]);
+        else if (rep == repeat + 1) fresh.push_back(r["mask_us_per_token"]);
         if (rep == 0) results.push_back(std::move(r));
       }
     }
+    auto st = g->stats();
+    out["stats"] = {{"states", st.states}, {"position_classes", st.position_classes},
+                    {"class_bytes", st.class_bytes}, {"cached_masks", st.cached_masks},
+                    {"uncertain_checked", st.uncertain_checked}};
     out["results"] = std::move(results);
     out["mask_us_cold"] = cold;
     out["mask_us_warm"] = warm;
+    out["mask_us_fresh"] = fresh;
   } catch (const std::exception& e) {
     std::cout << json{{"error", e.what()}}.dump() << "\n";
     return 2;

@@ -56,7 +56,9 @@ TEST(Matcher, MaskEqualsBruteForceAlongADocument) {
       ASSERT_EQ(bit(mask, id), expect) << "prefix " << i << " token " << id;
       ASSERT_EQ(expect, m.is_allowed(id)) << "is_allowed disagrees at " << id;
     }
-    if (i < doc.size()) ASSERT_TRUE(m.accept_token(static_cast<unsigned char>(doc[i])));
+    if (i < doc.size()) {
+      ASSERT_TRUE(m.accept_token(static_cast<unsigned char>(doc[i])));
+    }
   }
   EXPECT_TRUE(m.accepting());
   EXPECT_TRUE(m.accept_token(vocab->stop_ids[0]));
@@ -91,4 +93,48 @@ TEST(GrammarCache, HitsByHashAndVocab) {
   EXPECT_EQ(cache.size(), 2u);
   EXPECT_EQ(cache.hits(), 1u);
   EXPECT_THROW(cache.get(ConstraintSpec{ConstraintKind::Regex, "[", {}, true, "regex"}, v1), GrammarError);
+}
+
+// The fast mask (per-position classes + uncertain tokens through the real automaton) must
+// equal the plain trie walk at every prefix of valid documents, for grammars whose rules end
+// inside strings, nested calls, nullable tails, recursion and a regex; and it must have
+// checked fewer tokens in full than the vocabulary holds (the classes did prune).
+TEST(Matcher, FastMaskEqualsFullTrieWalk) {
+  auto vocab = random_vocab(11, 6000);
+  struct Case {
+    Grammar g;
+    std::string doc;
+  };
+  std::vector<Case> cases;
+  cases.push_back({grammar_from_json_schema_text(R"({"type":"object","properties":{"name":{"type":"string"},
+      "n":{"type":"array","items":{"type":"number"}}},"required":["name","n"]})"),
+                   R"({"name": "ab\"c", "n": [1, -2.5e3, 0]})"});
+  cases.push_back({grammar_from_json_schema_text(R"({"$defs":{"p":{"type":"object","properties":{
+      "a":{"type":"integer"},"k":{"type":"array","items":{"$ref":"#/$defs/p"}}}}},"$ref":"#/$defs/p"})"),
+                   R"({"a": 1, "k": [{"k": [{"a": 20}]}, {}]})"});
+  cases.push_back({parse_ebnf(R"(root ::= "x" item* ("." | "") 
+      item ::= "[" [a-z]+ "]" | "{" root "}")"),
+                   "x[ab]{x[c].}[d]."});
+  cases.push_back({grammar_from_choices({"alpha", "alpine", "beta", "be"}), "alpine"});
+  for (auto& c : cases) {
+    auto cg = std::make_shared<CompiledGrammar>(c.g, vocab);
+    std::vector<uint32_t> fast(vocab->mask_words()), ref(vocab->mask_words());
+    // Pass 1 builds classes for keys met twice; pass 2, with the per-state mask cache
+    // dropped, makes every mask from the classes.
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1) cg->clear_mask_cache();
+      Matcher m(cg);
+      for (size_t i = 0; i <= c.doc.size(); ++i) {
+        m.fill_mask(fast);
+        m.fill_mask_reference(ref);
+        ASSERT_EQ(fast, ref) << "doc " << c.doc << " prefix " << i << " pass " << pass;
+        if (i < c.doc.size()) {
+          ASSERT_TRUE(m.accept_token(static_cast<unsigned char>(c.doc[i])));
+        }
+      }
+    }
+    auto s = cg->stats();
+    EXPECT_GT(s.position_classes, 0u);
+    EXPECT_LT(s.uncertain_checked, static_cast<uint64_t>(vocab->token_bytes.size()) * (c.doc.size() + 1));
+  }
 }

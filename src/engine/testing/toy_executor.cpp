@@ -66,6 +66,14 @@ StepResult ToyExecutor::execute(const StepBatch& batch) {
              st.seq_id);
     rec.num_tokens += static_cast<int>(st.tokens.size());
     const std::vector<int32_t> ctx = kv_.write_and_read(st);
+    if (st.need_prompt_logits) {  // every query token's logits: the context up to that token
+      for (size_t j = 0; j < st.tokens.size(); ++j) {
+        const size_t off = res.prompt_logits.size();
+        res.prompt_logits.resize(off + config_.vocab_size);
+        reference_logits(config_, std::span<const int32_t>(ctx.data(), size_t(st.start_pos) + j + 1),
+                         res.prompt_logits.data() + off);
+      }
+    }
     if (!st.need_logits) continue;
     ++rec.num_logit_rows;
     const size_t off = res.logits.size();

@@ -98,12 +98,8 @@ Grammar minimax_m2_tool_call_grammar(const ToolCallGrammarRequest& req) {
   g.root = g.add_rule("root");
   int32_t raw = raw_text_rule(g);
   std::vector<Alt> invokes;
-  for (auto& tool : req.tools) {
-    if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object()) continue;
-    const ojson& fn = tool["function"];
-    std::string name = fn.value("name", "");
-    if (name.empty()) continue;
-    if (!req.names.empty() && std::find(req.names.begin(), req.names.end(), name) == req.names.end()) continue;
+  for (const auto& [name, fn_ptr] : callable_tools(req)) {
+    const ojson& fn = *fn_ptr;
     const ojson params = fn.value("parameters", ojson::object());
     ojson props = params.is_object() ? params.value("properties", ojson::object()) : ojson::object();
     std::set<std::string> required;
@@ -131,10 +127,7 @@ Grammar minimax_m2_tool_call_grammar(const ToolCallGrammarRequest& req) {
   if (invokes.empty()) throw GrammarError("no callable tool for the requested tool_choice");
   int32_t invoke = g.add_rule("invoke", std::move(invokes));
   Alt root;
-  structured::ByteSet lead;
-  lead.set(' ');
-  lead.set('\n');
-  g.repeat(Alt{Symbol::set(lead)}, 0, 8, "lead", root);  // bounded: a random model could loop on it
+  add_leading_whitespace(g, root);
   Grammar::literal("<minimax:tool_call>\n", root);
   if (req.parallel) root.push_back(Symbol::ref(g.plus(Alt{Symbol::ref(invoke)}, "invokes")));
   else root.push_back(Symbol::ref(invoke));

@@ -62,8 +62,21 @@ class ToolParser {
   virtual const std::vector<ToolCall>& calls() const = 0;
 };
 
+// What a reasoning parser family may read from the request before generation: the rendered
+// chat prompt (its last turn may already open or close the reasoning section) and the
+// request's chat_template_kwargs (e.g. enable_thinking).
+struct ReasoningRequest {
+  std::string_view prompt;
+  const ojson* chat_template_kwargs = nullptr;
+};
+// true when the request ends the reasoning section before the first output token (Qwen3 with
+// enable_thinking false: the prompt ends "<think>\n\n</think>\n\n"). Then the whole output is
+// content and a structured-output constraint starts at once. false for families without
+// such a switch.
+bool reasoning_ended_by_prompt(const std::string& name, const ReasoningRequest& req);
+// `ended_by_prompt`: what reasoning_ended_by_prompt answered for the request.
+std::unique_ptr<ReasoningParser> make_reasoning_parser(const std::string& name, bool ended_by_prompt = false);
 // `tools` is the request's tools array (OpenAI format), used to type argument values.
-std::unique_ptr<ReasoningParser> make_reasoning_parser(const std::string& name);
 std::unique_ptr<ToolParser> make_tool_parser(const std::string& name, const ojson& tools);
 bool has_reasoning_parser(const std::string& name);
 bool has_tool_parser(const std::string& name);
@@ -81,6 +94,12 @@ struct ToolCallGrammarRequest {
 bool has_tool_call_grammar(const std::string& parser_name);
 structured::Grammar tool_call_grammar(const std::string& parser_name, const ToolCallGrammarRequest& req);
 structured::Grammar minimax_m2_tool_call_grammar(const ToolCallGrammarRequest& req);  // parsers/minimax_m2_grammar.cpp
+structured::Grammar hermes_tool_call_grammar(const ToolCallGrammarRequest& req);      // parsers/hermes_grammar.cpp
+// For the families' grammars: the request's callable tools, (name, its "function" object), in
+// order: well-formed function tools with a name, restricted to req.names when given.
+std::vector<std::pair<std::string, const ojson*>> callable_tools(const ToolCallGrammarRequest& req);
+// Appends [ \n]{0,8} to `alt` (bounded: a random model could loop on unbounded whitespace).
+void add_leading_whitespace(structured::Grammar& g, structured::Alt& alt);
 
 // Shared helpers for parsers.
 // Length of the longest suffix of `text` that is a proper prefix of `marker`.

@@ -1,5 +1,6 @@
 // Parser registry: one line per parser name. Static registration objects would be dropped
 // by the static-library linker, so the table is explicit.
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <random>
@@ -7,23 +8,31 @@
 #include "core/error.h"
 #include "server/parsers/minimax_m2.h"
 #include "server/parsers/parser.h"
+#include "server/parsers/qwen3.h"
 
 namespace moeserve::server {
 
 namespace {
-using RFactory = std::function<std::unique_ptr<ReasoningParser>()>;
+using RFactory = std::function<std::unique_ptr<ReasoningParser>(bool ended_by_prompt)>;
 using TFactory = std::function<std::unique_ptr<ToolParser>(const ojson&)>;
+struct ReasoningEntry {
+  RFactory make;
+  bool (*ended_by_prompt)(const ReasoningRequest&) = nullptr;  // null: never
+};
 
-const std::map<std::string, RFactory>& reasoning_table() {
-  static const std::map<std::string, RFactory> t = {
-      {"minimax_m2", [] { return std::make_unique<MinimaxM2ReasoningParser>(); }},
-      {"minimax_m2_append_think", [] { return std::make_unique<MinimaxM2AppendThinkParser>(); }},
+const std::map<std::string, ReasoningEntry>& reasoning_table() {
+  static const std::map<std::string, ReasoningEntry> t = {
+      {"minimax_m2", {[](bool) { return std::make_unique<MinimaxM2ReasoningParser>(); }}},
+      {"minimax_m2_append_think", {[](bool) { return std::make_unique<MinimaxM2AppendThinkParser>(); }}},
+      {"qwen3", {[](bool ended) { return std::make_unique<Qwen3ReasoningParser>(ended); },
+                 qwen3_reasoning_ended_by_prompt}},
   };
   return t;
 }
 const std::map<std::string, TFactory>& tool_table() {
   static const std::map<std::string, TFactory> t = {
       {"minimax_m2", [](const ojson& tools) { return std::make_unique<MinimaxM2ToolParser>(tools); }},
+      {"hermes", [](const ojson& tools) { return std::make_unique<HermesToolParser>(tools); }},
   };
   return t;
 }
@@ -31,10 +40,31 @@ using GFactory = std::function<structured::Grammar(const ToolCallGrammarRequest&
 const std::map<std::string, GFactory>& tool_grammar_table() {
   static const std::map<std::string, GFactory> t = {
       {"minimax_m2", minimax_m2_tool_call_grammar},
+      {"hermes", hermes_tool_call_grammar},
   };
   return t;
 }
 }  // namespace
+
+std::vector<std::pair<std::string, const ojson*>> callable_tools(const ToolCallGrammarRequest& req) {
+  std::vector<std::pair<std::string, const ojson*>> out;
+  for (auto& tool : req.tools) {
+    if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object()) continue;
+    const ojson& fn = tool["function"];
+    std::string name = fn.value("name", "");
+    if (name.empty()) continue;
+    if (!req.names.empty() && std::find(req.names.begin(), req.names.end(), name) == req.names.end()) continue;
+    out.emplace_back(std::move(name), &fn);
+  }
+  return out;
+}
+
+void add_leading_whitespace(structured::Grammar& g, structured::Alt& alt) {
+  structured::ByteSet lead;
+  lead.set(' ');
+  lead.set('\n');
+  g.repeat(structured::Alt{structured::Symbol::set(lead)}, 0, 8, "lead", alt);
+}
 
 bool has_tool_call_grammar(const std::string& name) { return tool_grammar_table().count(name) > 0; }
 structured::Grammar tool_call_grammar(const std::string& name, const ToolCallGrammarRequest& req) {
@@ -43,10 +73,15 @@ structured::Grammar tool_call_grammar(const std::string& name, const ToolCallGra
   return it->second(req);
 }
 
-std::unique_ptr<ReasoningParser> make_reasoning_parser(const std::string& name) {
+std::unique_ptr<ReasoningParser> make_reasoning_parser(const std::string& name, bool ended_by_prompt) {
   auto it = reasoning_table().find(name);
   MS_CHECK(it != reasoning_table().end(), "unknown reasoning parser '{}'", name);
-  return it->second();
+  return it->second.make(ended_by_prompt);
+}
+bool reasoning_ended_by_prompt(const std::string& name, const ReasoningRequest& req) {
+  auto it = reasoning_table().find(name);
+  MS_CHECK(it != reasoning_table().end(), "unknown reasoning parser '{}'", name);
+  return it->second.ended_by_prompt && it->second.ended_by_prompt(req);
 }
 std::unique_ptr<ToolParser> make_tool_parser(const std::string& name, const ojson& tools) {
   auto it = tool_table().find(name);

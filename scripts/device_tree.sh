@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The device tool copies the working tree (tracked files + carried paths, 64 MiB in all); the
+# demo model and the shared tokenizer fixtures make the tracked files alone larger than that.
+#   scripts/device_tree.sh slim      moves the large tracked folders the GPU checks do not read
+#                                    to $STASH (default /tmp/moeserve-device-stash)
+#   scripts/device_tree.sh restore   puts them back (git status must then be clean of them)
+# KEEP="tests/fixtures/shared-data/tokenizers/qwen3" keeps a folder a GPU script needs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STASH=${STASH:-/tmp/moeserve-device-stash}
+BIG=(assets/demo-model wip tests/fixtures/shared-data/tokenizers/qwen3 tests/fixtures/shared-data/tokenizers/deepseek-v3)
+case "${1:-}" in
+  slim)
+    mkdir -p "$STASH"
+    for d in "${BIG[@]}"; do
+      case " ${KEEP:-} " in *" $d "*) continue;; esac
+      [ -e "$d" ] || continue
+      mkdir -p "$STASH/$(dirname "$d")"; mv "$d" "$STASH/$d"; echo "moved $d"
+    done;;
+  restore)
+    for d in "${BIG[@]}"; do
+      [ -e "$STASH/$d" ] || continue
+      mkdir -p "$(dirname "$d")"; rm -rf "$d"; mv "$STASH/$d" "$d"; echo "restored $d"
+    done;;
+  *) echo "usage: $0 slim|restore" >&2; exit 2;;
+esac
