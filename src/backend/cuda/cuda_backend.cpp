@@ -694,8 +694,10 @@ void CudaBackend::qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KV
   check_dev(*a.q, "qk_norm_rope", "q");
   check_dev(*a.k, "qk_norm_rope", "k");
   check_dev(*a.positions, "qk_norm_rope", "positions");
+  MS_CHECK(a.positions->dtype == DType::I32, "qk_norm_rope: positions must be I32");
   GenericQkNormRopeParams p;
   p.q = a.q->data, p.k = a.k->data;
+  p.positions = a.positions->ptr<int32_t>();
   p.act_bf16 = is_bf16(*a.q, "qk_norm_rope", "q");
   MS_CHECK(a.k->dtype == a.q->dtype, "qk_norm_rope: q/k must share a dtype");
   p.T = int(rows_of(*a.q));

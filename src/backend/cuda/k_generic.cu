@@ -172,6 +172,8 @@ void launch_qk_norm_rope_generic(const GenericQkNormRopeParams& p, cudaStream_t 
   CU_REQUIRE(p.rope.head_dim > 0 && p.q_width % p.rope.head_dim == 0 && p.k_width % p.rope.head_dim == 0 &&
                  p.q_width / p.rope.head_dim <= 512 && p.k_width / p.rope.head_dim <= 512,
              "qk_norm_rope (generic): bad widths");
+  CU_REQUIRE(p.q && p.k && p.positions && (p.norm == QkNormMode::None || (p.q_w && p.k_w)),
+             "qk_norm_rope (generic): null q / k / positions / norm weight");
   if (p.T == 0) return;
   const int W = p.q_width > p.k_width ? p.q_width : p.k_width;
   const size_t smem = size_t(W) * sizeof(float);
