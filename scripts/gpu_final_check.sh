@@ -4,7 +4,7 @@
 # scripts/gpu_pack.sh in the current directory; FIXTURES = a tests/fixtures/golden directory.
 #   GPU 0: test_cuda_ops shards 0,1 of 4 in parallel with the real-shape HF check (seed 1234),
 #          then test_cuda_golden + golden_cuda_check.sh, sweep_vs_hf.py --device cuda (100 random
-#          tiny checkpoints vs HF), test_cuda_graphs, test_cuda_decode_layer
+#          tiny checkpoints vs HF, MiniMax-M2 and Qwen3-MoE), test_cuda_graphs, test_cuda_decode_layer
 #   GPU 1: test_cuda_ops shards 2,3, then bench-model alone on the GPU (30 layers, batch 1 8 64,
 #          ctx 1k and 8k, 8k prefill, profile of batch 1; on one GPU: after both lanes), test_cuda_device_sampling, serve --device cuda
 #   both:  test_nccl and serve -tp 2 (+EP) (gpu_multigpu_check.sh nccl serve)
@@ -55,6 +55,9 @@ lane0() {
     CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/sweep_vs_hf.py --bin "$PWD/moeserve" --device cuda \
       --cases "${SWEEP_CASES:-100}" --seed 1 2>&1 | grep -v "Loading weights" > "$OUT/sweep_cuda.log"
     echo "sweep_vs_hf --device cuda rc=${PIPESTATUS[0]}"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/sweep_vs_hf.py --arch qwen3_moe --bin "$PWD/moeserve" --device cuda \
+      --cases "${SWEEP_CASES:-100}" --seed 1 2>&1 | grep -v "Loading weights" > "$OUT/sweep_qwen3_cuda.log"
+    echo "sweep_vs_hf --arch qwen3_moe --device cuda rc=${PIPESTATUS[0]}"
   fi
   CUDA_VISIBLE_DEVICES=0 MOESERVE_SOURCE_DIR=$SRC timeout 60 ./test_cuda_graphs --gtest_color=no > "$OUT/graphs.log" 2>&1
   echo "test_cuda_graphs rc=$?"

@@ -18,7 +18,7 @@ if [ -f "$B/tests/dist/test_nccl" ]; then cp "$B/tests/dist/test_nccl" .gpubin/;
 mkdir -p .gpubin/lib && cp -L /usr/lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 .gpubin/lib/
 cp scripts/gpu_prebuilt_check.sh scripts/gpu_multigpu_check.sh scripts/gpu_final_check.sh .gpubin/
 cp scripts/realshape_check.sh scripts/realshape_check.py .gpubin/scripts/
-cp scripts/golden_cuda_check.sh scripts/sweep_vs_hf.py .gpubin/scripts/
+cp scripts/golden_cuda_check.sh scripts/sweep_vs_hf.py scripts/sweep_qwen3_moe.py .gpubin/scripts/
 cp scripts/make_golden.py .gpubin/scripts/
 # NOPACK_FIXTURES=1: leave the fixtures out (the device call carries the repo, which has them).
 [ -n "${NOPACK_FIXTURES:-}" ] || cp -r tests/fixtures/golden .gpubin/tests/fixtures/

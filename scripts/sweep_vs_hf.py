@@ -193,6 +193,28 @@ def hf_config(c, cfg):
     return r
 
 
+# The architecture interface check_case uses (this module is MiniMax-M2's; sweep_qwen3_moe.py
+# has Qwen3-MoE's): HF class, router scores for the routing-margin diagnostic, parameters HF
+# does not count, whether HF has a routing-bias parameter to zero.
+HF_CLASS = MiniMaxM2ForCausalLM
+ROUTING_BIAS_PARAM = True
+HAS_MTP = True
+
+
+def gate_scores(logits):
+    return torch.sigmoid(logits)
+
+
+def extra_params(c):
+    return c["layers"] * c["experts"] if c["routing_bias"] else 0
+
+
+def describe(c):
+    return (f"H{c['hidden']} L{c['layers']} h{c['heads']}/{c['kv_heads']} D{c['head_dim']} rot{c['rotary']}"
+            f"({c['rope']}) E{c['experts']}k{c['top_k']} I{c['inter']} V{c['vocab']} {c['dtype']}"
+            f" fp8={c['fp8']} shards={c['shards']} P{c['prompt_len']}")
+
+
 def quantize_fp8(w, block, scale_dtype):
     bo, bi = block
     out_f, in_f = w.shape
@@ -291,19 +313,20 @@ def write_checkpoint(d, stored, shards, rnd):
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
 
 
-def hf_reference(c, cfg, values, ref_dir, prompt):
+def hf_reference(c, cfg, values, ref_dir, prompt, arch=None):
+    arch = arch or sys.modules[__name__]
     os.makedirs(ref_dir, exist_ok=True)
     with open(os.path.join(ref_dir, "config.json"), "w") as fh:
-        json.dump(hf_config(c, cfg), fh)
+        json.dump(arch.hf_config(c, cfg), fh)
     save_file({k: v.contiguous() for k, v in values.items()}, os.path.join(ref_dir, "model.safetensors"))
     # Eager experts: HF's default grouped_mm needs 16-byte-aligned strides (fails for I = 70).
-    model, info = MiniMaxM2ForCausalLM.from_pretrained(ref_dir, dtype=torch.float32, attn_implementation="eager",
-                                                       experts_implementation="eager", output_loading_info=True)
+    model, info = arch.HF_CLASS.from_pretrained(ref_dir, dtype=torch.float32, attn_implementation="eager",
+                                                experts_implementation="eager", output_loading_info=True)
     model.eval()
     missing = [k for k in info["missing_keys"] if not (k.endswith("e_score_correction_bias") and not c["routing_bias"])
                and not (c["tie"] and k == "lm_head.weight")]
     assert not missing and not info["unexpected_keys"], f"HF loading: {info}"
-    if not c["routing_bias"]:  # HF has no use_routing_bias: a missing bias must be zeros
+    if not c["routing_bias"] and arch.ROUTING_BIAS_PARAM:  # HF has no use_routing_bias: a missing bias must be zeros
         for layer in model.model.layers:
             layer.mlp.e_score_correction_bias.zero_()
     model.generation_config.eos_token_id = None
@@ -322,7 +345,7 @@ def hf_reference(c, cfg, values, ref_dir, prompt):
                       if torch.is_tensor(x) and x.shape[-1] == c["experts"]), None)
             if t is None:
                 return
-            sc = torch.sigmoid(t.detach().float().reshape(-1, c["experts"]))
+            sc = arch.gate_scores(t.detach().float().reshape(-1, c["experts"]))
             if bias is not None:
                 sc = sc + bias.detach().float()
             srt = torch.sort(sc, dim=-1, descending=True).values
@@ -343,7 +366,7 @@ def hf_reference(c, cfg, values, ref_dir, prompt):
     route_gap = [min((gaps[li][pos] for li in gaps if pos < len(gaps[li])), default=float("inf"))
                  for pos in range(len(prompt) - 1, npos)]
     logits = torch.stack([x[0] for x in out.logits]).to(torch.float32).numpy()
-    n_params = sum(p.numel() for p in model.parameters()) + (c["layers"] * c["experts"] if c["routing_bias"] else 0)
+    n_params = sum(p.numel() for p in model.parameters()) + arch.extra_params(c)
     # How sensitive the case is to bf16 arithmetic: the same model in bf16 on the same tokens
     # (teacher-forced: prompt + the float32 ids), its logits error against the float32 ones.
     # A near-tie in an expert choice makes this large too; a kernel bug does not.
@@ -361,17 +384,19 @@ def run(binary, *args):
     return p.stdout
 
 
-def check_case(c, binary, work, verbose, device="cpu", tol=TOL, gen_args=(), route_margin=0.0):
+def check_case(c, binary, work, verbose, device="cpu", tol=TOL, gen_args=(), route_margin=0.0, arch=None):
+    arch = arch or sys.modules[__name__]
     d = os.path.join(work, "ckpt")
     os.makedirs(d)
-    cfg = hub_config(c)
+    cfg = arch.hub_config(c)
     with open(os.path.join(d, "config.json"), "w") as fh:
         json.dump(cfg, fh, indent=2)
-    stored, values = make_weights(c)
+    stored, values = arch.make_weights(c)
     rnd = random.Random(c["seed"] + 1)
     write_checkpoint(d, stored, c["shards"], rnd)
     prompt = [rnd.randrange(c["vocab"]) for _ in range(c["prompt_len"])]
-    ref_ids, ref_logits, n_params, err_bf16, route_gap = hf_reference(c, cfg, values, os.path.join(work, "hf"), prompt)
+    ref_ids, ref_logits, n_params, err_bf16, route_gap = hf_reference(c, cfg, values, os.path.join(work, "hf"), prompt,
+                                                                      arch)
 
     npy = os.path.join(work, "logits.npy")
     out = json.loads(run(binary, "generate", "--device", device, "--model", d, "--prompt-ids",
@@ -421,7 +446,7 @@ def check_case(c, binary, work, verbose, device="cpu", tol=TOL, gen_args=(), rou
     if r["params_total"] != n_params:
         problems.append(f"inspect params_total {r['params_total']}, HF {n_params}")
     present = c["mtp_modules"] if c["mtp_tensors"] else 0
-    if (r["mtp"]["declared_modules"], r["mtp"]["present_modules"]) != (c["mtp_modules"], present):
+    if arch.HAS_MTP and (r["mtp"]["declared_modules"], r["mtp"]["present_modules"]) != (c["mtp_modules"], present):
         problems.append(f"inspect mtp {r['mtp']}, expected declared {c['mtp_modules']} present {present}")
     if not r["complete"] or r["missing_tensors"] or r["unexpected_tensors"] or r["mismatched_tensors"]:
         problems.append(f"inspect: incomplete {r['missing_tensors']} {r['mismatched_tensors']} "
@@ -451,24 +476,28 @@ def main():
                     help="cuda: the first row above --tol ends the comparison where HF's routing margin on its "
                          "token is below this")
     ap.add_argument("--tol", type=float, help=f"logits error bound (default {TOL} on cpu, 5e-2 on cuda)")
+    ap.add_argument("--arch", default="minimax_m2", choices=["minimax_m2", "qwen3_moe"],
+                    help="architecture of the random checkpoints (qwen3_moe: scripts/sweep_qwen3_moe.py)")
     args = ap.parse_args()
+    arch = sys.modules[__name__]
+    if args.arch == "qwen3_moe":
+        sys.path.insert(0, here)
+        import sweep_qwen3_moe as arch
     tol = args.tol if args.tol is not None else (TOL if args.device == "cpu" else 5e-2)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     transformers.logging.set_verbosity_error()
     rng = random.Random(args.seed)
-    cases = [draw_case(rng, EDGE_CASES[i] if i < len(EDGE_CASES) else {}) for i in range(args.cases)]
+    cases = [arch.draw_case(rng, arch.EDGE_CASES[i] if i < len(arch.EDGE_CASES) else {}) for i in range(args.cases)]
     failed, worst = [], 0.0
     for i, c in enumerate(cases):
         if args.only and i not in args.only:
             continue
         work = tempfile.mkdtemp(prefix=f"sweep{i}_", dir=args.keep)
         t0 = time.time()
-        desc = (f"H{c['hidden']} L{c['layers']} h{c['heads']}/{c['kv_heads']} D{c['head_dim']} rot{c['rotary']}"
-                f"({c['rope']}) E{c['experts']}k{c['top_k']} I{c['inter']} V{c['vocab']} {c['dtype']}"
-                f" fp8={c['fp8']} shards={c['shards']} P{c['prompt_len']}")
+        desc = arch.describe(c)
         try:
             problems, err, err_bf16, notes = check_case(c, args.bin, work, args.verbose, args.device, tol,
-                                                 args.gen_args.split(), args.route_margin)
+                                                 args.gen_args.split(), args.route_margin, arch)
         except Exception as e:  # a crash of either side is a failure of the case
             problems, err, err_bf16, notes = [f"{type(e).__name__}: {e}"], float("nan"), float("nan"), []
         status = "ok  " if not problems else "FAIL"
