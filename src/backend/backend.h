@@ -248,6 +248,17 @@ class Backend {
     (void)free_bytes, (void)total_bytes;
     return false;
   }
+  // Why attention cannot run over a KV cache of `layout` here ("" when it can). The runtime asks
+  // right after building the model, so an unsupported layout fails at load naming the model.
+  virtual std::string attention_layout_problem(const KvLayout& layout) const {
+    (void)layout;
+    return {};
+  }
+  // The queue this backend's ops run on (DeviceQueue); false for a backend without one (cpu).
+  virtual bool device_queue(DeviceQueue* out) {
+    (void)out;
+    return false;
+  }
   // Pre-sizes the backend's own step workspaces; no-op for backends without any.
   virtual void reserve_workspaces(const BackendWorkspaceDims& dims) { (void)dims; }
   // Which device of its kind this backend runs on (multi-GPU logs), and its name.

@@ -1,6 +1,6 @@
 // Optional backend capabilities: what a device backend can do beyond the op interface, asked
-// for through Backend (graph_capture(), memory_info(), device_sampler(), reserve_workspaces())
-// so the runtime never names a backend type. A backend without one returns null / false and
+// for through Backend (graph_capture(), memory_info(), device_sampler(), reserve_workspaces(),
+// device_queue()) so the runtime never names a backend type. A backend without one returns null / false and
 // the runtime does without it (eager steps, host sampling, no memory-based KV sizing).
 #pragma once
 #include <cstddef>
@@ -42,6 +42,15 @@ class DeviceSampler {
  public:
   virtual ~DeviceSampler() = default;
   virtual void sample(const Tensor& logits, const std::vector<DeviceSampleRow>& rows, Tensor& out_ids) = 0;
+};
+
+// The in-order device queue a backend enqueues its ops on, for a library that enqueues its own
+// device work in order with them (each rank's NCCL communicator, dist/nccl.h): the device
+// index and the device API's queue handle (CUDA: the cudaStream_t), opaque above the backend
+// so nothing there includes a device header.
+struct DeviceQueue {
+  int device = 0;
+  void* native = nullptr;
 };
 
 // Upper bounds of one step, for a backend's own workspaces (sized before the KV pool).

@@ -13,7 +13,7 @@ moeserve::cli::RegisterSubcommand reg(
 #ifdef MOESERVE_WITH_CUDA
       auto opt = std::make_shared<moeserve::tools::BenchModelOptions>();
       sub->option_defaults()->group("Model");
-      sub->add_option("--synthetic", opt->synthetic, "Random weights with a known model's shapes (minimax-m2.5)");
+      sub->add_option("--synthetic", opt->synthetic, "Random weights with a known model's shapes (minimax-m2.5, qwen3-30b-a3b; -tp: minimax-m2.5)");
       sub->add_option("model", opt->checkpoint, "Checkpoint directory (instead of --synthetic)");
       sub->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (same as the positional argument)");
       sub->add_option("--layers", opt->layers, "Decoder layers (0: 4 synthetic / all of a checkpoint)")

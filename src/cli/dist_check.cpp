@@ -13,10 +13,9 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #ifdef MOESERVE_WITH_CUDA
-#include "backend/cuda/cuda_backend.h"
-#include "dist/collective_check.h"
+#include "backend/factory.h"
 #include "dist/in_process.h"
-#include "dist/nccl_communicator.h"
+#include "dist/nccl.h"
 #endif
 
 namespace {
@@ -29,7 +28,7 @@ struct Args {
 
 int run(const Args& a) {
 #ifdef MOESERVE_WITH_CUDA
-  const int visible = cuda_device_count();
+  const int visible = backend_device_count("cuda");
   MS_CHECK(visible > 0, "dist-check: no CUDA device is visible");
   NcclBootstrap b;
   int local = a.gpus_per_node > 0 ? a.gpus_per_node : visible;
@@ -54,15 +53,9 @@ int run(const Args& a) {
   for (int l = 0; l < local; ++l)
     th.emplace_back([&, l] {
       try {
-        const int dev = first_device + l;
-        MS_CHECK(cudaSetDevice(dev) == cudaSuccess, "cudaSetDevice {}", dev);
-        cudaStream_t s;
-        MS_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
-        {
-          NcclCommunicator c(id, world, b.process_rank * local + l, dev, s);
-          res[size_t(l)] = check_collectives(c, s, size_t(64) << 20);
-        }
-        cudaStreamDestroy(s);
+        // Its own stream on the GPU (no model backend): check_nccl_collectives makes it.
+        NcclRank rank{id, world, b.process_rank * local + l, first_device + l, nullptr, nullptr};
+        res[size_t(l)] = check_nccl_collectives(rank, size_t(64) << 20);
       } catch (...) {
         err[size_t(l)] = std::current_exception();
       }

@@ -28,7 +28,7 @@
 #include "server/protocol.h"
 #include "server/tokenizer_frontend.h"
 #include "model/registry.h"
-#include "model/generate.h"
+#include "tools/generate.h"
 #include "runtime/model_executor.h"
 #include "backend/cpu/cpu_backend.h"
 #ifdef MOESERVE_WITH_CUDA

@@ -4,7 +4,7 @@
 
 #include "cli/model_source.h"
 #include "cli/registry.h"
-#include "model/inspect.h"
+#include "tools/inspect.h"
 
 namespace {
 struct Args {

@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli/registry.h"
-#include "model/tiny.h"
+#include "tools/tiny.h"
 
 namespace {
 struct Args {

@@ -2,9 +2,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "backend/factory.h"
 #ifdef MOESERVE_WITH_CUDA
-#include "backend/cuda/cuda_backend.h"
-#include "dist/nccl_communicator.h"
+#include "dist/nccl.h"
 #include "runtime/device_sampler.h"
 #endif
 
@@ -42,18 +42,21 @@ std::unique_ptr<ModelExecutor> make_parallel_executor(const ParallelFlags& f, co
   }
 #ifdef MOESERVE_WITH_CUDA
   MS_CHECK(device == "cuda", "--device {}: expected cpu or cuda", device);
-  layout.available_devices = cuda_device_count();
+  layout.available_devices = backend_device_count("cuda");
   MS_CHECK(layout.available_devices > 0, "--device cuda: no CUDA device is visible");
   ParallelExecutorOptions o;
   o.exec = eo;
   o.layout = layout;
   const int world = f.tensor_parallel;
   const NcclUniqueId id = world > 1 ? nccl_unique_id() : NcclUniqueId{};
-  o.make_backend = [](int r) -> std::unique_ptr<Backend> { return make_cuda_backend(r); };
+  o.make_backend = [](int r) -> std::unique_ptr<Backend> { return make_backend("cuda", r); };
   auto p2p = p2p_all_reduce_from_env(world);  // opt-in: MOESERVE_P2P_ALLREDUCE=1
   o.make_comm = [id, world, p2p](int r, Backend& b) -> std::unique_ptr<Communicator> {
-    auto& cb = static_cast<CudaBackend&>(b);
-    return std::make_unique<NcclCommunicator>(id, world, r, cb.device_index(), cb.stream(), p2p);
+    // Collectives go on the rank's own stream (the backend's DeviceQueue), ordered with its
+    // kernels and captured into its decode graphs.
+    DeviceQueue q;
+    MS_CHECK(b.device_queue(&q), "rank {}: backend {} has no device queue for NCCL", r, b.name());
+    return make_nccl_communicator(NcclRank{id, world, r, q.device, q.native, p2p});
   };
   o.kv_blocks_for_memory = std::move(kv_blocks);
   // Decode graphs run per rank (NCCL all-reduces captured inside); rank 0 samples on its GPU.

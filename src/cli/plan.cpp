@@ -7,7 +7,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/bounded_json.h"
-#include "model/inspect.h"
+#include "tools/inspect.h"
 #include "model/registry.h"
 #include "tools/plan.h"
 

@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "dist/nccl_communicator.h"
 
 namespace moeserve {
 namespace {
@@ -168,6 +169,19 @@ CollectiveCheckResult check_collectives(Communicator& c, cudaStream_t s, size_t 
   res.small_all_reduce_us = time_ar(3072 * 2);
   if (bench_bytes) res.all_reduce_us = time_ar(bench_bytes);
   return res;
+}
+
+CollectiveCheckResult check_nccl_collectives(const NcclRank& r, size_t bench_bytes) {
+  MS_CHECK(!r.stream, "check_nccl_collectives: rank {} makes its own stream (pass none)", r.rank);
+  MS_CHECK(cudaSetDevice(r.device) == cudaSuccess, "cudaSetDevice {}", r.device);
+  cudaStream_t s;
+  MS_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } guard{s};
+  NcclCommunicator c(r.id, r.world, r.rank, r.device, s, r.p2p);  // destroyed before the stream
+  return check_collectives(c, s, bench_bytes);
 }
 
 }  // namespace moeserve

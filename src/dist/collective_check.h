@@ -10,15 +10,9 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "dist/nccl.h"  // CollectiveCheckResult
 
 namespace moeserve {
-
-struct CollectiveCheckResult {
-  std::vector<std::string> failures;  // empty: all passed
-  int checks = 0;
-  double all_reduce_us = 0;        // mean time of a bench_bytes BF16 all-reduce
-  double small_all_reduce_us = 0;  // mean time of a 6 KiB BF16 all-reduce (a decode step's)
-};
 
 // `stream` must be the communicator's stream; `device` is current on the calling thread.
 // bench_bytes > 0 also times all-reduces of that many BF16 bytes (results in all_reduce_us).

@@ -226,6 +226,12 @@ NcclCommunicator::NcclCommunicator(const NcclUniqueId& id, int world, int rank, 
   cuda_check(cudaMalloc(&impl_->scratch, sizeof(float)), "cudaMalloc");
 }
 
+std::unique_ptr<Communicator> make_nccl_communicator(const NcclRank& r) {
+  MS_CHECK(r.stream, "nccl: rank {} of {} needs its backend's device queue (a CUDA stream)", r.rank, r.world);
+  return std::make_unique<NcclCommunicator>(r.id, r.world, r.rank, r.device, static_cast<cudaStream_t>(r.stream),
+                                            r.p2p);
+}
+
 NcclCommunicator::~NcclCommunicator() {
   if (!impl_) return;
   cudaSetDevice(device_);

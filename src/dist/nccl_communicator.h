@@ -19,44 +19,13 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <array>
 #include <memory>
-#include <optional>
-#include <string>
 
 #include "dist/communicator.h"
+#include "dist/nccl.h"
 #include "dist/p2p_allreduce.h"
 
 namespace moeserve {
-
-struct NcclUniqueId {
-  std::array<char, 128> bytes{};
-};
-NcclUniqueId nccl_unique_id();  // ncclGetUniqueId (NCCL's own bootstrap address inside)
-
-// Multi-process / multi-node bootstrap: the process that holds global rank 0 creates the
-// id and serves it over TCP on master_addr:master_port to the other num_processes - 1
-// processes (vLLM / torchrun style flags --nnodes --node-rank --master-addr --master-port).
-struct NcclBootstrap {
-  int num_processes = 1;  // nnodes, or the MPI world size for one process per GPU
-  int process_rank = 0;   // node rank, or the MPI rank
-  int local_rank = 0;     // GPU of this process when it runs one rank (MPI)
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  int timeout_s = 300;    // how long clients retry connecting / the server waits
-};
-// Process 0: serves `id` to everyone and returns it. Others: connect (retrying until the
-// timeout) and return the id they received. Throws naming the address on failure.
-NcclUniqueId nccl_rendezvous(const NcclBootstrap& b, const NcclUniqueId& id_if_root);
-// Under mpirun (Open MPI: OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK; also PMI_RANK /
-// PMI_SIZE / MPI_LOCALRANKID): one rank per process; master address and port from
-// MASTER_ADDR / MASTER_PORT (defaults 127.0.0.1:29500). nullopt when not under MPI.
-// Does not link MPI.
-std::optional<NcclBootstrap> nccl_bootstrap_from_mpi_env();
-
-// The one-shot small-message all-reduce for GPUs 0..world-1 of this process when
-// MOESERVE_P2P_ALLREDUCE=1 (opt-in while it is new) and every pair has peer access; else null.
-std::shared_ptr<P2pAllReduce> p2p_all_reduce_from_env(int world);
 
 class NcclCommunicator final : public Communicator {
  public:

@@ -68,6 +68,11 @@ class ArchConfig {
   virtual nlohmann::json to_json() const = 0;  // hub-style config.json
 };
 
+// This rank's tensor for a declaration, made elsewhere than a checkpoint (random dummy weights):
+// the local slice (shape local_shape(decl), a dtype of decl.dtypes; FP8 with its scales and
+// block sizes). An undefined tensor only for lm_head.weight: a rank that produces no logits.
+using WeightSource = std::function<LoadedTensor(const WeightDecl& decl)>;
+
 // One rank's model: weights, step workspace, KV layout and the forward pass.
 class Model {
  public:
@@ -76,6 +81,9 @@ class Model {
   ModelDesc desc() const { return config().desc(); }
   // Checks every declared tensor, loads this rank's slices and uploads them.
   virtual void load(const Checkpoint& ckpt) = 0;
+  // The same from `source` for every declared tensor (this rank's declarations): checks the
+  // shapes and dtypes and uploads as load does (serve --load-format dummy, bench-model).
+  virtual void load_from(const WeightSource& source) = 0;
   // This rank's KV cache per layer (allocate_kv_cache below allocates it).
   virtual KvLayout kv_layout() const = 0;
   // Upper bounds for the backend's own workspaces (Backend::reserve_workspaces).

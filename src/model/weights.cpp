@@ -94,6 +94,20 @@ LoadedTensor slice_weight(const std::string& name, const Tensor& full, const Ten
   return lt;
 }
 
+Shape local_shape(const WeightDecl& d) {
+  Shape s = d.shape;
+  const ShardSpec& sh = d.shard;
+  if ((sh.kind != ShardKind::ColumnParallel && sh.kind != ShardKind::RowParallel) || sh.world == 1) return s;
+  MS_CHECK(sh.replicate >= 1 && sh.world % sh.replicate == 0, "{}: replicate {} does not divide world {}", d.name,
+           sh.replicate, sh.world);
+  const int groups = sh.world / sh.replicate;
+  const size_t axis = sh.kind == ShardKind::ColumnParallel ? 0 : 1;
+  MS_CHECK(axis < s.size() && s[axis] % groups == 0, "{}: dim {} of shape {} does not split evenly over {} ranks",
+           d.name, axis, shape_str(s), groups);
+  s[axis] /= groups;
+  return s;
+}
+
 LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const QuantizationConfig& quant) {
   const std::string& name = decl.name;
   MS_CHECK(ckpt.contains(name), "checkpoint {}: missing tensor '{}' (expected shape {})", ckpt.dir(), name,

@@ -64,6 +64,11 @@ LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const Q
 LoadedTensor slice_weight(const std::string& name, const Tensor& full, const Tensor& full_scale, int block_out,
                           int block_in, const ShardSpec& shard);
 
+// The shape of this rank's slice of `decl` (load_weight's result shape): dim 0 (ColumnParallel)
+// or dim 1 (RowParallel) divided by world / replicate; the global shape otherwise. Throws naming
+// the tensor when the split does not divide.
+Shape local_shape(const WeightDecl& decl);
+
 // MTP module tensors: `model.layers.{L+i}.*` for i < num_mtp_modules (vLLM/SGLang rule),
 // L = num_layers of the main model.
 bool is_mtp_tensor(int num_layers, int num_mtp_modules, const std::string& name);

@@ -25,6 +25,13 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
     all_reduce = [comm](Tensor& t) { comm->all_reduce_sum(t); };
   }
   model_ = lc.entry->create(*lc.config, *backend_, par, std::move(all_reduce));
+  {  // before the weights: a cache layout the backend's attention cannot run fails at load
+    const KvLayout kl = model_->kv_layout();
+    const std::string why = backend_->attention_layout_problem(kl);
+    MS_CHECK(why.empty(), "{} ({}): KV cache of {} layers x {} KV heads, K head dim {}, V head dim {} on {}: {}",
+             cfg.architecture, opts.model_dir, kl.num_layers, kl.kv_heads, kl.k_head_dim, kl.v_head_dim,
+             backend_->name(), why);
+  }
   if (opts.make_weights) opts.make_weights(*backend_, *model_, opts.logits);
   else model_->load(Checkpoint::open(opts.model_dir));
   MS_CHECK(opts.block_size > 0, "block_size must be positive");

@@ -38,7 +38,7 @@ using Timer = cuda::EventTimer;
 
 // Eager step with an event after every op; returns ms per op name (summed over layers),
 // the median over `reps` steps, in first-seen order.
-std::vector<std::pair<std::string, double>> profile_step(CudaBackend& b, MiniMaxM2Model& model, BenchStep& step,
+std::vector<std::pair<std::string, double>> profile_step(CudaBackend& b, Model& model, BenchStep& step,
                                                          int reps) {
   std::vector<std::vector<std::pair<std::string, double>>> runs;
   std::vector<cudaEvent_t> ev;
@@ -99,45 +99,45 @@ nlohmann::json print_profile(const char* title, const std::vector<std::pair<std:
 
 int run_bench_model(const BenchModelOptions& opt) {
   MS_CHECK(opt.checkpoint.empty() != opt.synthetic.empty(),
-           "bench-model: give either a checkpoint directory or --synthetic minimax-m2.5");
-  MS_CHECK(opt.synthetic.empty() || opt.synthetic == "minimax-m2.5",
-           "bench-model: unknown --synthetic '{}' (expected minimax-m2.5)", opt.synthetic);
+           "bench-model: give either a checkpoint directory or --synthetic NAME ({})", synthetic_model_names());
+  if (!opt.synthetic.empty()) (void)synthetic_model(opt.synthetic, 1);  // an unknown name fails here, listing them
   MS_CHECK(opt.layers >= 0 && opt.iters >= 1, "bench-model: --layers must be >= 0 and --iters >= 1");
   MS_CHECK(opt.tensor_parallel >= 1, "bench-model: --tensor-parallel-size must be >= 1");
   MS_CHECK(opt.data_parallel == 1, "bench-model: --data-parallel-size {}: only 1 is implemented", opt.data_parallel);
   if (opt.tensor_parallel > 1) {
     // Multi-GPU decode (bench_parallel.cpp): one MiniMaxM2Model rank per GPU, synthetic
     // weights only (each rank generates its own slices).
-    MS_CHECK(opt.checkpoint.empty(), "bench-model: --tensor-parallel-size > 1 supports only --synthetic");
+    MS_CHECK(opt.checkpoint.empty() && opt.synthetic == "minimax-m2.5",
+             "bench-model: --tensor-parallel-size > 1 supports only --synthetic minimax-m2.5");
     BenchModelOptions o = opt;
     if (o.layers == 0) o.layers = 4;
     return run_bench_model_parallel(o);
   }
   auto backend = make_cuda_backend(0);
   CudaBackend& b = *backend;
-  // The model: MiniMaxM2Model with synthetic weights, or a checkpoint's first --layers layers.
-  MiniMaxM2Config cfg;
+  // The model from the registry: a --synthetic config with random weights, or a checkpoint's
+  // first --layers layers (any architecture on the shared decoder layers).
+  std::unique_ptr<ArchConfig> cfg;
   SynthShapes s;
   if (opt.checkpoint.empty()) {
-    cfg = synth_config(s, opt.layers > 0 ? opt.layers : 4);
+    SyntheticModel sm = synthetic_model(opt.synthetic, opt.layers > 0 ? opt.layers : 4);
+    cfg = std::move(sm.config);
+    s = sm.shapes;
   } else {
-    // The registry parses the config; bench-model times MiniMax-M2's kernels, so only that
-    // architecture is accepted here.
-    const LoadedConfig lc = load_model_config(opt.checkpoint);
-    const auto* mc = dynamic_cast<const MiniMaxM2Config*>(lc.config.get());
-    MS_CHECK(mc, "bench-model --checkpoint: architecture {} is not supported (bench-model times MiniMax-M2)",
-             lc.entry->architecture);
-    cfg = *mc;
-    s = shapes_of(cfg);
-    if (opt.layers > 0) cfg.num_hidden_layers = std::min(cfg.num_hidden_layers, opt.layers);
+    LoadedConfig lc = load_model_config(opt.checkpoint);
+    s = shapes_of(lc.config->desc());
+    if (opt.layers > 0 && opt.layers < s.total_layers)  // trimmed as --hf-overrides (per-layer lists too)
+      lc = load_model_config(opt.checkpoint, nlohmann::json{{"num_hidden_layers", opt.layers}}.dump());
+    cfg = std::move(lc.config);
   }
-  const int layers = cfg.num_hidden_layers;
-  MiniMaxM2Model model(cfg, b, ParallelConfig{});
+  const int layers = cfg->desc().num_layers;
+  std::unique_ptr<DecoderModel> model_ptr = make_bench_model(*cfg, b);
+  DecoderModel& model = *model_ptr;
   {
     const auto t0 = std::chrono::steady_clock::now();
     int64_t wbytes = 0;
     if (opt.checkpoint.empty()) {
-      wbytes = make_synthetic_weights(b, model);
+      wbytes = make_bench_weights(b, model);
     } else {
       model.load(Checkpoint::open(opt.checkpoint));
       wbytes = weight_bytes(model.weights());
@@ -150,7 +150,8 @@ int run_bench_model(const BenchModelOptions& opt) {
   out["command"] = opt.command_line;
   out["gpu"] = b.device_name();
   out["layers"] = layers;
-  out["model"] = opt.checkpoint.empty() ? "minimax-m2.5 (synthetic weights)" : opt.checkpoint;
+  out["total_layers"] = s.total_layers;  // of the real model: the *_62_layers estimates use it
+  out["model"] = opt.checkpoint.empty() ? opt.synthetic + " (synthetic weights)" : opt.checkpoint;
 
   const Roofline roof = measure_roofline(b.stream());
   out["roofline"] = {{"copy_GBps", roof.copy_bytes_per_s / 1e9},

@@ -7,16 +7,65 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/registry.h"
+#include "tools/random_weights.h"
 
 namespace moeserve::tools {
 
-SynthShapes shapes_of(const MiniMaxM2Config& c) {
+SynthShapes shapes_of(const ModelDesc& d) {
   SynthShapes s;
-  s.hidden = c.hidden_size, s.q_heads = c.num_attention_heads, s.kv_heads = c.num_key_value_heads;
-  s.head_dim = c.head_dim, s.rotary_dim = c.rotary_dim, s.experts = c.num_local_experts;
-  s.top_k = c.num_experts_per_tok, s.intermediate = c.intermediate_size, s.vocab = c.vocab_size;
-  s.theta = float(c.rope_theta), s.eps = float(c.rms_norm_eps), s.total_layers = c.num_hidden_layers;
+  s.hidden = d.hidden_size, s.q_heads = d.num_attention_heads, s.kv_heads = d.num_key_value_heads;
+  s.head_dim = d.head_dim, s.rotary_dim = d.rotary_dim, s.experts = d.num_experts;
+  s.top_k = d.experts_per_token, s.intermediate = d.expert_intermediate_size, s.vocab = d.vocab_size;
+  s.total_layers = d.num_layers;
   return s;
+}
+
+namespace {
+// Qwen/Qwen3-30B-A3B's config.json (tests/fixtures/models/qwen3-30b-a3b) with the FP8
+// checkpoint's quantization_config (Qwen/Qwen3-30B-A3B-FP8).
+constexpr const char* kQwen3_30B_A3B = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": false,
+  "bos_token_id": 151643, "eos_token_id": 151645, "decoder_sparse_step": 1, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+  "mlp_only_layers": [], "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+  "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936,
+  "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                          "weight_block_size": [128, 128]}})";
+}  // namespace
+
+std::string synthetic_model_names() { return "minimax-m2.5, qwen3-30b-a3b"; }
+
+SyntheticModel synthetic_model(const std::string& name, int layers) {
+  SyntheticModel m;
+  if (name == "minimax-m2.5") {
+    m.config = std::make_unique<MiniMaxM2Config>(synth_config(m.shapes, layers));  // shapes: the defaults
+    return m;
+  }
+  MS_CHECK(name == "qwen3-30b-a3b", "bench-model: unknown --synthetic '{}' (known: {})", name,
+           synthetic_model_names());
+  nlohmann::json j = nlohmann::json::parse(kQwen3_30B_A3B);
+  m.shapes = shapes_of(parse_config(j).config->desc());  // total_layers: the real 48
+  j["num_hidden_layers"] = layers;
+  m.config = parse_config(j).config;
+  return m;
+}
+
+std::unique_ptr<DecoderModel> make_bench_model(const ArchConfig& cfg, CudaBackend& b) {
+  const ModelDesc d = cfg.desc();
+  const ArchEntry& e = find_architecture(nlohmann::json{{"architectures", {d.architecture}}});
+  std::unique_ptr<Model> m = e.create(cfg, b, ParallelConfig{}, nullptr);
+  auto* dm = dynamic_cast<DecoderModel*>(m.get());
+  MS_CHECK(dm, "bench-model: architecture {} is not built on the shared decoder layers", d.architecture);
+  m.release();
+  return std::unique_ptr<DecoderModel>(dm);
+}
+
+int64_t make_bench_weights(CudaBackend& b, Model& model, uint64_t seed, bool lm_head) {
+  const int64_t n = make_device_synthetic_weights(b, model, seed, lm_head);
+  return n >= 0 ? n : load_random_weights(model, RandomWeightOptions{seed, lm_head});
 }
 
 DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int world, bool expert_parallel, int B,
@@ -139,11 +188,12 @@ int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t s
   return n;
 }
 
-int64_t make_synthetic_weights(Backend& b, Model& model, uint64_t seed, bool lm_head) {
+int64_t make_device_synthetic_weights(Backend& b, Model& model, uint64_t seed, bool lm_head) {
   auto* cb = dynamic_cast<CudaBackend*>(&b);
   auto* mm = dynamic_cast<MiniMaxM2Model*>(&model);
-  MS_CHECK(cb && mm, "--load-format dummy: only MiniMax-M2 models on the CUDA backend (the generator makes "
-                     "MiniMax-M2.5's FP8 layout); got {} on {}", model.desc().architecture, b.name());
+  const auto q = model.desc().quantization;
+  // The generator makes MiniMax-M2.5's layout: FP8 128x128 projections and experts.
+  if (!cb || !mm || !q.enabled() || q.block_out != 128 || q.block_in != 128) return -1;
   return make_synthetic_weights(*cb, *mm, seed, lm_head);
 }
 
@@ -173,9 +223,9 @@ int64_t weight_bytes(const MiniMaxM2Weights& w) {
   return n;
 }
 
-BenchStep::BenchStep(CudaBackend& b, MiniMaxM2Model& model, int max_tokens, int max_seqs, int max_blocks_per_seq)
+BenchStep::BenchStep(CudaBackend& b, DecoderModel& model, int max_tokens, int max_seqs, int max_blocks_per_seq)
     : b_(b), model_(model), max_tokens_(max_tokens), max_seqs_(max_seqs), max_blocks_(max_blocks_per_seq) {
-  const MiniMaxM2Config& c = model.config();
+  const ModelDesc c = model.desc();
   const int T = max_tokens;
   ids_ = b_.alloc(DType::I32, {T});
   last_rows_ = b_.alloc(DType::I32, {max_seqs});
@@ -189,14 +239,14 @@ BenchStep::BenchStep(CudaBackend& b, MiniMaxM2Model& model, int max_tokens, int 
   for (int i = 0; i < T; ++i) ids[i] = int32_t((int64_t(i) * 7919) % c.vocab_size);
   b_.copy_from_host(ids_, ids.data(), ids.size() * 4);
   model_.reserve_workspace(T, max_seqs);
-  const MiniMaxM2Shard& sh = model.shard();
-  b_.reserve(WorkspacePlan{T, c.hidden_size, sh.expert_inter, c.num_experts_per_tok, sh.num_experts, sh.q_heads,
+  const DecoderShard& sh = model.shard();
+  b_.reserve(WorkspacePlan{T, c.hidden_size, sh.expert_inter, c.experts_per_token, sh.num_experts, sh.q_heads,
                            c.head_dim});
 }
 
 void BenchStep::alloc_kv(int blocks, int block_size) {
   meta_.block_size = block_size;
-  kv_ = model_.allocate_kv_cache(blocks, block_size, DType::BF16);
+  kv_ = allocate_kv_cache(b_, model_.kv_layout(), blocks, block_size, DType::BF16);
   for (size_t l = 0; l < kv_.size(); ++l) {
     b_.fill_random(kv_[l].k, 77 + l, 1.f);
     b_.fill_random(kv_[l].v, 99 + l, 1.f);

@@ -25,7 +25,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "runtime/device_sampler.h"
-#include "model/generate.h"
+#include "tools/generate.h"
 #include "runtime/model_executor.h"
 
 namespace {

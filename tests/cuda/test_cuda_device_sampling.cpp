@@ -1,5 +1,5 @@
 // Device sampling in RankExecutor on CudaBackend (label gpu; skips without a device).
-// A tiny checkpoint (model/tiny.h) runs with the CUDA device sampler. Each logical sequence is
+// A tiny checkpoint (tools/tiny.h) runs with the CUDA device sampler. Each logical sequence is
 // run as twins in one batch (same tokens, own KV blocks): one twin's row comes back as logits
 // (host), the other is sampled on the GPU, so both see the very same logits and greedy must
 // agree exactly with the host sampler's argmax (lowest id on ties). Plus: seeded sampling is
@@ -23,7 +23,7 @@
 #include "engine/sampler.h"
 #include "runtime/device_sampler.h"
 #include "runtime/model_executor.h"
-#include "model/tiny.h"
+#include "tools/tiny.h"
 
 namespace moeserve {
 namespace {

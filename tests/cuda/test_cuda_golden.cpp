@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/cuda_backend.h"
-#include "model/generate.h"
+#include "tools/generate.h"
 #include "runtime/model_executor.h"
 #include "../model/golden_fixture.h"
 

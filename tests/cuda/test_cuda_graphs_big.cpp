@@ -21,7 +21,7 @@
 #include "../model/executor_scenario.h"
 #include "backend/cuda/cuda_backend.h"
 #include "runtime/model_executor.h"
-#include "model/tiny.h"
+#include "tools/tiny.h"
 
 namespace moeserve::test {
 namespace {

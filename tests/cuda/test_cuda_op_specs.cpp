@@ -121,5 +121,14 @@ TEST(CudaOpSpecs, DenseMlp) {
   EXPECT_LT(rel_err(gpu().download_f32(dout), to_f32_vector(ho)), 2e-2);
 }
 
+// V head dim != K head dim: refused by the capability the runtime asks at load (naming both
+// dims), equal dims accepted.
+TEST(CudaOpSpecs, AttentionLayoutProblemNamesTheHeadDims) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_EQ(gpu().attention_layout_problem(KvLayout{2, 4, 128, 128}), "");
+  const std::string why = gpu().attention_layout_problem(KvLayout{2, 4, 192, 128});
+  EXPECT_NE(why.find("V head dim 128 != K head dim 192"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace moeserve::test

@@ -26,7 +26,7 @@
 #include "dist/nccl_communicator.h"
 #include "dist/p2p_allreduce.h"
 #include "model/arch/minimax_m2.h"
-#include "model/generate.h"
+#include "tools/generate.h"
 #include "runtime/device_sampler.h"
 #include "runtime/parallel_executor.h"
 #include "../model/executor_scenario.h"

@@ -15,7 +15,7 @@
 #include "engine/executor.h"
 #include "runtime/graph_runner.h"
 #include "runtime/model_executor.h"
-#include "model/generate.h"
+#include "tools/generate.h"
 
 namespace moeserve::test {
 

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/generate.h"
+#include "tools/generate.h"
 
 namespace moeserve::test {
 

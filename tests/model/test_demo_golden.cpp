@@ -13,7 +13,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "golden_fixture.h"
-#include "model/generate.h"
+#include "tools/generate.h"
 #include "runtime/model_executor.h"
 
 using namespace moeserve;

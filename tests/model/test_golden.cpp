@@ -12,7 +12,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "dist/in_process.h"
-#include "model/generate.h"
+#include "tools/generate.h"
 #include "model/registry.h"
 #include "runtime/model_executor.h"
 #include "golden_fixture.h"

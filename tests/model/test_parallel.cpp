@@ -19,7 +19,7 @@
 #include "executor_scenario.h"
 #include "model/arch/minimax_m2.h"
 #include "model/registry.h"
-#include "model/generate.h"
+#include "tools/generate.h"
 #include "runtime/model_executor.h"
 #include "runtime/parallel_executor.h"
 #include "backend/cpu/cpu_backend.h"

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "model/arch/minimax_m2.h"
-#include "model/inspect.h"
+#include "tools/inspect.h"
 #include "model/layers/decoder.h"
 #include "model/registry.h"
 

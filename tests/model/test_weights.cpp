@@ -241,8 +241,8 @@ TEST(WeightLoader, MtpNamesAndDeclarations) {
 // unknown tensor is reported by inspect and ignored by the loader; misshaped tensors are
 // reported by inspect and fail the load naming the tensor.
 #include "backend/cpu/cpu_backend.h"
-#include "model/inspect.h"
-#include "model/tiny.h"
+#include "tools/inspect.h"
+#include "tools/tiny.h"
 
 namespace {
 void add_to_index(const fs::path& dir, const std::string& file, const std::vector<NamedTensor>& tensors) {

@@ -807,6 +807,13 @@ void CudaBackend::write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, c
                   meta.slot_mapping.ptr<int32_t>(), T, width, kv.k.dim(0) * kv.k.dim(1), stream_);
 }
 
+std::string CudaBackend::attention_layout_problem(const KvLayout& l) const {
+  if (l.v_head_dim == l.k_head_dim || l.v_head_dim == 0) return {};
+  return fmt::format("V head dim {} != K head dim {} is not implemented by the CUDA attention kernels (they read K "
+                     "and V with one head dim); run it with --device cpu",
+                     l.v_head_dim, l.k_head_dim);
+}
+
 AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   MS_CHECK(a.q && a.kv && a.meta && a.out, "attention: missing argument");
   MS_CHECK(a.v_head_dim == 0 || a.v_head_dim == a.head_dim,

@@ -148,6 +148,13 @@ class CudaBackend final : public Backend {
     return true;
   }
   void reserve_workspaces(const BackendWorkspaceDims& dims) override;
+  // V head dim != K head dim: the CUDA attention kernels read K and V with one head dim.
+  std::string attention_layout_problem(const KvLayout& layout) const override;
+  bool device_queue(DeviceQueue* out) override {
+    out->device = device_;
+    out->native = static_cast<void*>(stream_);
+    return true;
+  }
 
   // Path thresholds (tokens): linear uses the GEMV path up to this many rows, else the
   // tensor-core GEMM; moe_experts likewise.

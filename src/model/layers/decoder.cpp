@@ -195,6 +195,37 @@ void DecoderModel::load_decoder(const Checkpoint& ckpt, const std::vector<Weight
   }
   if (skip) spdlog::info("checkpoint {}: skipped {} MTP tensors", ckpt.dir(), skip);
   if (unexpected > 8) spdlog::warn("checkpoint {}: {} unexpected tensors ignored in all", ckpt.dir(), unexpected);
+  upload_decoder(got);
+}
+
+void DecoderModel::load_from(const WeightSource& source) {
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  std::map<std::string, LoadedTensor> got;
+  for (const WeightDecl& d : config().weights(par_)) {
+    LoadedTensor& t = got[d.name];
+    if (d.shard.kind == ShardKind::ExpertOwned && !d.shard.owned) continue;  // another rank's expert
+    t = source(d);
+    if (!t.tensor.defined()) {
+      MS_CHECK(d.name == "lm_head.weight", "weight source: no tensor for '{}'", d.name);
+      continue;
+    }
+    const Shape want = local_shape(d);
+    MS_CHECK(t.tensor.shape == want, "weight source: '{}' has shape {}, expected {}", d.name,
+             shape_str(t.tensor.shape), shape_str(want));
+    MS_CHECK(std::find(d.dtypes.begin(), d.dtypes.end(), t.tensor.dtype) != d.dtypes.end(),
+             "weight source: '{}' is {}, not an accepted dtype", d.name, dtype_name(t.tensor.dtype));
+    if (t.tensor.dtype == DType::F8_E4M3) {
+      MS_CHECK(t.block_out > 0 && t.block_in > 0 && t.scale_inv.defined() && t.scale_inv.dtype == DType::F32 &&
+                   t.scale_inv.shape == Shape({ceil_div(want[0], t.block_out), ceil_div(want[1], t.block_in)}),
+               "weight source: FP8 '{}' needs F32 scales [{}, {}] for blocks [{}, {}]", d.name,
+               t.block_out ? ceil_div(want[0], t.block_out) : 0, t.block_in ? ceil_div(want[1], t.block_in) : 0,
+               t.block_out, t.block_in);
+    }
+  }
+  upload_decoder(got);
+}
+
+void DecoderModel::upload_decoder(const std::map<std::string, LoadedTensor>& got) {
 
   // What the backend computes in: on a bf16-activation backend every F16/F32 tensor except
   // the router (gate and bias, uploaded as exact F32 below) becomes BF16, so matrices run on
@@ -274,9 +305,9 @@ void DecoderModel::load_decoder(const Checkpoint& ckpt, const std::vector<Weight
   w_.final_norm = up("model.norm.weight");
   if (desc_.tie_word_embeddings) {
     w_.lm_head = LinearWeight{w_.embed, Tensor{}, 0, 0};
-  } else {
+  } else if (got.at("lm_head.weight").tensor.defined()) {
     w_.lm_head = up_lin("lm_head.weight");
-  }
+  }  // else: a rank without logits (load_from's source made no lm_head)
 }
 
 KvLayout DecoderModel::kv_layout() const {

@@ -119,6 +119,8 @@ class DecoderModel : public Model {
   const DecoderWorkspace& workspace() const { return ws_; }
   // Weights made elsewhere (bench-model's synthetic weights); shapes as declared.
   void set_weights(DecoderWeights w) { w_ = std::move(w); }
+  // Every declaration of config().weights(this rank) from `source` (Model::load_from).
+  void load_from(const WeightSource& source) override;
 
  protected:
   // Validates the layout (throws naming the problem).
@@ -128,6 +130,8 @@ class DecoderModel : public Model {
   // `skipped`: checkpoint tensors to pass over silently (MTP modules).
   void load_decoder(const Checkpoint& ckpt, const std::vector<WeightDecl>& decls,
                     const std::function<bool(const std::string&)>& skipped);
+  // Converts (bf16 backends) and uploads this rank's tensors, by declared name (both loaders).
+  void upload_decoder(const std::map<std::string, LoadedTensor>& got);
 
   // ---- forward building blocks (each issues the backend ops named) ----
   // Views of the first T rows; grows the workspace when the step needs more (epoch bump).

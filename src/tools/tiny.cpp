@@ -1,4 +1,4 @@
-#include "model/tiny.h"
+#include "tools/tiny.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 namespace moeserve {
 
-// Embedded at build time from assets/tiny-tokenizer/ (see src/model/CMakeLists.txt).
+// Embedded at build time from assets/tiny-tokenizer/ (see src/tools/CMakeLists.txt).
 std::string_view tiny_tokenizer_json();
 std::string_view tiny_tokenizer_config_json();
 

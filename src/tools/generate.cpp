@@ -1,39 +1,13 @@
-#include "model/generate.h"
+#include "tools/generate.h"
 
-#include <cmath>
 #include <cstring>
 #include <fstream>
-#include <random>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 
 namespace moeserve {
-
-int32_t argmax_lowest(const float* x, int n) {
-  int32_t best = 0;
-  for (int i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;  // strict: an equal later value never wins
-  return best;
-}
-
-namespace {
-int32_t sample(const float* logits, int n, float temperature, std::mt19937_64& rng) {
-  if (temperature <= 0.f) return argmax_lowest(logits, n);
-  const float m = logits[argmax_lowest(logits, n)];
-  std::vector<double> p(static_cast<size_t>(n));
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += p[i] = std::exp(double(logits[i] - m) / temperature);
-  const double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
-  double acc = 0;
-  for (int i = 0; i < n; ++i) {
-    acc += p[i];
-    if (u < acc) return i;
-  }
-  return argmax_lowest(logits, n);
-}
-}  // namespace
 
 GenerateResult generate(ModelExecutor& exec, const GenerateOptions& o) {
   const ExecutorInfo info = exec.info();
@@ -52,7 +26,11 @@ GenerateResult generate(ModelExecutor& exec, const GenerateOptions& o) {
   for (int b = 0; b < blocks; ++b) step.block_table.push_back(b);  // contiguous
   GenerateResult res;
   res.vocab_size = info.vocab_size;
+  // The engine seeds a request's generator with its seed and draws through sample_token.
   std::mt19937_64 rng(o.seed);
+  SamplingParams sp;
+  sp.temperature = o.temperature;
+  sp.seed = o.seed;
   // Prefill (optionally chunked), then decode.
   std::vector<int32_t> seq = o.prompt_ids;
   const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk : int(seq.size());
@@ -68,7 +46,7 @@ GenerateResult generate(ModelExecutor& exec, const GenerateOptions& o) {
   for (int k = 0; k < o.max_tokens; ++k) {
     MS_CHECK(int(r.logits.size()) == info.vocab_size, "executor returned {} logits, expected {}", r.logits.size(),
              info.vocab_size);
-    const int32_t tok = sample(r.logits.data(), info.vocab_size, o.temperature, rng);
+    const int32_t tok = sample_token(std::span<const float>(r.logits), sp, rng);
     res.generated_ids.push_back(tok);
     if (o.keep_logits) res.logits.insert(res.logits.end(), r.logits.begin(), r.logits.end());
     seq.push_back(tok);

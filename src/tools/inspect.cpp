@@ -1,4 +1,4 @@
-#include "model/inspect.h"
+#include "tools/inspect.h"
 
 #include <filesystem>
 #include <map>

@@ -1,13 +1,17 @@
 // Simple single-sequence generation over a ModelExecutor (used by `moeserve generate` and
 // the golden tests): prefill the prompt, then decode one token at a time with a contiguous
-// block table. Temperature 0 is greedy with ties to the lowest id; otherwise softmax
-// sampling at the temperature with a seeded generator.
+// block table. Tokens are drawn by the engine's sampler (engine/sampler.h sample_token: one
+// sampling implementation): temperature < kSamplingEps is greedy with ties to the lowest id;
+// otherwise softmax at the temperature from a std::mt19937_64 seeded with `seed`, the same
+// generator and draws as a server request with that seed (and no other sampling options).
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/executor.h"
+#include "engine/sampler.h"
 
 namespace moeserve {
 
@@ -29,8 +33,9 @@ struct GenerateResult {
 
 GenerateResult generate(ModelExecutor& exec, const GenerateOptions& opts);
 
-// Index of the largest value; ties go to the lowest index.
-int32_t argmax_lowest(const float* x, int n);
+// The engine's greedy choice (largest value, ties to the lowest index, NaN as -inf) over a
+// raw row of n logits (tests and tools hold rows as pointers into [R, V] buffers).
+inline int32_t argmax_lowest(const float* x, int n) { return argmax_lowest(std::span<const float>(x, size_t(n))); }
 
 // Writes a float32 .npy file (format 1.0, little endian, C order) of shape [rows, cols].
 void write_npy_f32(const std::string& path, const float* data, int64_t rows, int64_t cols);
