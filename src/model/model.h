@@ -47,6 +47,13 @@ struct ModelDesc {
   bool tie_word_embeddings = false;
   std::optional<int> bos_token_id, eos_token_id;
   QuantizationConfig quantization;
+  int num_shared_experts = 0;               // always-on experts of each MoE layer (DeepSeek-V3)
+  int shared_expert_intermediate_size = 0;  // their fused width (moe_intermediate_size * n_shared)
+  // Multi-head latent attention (DeepSeek-V3 family; 0 otherwise): head_dim above is
+  // qk_nope + qk_rope, v_head_dim the value width, rotary_dim qk_rope; the KV cache holds
+  // kv_lora_rank + rotary_dim values per token per layer (not per head).
+  int kv_lora_rank = 0;
+  int q_lora_rank = 0;  // 0: no q low-rank projection (q_proj)
   int num_mtp_modules = 0;  // declared in config.json (not loaded)
   bool use_mtp = false;
 };
