@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Golden fixtures for the DeepSeek-V3 family (tests/fixtures/golden/dsv3_tiny_*, kimi_tiny_*):
-python3 scripts/golden_deepseek_v3.py OUT_DIR [NAME ...] (or make_golden.py --family deepseek_v3).
+python3 scripts/golden_deepseek_v3.py OUT_DIR [NAME ...] (or make_golden.py --family deepseek_v3
+[--out OUT_DIR] [--only NAME ...]); existing fixture folders of those names in OUT_DIR are replaced.
 
 Per fixture: HF's own seeded init of DeepseekV3ForCausalLM (initializer_range 0.1; norm weights
 1 + 0.1 N(0,1); e_score_correction_bias 0.05 N(0,1), kept positive-safe: sigmoid scores are in
@@ -21,7 +22,9 @@ Kimi-K2.5 class without remote code, so the reference is DeepseekV3ForCausalLM o
 """
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -86,9 +89,10 @@ def is_linear(name):
     return name.endswith(".weight") and "_proj" in name and "layers." in name
 
 
-def build(name, seed, fp8, P, cfg, mtp, kimi, out):
+def build(name, seed, fp8, P, cfg, mtp, kimi, out, tmp):
     c = {**BASE, **cfg}
-    d, r = os.path.join(out, name), os.path.join(out, name + "_hf")
+    d, r = os.path.join(out, name), os.path.join(tmp, name + "_hf")  # the HF copy stays out of OUT_DIR
+    shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     os.makedirs(r)
     torch.manual_seed(seed)
@@ -163,9 +167,13 @@ def main():
     out = sys.argv[1]
     only = sys.argv[2:]
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    for name, (seed, fp8, P, cfg, mtp, kimi) in FIXTURES.items():
-        if not only or name in only:
-            build(name, seed, fp8, P, cfg, mtp, kimi, out)
+    unknown = [n for n in only if n not in FIXTURES]
+    if unknown:
+        sys.exit(f"unknown fixtures {unknown}; known: {list(FIXTURES)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (seed, fp8, P, cfg, mtp, kimi) in FIXTURES.items():
+            if not only or name in only:
+                build(name, seed, fp8, P, cfg, mtp, kimi, out, tmp)
 
 
 if __name__ == "__main__":

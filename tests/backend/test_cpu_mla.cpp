@@ -27,7 +27,7 @@ struct Dims {
 void rope_ref(std::vector<double>& x, size_t off, const RopeSpec& r, int pos) {
   const int rd = r.rotary_dim, half = rd / 2;
   const double m = r.scaling == RopeScaling::Yarn ? r.attention_factor : 1.0;
-  std::vector<double> y(size_t(rd));
+  std::vector<double> y(static_cast<size_t>(rd));
   for (int i = 0; i < half; ++i) {
     const double a = double(float(pos) * rope_inv_freq(r, i));
     const double c = std::cos(a) * m, s = std::sin(a) * m;
