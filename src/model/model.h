@@ -73,6 +73,16 @@ class ArchConfig {
   // Checkpoint tensors the model knowingly skips (MTP modules): not reported as unexpected.
   virtual bool is_skipped_tensor(const std::string& /*name*/) const { return false; }
   virtual nlohmann::json to_json() const = 0;  // hub-style config.json
+  // One rank's KV cache per layer under `par` (what the built Model's kv_layout() returns), for
+  // the tools that size the cache from the config alone (inspect, plan): KV bytes per token =
+  // kv_layout(par).bytes_per_block(1, element bytes). Default: GQA, KV heads split over the
+  // ranks (one per rank, replicated, past the KV head count); MLA overrides it (one latent).
+  virtual KvLayout kv_layout(const ParallelConfig& par) const {
+    const ModelDesc d = desc();
+    const int w = par.world > 0 ? par.world : 1;
+    const int kvh = d.num_key_value_heads >= w ? d.num_key_value_heads / w : 1;
+    return KvLayout{d.num_layers, kvh, d.head_dim, d.v_head_dim > 0 ? d.v_head_dim : d.head_dim};
+  }
 };
 
 // One rank's model: weights, step workspace, KV layout and the forward pass.

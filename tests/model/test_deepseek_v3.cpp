@@ -136,6 +136,26 @@ TEST(DeepseekV3Config, SpecsScaleAndLatentCache) {
   EXPECT_EQ(kv.k_head_dim, 576);
   EXPECT_EQ(kv.v_head_dim, 0);
   EXPECT_EQ(kv.bytes_per_block(1, 2), 61 * 576 * 2);
+  // The config reports the same layout without a model (inspect / plan), on any TP size.
+  for (int w : {1, 8}) {
+    const KvLayout c = lc.config->kv_layout(ParallelConfig{0, w, false});
+    EXPECT_EQ(c.bytes_per_block(16, 2), kv.bytes_per_block(16, 2)) << w;
+  }
+}
+
+// The default (GQA) ArchConfig::kv_layout agrees with the built model's, split or replicated.
+TEST(DeepseekV3Config, GqaKvLayoutFromTheConfig) {
+  json j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}, {"hidden_size", 256},
+            {"num_hidden_layers", 2}, {"num_attention_heads", 8}, {"num_key_value_heads", 2}, {"head_dim", 32},
+            {"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 64}, {"vocab_size", 100}};
+  const LoadedConfig lc = parse_config(j);
+  auto be = make_cpu_backend();
+  for (int w : {1, 2, 4}) {
+    const auto m = lc.entry->create(*lc.config, *be, ParallelConfig{0, w, false}, [](Tensor&) {});
+    const KvLayout a = m->kv_layout(), b = lc.config->kv_layout(ParallelConfig{0, w, false});
+    EXPECT_EQ(a.kv_heads, b.kv_heads) << w;
+    EXPECT_EQ(a.bytes_per_block(16, 2), b.bytes_per_block(16, 2)) << w;
+  }
 }
 
 TEST(DeepseekV3Config, RopeParametersSpellingEqualsRopeScaling) {

@@ -242,6 +242,11 @@ struct DeepseekV3Config final : ArchConfig {
     return name.rfind("vision_tower.", 0) == 0 || name.rfind("mm_projector.", 0) == 0;
   }
   json to_json() const override { return raw; }
+  // The latent cache: kv_lora_rank + qk_rope_head_dim values per token per layer on every rank
+  // (the latent path is replicated under TP), no V.
+  KvLayout kv_layout(const ParallelConfig&) const override {
+    return KvLayout{d.num_layers, 1, spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim, 0};
+  }
 };
 
 class DeepseekV3Model final : public DecoderModel {
