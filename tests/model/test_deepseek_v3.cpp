@@ -4,13 +4,17 @@
 // shared experts, the latent KV layout, weight names (Kimi's language_model. prefix), skipped
 // MTP / vision tensors, layouts, and errors naming the field.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "model/layers/decoder.h"
 #include "model/registry.h"
+#include "golden_fixture.h"
 
 using namespace moeserve;
 using json = nlohmann::json;
@@ -244,6 +248,30 @@ TEST(DeepseekV3Config, ErrorsNameTheField) {
   json bad_rope = deepseek_v3();
   bad_rope["rope_scaling"]["type"] = "dynamic";
   EXPECT_NE(error_of(bad_rope).find("rope_type"), std::string::npos) << error_of(bad_rope);
+}
+
+// A checkpoint without one declared tensor fails at load naming it (the index no longer lists
+// kv_b_proj of layer 1; its bytes stay in the shard and are ignored as unlisted).
+TEST(DeepseekV3Config, MissingTensorIsNamed) {
+  namespace fs = std::filesystem;
+  const fs::path src = test::golden_fixture("dsv3_tiny_bf16");
+  const fs::path dir = fs::temp_directory_path() / ("dsv3_missing_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(src, dir);
+  json idx = json::parse(std::ifstream(dir / "model.safetensors.index.json"));
+  const std::string gone = "model.layers.1.self_attn.kv_b_proj.weight";
+  ASSERT_EQ(idx["weight_map"].erase(gone), 1u);
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+  const LoadedConfig lc = load_model_config(dir.string());
+  auto be = make_cpu_backend();
+  const auto m = lc.entry->create(*lc.config, *be, ParallelConfig{}, {});
+  try {
+    m->load(Checkpoint::open(dir.string()));
+    ADD_FAILURE() << "a missing kv_b_proj must fail the load";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(gone), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
