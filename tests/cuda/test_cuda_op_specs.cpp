@@ -121,5 +121,22 @@ TEST(CudaOpSpecs, DenseMlp) {
   EXPECT_LT(rel_err(gpu().download_f32(dout), to_f32_vector(ho)), 2e-2);
 }
 
+
+// MLA (DeepSeek-V3 family) is CPU-only for now: the CUDA ops must refuse with a message that
+// names the family and the way out, not crash or return garbage.
+TEST(CudaOpSpecs, MlaRefusesClearly) {
+  SKIP_WITHOUT_GPU();
+  MlaArgs a;
+  for (int op = 0; op < 2; ++op) {
+    try {
+      if (op == 0) gpu().mla_rope_write_kv(a);
+      else gpu().mla_attention(a);
+      ADD_FAILURE() << "CUDA MLA op " << op << " must refuse";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DeepSeek-V3"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--device cpu"), std::string::npos) << e.what();
+    }
+  }
+}
 }  // namespace
 }  // namespace moeserve::test
