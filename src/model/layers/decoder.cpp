@@ -149,6 +149,7 @@ void declare_decoder_weights(const ModelDesc& d, const DecoderSpec& spec, const 
       out.push_back({p + n.o, {H, Hq}, kLinear, row});
     }
     if (spec.mla.enabled) {
+      // MLA has no QK-norm (its latent norm is declared with the MLA tensors).
     } else if (spec.qk_norm == QkNormMode::FullWidth) {
       out.push_back({p + n.q_norm, {Hq}, kDense, col});
       out.push_back({p + n.k_norm, {Hkv}, kDense, kv_col});
