@@ -17,6 +17,8 @@ one exercised. Usage: python3 scripts/make_golden.py [--out tests/fixtures/golde
 (--check regenerates elsewhere and compares with the committed fixtures, e.g. on another machine).
 --family qwen3_moe makes the Qwen3-MoE fixtures instead (scripts/golden_qwen3_moe.py: the same
 files, from transformers' Qwen3MoeForCausalLM; --only and --check do not apply there).
+--family deepseek_v3 makes the DeepSeek-V3 / Kimi-K2.5 fixtures (scripts/golden_deepseek_v3.py,
+transformers' DeepseekV3ForCausalLM; --only names fixtures there, --check does not apply).
 """
 import argparse
 import json
@@ -332,7 +334,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "golden"))
     ap.add_argument("--only", nargs="*", help="fixture names")
-    ap.add_argument("--family", default="minimax_m2", choices=["minimax_m2", "qwen3_moe"],
+    ap.add_argument("--family", default="minimax_m2", choices=["minimax_m2", "qwen3_moe", "deepseek_v3"],
                     help="which architecture's fixtures to make")
     ap.add_argument("--check", action="store_true",
                     help="regenerate into a temporary directory and compare with the committed fixtures "
@@ -345,6 +347,13 @@ def main():
             ap.error("--only / --check are not implemented for --family qwen3_moe")
         import runpy
         sys.argv = [os.path.join(here, "golden_qwen3_moe.py"), args.out]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        return 0
+    if args.family == "deepseek_v3":
+        if args.check:
+            ap.error("--check is not implemented for --family deepseek_v3")
+        import runpy
+        sys.argv = [os.path.join(here, "golden_deepseek_v3.py"), args.out] + list(args.only or [])
         runpy.run_path(sys.argv[0], run_name="__main__")
         return 0
     ok = True

@@ -125,6 +125,33 @@ struct AttentionArgs {
   int v_head_dim = 0;  // V (and out) head dim; 0: head_dim
 };
 
+// Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2) of one layer, as HF's
+// DeepseekV3Attention computes it. Per token the cache holds one "head" of
+// kv_lora_rank + qk_rope_head_dim values (KvLayout{kv_heads 1, k_head_dim kv_lora + rope,
+// v_head_dim 0}): the normalised latent c_kv and the rotated shared key k_rot. Keys and values
+// of head h are decompressed from the latent with kv_b_proj:
+//   k_h = [W_kb[h] c_kv ; k_rot],  v_h = W_vb[h] c_kv  (kv_b rows per head: [nope | v])
+//   out_h = softmax(scale * q_h . k_h) v_h   (causal over the sequence's cached context)
+// Under tensor parallelism each rank holds its heads' rows of kv_b and the whole latent (the
+// latent projection is replicated, so every rank writes the same cache).
+struct MlaArgs {
+  Tensor* q = nullptr;       // [T, H * (nope + rope)]: per head [q_nope | q_rope]; q_rope rotated in place
+  Tensor* latent = nullptr;  // [T, kv_lora + rope]: kv_a_proj_with_mqa output; normalised + rotated in place
+  const Tensor* latent_norm_weight = nullptr;  // kv_a_layernorm [kv_lora]
+  float eps = 1e-6f;
+  const Tensor* positions = nullptr;  // [T] I32
+  // RoPE of the rope parts (head_dim = rotary_dim = qk_rope_head_dim; GptJ when rope_interleave:
+  // HF's interleaved form de-interleaves q and k alike, so the dot products are the same).
+  RopeSpec rope;
+  KVCacheLayer* kv = nullptr;  // k: [blocks, block_size, 1, kv_lora + rope]; v unused
+  const AttentionMeta* meta = nullptr;
+  const LinearWeight* kv_b = nullptr;  // [H * (nope + v), kv_lora] (this rank's heads)
+  int num_heads = 0;  // local
+  int qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0, kv_lora_rank = 0;
+  float scale = 1.f;     // softmax scale: (nope + rope)^-0.5, times YaRN's mscale^2 where HF applies it
+  Tensor* out = nullptr; // [T, H * v]
+};
+
 struct DecodeLayerArgs;  // backend/decode_layer_op.h
 
 // The shape checks of Backend::copy_from_host_2d, shared by the backends.
@@ -232,6 +259,20 @@ class Backend {
     silu_mul(gate, up, gate);
     linear(gate, w.w2, out);
   }
+  // ---- MLA (MlaArgs above). ----
+  // RMSNorm of the latent's first kv_lora values, RoPE of its last qk_rope values and of each
+  // q head's rope part (in place), then the latent written into the cache at meta.slot_mapping
+  // (negative slots skipped).
+  virtual void mla_rope_write_kv(const MlaArgs& a) = 0;
+  // Causal attention of each query token over its sequence's cached latents (prefill, chunked
+  // prefill and decode alike): out [T, H * v].
+  virtual void mla_attention(const MlaArgs& a) = 0;
+  // mla_rope_write_kv then mla_attention; a backend may fuse them.
+  virtual void mla_rope_attention(const MlaArgs& a) {
+    mla_rope_write_kv(a);
+    mla_attention(a);
+  }
+
   // One pre-norm attention + MoE decoder layer (DecodeLayerArgs, backend/decode_layer_op.h);
   // the default body (decode_layer_op.cpp) composes the ops above and is the reference. CUDA
   // runs a batch-1 decode step's layer as one persistent kernel where the specs allow.

@@ -122,8 +122,8 @@ MS_HOST_DEVICE inline void rope_pair(RopeStyle style, int rotary_dim, int j, int
 
 // ---- KV cache layout ----
 // What one rank's paged KV cache holds per model layer: K [blocks, block_size, kv_heads,
-// k_head_dim] and V [..., v_head_dim]. Separate K and V head dims so a latent-attention family
-// (MLA) can describe its own cache later.
+// k_head_dim] and V [..., v_head_dim]. MLA (DeepSeek-V3 family) describes its latent cache as
+// one "head" of kv_lora_rank + qk_rope_head_dim values and no V (v_head_dim 0).
 struct KvLayout {
   int num_layers = 0;
   int kv_heads = 0;  // local (this rank)

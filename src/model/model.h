@@ -47,6 +47,13 @@ struct ModelDesc {
   bool tie_word_embeddings = false;
   std::optional<int> bos_token_id, eos_token_id;
   QuantizationConfig quantization;
+  int num_shared_experts = 0;               // always-on experts of each MoE layer (DeepSeek-V3)
+  int shared_expert_intermediate_size = 0;  // their fused width (moe_intermediate_size * n_shared)
+  // Multi-head latent attention (DeepSeek-V3 family; 0 otherwise): head_dim above is
+  // qk_nope + qk_rope, v_head_dim the value width, rotary_dim qk_rope; the KV cache holds
+  // kv_lora_rank + rotary_dim values per token per layer (not per head).
+  int kv_lora_rank = 0;
+  int q_lora_rank = 0;  // 0: no q low-rank projection (q_proj)
   int num_mtp_modules = 0;  // declared in config.json (not loaded)
   bool use_mtp = false;
 };
@@ -66,6 +73,16 @@ class ArchConfig {
   // Checkpoint tensors the model knowingly skips (MTP modules): not reported as unexpected.
   virtual bool is_skipped_tensor(const std::string& /*name*/) const { return false; }
   virtual nlohmann::json to_json() const = 0;  // hub-style config.json
+  // One rank's KV cache per layer under `par` (what the built Model's kv_layout() returns), for
+  // the tools that size the cache from the config alone (inspect, plan): KV bytes per token =
+  // kv_layout(par).bytes_per_block(1, element bytes). Default: GQA, KV heads split over the
+  // ranks (one per rank, replicated, past the KV head count); MLA overrides it (one latent).
+  virtual KvLayout kv_layout(const ParallelConfig& par) const {
+    const ModelDesc d = desc();
+    const int w = par.world > 0 ? par.world : 1;
+    const int kvh = d.num_key_value_heads >= w ? d.num_key_value_heads / w : 1;
+    return KvLayout{d.num_layers, kvh, d.head_dim, d.v_head_dim > 0 ? d.v_head_dim : d.head_dim};
+  }
 };
 
 // This rank's tensor for a declaration, made elsewhere than a checkpoint (random dummy weights):

@@ -6,10 +6,13 @@
 
 namespace moeserve {
 
-// One line per architecture: NAME has `ArchEntry NAME_arch()` in model/arch/NAME.cpp.
+// One line per architecture: NAME has `ArchEntry NAME_arch()` in its file of model/arch/
+// (NAME.cpp; kimi_k25 is in deepseek_v3.cpp: the same decoder).
 #define MOESERVE_ARCHITECTURES(X) \
   X(minimax_m2)                   \
-  X(qwen3_moe)
+  X(qwen3_moe)                    \
+  X(deepseek_v3)                  \
+  X(kimi_k25)
 
 #define MOESERVE_DECLARE_ARCH(name) ArchEntry name##_arch();
 MOESERVE_ARCHITECTURES(MOESERVE_DECLARE_ARCH)

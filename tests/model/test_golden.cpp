@@ -165,6 +165,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
 // Qwen3MoeForCausalLM (softmax routing, per-head QK-norm, dense layers, FP8, YaRN).
 INSTANTIATE_TEST_SUITE_P(Qwen3Moe, GoldenTest,
                          ::testing::Values("qwen3_tiny_bf16", "qwen3_tiny_fp8", "qwen3_tiny_yarn"));
+// DeepSeek-V3 family (scripts/golden_deepseek_v3.py): MLA (with and without q_lora), shared
+// experts, grouped sigmoid routing with routed scaling, dense first layers, FP8 128x128, YaRN in
+// both spellings, interleaved and NeoX RoPE, the Kimi-K2.5 text backbone (language_model.).
+INSTANTIATE_TEST_SUITE_P(DeepseekV3, GoldenTest,
+                         ::testing::Values("dsv3_tiny_bf16", "dsv3_tiny_fp8", "dsv3_tiny_yarn", "kimi_tiny_yarn"));
 
 // Two sequences in one batch (different lengths, interleaved block tables, one of them
 // mid-decode) give the same logits as each run alone.

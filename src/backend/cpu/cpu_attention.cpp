@@ -189,6 +189,46 @@ void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const Attentio
   }
 }
 
+std::vector<int32_t> check_attention_meta(const AttentionMeta& m, int64_t T, int64_t nblocks, int64_t bs,
+                                          const char* op) {
+  const int64_t S = m.num_seqs;
+  check_i32(m.positions, op, "positions");
+  check_i32(m.query_start, op, "query_start");
+  check_i32(m.context_lens, op, "context_lens");
+  MS_CHECK(m.positions.numel() == T, "{}: {} positions for {} tokens", op, m.positions.numel(), T);
+  MS_CHECK(S >= 0 && m.query_start.numel() == S + 1 && m.context_lens.numel() == S,
+           "{}: query_start ({}) / context_lens ({}) do not match {} sequences", op, m.query_start.numel(),
+           m.context_lens.numel(), S);
+  const int32_t* qs = m.query_start.ptr<int32_t>();
+  const int32_t* ctx = m.context_lens.ptr<int32_t>();
+  const int32_t* pos = m.positions.ptr<int32_t>();
+  const int64_t mb = m.max_blocks_per_seq;
+  const int32_t* bt = nullptr;
+  if (S > 0) {
+    check_i32(m.block_tables, op, "block_tables");
+    MS_CHECK(mb > 0 && m.block_tables.numel() == S * mb, "{}: block_tables {} is not [{}, {}]", op,
+             shape_str(m.block_tables.shape), S, mb);
+    bt = m.block_tables.ptr<int32_t>();
+  }
+  MS_CHECK(S == 0 ? T == 0 : (qs[0] == 0 && qs[S] == T), "{}: query_start must run from 0 to {}", op, T);
+  std::vector<int32_t> seq_of(static_cast<size_t>(T));
+  for (int64_t s = 0; s < S; ++s) {
+    MS_CHECK(qs[s] <= qs[s + 1], "{}: query_start decreases at sequence {}", op, s);
+    MS_CHECK(ctx[s] >= 0 && ctx[s] <= mb * bs, "{}: context length {} of sequence {} exceeds {} blocks of {}", op,
+             ctx[s], s, mb, bs);
+    for (int64_t b = 0; b < (ctx[s] + bs - 1) / bs; ++b)
+      MS_CHECK(bt[s * mb + b] >= 0 && bt[s * mb + b] < nblocks,
+               "{}: block {} of sequence {} is {}, outside the cache ({} blocks)", op, b, s, bt[s * mb + b],
+               nblocks);
+    for (int64_t t = qs[s]; t < qs[s + 1]; ++t) {
+      MS_CHECK(pos[t] >= 0 && pos[t] < ctx[s],
+               "{}: token {} of sequence {} at position {} is outside its context of {}", op, t, s, pos[t], ctx[s]);
+      seq_of[size_t(t)] = int32_t(s);
+    }
+  }
+  return seq_of;
+}
+
 void attention(const AttentionArgs& a) {
   MS_CHECK(a.q && a.kv && a.meta && a.out, "attention: null argument");
   const AttentionMeta& m = *a.meta;
@@ -212,42 +252,10 @@ void attention(const AttentionArgs& a) {
   MS_CHECK(m.block_size == 0 || m.block_size == bs, "attention: meta.block_size {} but the cache has blocks of {}",
            m.block_size, bs);
 
-  // Batch metadata checks, so no index below can leave its buffer.
-  const int64_t S = m.num_seqs;
-  check_i32(m.positions, "attention", "positions");
-  check_i32(m.query_start, "attention", "query_start");
-  check_i32(m.context_lens, "attention", "context_lens");
-  MS_CHECK(m.positions.numel() == T, "attention: {} positions for {} tokens", m.positions.numel(), T);
-  MS_CHECK(S >= 0 && m.query_start.numel() == S + 1 && m.context_lens.numel() == S,
-           "attention: query_start ({}) / context_lens ({}) do not match {} sequences", m.query_start.numel(),
-           m.context_lens.numel(), S);
-  const int32_t* qs = m.query_start.ptr<int32_t>();
-  const int32_t* ctx = m.context_lens.ptr<int32_t>();
+  const std::vector<int32_t> seq_of = check_attention_meta(m, T, nblocks, bs, "attention");
   const int32_t* pos = m.positions.ptr<int32_t>();
   const int64_t mb = m.max_blocks_per_seq;
-  const int32_t* bt = nullptr;
-  if (S > 0) {
-    check_i32(m.block_tables, "attention", "block_tables");
-    MS_CHECK(mb > 0 && m.block_tables.numel() == S * mb, "attention: block_tables {} is not [{}, {}]",
-             shape_str(m.block_tables.shape), S, mb);
-    bt = m.block_tables.ptr<int32_t>();
-  }
-  MS_CHECK(S == 0 ? T == 0 : (qs[0] == 0 && qs[S] == T), "attention: query_start must run from 0 to {}", T);
-  std::vector<int32_t> seq_of(static_cast<size_t>(T));
-  for (int64_t s = 0; s < S; ++s) {
-    MS_CHECK(qs[s] <= qs[s + 1], "attention: query_start decreases at sequence {}", s);
-    MS_CHECK(ctx[s] >= 0 && ctx[s] <= mb * bs, "attention: context length {} of sequence {} exceeds {} blocks of {}",
-             ctx[s], s, mb, bs);
-    for (int64_t b = 0; b < (ctx[s] + bs - 1) / bs; ++b)
-      MS_CHECK(bt[s * mb + b] >= 0 && bt[s * mb + b] < nblocks,
-               "attention: block {} of sequence {} is {}, outside the cache ({} blocks)", b, s, bt[s * mb + b],
-               nblocks);
-    for (int64_t t = qs[s]; t < qs[s + 1]; ++t) {
-      MS_CHECK(pos[t] >= 0 && pos[t] < ctx[s],
-               "attention: token {} of sequence {} at position {} is outside its context of {}", t, s, pos[t], ctx[s]);
-      seq_of[size_t(t)] = int32_t(s);
-    }
-  }
+  const int32_t* bt = m.num_seqs > 0 ? m.block_tables.ptr<int32_t>() : nullptr;
 
   const float* kc = a.kv->k.ptr<float>();
   const float* vc = a.kv->v.ptr<float>();

@@ -1,5 +1,5 @@
 // CpuBackend: memory ops and the simple elementwise/row ops; the heavier ops live in
-// cpu_linear.cpp, cpu_attention.cpp and cpu_moe.cpp.
+// cpu_linear.cpp, cpu_attention.cpp, cpu_mla.cpp and cpu_moe.cpp.
 #include "backend/cpu/cpu_backend.h"
 
 #include <cmath>
@@ -156,6 +156,8 @@ class CpuBackend final : public Backend {
     cpu::write_kv(k, v, kv, meta);
   }
   void attention(const AttentionArgs& args) override { cpu::attention(args); }
+  void mla_rope_write_kv(const MlaArgs& args) override { cpu::mla_rope_write_kv(args); }
+  void mla_attention(const MlaArgs& args) override { cpu::mla_attention(args); }
   void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) override {
     cpu::moe_route(x, moe, out);
   }

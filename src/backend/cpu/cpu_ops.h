@@ -2,6 +2,7 @@
 // implementations as free functions (cpu_backend.cpp's class forwards to them).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -30,10 +31,18 @@ void dequant_row(const LinearWeight& w, int64_t o, float* dst);
 // not overlap. Assumes check_linear_weight passed.
 void linear_f32(const float* x, int64_t T, const LinearWeight& w, float* out);
 
+// Bounds checks of a step's attention metadata against T tokens and a cache of nblocks blocks
+// of bs slots (so no index an attention op takes from it can leave its buffer); returns each
+// token's sequence.
+std::vector<int32_t> check_attention_meta(const AttentionMeta& m, int64_t T, int64_t nblocks, int64_t bs,
+                                          const char* op);
+
 // ---- op implementations ----
 void qk_norm_rope(const QkNormRopeArgs& args);
 void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta);
 void attention(const AttentionArgs& args);
+void mla_rope_write_kv(const MlaArgs& args);
+void mla_attention(const MlaArgs& args);
 void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out);
 void moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
 

@@ -850,6 +850,16 @@ AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   return p;
 }
 
+void CudaBackend::mla_rope_write_kv(const MlaArgs&) {
+  fail("multi-head latent attention (MLA, DeepSeek-V3 / Kimi-K2 family) is not implemented on the CUDA backend yet; "
+       "run this model with --device cpu");
+}
+
+void CudaBackend::mla_attention(const MlaArgs&) {
+  fail("multi-head latent attention (MLA, DeepSeek-V3 / Kimi-K2 family) is not implemented on the CUDA backend yet; "
+       "run this model with --device cpu");
+}
+
 void CudaBackend::attention(const AttentionArgs& a) {
   AttnParams p = attention_params(a);
   const AttentionMeta& m = *a.meta;

@@ -13,8 +13,6 @@ namespace {
 const std::vector<DType> kDense{DType::BF16, DType::F16, DType::F32};
 const std::vector<DType> kLinear{DType::BF16, DType::F16, DType::F32, DType::F8_E4M3};
 
-std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "."; }
-
 // Host f32 copy (for small tensors the backend contract wants in f32, e.g. the router bias).
 Tensor to_f32_host(const Tensor& t) {
   if (t.dtype == DType::F32) return t;
@@ -75,10 +73,16 @@ DecoderShard plan_decoder_shard(const ModelDesc& d, const ParallelConfig& par) {
              "dense intermediate_size {} does not split over {} tensor-parallel ranks", d.dense_intermediate_size, W);
     s.dense_inter = d.dense_intermediate_size / W;
   }
+  if (d.num_shared_experts > 0) {
+    MS_CHECK(d.shared_expert_intermediate_size % W == 0,
+             "shared-expert intermediate size {} does not split over {} tensor-parallel ranks",
+             d.shared_expert_intermediate_size, W);
+    s.shared_inter = d.shared_expert_intermediate_size / W;
+  }
   return s;
 }
 
-std::string decoder_fp8_split_problem(const ModelDesc& d, const ParallelConfig& par) {
+std::string decoder_fp8_split_problem(const ModelDesc& d, const ParallelConfig& par, const DecoderSpec* spec) {
   if (!d.quantization.enabled() || par.world == 1) return "";
   const DecoderShard s = plan_decoder_shard(d, par);
   const int bo = d.quantization.block_out, bi = d.quantization.block_in;
@@ -89,10 +93,25 @@ std::string decoder_fp8_split_problem(const ModelDesc& d, const ParallelConfig& 
         par.world, local, block, hint);
   };
   const char* tp_hint = "choose a tensor-parallel size that keeps whole blocks";
-  if ((int64_t(s.q_heads) * D) % bo) return bad("q_proj rows", d.num_attention_heads * D, s.q_heads * D, bo, tp_hint);
-  if ((int64_t(s.q_heads) * D) % bi) return bad("o_proj columns", d.num_attention_heads * D, s.q_heads * D, bi, tp_hint);
-  if ((int64_t(s.kv_heads) * D) % bo)
-    return bad("k_proj/v_proj rows", d.num_key_value_heads * D, s.kv_heads * D, bo, tp_hint);
+  if (spec && spec->mla.enabled) {
+    // MLA: q (q_b_proj / q_proj) and kv_b_proj rows and o_proj columns follow the heads.
+    const MlaSpec& m = spec->mla;
+    const int64_t Hg = d.num_attention_heads, Hl = s.q_heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const int64_t kvw = m.qk_nope_head_dim + m.v_head_dim;
+    if ((Hl * qk) % bo) return bad(m.q_lora_rank ? "q_b_proj rows" : "q_proj rows", Hg * qk, Hl * qk, bo, tp_hint);
+    if ((Hl * kvw) % bo) return bad("kv_b_proj rows", Hg * kvw, Hl * kvw, bo, tp_hint);
+    if ((Hl * m.v_head_dim) % bi)
+      return bad("o_proj columns", Hg * m.v_head_dim, Hl * m.v_head_dim, bi, tp_hint);
+  } else {
+    if ((int64_t(s.q_heads) * D) % bo) return bad("q_proj rows", d.num_attention_heads * D, s.q_heads * D, bo, tp_hint);
+    if ((int64_t(s.q_heads) * D) % bi)
+      return bad("o_proj columns", d.num_attention_heads * D, s.q_heads * D, bi, tp_hint);
+    if ((int64_t(s.kv_heads) * D) % bo)
+      return bad("k_proj/v_proj rows", d.num_key_value_heads * D, s.kv_heads * D, bo, tp_hint);
+  }
+  if (s.shared_inter > 0 && (s.shared_inter % bo || s.shared_inter % bi))
+    return bad("shared-expert intermediate size", d.shared_expert_intermediate_size, s.shared_inter,
+               s.shared_inter % bo ? bo : bi, tp_hint);
   if (d.num_experts > 0 && !par.expert_parallel) {
     const char* ep_hint = "use --enable-expert-parallel (whole experts per rank) or a smaller tensor-parallel size";
     if (s.expert_inter % bo)
@@ -115,17 +134,23 @@ void declare_decoder_weights(const ModelDesc& d, const DecoderSpec& spec, const 
   const ShardSpec col{ShardKind::ColumnParallel, par.rank, par.world};
   const ShardSpec row{ShardKind::RowParallel, par.rank, par.world};
   const ShardSpec kv_col{ShardKind::ColumnParallel, par.rank, par.world, s.kv_replicate};
-  out.push_back({"model.embed_tokens.weight", {d.vocab_size, H}, kDense, rep});
+  out.push_back({n.root + "model.embed_tokens.weight", {d.vocab_size, H}, kDense, rep});
   for (int l = 0; l < d.num_layers; ++l) {
-    const std::string p = layer_prefix(l);
+    const std::string p = n.layer_prefix(l);
     const bool dense = !spec.dense_layer.empty() && spec.dense_layer[size_t(l)];
     out.push_back({p + n.input_norm, {H}, kDense, rep});
     out.push_back({p + n.post_norm, {H}, kDense, rep});
-    out.push_back({p + n.q, {Hq, H}, kLinear, col});
-    out.push_back({p + n.k, {Hkv, H}, kLinear, kv_col});
-    out.push_back({p + n.v, {Hkv, H}, kLinear, kv_col});
-    out.push_back({p + n.o, {H, Hq}, kLinear, row});
-    if (spec.qk_norm == QkNormMode::FullWidth) {
+    if (spec.mla.enabled) {
+      declare_mla_weights(d, spec.mla, n, par, p, out);
+    } else {
+      out.push_back({p + n.q, {Hq, H}, kLinear, col});
+      out.push_back({p + n.k, {Hkv, H}, kLinear, kv_col});
+      out.push_back({p + n.v, {Hkv, H}, kLinear, kv_col});
+      out.push_back({p + n.o, {H, Hq}, kLinear, row});
+    }
+    if (spec.mla.enabled) {
+      // MLA has no QK-norm (its latent norm is declared with the MLA tensors).
+    } else if (spec.qk_norm == QkNormMode::FullWidth) {
       out.push_back({p + n.q_norm, {Hq}, kDense, col});
       out.push_back({p + n.k_norm, {Hkv}, kDense, kv_col});
     } else if (spec.qk_norm == QkNormMode::PerHead) {
@@ -141,6 +166,14 @@ void declare_decoder_weights(const ModelDesc& d, const DecoderSpec& spec, const 
     }
     out.push_back({p + n.router, {E, H}, kDense, rep});
     if (spec.routing_bias) out.push_back({p + n.router_bias, {E}, kDense, rep});
+    if (spec.shared_experts) {
+      // Sliced along its intermediate size on every rank, EP or not: the all-reduce of the
+      // MoE output then sums its slices once.
+      const int64_t IS = d.shared_expert_intermediate_size;
+      out.push_back({p + n.shared + n.w1, {IS, H}, kLinear, col});
+      out.push_back({p + n.shared + n.w3, {IS, H}, kLinear, col});
+      out.push_back({p + n.shared + n.w2, {H, IS}, kLinear, row});
+    }
     for (int e = 0; e < E; ++e) {
       const std::string q = p + n.experts + std::to_string(e) + ".";
       if (par.expert_parallel) {
@@ -156,10 +189,10 @@ void declare_decoder_weights(const ModelDesc& d, const DecoderSpec& spec, const 
       }
     }
   }
-  out.push_back({"model.norm.weight", {H}, kDense, rep});
+  out.push_back({n.root + "model.norm.weight", {H}, kDense, rep});
   // Tied embeddings (HF semantics): the output projection is embed_tokens; a stored
   // lm_head.weight is not used.
-  if (!d.tie_word_embeddings) out.push_back({"lm_head.weight", {d.vocab_size, H}, kDense, rep});
+  if (!d.tie_word_embeddings) out.push_back({n.root + "lm_head.weight", {d.vocab_size, H}, kDense, rep});
 }
 
 DecoderModel::DecoderModel(const ModelDesc& desc, DecoderSpec spec, DecoderNames names, Backend& backend,
@@ -193,7 +226,8 @@ void DecoderModel::load_decoder(const Checkpoint& ckpt, const std::vector<Weight
     }
     if (unexpected++ < 8) spdlog::warn("checkpoint {}: unexpected tensor '{}' ignored", ckpt.dir(), n);
   }
-  if (skip) spdlog::info("checkpoint {}: skipped {} MTP tensors", ckpt.dir(), skip);
+  if (skip) spdlog::info("checkpoint {}: skipped {} tensors the model does not use (MTP modules{})", ckpt.dir(), skip,
+                         spec_.mla.enabled ? ", vision tower" : "");
   if (unexpected > 8) spdlog::warn("checkpoint {}: {} unexpected tensors ignored in all", ckpt.dir(), unexpected);
   upload_decoder(got);
 }
@@ -206,7 +240,7 @@ void DecoderModel::load_from(const WeightSource& source) {
     if (d.shard.kind == ShardKind::ExpertOwned && !d.shard.owned) continue;  // another rank's expert
     t = source(d);
     if (!t.tensor.defined()) {
-      MS_CHECK(d.name == "lm_head.weight", "weight source: no tensor for '{}'", d.name);
+      MS_CHECK(d.name == names_.root + "lm_head.weight", "weight source: no tensor for '{}'", d.name);
       continue;
     }
     const Shape want = local_shape(d);
@@ -244,17 +278,31 @@ void DecoderModel::upload_decoder(const std::map<std::string, LoadedTensor>& got
   };
   const DecoderNames& nm = names_;
   w_ = DecoderWeights{};
-  w_.embed = be_.upload(host_for_backend(got.at("model.embed_tokens.weight").tensor));
+  w_.embed = be_.upload(host_for_backend(got.at(nm.root + "model.embed_tokens.weight").tensor));
   for (int l = 0; l < desc_.num_layers; ++l) {
-    const std::string p = layer_prefix(l);
+    const std::string p = nm.layer_prefix(l);
     DecoderLayer L;
     L.input_norm = up(p + nm.input_norm);
     L.post_attention_norm = up(p + nm.post_norm);
-    L.q = up_lin(p + nm.q);
-    L.k = up_lin(p + nm.k);
-    L.v = up_lin(p + nm.v);
-    L.o = up_lin(p + nm.o);
-    if (spec_.qk_norm != QkNormMode::None) {
+    if (spec_.mla.enabled) {
+      if (spec_.mla.q_lora_rank > 0) {
+        L.mla.q_a = up_lin(p + nm.q_a);
+        L.mla.q_a_norm = up(p + nm.q_a_norm);
+        L.mla.q_b = up_lin(p + nm.q_b);
+      } else {
+        L.mla.q_b = up_lin(p + nm.q);
+      }
+      L.mla.kv_a = up_lin(p + nm.kv_a);
+      L.mla.kv_a_norm = up(p + nm.kv_a_norm);
+      L.mla.kv_b = up_lin(p + nm.kv_b);
+      L.o = up_lin(p + nm.o);
+    } else {
+      L.q = up_lin(p + nm.q);
+      L.k = up_lin(p + nm.k);
+      L.v = up_lin(p + nm.v);
+      L.o = up_lin(p + nm.o);
+    }
+    if (spec_.qk_norm != QkNormMode::None && !spec_.mla.enabled) {
       L.q_norm = up(p + nm.q_norm);
       L.k_norm = up(p + nm.k_norm);
     }
@@ -266,6 +314,8 @@ void DecoderModel::upload_decoder(const std::map<std::string, LoadedTensor>& got
     }
     L.moe.gate = be_.upload(to_f32_host(got.at(p + nm.router).tensor));  // exact
     if (spec_.routing_bias) L.moe.score_bias = be_.upload(to_f32_host(got.at(p + nm.router_bias).tensor));
+    if (spec_.shared_experts)
+      L.shared = {up_lin(p + nm.shared + nm.w1), up_lin(p + nm.shared + nm.w3), up_lin(p + nm.shared + nm.w2)};
     L.moe.num_experts = desc_.num_experts;
     L.moe.top_k = desc_.experts_per_token;
     L.moe.first_local_expert = shard_.first_expert;
@@ -302,15 +352,18 @@ void DecoderModel::upload_decoder(const std::map<std::string, LoadedTensor>& got
     }
     w_.layers.push_back(std::move(L));
   }
-  w_.final_norm = up("model.norm.weight");
+  w_.final_norm = up(nm.root + "model.norm.weight");
   if (desc_.tie_word_embeddings) {
     w_.lm_head = LinearWeight{w_.embed, Tensor{}, 0, 0};
-  } else if (got.at("lm_head.weight").tensor.defined()) {
-    w_.lm_head = up_lin("lm_head.weight");
+  } else if (got.at(nm.root + "lm_head.weight").tensor.defined()) {
+    w_.lm_head = up_lin(nm.root + "lm_head.weight");
   }  // else: a rank without logits (load_from's source made no lm_head)
 }
 
 KvLayout DecoderModel::kv_layout() const {
+  // MLA: one latent "head" of kv_lora_rank + qk_rope_head_dim values per token, no V.
+  if (spec_.mla.enabled)
+    return KvLayout{desc_.num_layers, 1, spec_.mla.kv_lora_rank + spec_.mla.qk_rope_head_dim, 0};
   return KvLayout{desc_.num_layers, shard_.kv_heads, desc_.head_dim, desc_.v_head_dim > 0 ? desc_.v_head_dim : desc_.head_dim};
 }
 
@@ -344,6 +397,21 @@ void DecoderModel::reserve_workspace(int64_t max_tokens, int64_t max_rows) {
     w.mlp_gate = be_.alloc(act, {T, shard_.dense_inter});
     w.mlp_up = be_.alloc(act, {T, shard_.dense_inter});
   }
+  if (shard_.shared_inter > 0) {
+    w.sh_gate = be_.alloc(act, {T, shard_.shared_inter});
+    w.sh_up = be_.alloc(act, {T, shard_.shared_inter});
+    w.sh_out = be_.alloc(act, {T, H});
+  }
+  if (spec_.mla.enabled) {
+    const MlaSpec& m = spec_.mla;
+    MS_CHECK(int64_t(shard_.q_heads) * m.v_head_dim <= qw, "MLA: v_head_dim {} above the q/k head dim {}", m.v_head_dim,
+             D);
+    if (m.q_lora_rank > 0) {
+      w.q_a = be_.alloc(act, {T, m.q_lora_rank});
+      w.q_an = be_.alloc(act, {T, m.q_lora_rank});
+    }
+    w.latent = be_.alloc(act, {T, m.kv_lora_rank + m.qk_rope_head_dim});
+  }
   w.sel = be_.alloc(act, {max_rows, H});
   w.logits = be_.alloc(act, {max_rows, desc_.vocab_size});
   ws_ = std::move(w);
@@ -355,8 +423,8 @@ void DecoderModel::reserve_workspace(int64_t max_tokens, int64_t max_rows) {
 int64_t DecoderModel::workspace_bytes() const {
   int64_t n = 0;
   for (const Tensor* t : {&ws_.residual, &ws_.x, &ws_.o, &ws_.moe_out, &ws_.q, &ws_.attn, &ws_.k, &ws_.v,
-                          &ws_.expert_ids, &ws_.expert_w, &ws_.qk_ss, &ws_.mlp_gate, &ws_.mlp_up, &ws_.sel,
-                          &ws_.logits})
+                          &ws_.expert_ids, &ws_.expert_w, &ws_.qk_ss, &ws_.mlp_gate, &ws_.mlp_up, &ws_.sh_gate,
+                          &ws_.sh_up, &ws_.sh_out, &ws_.q_a, &ws_.q_an, &ws_.latent, &ws_.sel, &ws_.logits})
     n += int64_t(t->nbytes());
   return n;
 }
@@ -379,6 +447,15 @@ StepViews DecoderModel::begin_step(int64_t T, int64_t R) {
     s.k_ss = s.qk_ss.slice_rows(T, 2 * T);
   }
   if (shard_.dense_inter > 0) s.mlp_gate = first(ws_.mlp_gate), s.mlp_up = first(ws_.mlp_up);
+  if (shard_.shared_inter > 0) s.sh_gate = first(ws_.sh_gate), s.sh_up = first(ws_.sh_up), s.sh_out = first(ws_.sh_out);
+  if (spec_.mla.enabled) {
+    if (spec_.mla.q_lora_rank > 0) s.q_a = first(ws_.q_a), s.q_an = first(ws_.q_an);
+    s.latent = first(ws_.latent);
+    // [T, Hq_local * v] over the first T * Hq_local * v values of attn (v <= the q/k head dim).
+    s.mla_out = Tensor::view(ws_.attn.data, ws_.attn.dtype, {T, int64_t(shard_.q_heads) * spec_.mla.v_head_dim},
+                             ws_.attn.device);
+    s.mla_out.owner = ws_.attn.owner;
+  }
   return s;
 }
 
@@ -473,6 +550,11 @@ void DecoderModel::moe_block(int l, StepViews& s, const Repeat& rep) {
   mark("norm_route");
   for (int r = 0; r < rep.experts; ++r) be_.moe_experts(s.x, L.moe, s.routing, s.moe_out);  // this rank's experts
   mark("moe_experts");
+  if (spec_.shared_experts) {
+    be_.dense_mlp(s.x, L.shared, s.sh_gate, s.sh_up, s.sh_out);  // this rank's slice of the shared expert
+    be_.add(s.moe_out, s.sh_out, s.moe_out);                     // routed + shared, as HF
+    mark("shared_expert");
+  }
   all_reduce(s.moe_out);
 }
 

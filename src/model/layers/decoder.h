@@ -29,13 +29,25 @@ struct DecoderShard {
   int num_experts = 0;   // experts held by this rank
   int expert_inter = 0;  // local expert intermediate size
   int dense_inter = 0;   // local dense-MLP intermediate size (0: no dense layers)
+  int shared_inter = 0;  // local shared-expert intermediate size (0: none); always sliced, EP or not
 };
 // Throws naming the size that does not split over par.world ranks.
 DecoderShard plan_decoder_shard(const ModelDesc& d, const ParallelConfig& par);
 // FP8 checkpoints: "" when every split keeps whole weight blocks, else a message naming the
 // tensor and what to use instead (the loader is exact either way; the fast kernels want whole
 // 128 blocks, so user-facing layouts refuse it).
-std::string decoder_fp8_split_problem(const ModelDesc& d, const ParallelConfig& par);
+// With an MLA spec (DecoderSpec::mla) the attention checks are MLA's (q / kv_b rows, o_proj
+// columns per rank), and shared experts are checked too.
+struct DecoderSpec;
+std::string decoder_fp8_split_problem(const ModelDesc& d, const ParallelConfig& par, const DecoderSpec* spec = nullptr);
+
+// Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2; layers/mla.cpp). Sizes from the
+// config; q_lora_rank 0 = q_proj instead of q_a_proj / q_a_layernorm / q_b_proj.
+struct MlaSpec {
+  bool enabled = false;
+  int q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  float softmax_scale = 1.f;  // (nope + rope)^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 as HF
+};
 
 // What varies between decoder families inside the shared blocks.
 struct DecoderSpec {
@@ -45,10 +57,14 @@ struct DecoderSpec {
   bool routing_bias = false;  // the router has a selection bias tensor
   float rms_norm_eps = 1e-6f;
   std::vector<char> dense_layer;  // per layer: 1 = dense MLP, 0 = MoE
+  MlaSpec mla;                    // enabled: MLA attention instead of GQA q/k/v/o
+  bool shared_experts = false;    // MoE layers add a dense SwiGLU shared expert (ModelDesc sizes)
 };
 
 // The checkpoint names of one layer's tensors (hub spelling), relative to "model.layers.{l}.".
 struct DecoderNames {
+  // Prefix of every tensor ("language_model." for Kimi-K2.5's text backbone).
+  std::string root;
   std::string q = "self_attn.q_proj.weight", k = "self_attn.k_proj.weight", v = "self_attn.v_proj.weight";
   std::string o = "self_attn.o_proj.weight";
   std::string q_norm = "self_attn.q_norm.weight", k_norm = "self_attn.k_norm.weight";
@@ -57,6 +73,18 @@ struct DecoderNames {
   std::string experts = "mlp.experts.";  // + "{e}." + w1/w3/w2 below
   std::string w1 = "gate_proj.weight", w3 = "up_proj.weight", w2 = "down_proj.weight";
   std::string dense = "mlp.";  // dense MLP: + w1/w3/w2
+  std::string shared = "mlp.shared_experts.";  // shared expert: + w1/w3/w2
+  // MLA (DeepSeek-V3 hub names).
+  std::string q_a = "self_attn.q_a_proj.weight", q_a_norm = "self_attn.q_a_layernorm.weight";
+  std::string q_b = "self_attn.q_b_proj.weight", kv_a = "self_attn.kv_a_proj_with_mqa.weight";
+  std::string kv_a_norm = "self_attn.kv_a_layernorm.weight", kv_b = "self_attn.kv_b_proj.weight";
+  std::string layer_prefix(int l) const { return root + "model.layers." + std::to_string(l) + "."; }
+};
+
+// One layer's MLA weights (local slices: q / q_b / kv_b rows of this rank's heads).
+struct MlaWeights {
+  LinearWeight q_a, q_b, kv_a, kv_b;  // q_a empty without q_lora (q_b is then q_proj)
+  Tensor q_a_norm, kv_a_norm;
 };
 
 // One layer's weights (local slices). A dense layer fills mlp, a MoE layer moe.
@@ -66,6 +94,8 @@ struct DecoderLayer {
   Tensor q_norm, k_norm;  // FullWidth: [Hq_local*D], [Hkv_local*D]; PerHead: [D]; None: empty
   MoeWeights moe;
   ExpertWeights mlp;
+  ExpertWeights shared;  // shared expert (MoE layers with DecoderSpec::shared_experts)
+  MlaWeights mla;        // DecoderSpec::mla (then q/k/v are unused; o is o_proj)
   bool dense = false;
 };
 
@@ -87,6 +117,8 @@ struct DecoderWorkspace {
   Tensor expert_ids, expert_w;     // [max_tokens, top_k] I32 / F32
   Tensor qk_ss;                    // [2 * max_tokens] F32: q then k sums of squares (TP, FullWidth)
   Tensor mlp_gate, mlp_up;         // [max_tokens, dense_inter_local] (dense layers only)
+  Tensor sh_gate, sh_up, sh_out;   // shared expert: [max_tokens, shared_inter_local], [max_tokens, H]
+  Tensor q_a, q_an, latent;        // MLA: [max_tokens, q_lora] x2, [max_tokens, kv_lora + rope]
   Tensor sel;                      // [max_rows, H]
   Tensor logits;                   // [max_rows, V]
 };
@@ -98,11 +130,21 @@ struct StepViews {
   MoeRouting routing;
   Tensor q_ss, k_ss, qk_ss;  // TP FullWidth only
   Tensor mlp_gate, mlp_up;
+  Tensor sh_gate, sh_up, sh_out;
+  Tensor q_a, q_an, latent, mla_out;  // mla_out: [T, Hq_local * v_head_dim] (in attn's memory)
 };
 
 // Appends the declarations of the shared blocks (hub names under `names`).
 void declare_decoder_weights(const ModelDesc& d, const DecoderSpec& spec, const DecoderNames& names,
                              const ParallelConfig& par, std::vector<WeightDecl>& out);
+
+// Appends layer `prefix`'s MLA attention tensors (layers/mla.cpp): q_a_proj [q_lora, H] +
+// q_a_layernorm [q_lora] (replicated) + q_b_proj [Hq * (nope + rope), q_lora] (column), or
+// q_proj [Hq * (nope + rope), H] (column); kv_a_proj_with_mqa [kv_lora + rope, H] and
+// kv_a_layernorm [kv_lora] (replicated: every rank holds the whole latent); kv_b_proj
+// [Hq * (nope + v), kv_lora] (column: this rank's heads); o_proj [H, Hq * v] (row).
+void declare_mla_weights(const ModelDesc& d, const MlaSpec& m, const DecoderNames& n, const ParallelConfig& par,
+                         const std::string& prefix, std::vector<WeightDecl>& out);
 
 class DecoderModel : public Model {
  public:
@@ -149,8 +191,13 @@ class DecoderModel : public Model {
   };
   void attention_block(int l, StepViews& s, std::vector<KVCacheLayer>& kv, const AttentionMeta& meta,
                        const Repeat& rep);
-  // MoE block: residual += o; x = rmsnorm(residual) * post_norm; route; experts (+ all-reduce).
+  // MoE block: residual += o; x = rmsnorm(residual) * post_norm; route; experts, plus the
+  // shared expert when the spec has one (+ one all-reduce of their sum).
   void moe_block(int l, StepViews& s, const Repeat& rep);
+  // MLA attention block of layer l (layers/mla.cpp): the input norm (l > 0: fused with the
+  // previous layer's residual add), q (q_a + q_a_layernorm + q_b, or q_proj) and the latent
+  // (kv_a_proj_with_mqa), mla_rope_attention, o_proj (+ all-reduce).
+  void mla_attention_block(int l, StepViews& s, std::vector<KVCacheLayer>& kv, const AttentionMeta& meta);
   // Dense block: residual += o; x = rmsnorm(residual) * post_norm; SwiGLU MLP (+ all-reduce).
   void dense_block(int l, StepViews& s);
   // residual += moe_out; x = rmsnorm(residual) * final_norm; logits [R, V] of `rows`.

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "server/parsers/deepseek_v3.h"
 #include "server/parsers/minimax_m2.h"
 #include "server/parsers/parser.h"
 #include "server/parsers/qwen3.h"
@@ -22,6 +23,7 @@ struct ReasoningEntry {
 
 const std::map<std::string, ReasoningEntry>& reasoning_table() {
   static const std::map<std::string, ReasoningEntry> t = {
+      {"deepseek_r1", {[](bool) { return std::make_unique<DeepSeekR1ReasoningParser>(); }}},
       {"minimax_m2", {[](bool) { return std::make_unique<MinimaxM2ReasoningParser>(); }}},
       {"minimax_m2_append_think", {[](bool) { return std::make_unique<MinimaxM2AppendThinkParser>(); }}},
       {"qwen3", {[](bool ended) { return std::make_unique<Qwen3ReasoningParser>(ended); },
@@ -33,6 +35,7 @@ const std::map<std::string, TFactory>& tool_table() {
   static const std::map<std::string, TFactory> t = {
       {"minimax_m2", [](const ojson& tools) { return std::make_unique<MinimaxM2ToolParser>(tools); }},
       {"hermes", [](const ojson& tools) { return std::make_unique<HermesToolParser>(tools); }},
+      {"deepseek_v3", [](const ojson& tools) { return std::make_unique<DeepSeekV3ToolParser>(tools); }},
   };
   return t;
 }
