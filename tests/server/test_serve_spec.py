@@ -34,14 +34,15 @@ def model(tmp_path):
 
 def completions(base, **body):
     body = {"model": "m", "prompt": "count:", "temperature": 0, "max_tokens": 30, **body}
-    plain = httpx.post(base + "/v1/completions", json=body, timeout=30).json()["choices"][0]
-    text = ""
+    choices = httpx.post(base + "/v1/completions", json=body, timeout=30).json()["choices"]
+    plain = [(c["text"], c["finish_reason"]) for c in sorted(choices, key=lambda c: c["index"])]
+    streamed = {}
     with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=30) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 for c in json.loads(line[6:])["choices"]:
-                    text += c["text"]
-    return plain["text"], plain["finish_reason"], text
+                    streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
+    return plain, [streamed[i] for i in sorted(streamed)]
 
 
 def metric(text, name):
@@ -72,10 +73,12 @@ def test_speculation_on_equals_off_and_reports_vllm_metrics(tmp_path, model):
         finally:
             assert s.stop() == 0
     assert results["on"] == results["off"]
-    for plain, reason, streamed in results["on"]:
-        assert plain == streamed
-    assert results["on"][1][1] == "length"
-    assert results["on"][2][1] == "stop"
+    for plain, streamed in results["on"]:
+        assert [t for t, _ in plain] == streamed
+    assert results["on"][1][0][0][1] == "length"
+    assert results["on"][2][0][0][1] == "stop"
+    assert results["on"][2][0][0][0].endswith(" two")  # cut before the stop string
+    assert len(results["on"][3][0]) == 2
 
 
 @pytest.mark.parametrize("cfg,named", [
