@@ -34,13 +34,13 @@ fs::path demo_dir() {
   return fs::path(s ? s : ".") / "assets" / "demo-model";
 }
 
-struct Run {
+struct SpecRun {
   std::map<int, std::vector<int32_t>> tokens;
   std::map<int, std::vector<TokenLogprob>> logprobs;
   EngineStats stats;
 };
 
-Run run(bool spec, bool enforce_eager) {
+SpecRun run(bool spec, bool enforce_eager) {
   ExecutorOptions eo;
   eo.model_dir = demo_dir().string();
   eo.block_size = 16;
@@ -50,7 +50,9 @@ Run run(bool spec, bool enforce_eager) {
   eo.enforce_eager = enforce_eager;
   auto be = make_cuda_backend(0);
   eo.device_sampler = backend_device_sampler(*be);
-  EngineConfig cfg{.max_num_seqs = 8, .max_num_batched_tokens = 64};
+  EngineConfig cfg;
+  cfg.max_num_seqs = 8;
+  cfg.max_num_batched_tokens = 64;
   cfg.eos_token_ids = read_eos_token_ids(eo.model_dir);
   if (spec) {
     cfg.speculative.method = SpecMethod::Ngram;
@@ -61,7 +63,7 @@ Run run(bool spec, bool enforce_eager) {
   auto engine = make_engine(cfg, std::make_unique<RankExecutor>(std::move(be), eo));
   std::mutex mu;
   std::condition_variable cv;
-  Run out;
+  SpecRun out;
   int done = 0;
   const int N = 6;
   for (int i = 0; i < N; ++i) {
@@ -96,7 +98,7 @@ TEST(CudaSpec, NgramGreedyMatchesPlainDecodingUpToNearTies) {
   SKIP_WITHOUT_GPU();
   for (bool eager : {false, true}) {
     SCOPED_TRACE(eager ? "enforce_eager" : "graphs");
-    const Run off = run(false, eager), on = run(true, eager);
+    const SpecRun off = run(false, eager), on = run(true, eager);
     int excused = 0;
     for (const auto& [i, want] : off.tokens) {
       const auto& got = on.tokens.at(i);

@@ -5,6 +5,7 @@
 // KV back to 0 after aborts, vLLM's counters).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -120,6 +121,69 @@ TEST(NgramProposer, FollowsVllm) {
   EXPECT_EQ(propose_ngram(std::vector<int32_t>{1, 2, 9, 0, 1, 2, 8, 1, 2}, 3, 3, 2).size(), 0u);
   // The longest proper match (3 tokens, ending at index 2) leaves one token to propose.
   EXPECT_EQ(propose_ngram(std::vector<int32_t>{5, 5, 5, 5}, 1, 5, 3), (std::vector<int32_t>{5}));
+}
+
+// The acceptance law at temperature > 0 (chi-square, fixed seeds): with draft x at position 0,
+// the emitted token is distributed as p (the target's), x is accepted with probability p(x),
+// a rejection emits a token from p without x, and after an acceptance position 1 (the bonus)
+// follows its own row: vLLM's rule for drafts without probabilities.
+TEST(SpecVerify, AcceptanceLawMatchesTargetDistribution) {
+  constexpr int V = 8, kTrials = 40000;
+  const std::vector<float> row0 = {0.1f, 1.2f, 0.9f, -0.5f, 0.3f, 1.5f, -1.0f, 0.0f};
+  const std::vector<float> row1 = {1.0f, -0.2f, 0.4f, 0.8f, -1.5f, 0.1f, 0.6f, 0.2f};
+  std::vector<float> logits = row0;
+  logits.insert(logits.end(), row1.begin(), row1.end());
+  auto probs = [](const std::vector<float>& r, double t) {
+    std::vector<double> p(r.size());
+    double z = 0;
+    for (size_t i = 0; i < r.size(); ++i) z += p[i] = std::exp(r[i] / t);
+    for (double& x : p) x /= z;
+    return p;
+  };
+  const double T = 0.8;
+  const std::vector<double> p0 = probs(row0, T), p1 = probs(row1, T);
+  auto req = std::make_shared<Request>();
+  req->params.temperature = float(T);
+  req->params.max_tokens = 100;
+  const int32_t draft[] = {2};
+  std::vector<double> first(V, 0), rejected(V, 0), bonus(V, 0);
+  int accepted = 0;
+  for (int i = 0; i < kTrials; ++i) {
+    Sequence s;
+    s.request = req;
+    s.tokens = {1};
+    s.num_prompt_tokens = 1;
+    s.sampler.rng.seed(uint64_t(i) * 7919 + 13);
+    const VerifyOutcome o = verify_and_sample(
+        s, VerifyInput{.logits = logits, .drafts = draft, .eos_token_ids = nullptr, .max_model_len = 100});
+    ASSERT_TRUE(o.error.empty());
+    ASSERT_EQ(o.emitted.size(), size_t(o.num_accepted + 1));
+    ++first[o.emitted[0].token];
+    if (o.num_accepted == 1) {
+      ++accepted;
+      ++bonus[o.emitted[1].token];
+    } else {
+      ++rejected[o.emitted[0].token];
+    }
+  }
+  // Chi-square statistic of `counts` against `expected` probabilities (zero cells skipped).
+  auto chi2 = [](const std::vector<double>& counts, const std::vector<double>& expected) {
+    double n = 0, x = 0;
+    for (double c : counts) n += c;
+    for (size_t i = 0; i < counts.size(); ++i)
+      if (expected[i] > 0) x += (counts[i] - n * expected[i]) * (counts[i] - n * expected[i]) / (n * expected[i]);
+    return x;
+  };
+  std::vector<double> p0_without_x = p0;
+  p0_without_x[2] = 0;
+  for (double& q : p0_without_x) q /= 1 - p0[2];
+  constexpr double kCrit7 = 24.32, kCrit6 = 22.46;  // p = 0.001 with 7 and 6 degrees of freedom
+  EXPECT_LT(chi2(first, p0), kCrit7);
+  EXPECT_LT(chi2(rejected, p0_without_x), kCrit6);
+  EXPECT_LT(chi2(bonus, p1), kCrit7);
+  const double rate = double(accepted) / kTrials;
+  EXPECT_NEAR(rate, p0[2], 4 * std::sqrt(p0[2] * (1 - p0[2]) / kTrials));
+  EXPECT_EQ(rejected[2], 0);
 }
 
 // --- scheduler: lookahead slots and rollback -------------------------------------------------
@@ -295,6 +359,14 @@ RunResult run(std::unique_ptr<ModelExecutor> exec, EngineConfig cfg, const std::
   return res;
 }
 
+EngineConfig engine_cfg(int max_seqs, int max_tokens, std::vector<int32_t> eos = {}) {
+  EngineConfig c;
+  c.max_num_seqs = max_seqs;
+  c.max_num_batched_tokens = max_tokens;
+  c.eos_token_ids = std::move(eos);
+  return c;
+}
+
 SpecConfig ngram(int k, int min_n, int max_n) {
   SpecConfig s;
   s.method = SpecMethod::Ngram;
@@ -334,7 +406,7 @@ TEST(SpecEngine, GreedyIdenticalWithMixedPrefillDecodeBatches) {
   SamplingParams p;
   p.temperature = 0;
   const auto jobs = toy_jobs(p, 12);
-  EngineConfig off{.max_num_seqs = 6, .max_num_batched_tokens = 16};
+  EngineConfig off = engine_cfg(6, 16);
   EngineConfig on = off;
   on.speculative = ngram(4, 1, 3);
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
@@ -369,7 +441,7 @@ TEST(SpecEngine, SeededSamplingWithEveryLogitsStageIsIdentical) {
   p.logprobs = 2;
   auto jobs = toy_jobs(p, 10);
   for (auto& j : jobs) j.params.ignore_eos = false;
-  EngineConfig off{.max_num_seqs = 4, .max_num_batched_tokens = 24, .eos_token_ids = {0}};
+  EngineConfig off = engine_cfg(4, 24, {0});
   EngineConfig on = off;
   on.speculative = ngram(3, 1, 2);
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
@@ -394,7 +466,7 @@ TEST(SpecEngine, AllowedTokensAndThinkingBudgetIdentical) {
   p.allowed_token_ids = {1, 2, 3, 7, 8, 9};
   p.thinking = {.max_tokens = 4, .start_token = 7, .end_token = 8};
   const auto jobs = toy_jobs(p, 8);
-  EngineConfig off{.max_num_seqs = 8, .max_num_batched_tokens = 64};
+  EngineConfig off = engine_cfg(8, 64);
   EngineConfig on = off;
   on.speculative = ngram(5, 1, 4);
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
@@ -439,7 +511,7 @@ TEST(SpecEngine, StopsAndMaxTokensInsideAcceptedRuns) {
   eos.params.stop_token_ids = {};
   eos.params.min_tokens = 0;
   jobs.push_back(eos);  // runs into end_token 31 (EOS) after the 20-token script
-  EngineConfig off{.max_num_seqs = 16, .max_num_batched_tokens = 64, .eos_token_ids = {31}};
+  EngineConfig off = engine_cfg(16, 64, {31});
   EngineConfig on = off;
   on.speculative = ngram(4, 2, 3);
   const RunResult a = run(std::make_unique<ReplayExecutor>(periodic_replay(20)), off, jobs);
@@ -455,7 +527,9 @@ TEST(SpecEngine, StopsAndMaxTokensInsideAcceptedRuns) {
   uint64_t sum = 0;
   for (size_t i = 0; i < 4; ++i) {
     sum += b.stats.spec_accepted_per_pos[i];
-    if (i) EXPECT_LE(b.stats.spec_accepted_per_pos[i], b.stats.spec_accepted_per_pos[i - 1]);
+    if (i) {
+      EXPECT_LE(b.stats.spec_accepted_per_pos[i], b.stats.spec_accepted_per_pos[i - 1]);
+    }
   }
   EXPECT_EQ(sum, b.stats.spec_num_accepted_tokens);
   EXPECT_LE(b.stats.spec_accepted_per_pos[0], b.stats.spec_num_drafts);
@@ -465,7 +539,7 @@ TEST(SpecEngine, StopsAndMaxTokensInsideAcceptedRuns) {
 TEST(SpecEngine, AbortsMidVerifyLeaveNoKv) {
   ReplayExecutorConfig rc = periodic_replay(200);
   rc.step_sleep = 2ms;
-  EngineConfig cfg{.max_num_seqs = 8, .max_num_batched_tokens = 64};
+  EngineConfig cfg = engine_cfg(8, 64);
   cfg.speculative = ngram(4, 2, 3);
   auto engine = make_engine(cfg, std::make_unique<ReplayExecutor>(rc));
   Collector c;
@@ -503,7 +577,7 @@ TEST(SpecEngine, PreemptionAndPrefixCachingStayExact) {
   p.temperature = 0;
   std::vector<Job> jobs = toy_jobs(p, 10);
   for (auto& j : jobs) j.prompt.insert(j.prompt.begin(), {1, 2, 3, 4, 5, 6, 7, 8});
-  EngineConfig off{.max_num_seqs = 8, .max_num_batched_tokens = 32};
+  EngineConfig off = engine_cfg(8, 32);
   EngineConfig on = off;
   on.speculative = ngram(6, 1, 2);
   const RunResult a = run(std::make_unique<ToyExecutor>(small), off, jobs);
