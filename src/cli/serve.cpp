@@ -26,6 +26,7 @@
 #include "core/parse.h"
 #include "core/bounded_json.h"
 #include "engine/engine.h"
+#include "engine/spec_config.h"
 #include "engine/stop.h"
 #include "server/gate_handler.h"
 #include "server/http_server.h"
@@ -268,11 +269,20 @@ class StatsLogger {
       const uint64_t gen = out - last_out;
       const uint64_t queries = s.prefix_cache_queries - last.prefix_cache_queries;
       const uint64_t hits = s.prefix_cache_hits - last.prefix_cache_hits;
+      // Step tokens are prompt tokens, one query token per generated token, and drafts: the
+      // drafts verified are not prompt tokens.
+      const uint64_t drafted = s.spec_num_draft_tokens - last.spec_num_draft_tokens;
+      const uint64_t not_prompt = gen + drafted;
       if (step_tokens > 0 || s.num_running > 0 || s.num_waiting > 0)
         spdlog::info("Engine 000: Avg prompt throughput: {:.1f} tokens/s, Avg generation throughput: {:.1f} tokens/s, "
                      "Running: {} reqs, Waiting: {} reqs, KV cache usage: {:.1f}%, Prefix cache hit rate: {:.1f}%",
-                     double(step_tokens > gen ? step_tokens - gen : 0) / dt, double(gen) / dt, s.num_running,
-                     s.num_waiting, 100.0 * s.kv_cache_usage, queries ? 100.0 * double(hits) / double(queries) : 0.0);
+                     double(step_tokens > not_prompt ? step_tokens - not_prompt : 0) / dt, double(gen) / dt,
+                     s.num_running, s.num_waiting, 100.0 * s.kv_cache_usage,
+                     queries ? 100.0 * double(hits) / double(queries) : 0.0);
+      if (s.spec_k > 0 && s.spec_num_drafts > last.spec_num_drafts) {
+        const std::string line = server::spec_decoding_log_line(last, s, dt);
+        spdlog::info("{}", line);
+      }
       last = s;
       last_out = out;
       t_last = now;
@@ -352,6 +362,9 @@ std::unique_ptr<ServeStack> load_serve_stack(ServeArgs& a, const StackProgress& 
   ec.max_waiting_requests = a.max_waiting_requests;
   ec.seed = a.seed;
   ec.device_sampling = !a.host_sampling;
+  if (!a.speculative_config.empty())
+    ec.speculative =
+        parse_speculative_config(a.speculative_config, SpecParseContext{.tensor_parallel_size = a.par.tensor_parallel});
   ec.eos_token_ids = read_eos_token_ids(a.model);
   for (int32_t id : st->frontend->eos_token_ids())
     if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/spec_config.h"
 #include "tools/serve_flags.h"
 
 namespace moeserve::cli {
@@ -146,6 +147,7 @@ void add_serve_options(CLI::App* sub, ServeArgs& a) {
   b("gpu-memory-utilization", a.gpu_memory_utilization);
   b("enable-prefix-caching", a.enable_prefix_caching);
   b("enforce-eager", a.enforce_eager);
+  b("speculative-config", a.speculative_config);
   b("capture-graphs-at-startup", a.capture_graphs_at_startup);
   b("device", a.device);
   b("seed", a.seed);
@@ -240,6 +242,9 @@ std::string check_serve_args(CLI::App* sub, ServeArgs& a) {
   }
   if (!a.device.empty())
     MS_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda", a.device);
+  // Parsed (and every refusal raised) here, before anything loads; load_serve_stack reparses it.
+  if (!a.speculative_config.empty())
+    (void)parse_speculative_config(a.speculative_config, SpecParseContext{.tensor_parallel_size = a.par.tensor_parallel});
   if (!a.hf_overrides.empty())
     MS_CHECK(parse_json_flag("hf-overrides", a.hf_overrides).is_object(),
              "--hf-overrides '{}': expected a JSON object, e.g. '{{\"num_hidden_layers\": 30}}'", a.hf_overrides);

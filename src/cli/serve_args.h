@@ -47,6 +47,7 @@ struct ServeArgs {
   bool disable_log_stats = false;
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
+  std::string speculative_config;  // --speculative-config JSON (engine/spec_config.h); "" = off
   bool capture_graphs_at_startup = false;
   int max_logprobs = 20;
   int io_threads = 2;

@@ -19,6 +19,7 @@
 #include "engine/prompt_logprobs.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec_decode.h"
 #include "engine/stop.h"
 #include "engine/structured_sampling.h"
 
@@ -70,6 +71,17 @@ EngineConfig resolve_config(EngineConfig c, const ExecutorInfo& info) {
   MS_CHECK(c.max_num_partial_prefills <= 1 || c.long_prefill_token_threshold <= c.max_model_len,
            "long_prefill_token_threshold ({}) cannot be greater than max_model_len ({})",
            c.long_prefill_token_threshold, c.max_model_len);
+  MS_CHECK(c.speculative.method == SpecMethod::None || c.speculative.method == SpecMethod::Ngram,
+           "speculative decoding method {} is not implemented (ngram is)", spec_method_name(c.speculative.method));
+  if (c.speculative.enabled()) {
+    MS_CHECK(c.speculative.num_speculative_tokens >= 1 && c.speculative.num_speculative_tokens <= kMaxSpecTokens &&
+                 c.speculative.prompt_lookup_min >= 1 &&
+                 c.speculative.prompt_lookup_min <= c.speculative.prompt_lookup_max,
+             "speculative config: num_speculative_tokens {} (1..{}), prompt_lookup_min {} <= prompt_lookup_max {}",
+             c.speculative.num_speculative_tokens, kMaxSpecTokens, c.speculative.prompt_lookup_min,
+             c.speculative.prompt_lookup_max);
+    spdlog::info("speculative decoding: {}", describe(c.speculative));
+  }
   if (c.max_num_partial_prefills > 0 || c.long_prefill_token_threshold > 0)
     spdlog::info("prefill caps per step: max_num_partial_prefills {}, long_prefill_token_threshold {}",
                  c.max_num_partial_prefills > 0 ? std::to_string(c.max_num_partial_prefills) : "unlimited",
@@ -132,6 +144,13 @@ class EngineImpl final : public Engine {
     for (size_t i = 0; i < s.iteration_tokens.size(); ++i)
       s.iteration_tokens[i] = iteration_tokens_[i].load(std::memory_order_relaxed);
     s.iteration_tokens_sum = iteration_tokens_sum_.load(std::memory_order_relaxed);
+    if (config_.speculative.enabled()) {
+      s.spec_k = config_.speculative.num_speculative_tokens;
+      s.spec_num_drafts = spec_drafts_.load(std::memory_order_relaxed);
+      s.spec_num_draft_tokens = spec_draft_tokens_.load(std::memory_order_relaxed);
+      s.spec_num_accepted_tokens = spec_accepted_.load(std::memory_order_relaxed);
+      for (int i = 0; i < s.spec_k; ++i) s.spec_accepted_per_pos.push_back(spec_per_pos_[i].load(std::memory_order_relaxed));
+    }
     return s;
   }
 
@@ -292,6 +311,7 @@ class EngineImpl final : public Engine {
     // its side) get their parameters and this step's seed, drawn from the sequence's RNG so a
     // seeded request reproduces whatever batch it is in; the rest come back as logits.
     std::vector<Sequence*> rows;
+    std::vector<const ScheduledSeq*> row_sched;  // parallel to rows
     std::vector<char> on_device;
     std::vector<int64_t> host_rows;  // indices into rows
     const bool use_device = config_.device_sampling && info_.device_sampling;
@@ -304,14 +324,20 @@ class EngineImpl final : public Engine {
       }
       if (!sc.sample) continue;
       std::optional<DeviceSampling> d;
-      if (use_device) d = device_sampling_params(*sc.seq);
+      // A verify row (drafts) is sampled position by position on the host (spec_decode.h).
+      if (use_device && sc.num_spec == 0) d = device_sampling_params(*sc.seq);
       if (d) d->seed = sc.seq->sampler.rng();
       else host_rows.push_back(int64_t(rows.size()));
       out.batch.seqs[i].device_sample = d;
       on_device.push_back(d.has_value());
       rows.push_back(sc.seq);
+      row_sched.push_back(&sc);
     }
     const size_t num_device = rows.size() - host_rows.size();
+    // Host row h's first logits row (a verify row has 1 + num_spec of them).
+    std::vector<size_t> host_offset(host_rows.size() + 1, 0);
+    for (size_t h = 0; h < host_rows.size(); ++h)
+      host_offset[h + 1] = host_offset[h] + 1 + size_t(row_sched[host_rows[h]]->num_spec);
     // Grammar masks for this step's constrained host rows, made while the model runs (they
     // depend only on the tokens already accepted). Joined before anything reads the rows.
     std::future<void> masks_ahead;
@@ -328,9 +354,9 @@ class EngineImpl final : public Engine {
     try {
       res = exec_->execute(out.batch);
       if (masks_ahead.valid()) masks_ahead.wait();
-      MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == host_rows.size() * size_t(res.vocab_size),
-               "executor returned {} logits of vocab {} for {} host rows (expected vocab {})", res.logits.size(),
-               res.vocab_size, host_rows.size(), info_.vocab_size);
+      MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == host_offset.back() * size_t(res.vocab_size),
+               "executor returned {} logits of vocab {} for {} host logits rows (expected vocab {})", res.logits.size(),
+               res.vocab_size, host_offset.back(), info_.vocab_size);
       MS_CHECK(res.sampled_ids.size() == num_device, "executor returned {} sampled ids for {} device rows",
                res.sampled_ids.size(), num_device);
       MS_CHECK(res.prompt_logits.size() == num_prompt_rows * size_t(res.vocab_size),
@@ -354,29 +380,45 @@ class EngineImpl final : public Engine {
     const size_t V = static_cast<size_t>(res.vocab_size);
     const int64_t n = static_cast<int64_t>(rows.size());
     const int64_t nh = static_cast<int64_t>(host_rows.size());
-    std::vector<SampleResult> results(rows.size());
-    std::vector<std::string> errors(rows.size());  // non-empty: this row could not be sampled
+    // Each row: verify_and_sample appends the emitted tokens (one for a plain row; for a verify
+    // row the accepted drafts and the target's token) and checks the stops after each.
+    std::vector<VerifyOutcome> results(rows.size());
     for (int64_t r = 0, d = 0; r < n; ++r) {
       if (!on_device[r]) continue;
-      results[r].token = res.sampled_ids[d++];
-      if (results[r].token == kDeviceNoCandidate) errors[r] = no_candidate_message(-std::numeric_limits<float>::infinity());
-      if (results[r].token == kDeviceInfLogit) errors[r] = no_candidate_message(std::numeric_limits<float>::infinity());
+      const int32_t t = res.sampled_ids[d++];
+      if (t == kDeviceNoCandidate || t == kDeviceInfLogit) {
+        results[r].error = no_candidate_message(t == kDeviceInfLogit ? std::numeric_limits<float>::infinity()
+                                                                      : -std::numeric_limits<float>::infinity());
+        continue;
+      }
+      Sequence& s = *rows[r];
+      s.tokens.push_back(t);
+      note_generated(s, t);
+      SampleResult sr;
+      sr.token = t;
+      results[r].emitted.push_back(std::move(sr));
+      results[r].stop = check_stop(s, config_.eos_token_ids, config_.max_model_len);
     }
     auto sample_rows = [&](int64_t begin, int64_t end) {
       for (int64_t h = begin; h < end; ++h) {
         const int64_t r = host_rows[h];
+        Sequence& s = *rows[r];
+        const int k = row_sched[r]->num_spec;
         try {
-          SampleInput in{.logits = std::span<const float>(res.logits.data() + V * h, V),
-                         .eos_token_ids = &config_.eos_token_ids};
-          results[r] = sample_next(*rows[r], in);
+          VerifyInput in{.logits = std::span<const float>(res.logits.data() + V * host_offset[h], V * size_t(1 + k)),
+                         .drafts = std::span<const int32_t>(s.spec_tokens.data(), size_t(k)),
+                         .eos_token_ids = &config_.eos_token_ids,
+                         .max_model_len = config_.max_model_len};
+          results[r] = verify_and_sample(s, in);
         } catch (const std::exception& e) {
           // The sampler is total (SamplingError for a row it cannot sample); anything else is
           // still only this request's failure, never the engine thread's.
-          errors[r] = e.what();
+          results[r] = VerifyOutcome{};
+          results[r].error = e.what();
         }
       }
     };
-    if (nh >= 2 && size_t(nh) * V >= (size_t(1) << 17)) {
+    if (nh >= 2 && host_offset.back() * V >= (size_t(1) << 17)) {
       ThreadPool::global().parallel_for(nh, sample_rows, 1);
     } else {
       sample_rows(0, nh);
@@ -385,30 +427,35 @@ class EngineImpl final : public Engine {
     const auto t_token = std::chrono::steady_clock::now();
     for (int64_t r = 0; r < n; ++r) {
       Sequence* s = rows[r];
-      if (!errors[r].empty()) {
-        spdlog::warn("request {}: {}", s->request->id, errors[r]);
-        finish(s, FinishReason::Error, make_output(*s), errors[r]);
+      VerifyOutcome& vo = results[r];
+      const ScheduledSeq& sc = *row_sched[r];
+      if (sc.num_spec > 0) count_spec(sc.num_spec, vo.num_accepted);
+      s->spec_tokens.clear();
+      if (!vo.error.empty()) {
+        spdlog::warn("request {}: {}", s->request->id, vo.error);
+        finish(s, FinishReason::Error, make_output(*s), vo.error);
         continue;
       }
-      SampleResult& sr = results[r];
-      s->tokens.push_back(sr.token);
-      note_generated(*s, sr.token);
       if (s->first_token_time == std::chrono::steady_clock::time_point{}) s->first_token_time = t_token;
       s->last_token_time = t_token;
       RequestOutput o = make_output(*s);
-      o.new_token_ids.push_back(sr.token);
-      if (sr.has_logprobs) o.logprobs.push_back(std::move(sr.logprob));
+      for (SampleResult& sr : vo.emitted) {
+        o.new_token_ids.push_back(sr.token);
+        if (sr.has_logprobs) o.logprobs.push_back(std::move(sr.logprob));
+      }
       if (s->params().prompt_logprobs && !s->prompt_logprobs_delivered) {
         o.prompt_logprobs = std::move(s->prompt_logprobs);
         s->prompt_logprobs_delivered = true;
       }
-      StopDecision d = check_stop(*s, config_.eos_token_ids, config_.max_model_len);
-      if (d.reason != FinishReason::None) {
-        o.stop_token_id = d.stop_token_id;
-        finish(s, d.reason, std::move(o), "");
-      } else {
-        deliver(*s, std::move(o));
+      if (vo.stop.reason != FinishReason::None) {
+        o.stop_token_id = vo.stop.stop_token_id;
+        finish(s, vo.stop.reason, std::move(o), "");
+        continue;
       }
+      // Rejected drafts: K/V is valid up to the last emitted token's position (exclusive).
+      if (sc.num_spec > 0) sched_.rollback_rejected(s, s->num_tokens() - 1);
+      if (config_.speculative.enabled()) s->spec_tokens = propose_drafts(config_.speculative, *s, config_.max_model_len);
+      deliver(*s, std::move(o));
     }
   }
 
@@ -452,6 +499,14 @@ class EngineImpl final : public Engine {
     iteration_tokens_sum_.fetch_add(uint64_t(tokens), std::memory_order_relaxed);
   }
 
+  // One verify row: `drafts` drafts of which the leading `accepted` were accepted.
+  void count_spec(int drafts, int accepted) {
+    spec_drafts_.fetch_add(1, std::memory_order_relaxed);
+    spec_draft_tokens_.fetch_add(uint64_t(drafts), std::memory_order_relaxed);
+    spec_accepted_.fetch_add(uint64_t(accepted), std::memory_order_relaxed);
+    for (int i = 0; i < accepted && i < kMaxSpecTokens; ++i) spec_per_pos_[i].fetch_add(1, std::memory_order_relaxed);
+  }
+
   void publish_stats() {
     running_.store(sched_.num_running(), std::memory_order_relaxed);
     waiting_.store(sched_.num_waiting(), std::memory_order_relaxed);
@@ -484,6 +539,8 @@ class EngineImpl final : public Engine {
   std::atomic<uint64_t> prefix_queries_{0}, prefix_hits_{0}, preemptions_{0};
   std::array<std::atomic<uint64_t>, EngineStats::kIterationTokenBuckets.size() + 1> iteration_tokens_{};
   std::atomic<uint64_t> iteration_tokens_sum_{0};
+  std::atomic<uint64_t> spec_drafts_{0}, spec_draft_tokens_{0}, spec_accepted_{0};
+  std::array<std::atomic<uint64_t>, kMaxSpecTokens> spec_per_pos_{};
   std::mutex join_mu_;
   std::thread thread_;
 };

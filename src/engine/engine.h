@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/executor.h"
+#include "engine/spec_config.h"
 
 namespace moeserve {
 namespace structured {
@@ -140,6 +141,9 @@ struct EngineConfig {
   // while the executor runs the step (engine/structured_sampling.h); false computes them
   // after the step, at sampling. Outputs are the same either way.
   bool overlap_structured_masks = true;
+  // Speculative decoding (--speculative-config; engine/spec_decode.h). Only SpecMethod::Ngram
+  // runs here; make_engine refuses other methods.
+  SpecConfig speculative;
 };
 
 // Live counters for /metrics, read without stopping the engine.
@@ -155,6 +159,12 @@ struct EngineStats {
                                                                  512, 1024, 2048, 4096, 8192, 16384};
   std::array<uint64_t, kIterationTokenBuckets.size() + 1> iteration_tokens{};  // per bucket; last = +Inf
   uint64_t iteration_tokens_sum = 0;
+  // Speculative decoding (vLLM's vllm:spec_decode_* counters); spec_k == 0: speculation off.
+  int spec_k = 0;
+  uint64_t spec_num_drafts = 0;           // verify rows (a sequence step with >= 1 draft)
+  uint64_t spec_num_draft_tokens = 0;     // drafts verified
+  uint64_t spec_num_accepted_tokens = 0;  // drafts accepted (bonus tokens excluded)
+  std::vector<uint64_t> spec_accepted_per_pos;  // [spec_k]: drafts accepted at position i
 };
 
 class Engine {

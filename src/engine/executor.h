@@ -35,6 +35,10 @@ struct SequenceStep {
   int32_t start_pos = 0;             // position of tokens[0] = tokens already in the KV cache
   std::vector<int32_t> block_table;  // physical KV blocks covering [0, start_pos + tokens.size())
   bool need_logits = true;           // false for non-final prefill chunks
+  // With need_logits: logits rows for the last num_logits query tokens, in token order
+  // (speculative verification: the last sampled token plus k drafts give 1 + k rows, each
+  // sampled on the host; device_sample must be unset and need_prompt_logits false when > 1).
+  int num_logits = 1;
   // With need_logits, only when the executor reports device_sampling: sample this row on the
   // device; its token id comes back in StepResult::sampled_ids instead of a logits row.
   std::optional<DeviceSampling> device_sample;
@@ -50,8 +54,9 @@ struct StepBatch {
 
 struct StepResult {
   int vocab_size = 0;
-  // Row-major [num rows, vocab_size] f32: one row per sequence with need_logits and no
-  // device_sample, in batch order. Row r holds the logits of that sequence's last query token.
+  // Row-major [num rows, vocab_size] f32: num_logits rows per sequence with need_logits and no
+  // device_sample, in batch order, then token order: the logits of that sequence's last
+  // num_logits query tokens (usually one row: the last query token).
   std::vector<float> logits;
   // One token id per sequence with need_logits and device_sample, in batch order (or
   // kDeviceNoCandidate / kDeviceInfLogit for a row without a finite maximum).

@@ -60,10 +60,20 @@ SchedulerOutput Scheduler::schedule() {
     const bool decode = in_decode(*s);
     if (decode && s->num_computed_tokens < config_.max_model_len) --reserved;
     if (!decode && !prefill_slot_free()) continue;  // waits a step; it keeps its blocks
-    const int n = chunk(*s, decode ? budget : budget - reserved);
+    int n = chunk(*s, decode ? budget : budget - reserved);
     if (n <= 0) continue;
+    // Drafts: what is left after this token and the other decodes' reserved ones, inside the
+    // model length and the per-sequence cap.
+    int num_spec = 0;
+    if (decode && !s->spec_tokens.empty()) {
+      num_spec = std::min({int(s->spec_tokens.size()), budget - reserved - 1,
+                           config_.max_model_len - s->num_computed_tokens - 1});
+      if (threshold > 0) num_spec = std::min(num_spec, threshold - 1);
+      num_spec = std::max(num_spec, 0);
+      if (num_spec > 0 && !plan.grow(s->blocks, s->num_computed_tokens + n + num_spec)) num_spec = 0;
+    }
     bool self_preempted = false;
-    while (!plan.grow(s->blocks, s->num_computed_tokens + n)) {
+    while (num_spec == 0 && !plan.grow(s->blocks, s->num_computed_tokens + n)) {
       Sequence* victim = running_[--end];
       plan.free(victim->blocks);
       out.preempted.push_back(victim);
@@ -74,9 +84,10 @@ SchedulerOutput Scheduler::schedule() {
       if (in_decode(*victim) && victim->num_computed_tokens < config_.max_model_len) --reserved;
     }
     if (self_preempted) break;
-    out.scheduled.push_back({s, s->num_computed_tokens, n, s->num_computed_tokens + n == s->num_tokens()});
+    out.scheduled.push_back(
+        {s, s->num_computed_tokens, n + num_spec, s->num_computed_tokens + n == s->num_tokens(), num_spec});
     if (!decode) ++out.num_prefills;
-    budget -= n;
+    budget -= n + num_spec;
   }
 
   // 2. Waiting sequences, FCFS (never skipping the head), unless this step preempted.
@@ -111,6 +122,7 @@ SchedulerOutput Scheduler::schedule() {
   blocks_.apply(plan);
   for (Sequence* v : out.preempted) {
     v->num_computed_tokens = 0;
+    v->spec_tokens.clear();
     v->status = SeqStatus::Waiting;
     ++v->num_preemptions;
     ++num_preemptions_;
@@ -136,7 +148,10 @@ SchedulerOutput Scheduler::schedule() {
   for (const ScheduledSeq& sc : out.scheduled) {
     SequenceStep st;
     st.seq_id = sc.seq->id;
-    st.tokens.assign(sc.seq->tokens.begin() + sc.start_pos, sc.seq->tokens.begin() + sc.start_pos + sc.num_tokens);
+    const int known = sc.num_tokens - sc.num_spec;
+    st.tokens.assign(sc.seq->tokens.begin() + sc.start_pos, sc.seq->tokens.begin() + sc.start_pos + known);
+    st.tokens.insert(st.tokens.end(), sc.seq->spec_tokens.begin(), sc.seq->spec_tokens.begin() + sc.num_spec);
+    st.num_logits = 1 + sc.num_spec;
     st.start_pos = sc.start_pos;
     st.block_table = sc.seq->blocks.table;
     st.need_logits = sc.sample;
@@ -154,6 +169,19 @@ void Scheduler::on_step_executed(const SchedulerOutput& out) {
     s->num_computed_tokens += sc.num_tokens;
     blocks_.cache_full_blocks(s->blocks, s->tokens, s->num_computed_tokens, s->request->prefix_cache_root);
   }
+}
+
+void Scheduler::rollback_rejected(Sequence* s, int num_valid) {
+  MS_CHECK(s->status == SeqStatus::Running && num_valid >= 0 && num_valid <= s->num_computed_tokens &&
+               num_valid <= s->num_tokens(),
+           "Scheduler::rollback_rejected: sequence {} has {} computed of {} tokens, asked to keep {}", s->id,
+           s->num_computed_tokens, s->num_tokens(), num_valid);
+  s->num_computed_tokens = num_valid;
+  // The kept tail block held this sequence's own writes, so it is never shared: all of
+  // [0, num_valid) stays valid.
+  const int valid = blocks_.truncate(s->blocks, num_valid);
+  MS_CHECK(valid == num_valid, "Scheduler::rollback_rejected: sequence {} kept {} of {} positions", s->id, valid,
+           num_valid);
 }
 
 std::unique_ptr<Sequence> Scheduler::remove(Sequence* seq, FinishReason reason) {

@@ -23,6 +23,12 @@
 // request is admitted in a step that preempted. Its sampler state (RNG, counts) is kept,
 // so it continues exactly.
 //
+// Speculative decoding: a decoding sequence with drafts (Sequence::spec_tokens) is scheduled
+// with 1 + k query tokens: its lookahead slots are planned in the same KvPlan (grow to
+// num_computed + 1 + k), k is cut so the other decodes keep their reserved token, the step
+// stays inside max_model_len and long_prefill_token_threshold, and when the blocks for the
+// drafts are not there the drafts are dropped (k = 0) before anyone is preempted.
+//
 // Transactions: schedule() plans every KV change into a KvPlan and commits (apply + queue
 // moves) only at the end, so a plan never leaves half-applied state.
 #pragma once
@@ -51,6 +57,7 @@ struct ScheduledSeq {
   int start_pos = 0;   // num_computed_tokens when scheduled
   int num_tokens = 0;  // query tokens this step
   bool sample = false;  // the chunk ends at the last known token: sample after the step
+  int num_spec = 0;     // of num_tokens, drafts (seq->spec_tokens[0, num_spec)) after the last token
 };
 
 struct SchedulerOutput {
@@ -73,6 +80,10 @@ class Scheduler {
   // After the executor ran `out`: the scheduled tokens now have K/V; full blocks enter
   // the prefix cache. Call before appending sampled tokens.
   void on_step_executed(const SchedulerOutput& out);
+  // Speculative rejection, after on_step_executed: only positions [0, num_valid) hold K/V of
+  // the sequence's tokens (the rest held rejected drafts). Sets num_computed_tokens back and
+  // frees the blocks past num_valid (their lookahead slots); nothing is copied.
+  void rollback_rejected(Sequence* seq, int num_valid);
   // Removes a sequence (finished or aborted), releasing its blocks.
   std::unique_ptr<Sequence> remove(Sequence* seq, FinishReason reason);
   Sequence* find(int64_t seq_id) const;

@@ -48,6 +48,10 @@ struct Sequence {
   // Positions [0, num_computed_tokens) have K/V in the cache. In steady decode this is
   // tokens.size() - 1: the last sampled token is the next step's query token.
   int num_computed_tokens = 0;
+  // Speculative decoding: drafts proposed for the next step (engine/spec_decode.h), not part of
+  // `tokens`. The scheduler runs them as extra query tokens after the last sampled token (as
+  // many as the budget, max_model_len and the KV blocks allow) and drops them on preemption.
+  std::vector<int32_t> spec_tokens;
   int num_cached_tokens = 0;  // prompt tokens served from the prefix cache at first admission
   bool admitted_once = false;
   SeqStatus status = SeqStatus::Waiting;

@@ -122,6 +122,10 @@ void check_step_batch(const ExecutorInfo& info, const StepBatch& batch) {
     for (int b = 0; b < need; ++b)
       MS_CHECK(s.block_table[b] >= 0 && s.block_table[b] < info.num_kv_blocks,
                "sequence {}: block {} out of range [0, {})", s.seq_id, s.block_table[b], info.num_kv_blocks);
+    MS_CHECK(s.num_logits >= 1 && s.num_logits <= int(s.tokens.size()),
+             "sequence {}: num_logits {} outside [1, {} query tokens]", s.seq_id, s.num_logits, s.tokens.size());
+    MS_CHECK(s.num_logits == 1 || (!s.device_sample && !s.need_prompt_logits),
+             "sequence {}: num_logits {} > 1 with device sampling or prompt logits", s.seq_id, s.num_logits);
     for (int32_t tok : s.tokens)
       MS_CHECK(tok >= 0 && tok < info.vocab_size, "sequence {}: token id {} out of range [0, {})", s.seq_id, tok,
                info.vocab_size);
@@ -240,11 +244,12 @@ Tensor RankExecutor::forward_eager(const StepBatch& batch) {
     query_start.push_back(int32_t(ids.size()));
     context_lens.push_back(ctx);
     // Logits rows: every query token of a need_prompt_logits sequence (its last one is also
-    // its sampling row), else the last token of a sampling sequence.
+    // its sampling row), else the last num_logits tokens of a sampling sequence (1, or 1 + k
+    // for a speculative verify).
     if (logits_ && s.need_prompt_logits)
       for (size_t t = 0; t < s.tokens.size(); ++t) rows.push_back(query_start[i] + int32_t(t));
     else if (s.need_logits && logits_)
-      rows.push_back(int32_t(ids.size()) - 1);
+      for (int j = s.num_logits; j >= 1; --j) rows.push_back(int32_t(ids.size()) - j);
   }
   const int T = int(ids.size());
   // Pack every I32 array into one host vector -> one copy into the persistent device buffer;
@@ -293,9 +298,9 @@ void RankExecutor::collect_rows(const StepBatch& batch, const Tensor& logits, St
   for (const auto& s : batch.seqs) {
     MS_CHECK(!s.device_sample || device_sampler_, "sequence {}: device sampling requested, executor has none",
              s.seq_id);
-    const size_t n = s.need_prompt_logits ? s.tokens.size() : (s.need_logits ? 1 : 0);
+    const size_t n = s.need_prompt_logits ? s.tokens.size() : (s.need_logits ? size_t(s.num_logits) : 0);
     for (size_t t = 0; t < n; ++t) {
-      const bool sampling = s.need_logits && t + 1 == n;
+      const bool sampling = s.need_logits && t + size_t(s.num_logits) >= n;
       params.push_back(sampling ? s.device_sample.value_or(DeviceSampling{}) : DeviceSampling{});
       sample_host.push_back(sampling && !s.device_sample);
       sample_device.push_back(sampling && s.device_sample.has_value());

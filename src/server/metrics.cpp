@@ -139,6 +139,18 @@ std::string Metrics::render(const EngineStats& es) const {
   sample("vllm:prefix_cache_hits_total", static_cast<double>(es.prefix_cache_hits));
   head("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine.");
   sample("vllm:num_preemptions_total", static_cast<double>(es.num_preemptions));
+  if (es.spec_k > 0) {  // registered only with a speculative config, as vLLM
+    head("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.");
+    sample("vllm:spec_decode_num_drafts_total", static_cast<double>(es.spec_num_drafts));
+    head("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.");
+    sample("vllm:spec_decode_num_draft_tokens_total", static_cast<double>(es.spec_num_draft_tokens));
+    head("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.");
+    sample("vllm:spec_decode_num_accepted_tokens_total", static_cast<double>(es.spec_num_accepted_tokens));
+    head("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.");
+    for (size_t i = 0; i < es.spec_accepted_per_pos.size(); ++i)
+      sample("vllm:spec_decode_num_accepted_tokens_per_pos_total", static_cast<double>(es.spec_accepted_per_pos[i]),
+             fmt::format(",position=\"{}\"", i));
+  }
   head("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
   out += fmt::format(
       "vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"{}\","
@@ -183,6 +195,30 @@ std::string Metrics::render(const EngineStats& es) const {
 uint64_t Metrics::tokens_produced() const {
   std::lock_guard<std::mutex> lk(mu_);
   return tokens_produced_;
+}
+
+}  // namespace moeserve::server
+
+namespace moeserve::server {
+
+std::string spec_decoding_log_line(const EngineStats& prev, const EngineStats& now, double dt) {
+  const auto delta = [](uint64_t a, uint64_t b) { return a >= b ? a - b : 0; };
+  const uint64_t drafts = delta(now.spec_num_drafts, prev.spec_num_drafts);
+  const uint64_t drafted = delta(now.spec_num_draft_tokens, prev.spec_num_draft_tokens);
+  const uint64_t accepted = delta(now.spec_num_accepted_tokens, prev.spec_num_accepted_tokens);
+  const double secs = dt > 0 ? dt : 1.0;
+  std::string per_pos;
+  for (size_t i = 0; i < now.spec_accepted_per_pos.size(); ++i) {
+    const uint64_t before = i < prev.spec_accepted_per_pos.size() ? prev.spec_accepted_per_pos[i] : 0;
+    const double rate = drafts ? double(delta(now.spec_accepted_per_pos[i], before)) / double(drafts) : 0.0;
+    per_pos += fmt::format("{}{:.3f}", i ? ", " : "", rate);
+  }
+  return fmt::format(
+      "SpecDecoding metrics: Mean acceptance length: {:.2f}, Accepted throughput: {:.2f} tokens/s, Drafted "
+      "throughput: {:.2f} tokens/s, Accepted: {} tokens, Drafted: {} tokens, Per-position acceptance rate: {}, Avg "
+      "Draft acceptance rate: {:.1f}%",
+      drafts ? 1.0 + double(accepted) / double(drafts) : 1.0, double(accepted) / secs, double(drafted) / secs,
+      accepted, drafted, per_pos, drafted ? 100.0 * double(accepted) / double(drafted) : 0.0);
 }
 
 }  // namespace moeserve::server

@@ -83,4 +83,8 @@ class Metrics {
   Histogram queue_, prefill_, decode_, inference_;
 };
 
+// vLLM's periodic "SpecDecoding metrics: Mean acceptance length: ..." line over the counters'
+// change from `prev` to `now` (dt seconds); speculation must be on (now.spec_k > 0).
+std::string spec_decoding_log_line(const EngineStats& prev, const EngineStats& now, double dt);
+
 }  // namespace moeserve::server

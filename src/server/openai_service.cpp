@@ -219,7 +219,8 @@ struct GenCall : std::enable_shared_from_this<GenCall> {
           c.ttft = seconds(now - arrival);
           svc.metrics().observe_ttft(c.ttft);
         } else {
-          svc.metrics().observe_itl(seconds(now - c.last_token));
+          // A speculative step delivers several tokens at once: the interval is split over them.
+          svc.metrics().observe_itl(seconds(now - c.last_token), int(ro.new_token_ids.size()));
         }
         c.last_token = now;
       }

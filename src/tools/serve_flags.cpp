@@ -78,6 +78,9 @@ std::vector<FlagSpec> make_table() {
   add("gpu-memory-utilization", I, O, sched, "fraction of GPU memory for weights, activations and KV (0.9)");
   add("enable-prefix-caching", I, F, sched, "reuse KV blocks of shared prompt prefixes (default on)").negatable = true;
   add("enforce-eager", I, F, sched, "run decode steps eagerly (no CUDA graphs)");
+  add("speculative-config", I, O, sched,
+      "speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
+      "\"prompt_lookup_max\": 4}' (n-gram prompt lookup; eagle3 / eagle / mtp / draft_model are refused)");
   add("capture-graphs-at-startup", I, F, sched,
       "moeserve: capture every decode graph bucket before serving (default: on first use)");
   add("device", I, O, sched, "cuda or cpu (default: cuda when this build has CUDA and a GPU is visible)");
@@ -162,7 +165,6 @@ std::vector<FlagSpec> make_table() {
   // --- not supported yet -----------------------------------------------------------------------
   auto no = [&](std::string name, Arity a, std::string why) { add(std::move(name), U, a, unsup, std::move(why)); };
   no("no-enable-chunked-prefill", F, "prefill is always chunked; a larger --max-num-batched-tokens makes chunks larger");
-  no("speculative-config", O, "speculative decoding is not implemented yet; drop the flag (plain decoding)");
   no("lora-modules", M, "LoRA adapters are not implemented; merge the adapter into the weights and serve that folder");
   no("enable-lora", F, "LoRA adapters are not implemented; merge the adapter into the weights");
   no("max-lora-rank", O, "LoRA adapters are not implemented");

@@ -74,7 +74,7 @@ StepResult ReplayExecutor::execute(const StepBatch& batch) {
   StepResult res;
   res.vocab_size = config_.vocab_size;
   size_t rows = 0;
-  for (const SequenceStep& st : batch.seqs) rows += st.need_logits ? 1 : 0;
+  for (const SequenceStep& st : batch.seqs) rows += st.need_logits ? size_t(st.num_logits) : 0;
   const size_t V = static_cast<size_t>(config_.vocab_size);
   res.logits = std::move(spare_);
   spare_.clear();
@@ -94,12 +94,14 @@ StepResult ReplayExecutor::execute(const StepBatch& batch) {
       it->second.prompt_len = static_cast<int>(ctx.size());
     }
     const SeqState& s = it->second;
-    const size_t k = ctx.size() - size_t(s.prompt_len);  // tokens generated so far
-    int32_t next = config_.end_token;
-    if (s.script >= 0 && k < config_.scripts[s.script].tokens.size()) next = config_.scripts[s.script].tokens[k];
-    const size_t at = V * row++ + size_t(next);
-    res.logits[at] = config_.forced_logit;
-    dirty_.push_back(at);
+    for (int j = st.num_logits - 1; j >= 0; --j) {  // speculative verify: one row per last query token
+      const size_t k = ctx.size() - size_t(j) - size_t(s.prompt_len);  // tokens generated before this row
+      int32_t next = config_.end_token;
+      if (s.script >= 0 && k < config_.scripts[s.script].tokens.size()) next = config_.scripts[s.script].tokens[k];
+      const size_t at = V * row++ + size_t(next);
+      res.logits[at] = config_.forced_logit;
+      dirty_.push_back(at);
+    }
   }
   const auto sleep = config_.step_sleep + config_.per_token_sleep * num_tokens;
   if (sleep.count() > 0) std::this_thread::sleep_for(sleep);

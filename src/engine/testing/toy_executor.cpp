@@ -75,10 +75,15 @@ StepResult ToyExecutor::execute(const StepBatch& batch) {
       }
     }
     if (!st.need_logits) continue;
-    ++rec.num_logit_rows;
-    const size_t off = res.logits.size();
-    res.logits.resize(off + config_.vocab_size);
-    reference_logits(config_, ctx, res.logits.data() + off);
+    MS_CHECK(st.num_logits >= 1 && st.num_logits <= int(st.tokens.size()), "ToyExecutor: seq {} num_logits {}",
+             st.seq_id, st.num_logits);
+    // The last num_logits query tokens, each over the context up to itself (causal).
+    for (int j = st.num_logits - 1; j >= 0; --j) {
+      ++rec.num_logit_rows;
+      const size_t off = res.logits.size();
+      res.logits.resize(off + config_.vocab_size);
+      reference_logits(config_, std::span<const int32_t>(ctx.data(), ctx.size() - size_t(j)), res.logits.data() + off);
+    }
   }
   std::lock_guard lk(mu_);
   records_.push_back(rec);
