@@ -126,7 +126,7 @@ const std::vector<DebugFlagSpec>& debug_flag_specs() {
        {}, 0, 0, true},
       {"MOESERVE_KTRACE_OUT", T::String, "(empty)",
        "Diagnostic build only: bench-model writes a kernel timeline trace of one graph replay per "
-       "bucket to PREFIX_b<batch>.json (-DMOESERVE_KTRACE=ON compiles the trace into the kernels).",
+       "(batch, context) to files named PREFIX_b<batch>_c<context> (-DMOESERVE_KTRACE=ON compiles the trace into the kernels).",
        {}, 0, 0, true},
       {"MOESERVE_CPU_THREADS", T::Int, "0",
        "CPU backend: worker threads of the global pool (0: one per hardware thread).", {}, 0, 4096},
