@@ -472,9 +472,9 @@ def check(args):
     # Narrowing (run after the replay): the same prompts with fast paths off.
     diag = [
         ("p1100_fp8act_off_eager", "p1100", ["--enforce-eager"], {"MOESERVE_PREFILL_OFF": "fp8_act"}, "exact"),
-        ("p300_fusions_off_eager", "p300", ["--enforce-eager"], {"MOESERVE_DECODE_FUSION": "0"}, "fp8act"),
+        ("p300_fusions_off_eager", "p300", ["--enforce-eager"], {"MOESERVE_DECODE_OFF": "all"}, "fp8act"),
         ("p1100_prefill_paths_off_eager", "p1100", ["--enforce-eager"],
-         {"MOESERVE_PREFILL_OFF": "fp8_act,lt,attn,router", "MOESERVE_DECODE_FUSION": "0"}, "exact"),
+         {"MOESERVE_PREFILL_OFF": "fp8_act,lt,attn,router", "MOESERVE_DECODE_OFF": "all"}, "exact"),
         ("p1100_lt_off_eager", "p1100", ["--enforce-eager"], {"MOESERVE_PREFILL_OFF": "lt"}, "fp8act"),
     ]
     all_ok &= run_generate_cases(args, ck, ref, report, cases)

@@ -8,6 +8,7 @@
 #include "cli/registry.h"
 #include "cli/serve_args.h"
 #include "core/bounded_json.h"
+#include "core/debug_flags.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -39,7 +40,19 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(s.name, s.help);
     runners[sub] = s.setup(sub);
   }
+  app.footer("moeserve --help-debug lists the debug and diagnostic environment switches.");
   std::vector<std::string> args(argv + 1, argv + argc);
+  // The debug registry (core/debug_flags.h): listed on request, validated before anything runs.
+  if (std::find(args.begin(), args.end(), "--help-debug") != args.end()) {
+    std::fputs(debug_flags_help().c_str(), stdout);
+    return 0;
+  }
+  try {
+    (void)debug_flags();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
   if (args.empty()) {  // `moeserve` alone: the subcommands
     std::fputs(app.help().c_str(), stdout);
     return 0;

@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include "core/debug_flags.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -25,10 +27,7 @@ ThreadPool::~ThreadPool() {
 }
 
 ThreadPool& ThreadPool::global() {
-  static ThreadPool pool([] {
-    const char* env = std::getenv("MOESERVE_CPU_THREADS");
-    return env ? std::atoi(env) : 0;
-  }());
+  static ThreadPool pool(debug_flags().cpu_threads);  // MOESERVE_CPU_THREADS
   return pool;
 }
 

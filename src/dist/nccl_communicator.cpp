@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/debug_flags.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -203,8 +204,7 @@ struct NcclCommunicator::Impl {
 };
 
 std::shared_ptr<P2pAllReduce> p2p_all_reduce_from_env(int world) {
-  const char* v = std::getenv("MOESERVE_P2P_ALLREDUCE");
-  if (!v || std::string(v) != "1" || world < 2) return nullptr;
+  if (!debug_flags().p2p_allreduce || world < 2) return nullptr;  // MOESERVE_P2P_ALLREDUCE
   std::vector<int> devs;
   for (int i = 0; i < world; ++i) devs.push_back(i);
   auto g = P2pAllReduce::create(devs);

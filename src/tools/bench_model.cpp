@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/event_timer.h"
+#include "core/debug_flags.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/safetensors.h"
@@ -223,7 +224,7 @@ int run_bench_model(const BenchModelOptions& opt) {
       double ms;
       if (opt.graphs) {
 #ifdef MOESERVE_KTRACE
-        const char* ktrace_out = std::getenv("MOESERVE_KTRACE_OUT");
+        const char* ktrace_out = debug_flags().ktrace_out.empty() ? nullptr : debug_flags().ktrace_out.c_str();
         if (ktrace_out) {
           cuda::ktrace_enable(1u << 20);
           cuda::ktrace_notes(true);

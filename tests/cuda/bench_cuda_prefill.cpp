@@ -107,17 +107,10 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     cuda::g_fp8_gemm_wgmma = false;
     const double new_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
     cuda::g_fp8_gemm_wgmma = true;
-    const int saved_tile_m = cuda::g_fp8_wgmma_tile_m;
-    const bool saved_wide = cuda::g_fp8_wgmma_wide;
-    cuda::g_fp8_wgmma_tile_m = 64, cuda::g_fp8_wgmma_wide = false;
-    const double wg_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    cuda::g_fp8_wgmma_tile_m = 128;
-    const double wg2_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    cuda::g_fp8_wgmma_tile_m = saved_tile_m, cuda::g_fp8_wgmma_wide = saved_wide;
+    const double wg_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });  // default: wgmma 128 x 256
     std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma.sync %.3f ms (%.0f) | "
-                "wgmma 64x256 %.3f ms (%.0f) | wgmma 128x192 %.3f ms (%.0f)\n",
-                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wg_ms, flop / wg_ms / 1e9, wg2_ms,
-                flop / wg2_ms / 1e9);
+                "default (wgmma 128x256) %.3f ms (%.0f)\n",
+                T, E, K, I, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9, wg_ms, flop / wg_ms / 1e9);
   }
 }
 
@@ -185,191 +178,26 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
   const cuda::Fp8Act xa{static_cast<const uint8_t*>(xq.data), xs.ptr<float>()};
   const cuda::Fp8Act aa{static_cast<const uint8_t*>(aq.data), as.ptr<float>()};
   const double f_up = 2.0 * P * H * 2.0 * I, f_down = 2.0 * P * double(I) * H;
-  double ms[4][2] = {};
-  const bool saved_wide = cuda::g_fp8_wgmma_wide;
+  double ms[3][2] = {};
   const bool wg = cuda::gemm_fp8_wgmma_supported(up) && cuda::gemm_fp8_wgmma_supported(down);
-  for (int path = 0; path < (wg ? 4 : 1); ++path) {  // mma.sync, wgmma 64 x 256, 128 x 192, 128 x 256
+  for (int path = 0; path < (wg ? 3 : 1); ++path) {  // mma.sync, wgmma 64 x 256, 128 x 256
     cuda::g_fp8_gemm_wgmma = path > 0;
-    cuda::g_fp8_wgmma_wide = path == 3;
     if (path == 2) use_table(up, t128, nt128, 128), use_table(down, t128, nt128, 128);
     ms[path][0] = median_ms([&] { cuda::launch_gemm_fp8(up, xa, b.stream()); });
     ms[path][1] = median_ms([&] { cuda::launch_gemm_fp8(down, aa, b.stream()); });
   }
   cuda::g_fp8_gemm_wgmma = true;
-  cuda::g_fp8_wgmma_wide = saved_wide;
-  const char* names[4] = {"mma.sync", "wgmma 64x256", "wgmma 128x192", "wgmma 128x256"};
-  for (int path = 0; path < (wg ? 4 : 1); ++path)
+  const char* names[3] = {"mma.sync", "wgmma 64x256", "wgmma 128x256"};
+  for (int path = 0; path < (wg ? 3 : 1); ++path)
     std::printf("[bench] grouped gemm T=%d E=%d k=%d tiles64=%d tiles128=%d %-14s: up %.3f ms (%.0f TF/s) | down %.3f ms (%.0f) | both %.3f ms (%.0f TF/s)\n",
                 T, E, K, nt, nt128, names[path], ms[path][0], f_up / ms[path][0] / 1e9, ms[path][1], f_down / ms[path][1] / 1e9,
                 ms[path][0] + ms[path][1], (f_up + f_down) / (ms[path][0] + ms[path][1]) / 1e9);
   cudaFree(d_ptrs);
 }
 
-// Where the prefill expert op's time goes at 8,192 tokens (M2.5: 256 experts, top-8, H 3072,
-// I 1536, uniform random routing): each kernel of moe_experts timed alone, launched with the
-// same parameters the op builds, then the whole op under the path switches.
-TEST(CudaPrefillBench, ExpertBreakdown8k) {
-  SKIP_WITHOUT_GPU();
-  if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
-  CudaBackend& b = gpu();
-  const int T = 8192, E = 256, K = 8, H = 3072, I = 1536, P = T * K;
-  cudaStream_t st = b.stream();
-  Tensor x = b.alloc(DType::BF16, {T, H});
-  b.fill_random(x, 3, 1.f);
-  MoeWeights moe;
-  moe.num_experts = E, moe.top_k = K;
-  std::vector<cuda::ExpertPtrs> ptrs(E);
-  for (int e = 0; e < E; ++e) {
-    moe.experts.push_back({rand_fp8(I, H, 100 + 3 * e), rand_fp8(I, H, 101 + 3 * e), rand_fp8(H, I, 102 + 3 * e)});
-    const ExpertWeights& w = moe.experts.back();
-    ptrs[e] = {w.w1.weight.data, w.w3.weight.data, w.w2.weight.data, w.w1.scale_inv.ptr<float>(),
-               w.w3.scale_inv.ptr<float>(), w.w2.scale_inv.ptr<float>()};
-  }
-  std::mt19937 rng(9);
-  std::vector<int32_t> ids(size_t(T) * K);
-  std::vector<float> wts(ids.size(), 0.125f);
-  for (int t = 0; t < T; ++t) {
-    std::vector<int> all(E);
-    std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), rng);
-    for (int j = 0; j < K; ++j) ids[size_t(t) * K + j] = all[j];
-  }
-  MoeRouting r{ints_to_device(ids, {T, K}), to_device(wts, DType::F32, {T, K})};
-  void* d_ptrs = nullptr;
-  ASSERT_EQ(cudaMalloc(&d_ptrs, sizeof(cuda::ExpertPtrs) * E), cudaSuccess);
-  cudaMemcpy(d_ptrs, ptrs.data(), sizeof(cuda::ExpertPtrs) * E, cudaMemcpyHostToDevice);
-
-  // Buffers as moe_experts lays them out.
-  const int max_tiles = cuda::moe_max_tiles(P, cuda::kGemmTileM, E);
-  Tensor meta = b.alloc(DType::I32, {2 * P + 3 * max_tiles + 1});
-  Tensor sw = b.alloc(DType::F32, {P});
-  int32_t* m = meta.ptr<int32_t>();
-  cuda::MoeAlignParams a;
-  a.ids = r.expert_ids.ptr<int32_t>(), a.weights = r.weights.ptr<float>();
-  a.T = T, a.top_k = K, a.first_local = 0, a.num_local = E, a.tile_rows = cuda::kGemmTileM;
-  a.sorted_token = m, a.pair_pos = m + P, a.tile_expert = m + 2 * P, a.tile_begin = a.tile_expert + max_tiles;
-  a.tile_end = a.tile_begin + max_tiles, a.num_tiles = a.tile_end + max_tiles, a.sorted_weight = sw.ptr<float>();
-  Tensor xq = b.alloc(DType::F8_E4M3, {T, H}), xs = b.alloc(DType::F32, {T, H / 128});
-  Tensor act = b.alloc(DType::BF16, {P, I}), aq = b.alloc(DType::F8_E4M3, {P, I}), as = b.alloc(DType::F32, {P, I / 128});
-  Tensor y = b.alloc(DType::F32, {P, H}), out = b.alloc(DType::BF16, {T, H});
-  cuda::QuantParams qx;
-  qx.x = x.data, qx.ldx = H, qx.R = T, qx.K = H, qx.q = static_cast<uint8_t*>(xq.data), qx.s = xs.ptr<float>();
-  qx.s_row = H / 128, qx.s_grp = 1;
-  cuda::QuantParams qa = qx;
-  qa.x = act.data, qa.ldx = I, qa.R = P, qa.K = I, qa.q = static_cast<uint8_t*>(aq.data), qa.s = as.ptr<float>();
-  qa.s_row = I / 128;
-  cuda::LinParams up;
-  up.mode = cuda::LinMode::kSwiglu, up.ldx = H, up.x_rows = a.sorted_token, up.M = P;
-  up.experts = static_cast<const cuda::ExpertPtrs*>(d_ptrs), up.N = I, up.K = H, up.s_cols = H / 128;
-  up.tile_expert = a.tile_expert, up.tile_begin = a.tile_begin, up.tile_end = a.tile_end, up.num_tiles = a.num_tiles;
-  up.max_tiles = max_tiles, up.tile_rows = cuda::kGemmTileM, up.out = act.data, up.ldo = I;
-  cuda::LinParams upq = up;
-  upq.out_q = static_cast<uint8_t*>(aq.data), upq.out_qs = as.ptr<float>();
-  cuda::LinParams down = up;
-  down.mode = cuda::LinMode::kDown, down.ldx = I, down.x_rows = nullptr, down.N = H, down.K = I, down.s_cols = I / 128;
-  down.out = y.data, down.ldo = H, down.out_f32 = true, down.row_scale = a.sorted_weight;
-  cuda::LinParams down16 = down;
-  down16.out_f32 = false;
-  const cuda::Fp8Act xa{static_cast<const uint8_t*>(xq.data), xs.ptr<float>()};
-  const cuda::Fp8Act aa{static_cast<const uint8_t*>(aq.data), as.ptr<float>()};
-  const bool wg = cuda::gemm_fp8_wgmma_supported(up) && cuda::gemm_fp8_wgmma_supported(upq);
-  if (!wg) GTEST_SKIP() << "no sm_90a wgmma kernel";
-  cuda::launch_quant_fp8(qx, st);
-  cuda::launch_moe_align(a, st);
-  b.synchronize();
-  const double f_up = 2.0 * P * H * 2.0 * I, f_down = 2.0 * P * double(I) * H;
-  const double t_qx = median_ms([&] { cuda::launch_quant_fp8(qx, st); });
-  const double t_align = median_ms([&] { cuda::launch_moe_align(a, st); });
-  cuda::MoeAlignParams am = a;  // multi-block align, scratch in the pair-row buffer
-  am.scratch = static_cast<int32_t*>(y.data), am.scratch_bytes = size_t(P) * H * 4;
-  const double t_align_multi = median_ms([&] { cuda::launch_moe_align(am, st); });
-  const double t_up = median_ms([&] { cuda::launch_gemm_fp8_wgmma(up, xa, st); });
-  const bool saved_batch = cuda::g_quant_fp8_batch;
-  cuda::g_quant_fp8_batch = false;
-  const double t_qa = median_ms([&] { cuda::launch_quant_fp8(qa, st); });
-  cuda::g_quant_fp8_batch = true;
-  const double t_qa1 = median_ms([&] { cuda::launch_quant_fp8(qa, st); });
-  const double t_qx1 = median_ms([&] { cuda::launch_quant_fp8(qx, st); });
-  cuda::g_quant_fp8_batch = saved_batch;
-  const double t_upq = median_ms([&] { cuda::launch_gemm_fp8_wgmma(upq, xa, st); });
-  const double t_down = median_ms([&] { cuda::launch_gemm_fp8_wgmma(down, aa, st); });
-  const double t_down16 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(down16, aa, st); });
-  const int32_t* pp = a.pair_pos;
-  const double t_comb = median_ms([&] { cuda::launch_moe_combine(y.ptr<float>(), pp, T, K, H, out.data, true, st); });
-  const double t_comb4 = median_ms([&] { cuda::launch_moe_combine4(y.data, false, pp, T, K, H, out.data, true, st); });
-  const double t_comb16 = median_ms([&] { cuda::launch_moe_combine4(y.data, true, pp, T, K, H, out.data, true, st); });
-  // The same GEMMs on 128 x 256 tiles (their own 128-row tile table).
-  const int max_tiles2 = cuda::moe_max_tiles(P, 128, E);
-  Tensor meta2 = b.alloc(DType::I32, {2 * P + 3 * max_tiles2 + 1});
-  Tensor sw2 = b.alloc(DType::F32, {P});
-  cuda::MoeAlignParams a2 = a;
-  int32_t* m2 = meta2.ptr<int32_t>();
-  a2.tile_rows = 128, a2.sorted_token = m2, a2.pair_pos = m2 + P, a2.tile_expert = m2 + 2 * P;
-  a2.tile_begin = a2.tile_expert + max_tiles2, a2.tile_end = a2.tile_begin + max_tiles2;
-  a2.num_tiles = a2.tile_end + max_tiles2, a2.sorted_weight = sw2.ptr<float>();
-  cuda::launch_moe_align(a2, st);
-  auto table2 = [&](cuda::LinParams q) {
-    q.tile_expert = a2.tile_expert, q.tile_begin = a2.tile_begin, q.tile_end = a2.tile_end, q.num_tiles = a2.num_tiles;
-    q.max_tiles = max_tiles2, q.tile_rows = 128;
-    if (q.x_rows) q.x_rows = a2.sorted_token;
-    if (q.row_scale) q.row_scale = a2.sorted_weight;
-    return q;
-  };
-  const cuda::LinParams upq2 = table2(upq), down2 = table2(down);
-  const bool saved_wide = cuda::g_fp8_wgmma_wide;
-  const int saved_tile_m = cuda::g_fp8_wgmma_tile_m;
-  cuda::g_fp8_wgmma_wide = true;
-  const double t_upq2 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(upq2, xa, st); });
-  cuda::LinParams up2 = upq2;
-  up2.out_q = nullptr, up2.out_qs = nullptr;
-  const double t_up2 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(up2, xa, st); });
-  const double t_down2 = median_ms([&] { cuda::launch_gemm_fp8_wgmma(down2, aa, st); });
-  cuda::g_fp8_wgmma_wide = saved_wide;
-  std::printf("[bench] expert GEMMs 128x256 tiles: up bf16-out %.3f ms (%.0f TF/s) | up fused-quant %.3f ms (%.0f TF/s) | down f32-out %.3f ms (%.0f TF/s) "
-              "| both %.0f TF/s (64x256: %.0f)\n",
-              t_up2, f_up / t_up2 / 1e9, t_upq2, f_up / t_upq2 / 1e9, t_down2, f_down / t_down2 / 1e9, (f_up + f_down) / (t_upq2 + t_down2) / 1e9,
-              (f_up + f_down) / (t_upq + t_down) / 1e9);
-  std::printf("[bench] quantisation, 4 groups per warp (MOESERVE_QUANT_BATCH=1): x %.3f ms | act %.3f ms\n", t_qx1, t_qa1);
-  std::printf("[bench] expert pieces T=%d E=%d k=%d H=%d I=%d: quant x %.3f ms | align %.3f (multi-block %.3f) | up bf16-out %.3f (%.0f TF/s) "
-              "| quant act %.3f | up fused-quant %.3f (%.0f TF/s) | down f32-out %.3f (%.0f TF/s) | down bf16-out %.3f "
-              "(%.0f TF/s) | combine f32 scalar %.3f | combine f32 x4 %.3f | combine bf16 x4 %.3f\n",
-              T, E, K, H, I, t_qx, t_align, t_align_multi, t_up, f_up / t_up / 1e9, t_qa, t_upq, f_up / t_upq / 1e9, t_down,
-              f_down / t_down / 1e9, t_down16, f_down / t_down16 / 1e9, t_comb, t_comb4, t_comb16);
-  // The whole op: before (separate quantisation, f32 pair rows, scalar combine), the new
-  // default (fused quantisation, vectorised combine), and + bf16 pair rows.
-  // Configurations interleaved, 3 rounds, best median each (GPU clocks drift under load).
-  const bool saved_fused = b.moe_fused_quant;
-  struct Cfg {
-    const char* name;
-    bool fused, ybf16, vec, multi, wide;
-  };
-  const double flop = f_up + f_down;
-  const Cfg cfgs[] = {Cfg{"before", false, false, false, false, false},
-                      Cfg{"fused quant", true, false, false, false, false},
-                      Cfg{"fused + x4 + multi align", true, false, true, true, false},
-                      Cfg{"unfused + x4 + multi align", false, false, true, true, false},
-                      Cfg{"+ bf16 pair rows", true, true, true, true, false},
-                      Cfg{"128x256 unfused", false, false, true, true, true},
-                      Cfg{"128x256 fused", true, false, true, true, true},
-                      Cfg{"128x256 fused bf16 pairs", true, true, true, true, true}};
-  constexpr int kCfgs = sizeof(cfgs) / sizeof(cfgs[0]);
-  double best[kCfgs];
-  for (int rep = 0; rep < 3; ++rep)
-    for (int i = 0; i < kCfgs; ++i) {
-      const Cfg& c = cfgs[i];
-      b.moe_fused_quant = c.fused, b.moe_ypair_bf16 = c.ybf16, b.moe_combine_vec = c.vec, b.moe_align_multi = c.multi;
-      cuda::g_fp8_wgmma_tile_m = c.wide ? 128 : 64;
-      cuda::g_fp8_wgmma_wide = c.wide;
-      const double ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-      best[i] = rep == 0 ? ms : std::min(best[i], ms);
-    }
-  for (int i = 0; i < kCfgs; ++i)
-    std::printf("[bench] moe_experts T=%d %-30s %.3f ms (%.0f TF/s)\n", T, cfgs[i].name, best[i], flop / best[i] / 1e9);
-  b.moe_fused_quant = saved_fused, b.moe_ypair_bf16 = false, b.moe_combine_vec = true, b.moe_align_multi = true;
-  cuda::g_fp8_wgmma_tile_m = saved_tile_m;
-  cuda::g_fp8_wgmma_wide = saved_wide;
-  cudaFree(d_ptrs);
-}
+// (ExpertBreakdown8k, the per-kernel A/B of the fused quantisation, 4 groups per warp, bf16
+// pair rows and the combine variants, left the tree with those paths; its last figures are in
+// docs/benchmarks.md and docs/bench/cuda_switch_inventory.md.)
 
 // Prefill attention at M2.5 shapes (48 q / 8 kv heads x 128, 16-token blocks, shuffled block
 // table): whole causal prompts and a chunk after a cached prefix. TF/s count causal FLOPs
@@ -415,49 +243,15 @@ TEST(CudaPrefillBench, Attention) {
     b.use_attention_wgmma = true;
     std::printf("[bench] attention %d x (q %d, ctx %d): pipelined %.3f ms (%.0f TF/s) | wgmma%s", sh.seqs, sh.qlen,
                 sh.ctx, pipe_ms, flop / pipe_ms / 1e9, cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)");
-    // Warp-specialised kernel (default: cp.async page loader, overlap, ping-pong, 2 stages,
-    // persistent grid; opt-in TMA) and its variants, then the previous two-warpgroup kernel: sequential /
-    // overlapped with ping-pong order; mbarrier + ping-pong (opt-in).
-    struct V {
-      const char* name;
-      bool ws = true, ws_ovl = true, ws_pp = true;
-      int ws_st = 2;
-      bool persist = true, page = true, tma = false;
-      bool ovl = false, mbar = false;
-    };
-    auto mk = [](const char* n, auto f) {
-      V v;
-      v.name = n;
-      f(v);
-      return v;
-    };
-    const V vars[] = {mk("ws", [](V&) {}),
-                      mk("ws_tma", [](V& v) { v.tma = true; }),
-                      mk("ws3", [](V& v) { v.ws_st = 3; }),
-                      mk("ws_seq", [](V& v) { v.ws_ovl = false; }),
-                      mk("ws_nopp", [](V& v) { v.ws_pp = false; }),
-                      mk("ws_grid", [](V& v) { v.persist = false; }),
-                      mk("ws_tma_grid", [](V& v) { v.tma = true, v.persist = false; }),
-                      mk("ws_genload", [](V& v) { v.page = false; }),
-                      mk("old seq+pp", [](V& v) { v.ws = false; }),
-                      mk("old overlap+pp", [](V& v) { v.ws = false, v.ovl = true; }),
-                      mk("old mbar+pp", [](V& v) { v.ws = false, v.mbar = true; })};
-    for (const V& v : vars) {
-      if (v.mbar && std::getenv("MOESERVE_TEST_NO_MBAR")) continue;
-      cuda::g_attn_ws = v.ws, cuda::g_attn_ws_overlap = v.ws_ovl, cuda::g_attn_ws_pp = v.ws_pp, cuda::g_attn_ws_stages = v.ws_st;
-      cuda::g_attn_ws_persistent = v.persist, cuda::g_attn_ws_page_loader = v.page, cuda::g_attn_ws_tma = v.tma;
-      cuda::g_attn_wgmma_overlap = v.ovl, cuda::g_attn_wgmma_order = true, cuda::g_attn_wgmma_mbar = v.mbar;
+    // The default (the warp-specialised kernel; its variants and the previous two-warpgroup
+    // kernel left the tree: docs/bench/cuda_switch_inventory.md).
+    {
       const double ms = median_ms([&] { b.attention(a); });
       const double err = rel_err(b.download_f32(out), ref);
-      std::printf(" | %s %.3f ms (%.0f TF/s, diff %.1e)", v.name, ms, flop / ms / 1e9, err);
-      EXPECT_LT(err, 1e-2) << v.name;
+      std::printf(" | ws %.3f ms (%.0f TF/s, diff %.1e)", ms, flop / ms / 1e9, err);
+      EXPECT_LT(err, 1e-2) << "ws";
     }
-    cuda::g_attn_ws = true, cuda::g_attn_ws_overlap = true, cuda::g_attn_ws_pp = true, cuda::g_attn_ws_stages = 2;
-    cuda::g_attn_ws_persistent = true, cuda::g_attn_ws_page_loader = true, cuda::g_attn_ws_tma = false;
     std::printf("\n");
-    cuda::g_attn_wgmma_overlap = false;
-    cuda::g_attn_wgmma_order = true;
-    cuda::g_attn_wgmma_mbar = false;
   }
 }
 

@@ -104,8 +104,6 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
       qa.q_full_width = int64_t(c.tp) * QW, qa.k_full_width = int64_t(c.tp) * KW;
     }
     AttentionArgs aa{&tq, &kv, &m, c.Hq, c.Hkv, D, scale, &out};
-    aa.prefetch[0] = &kv.v, aa.prefetch[1] = &tk;  // L2 hints (exercised, results unchanged)
-    gpu().attn_l2_prefetch = 2;
     b.qk_norm_rope_attention(qa, tv, kv, m, aa);
     return std::vector<std::vector<float>>{b.download_f32(out), b.download_f32(kv.k), b.download_f32(kv.v)};
   };
@@ -118,27 +116,22 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
       if (c.ctx[s] == 0) std::fill(x.begin() + size_t(s) * QW, x.begin() + size_t(s + 1) * QW, 0.f);
     return x;
   };
-  // Variants: version 2 with the pushed merge (<= 8 splits; <= 16 splits: 16-block clusters
-  // where the device co-schedules them), version 2 with the pulled merge (<= 8, <= 16), both
-  // with 4 warps per block, version 1 (k_attn_decode.cu), the unfused CUDA path.
+  // Variants: version 2 (<= 8 splits; <= 16 splits: 16-block clusters where the device
+  // co-schedules them), version 1 (k_attn_decode.cu, the fallback for shapes version 2
+  // refuses), the unfused CUDA path. (Version 2's pulled merge and 4-warp variants left the
+  // tree: docs/bench/cuda_switch_inventory.md.)
   struct Var {
     int version, max_splits;
-    bool push;
-    int warps;
   };
-  const Var vars[] = {{2, 8, true, 8}, {2, 16, true, 8}, {2, 8, false, 8}, {2, 16, false, 8},
-                      {2, 8, true, 4}, {2, 16, false, 4}, {1, 8, true, 8},  {0, 8, true, 8}};
-  const int kV1 = 6, kVars = 8;
+  const Var vars[] = {{2, 8}, {2, 16}, {1, 8}, {0, 8}};
+  const int kV1 = 2, kVars = 4;
   std::vector<float> v1_out, v2_out, v2_cache_k;
   for (int var = 0; var < kVars; ++var) {
     const int fused = vars[var].version > 0;
     gpu().attn_decode_max_tokens = fused ? 64 : 0;
     gpu().attn_decode_version = vars[var].version;
     gpu().attn_decode_max_splits = vars[var].max_splits;
-    gpu().attn_decode_push = vars[var].push;
-    gpu().attn_decode_warps = vars[var].warps;
     auto g = run(gpu(), true);
-    gpu().attn_l2_prefetch = 0;
     EXPECT_LT(rel_err(real_rows(g[0]), real_rows(r[0])), 1e-2) << "attention out, variant " << var;
     EXPECT_LT(rel_err(g[1], r[1]), 1e-2) << "k cache, variant " << var;
     EXPECT_LT(rel_err(g[2], r[2]), 1e-2) << "v cache, variant " << var;
@@ -217,9 +210,8 @@ TEST(CudaAttnDecodeTiming, Phases) {
     qa.q = &tq, qa.k = &tk, qa.q_norm_weight = &tqn, qa.k_norm_weight = &tkn, qa.positions = &tpos;
     qa.rope = {D, 64, 5e6f};
     AttentionArgs aa{&tq, &kv, &m, Hq, Hkv, D, 1.f / std::sqrt(float(D)), &out};
-    for (int ver : {1, 2, 4}) {  // 4: version 2 with 4 warps per block
-      gpu().attn_decode_version = ver == 1 ? 1 : 2;
-      gpu().attn_decode_warps = ver == 4 ? 4 : 8;
+    for (int ver : {1, 2}) {
+      gpu().attn_decode_version = ver;
       for (int i = 0; i < 20; ++i) gpu().qk_norm_rope_attention(qa, tv, kv, m, aa);
       gpu().synchronize();
       const auto t0 = std::chrono::steady_clock::now();
@@ -229,10 +221,7 @@ TEST(CudaAttnDecodeTiming, Phases) {
       const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / N;
       std::printf("ctx %d version %d: %.2f us per call (back to back)\n", C, ver, us);
     }
-    for (int mode = 0; mode < 3; ++mode) {  // push, pull, push with 4 warps
-      const bool push = mode != 1;
-      gpu().attn_decode_push = push;
-      gpu().attn_decode_warps = mode == 2 ? 4 : 8;
+    {
       cuda::attn_decode2_timing(true);
       gpu().qk_norm_rope_attention(qa, tv, kv, m, aa);
       gpu().synchronize();
@@ -244,9 +233,8 @@ TEST(CudaAttnDecodeTiming, Phases) {
         g_min = std::min(g_min, t[b * 10]), g_max = std::max(g_max, t[b * 10]);
         g_end = std::max(g_end, t[b * 10 + 9]);
       }
-      std::printf("ctx %d version 2 (%s merge, %d warps) timer (%d blocks): entry skew %.2f us, first entry to last exit "
-                  "%.2f us\n",
-                  C, push ? "push" : "pull", mode == 2 ? 4 : 8, nblk, (g_max - g_min) / 1e3, (g_end - g_min) / 1e3);
+      std::printf("ctx %d version 2 timer (%d blocks): entry skew %.2f us, first entry to last exit %.2f us\n", C,
+                  nblk, (g_max - g_min) / 1e3, (g_end - g_min) / 1e3);
       const char* names[] = {"",         "pre-wait",          "wait",     "loads+sums",
                              "normalise", "key loop (warp 0)", "partials", "block merge (+push)", "cluster barrier"};
       for (int p = 1; p <= 8; ++p) {
@@ -258,8 +246,6 @@ TEST(CudaAttnDecodeTiming, Phases) {
         std::printf("  %-20s mean %7.2f us  max %7.2f us\n", names[p], sum / nblk, mx);
       }
     }
-    gpu().attn_decode_push = true;
-    gpu().attn_decode_warps = 8;
   }
   gpu().attn_decode_version = 2;
 }

@@ -1,5 +1,5 @@
 // Batch-1 dense decode kernels against host references, the CPU backend and the previous
-// CUDA paths (same process, switches flipped): the dense GEMV of k_gemv_dense.cu for linear,
+// CUDA paths (same process, switches flipped): the dense GEMV of k_gemv_dense.cu for
 // linear_multi (q/k/v segments) and add_rms_norm_linear_multi (fused norm), and the fused
 // add + RMSNorm + router of k_route_dense.cu. Each case checks that the new kernel really ran
 // (launch counters) and is called twice on fresh inputs, so a last-block counter that was not
@@ -18,62 +18,13 @@ namespace moeserve::test {
 namespace {
 
 // The backend's defaults (restored after each test).
-const int kDefaultDense = 1, kDefaultSingle = 0;
+// (Single linears on the dense kernel, CudaLinearDense, left with that opt-in path:
+// docs/bench/cuda_switch_inventory.md.)
+const int kDefaultDense = 1;
 
 Tensor poisoned(int64_t rows, int64_t cols) {
   return to_device(std::vector<float>(size_t(rows * cols), NAN), DType::BF16, {rows, cols});
 }
-
-struct DenseCase {
-  int T, N, K;
-  bool runs;  // the dense kernel takes it (else: the shared-memory bound sends it to the old path)
-};
-class CudaLinearDense : public ::testing::TestWithParam<DenseCase> {};
-
-TEST_P(CudaLinearDense, MatchesReferenceAndOldPath) {
-  SKIP_WITHOUT_GPU();
-  const DenseCase c = GetParam();
-  std::mt19937 rng(c.T * 7 + c.N * 3 + c.K);
-  HostWeight w = make_weight(c.N, c.K, true, rng);
-  auto x = randn(size_t(c.T) * c.K, rng);
-  Tensor dx = to_device(x, DType::BF16, {c.T, c.K});
-  auto ref = ref_linear(x, w.deq, c.T, c.N, c.K);
-  const bool sm90 = cuda::code_arch() >= 900 && c.runs;
-  for (DType od : {DType::BF16, DType::F32}) {
-    std::vector<float> got[2];
-    for (int dense = 1; dense >= 0; --dense) {
-      gpu().gemv_dense_single_max_tokens = dense ? 8 : 0;
-      for (int rep = 0; rep < 2; ++rep) {
-        const uint64_t before = gpu().gemv_dense_launches;
-        Tensor out = gpu().alloc(od, {c.T, c.N});
-        gpu().linear(dx, w.dev, out);
-        auto o = gpu().download_f32(out);
-        EXPECT_EQ(gpu().gemv_dense_launches, before + (dense && sm90 ? 1 : 0)) << "dense kernel ran: " << dense;
-        EXPECT_LT(rel_err(o, ref), 1e-2) << "dense " << dense << " out " << dtype_name(od) << " rep " << rep;
-        if (rep == 0) {
-          got[dense] = o;
-        } else {
-          EXPECT_EQ(o, got[dense]) << "second call differs";
-        }
-      }
-    }
-    EXPECT_LT(rel_err(got[1], got[0]), 5e-3) << "dense vs old path, out " << dtype_name(od);
-  }
-  gpu().gemv_dense_single_max_tokens = kDefaultSingle;
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaLinearDense,
-    ::testing::Values(DenseCase{1, 3072, 6144, true},   // o_proj (8-row blocks)
-                      DenseCase{2, 3072, 6144, true}, DenseCase{4, 3072, 6144, true},
-                      DenseCase{8, 3072, 6144, false},  // too much shared memory: old path
-                      DenseCase{1, 6144, 3072, true},   // q_proj (16-row blocks)
-                      DenseCase{8, 1024, 3072, true},   // k_proj
-                      DenseCase{1, 144, 128, true},     // one chunk, a partial 16-row group
-                      DenseCase{3, 40, 384, true},      // N % 16 != 0: partial 8-row block
-                      DenseCase{7, 24, 1280, true},     // 10 chunks: pieces of 4, 4, 2
-                      DenseCase{2, 16, 8192, true},     // largest K
-                      DenseCase{1, 40, 640, true}, DenseCase{2, 768, 640, true}));  // 5 chunks: pieces of 4, 1
 
 // linear_multi (q/k/v in one launch) on the dense kernel against references and the old path.
 class CudaLinearMultiDense : public ::testing::TestWithParam<int> {};
@@ -111,7 +62,6 @@ TEST_P(CudaLinearMultiDense, MatchesReferenceAndOldPath) {
     for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(got[1][i], got[0][i]), 5e-3) << "shape " << shape << " output " << i;
   }
   gpu().gemv_dense_max_tokens = kDefaultDense;
-  gpu().gemv_dense_single_max_tokens = kDefaultSingle;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaLinearMultiDense, ::testing::Values(1, 2, 4, 8));
@@ -145,8 +95,6 @@ TEST_P(CudaAddNormLinearMultiDense, MatchesReferenceAndOldPath) {
     std::vector<std::vector<float>> got[2];
     for (int dense = 1; dense >= 0; --dense) {
       gpu().gemv_dense_max_tokens = dense ? 8 : 0;
-      gpu().gemv_dense_single_max_tokens = dense ? 8 : 0;  // shape 1's separate linears
-      gpu().fuse_norm_linear = false;
       for (int rep = 0; rep < 2; ++rep) {  // rep 1: the counter must have been reset
         Tensor tres = to_device(res, DType::BF16, {T, K}), tdx = to_device(dx, DType::BF16, {T, K});
         Tensor tnw = to_device(nw, DType::BF16, {K}), xn = poisoned(T, K);
@@ -156,8 +104,8 @@ TEST_P(CudaAddNormLinearMultiDense, MatchesReferenceAndOldPath) {
         Tensor* os[3] = {&outs[0], &outs[1], &outs[2]};
         const uint64_t before = gpu().gemv_dense_launches;
         gpu().add_rms_norm_linear_multi(tres, tdx, tnw, 1e-6f, xn, ws, os, 3);
-        if (dense && cuda::code_arch() >= 900) {  // shape 1 (widths % 16 != 0): norm kernel + 3 dense linears
-          EXPECT_EQ(gpu().gemv_dense_launches, before + (shape == 0 ? 1 : 3));
+        if (dense && cuda::code_arch() >= 900) {  // shape 1 (widths % 16 != 0): norm kernel + 3 GEMVs
+          EXPECT_EQ(gpu().gemv_dense_launches, before + (shape == 0 ? 1 : 0));
         }
         EXPECT_LT(rel_err(gpu().download_f32(tres), r_ref), 1e-2) << "residual, dense " << dense;
         EXPECT_LT(rel_err(gpu().download_f32(xn), xn_ref), 1e-2) << "normed, dense " << dense;
@@ -177,7 +125,6 @@ TEST_P(CudaAddNormLinearMultiDense, MatchesReferenceAndOldPath) {
     for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(got[1][i], got[0][i]), 5e-3) << "shape " << shape << " output " << i;
   }
   gpu().gemv_dense_max_tokens = kDefaultDense;
-  gpu().gemv_dense_single_max_tokens = kDefaultSingle;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormLinearMultiDense, ::testing::Values(1, 2, 4, 8));
@@ -211,7 +158,6 @@ TEST_P(CudaAddNormRouteDense, MatchesCpuAndOldPath) {
     for (int cfg = 2; cfg >= 0; --cfg) {
       const int dense = cfg >= 1;
       gpu().route_norm_dense = dense == 1;
-      gpu().fuse_norm_route = false;
       cuda::g_route_fast_tail = cfg == 2;
       for (int rep = 0; rep < 2; ++rep) {
         Tensor tres = to_device(res, DType::BF16, {T, H}), tdx = to_device(dx, DType::BF16, {T, H});

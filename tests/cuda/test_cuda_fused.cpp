@@ -100,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaQkNormRopeWriteKv,
 
 class CudaAddNormRoute : public ::testing::TestWithParam<int> {};
 
-// add_rms_norm_route (T <= 4 on CUDA: one kernel; larger T: the two ops) against the CPU.
+// add_rms_norm_route on the separate ops (norm kernel + router; the fused k_route_dense.cu
+// kernel: test_cuda_dense.cpp) against the CPU. (The first fused norm + router kernel, the
+// "fused" variant here, left the tree: docs/bench/cuda_switch_inventory.md.)
 TEST_P(CudaAddNormRoute, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   const int T = GetParam(), H = 3072, E = 64, K = 8;
@@ -109,8 +111,8 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
   auto res = randn(size_t(T) * H, rng), dx = randn(size_t(T) * H, rng), nw = randn(H, rng, 0.5f);
   auto gate = randn(size_t(E) * H, rng, 0.02f, false), bias = randn(E, rng, 0.01f, false);
   gpu().route_norm_dense = false;  // the previous kernels (k_route_dense.cu: test_cuda_dense.cpp)
-  for (int fused = 1; fused >= 0; --fused) {
-    gpu().fuse_norm_route = fused == 1;
+  {
+    const int fused = 0;
     auto run = [&](Backend& b, bool on_gpu) {
       auto T_ = [&](const std::vector<float>& x, const Shape& s) {
         return on_gpu ? to_device(x, DType::BF16, s) : host_f32(x, s);
@@ -148,7 +150,6 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
             EXPECT_NEAR(g[3][size_t(t) * K + a], cw[size_t(t) * K + a], 1e-4) << "token " << t;
     }
   }
-  gpu().fuse_norm_route = false;
   gpu().route_norm_dense = true;
 }
 
@@ -156,8 +157,9 @@ INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormRoute, ::testing::Values(1, 3, 6));
 
 class CudaAddNormLinearMulti : public ::testing::TestWithParam<int> {};
 
-// add_rms_norm_linear_multi (T <= 4 on CUDA: the norm inside the GEMV blocks, the last block
-// storing residual and normed rows; larger T: the separate ops) against host references.
+// add_rms_norm_linear_multi on the separate ops (norm kernel + tensor-core GEMV; the dense
+// kernel with the norm inside: test_cuda_dense.cpp) against host references. (The norm inside
+// k_gemv_tc.cu's blocks, the "fused" variant here, left the tree.)
 TEST_P(CudaAddNormLinearMulti, MatchesReference) {
   SKIP_WITHOUT_GPU();
   const int T = GetParam(), K = 3072;
@@ -181,8 +183,8 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
   }
   const int saved_dense = gpu().gemv_dense_max_tokens;
   gpu().gemv_dense_max_tokens = 0;  // the previous kernels (k_gemv_dense.cu: test_cuda_dense.cpp)
-  for (int fused = 1; fused >= 0; --fused) {
-    gpu().fuse_norm_linear = fused == 1;
+  {
+    const int fused = 0;
     Tensor tres = to_device(res, DType::BF16, {T, K}), tdx = to_device(dx, DType::BF16, {T, K});
     Tensor tnw = to_device(nw, DType::BF16, {K}), xn = poisoned(T, K);
     std::vector<Tensor> outs;
@@ -197,7 +199,6 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
       EXPECT_LT(rel_err(gpu().download_f32(outs[i]), ref), 1e-2) << "output " << i << ", fused " << fused;
     }
   }
-  gpu().fuse_norm_linear = false;
   gpu().gemv_dense_max_tokens = saved_dense;
 }
 

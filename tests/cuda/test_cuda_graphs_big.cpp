@@ -7,7 +7,7 @@
 //  - graphs vs the same padded steps run eagerly: same kernels, bound 1e-3 (observed printed);
 //  - the captures recorded FP8-path launches and no fallback, and no workspace grew after the
 //    first capture (graphs_captured == 5 distinct buckets, replays = steps - 5);
-//  - graphs with MOESERVE_GRAPH_PREFILL_PATHS off (the old bf16 kernels in graphs) differ from
+//  - graphs with prefill_paths_in_graphs off (the old bf16 kernels in graphs) differ from
 //    padded eager at buckets >= 128 by the FP8 activation rounding (printed, not asserted);
 //  - graphs vs unpadded eager: greedy ids equal where the eager top-2 margin exceeds 0.1.
 #include <gtest/gtest.h>

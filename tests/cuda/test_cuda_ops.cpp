@@ -172,14 +172,13 @@ TEST_P(CudaLinear, MatchesReference) {
   auto ref = ref_linear(x, w.deq, c.T, c.N, c.K);
   // Default dispatch, then each path forced: GEMM only, GEMV only.
   const int saved_max = gpu().linear_gemv_max_tokens, saved_narrow = gpu().linear_gemv_narrow_n;
-  const int saved_tc = gpu().linear_gemv_tc_max_tokens, saved_dense = gpu().gemv_dense_single_max_tokens;
+  const int saved_tc = gpu().linear_gemv_tc_max_tokens;
   // Modes 2 and 3 force the GEMV with and without the tensor-core FP8 kernel.
   for (int mode = 0; mode < 4; ++mode) {
     gpu().linear_gemv_max_tokens = mode == 0 ? saved_max : mode == 1 ? 0 : 1 << 20;
     gpu().linear_gemv_narrow_n = mode == 1 ? 0 : saved_narrow;
     gpu().linear_gemv_tc_max_tokens = mode == 1 ? 0 : saved_tc;
     gpu().use_gemv_tc = mode != 3;
-    gpu().gemv_dense_single_max_tokens = mode == 0 ? 8 : 0;  // mode 0: also the dense decode GEMV (k_gemv_dense.cu)
     for (DType od : {DType::BF16, DType::F32}) {
       Tensor out = gpu().alloc(od, {c.T, c.N});
       gpu().linear(dx, w.dev, out);
@@ -187,7 +186,6 @@ TEST_P(CudaLinear, MatchesReference) {
     }
   }
   gpu().use_gemv_tc = true;
-  gpu().gemv_dense_single_max_tokens = saved_dense;
   gpu().linear_gemv_tc_max_tokens = saved_tc;
   gpu().linear_gemv_max_tokens = saved_max;
   gpu().linear_gemv_narrow_n = saved_narrow;

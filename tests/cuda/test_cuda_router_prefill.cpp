@@ -421,19 +421,16 @@ TEST(CudaNormQuant, QuantVecSameAsQuant) {
     for (int i = 0; i < 128; ++i) x[size_t(R / 2) * ldx + i] = 0.f;  // a zero group
     Tensor dx = to_device(x, DType::BF16, {R, ldx});
     const int G = K / 128;
-    std::vector<uint8_t> q[3];
-    std::vector<float> s[3];
-    for (int path = 0; path < 3; ++path) {  // vec 1 row / block, vec 2 rows / block, k_quant.cu
+    std::vector<uint8_t> q[2];
+    std::vector<float> s[2];
+    for (int path = 0; path < 2; ++path) {  // vec (1 row / block; 2 rows left the tree), k_quant.cu
       Tensor dq = b.alloc(DType::F8_E4M3, {R, K}), ds = b.alloc(DType::F32, {R * G});
       cuda::QuantParams p;
       p.x = dx.data, p.ldx = ldx, p.R = R, p.K = K, p.q = static_cast<uint8_t*>(dq.data), p.s = ds.ptr<float>();
       p.s_row = kmajor ? G : 1, p.s_grp = kmajor ? 1 : R;
-      if (path < 2) {
+      if (path == 0) {
         ASSERT_TRUE(cuda::quant_vec_supported(p));
-        const int saved = cuda::g_quant_vec_rows;
-        cuda::g_quant_vec_rows = path + 1;
         cuda::launch_quant_fp8_vec(p, b.stream());
-        cuda::g_quant_vec_rows = saved;
       } else {
         cuda::launch_quant_fp8(p, b.stream());
       }
@@ -442,10 +439,8 @@ TEST(CudaNormQuant, QuantVecSameAsQuant) {
       cudaMemcpy(q[path].data(), dq.data, q[path].size(), cudaMemcpyDeviceToHost);
       s[path] = b.download_f32(ds);
     }
-    for (int v = 0; v < 2; ++v) {
-      EXPECT_EQ(q[v], q[2]) << R << "x" << K << " rows/block " << v + 1;
-      EXPECT_EQ(0, std::memcmp(s[v].data(), s[2].data(), s[v].size() * 4)) << R << "x" << K << " rows/block " << v + 1;
-    }
+    EXPECT_EQ(q[0], q[1]) << R << "x" << K;
+    EXPECT_EQ(0, std::memcmp(s[0].data(), s[1].data(), s[0].size() * 4)) << R << "x" << K;
   }
 }
 
@@ -484,11 +479,6 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
     qp.x = att.data, qp.ldx = QW, qp.K = QW;
     const double oq = med_ms([&] { cuda::launch_quant_fp8(qp, b.stream()); });
     const double oqv = med_ms([&] { cuda::launch_quant_fp8_vec(qp, b.stream()); });
-    const int saved_rows = cuda::g_quant_vec_rows;
-    cuda::g_quant_vec_rows = 2;
-    const double oqv2 = med_ms([&] { cuda::launch_quant_fp8_vec(qp, b.stream()); });
-    cuda::g_quant_vec_rows = saved_rows;
-    std::printf("[small bench] quant [T,6144] vec, 2 rows per block: %.4f ms\n", oqv2);
     qp.x = xn.data, qp.ldx = H, qp.K = H;
     const double qv = med_ms([&] { cuda::launch_quant_fp8_vec(qp, b.stream()); });
     std::printf("[small bench] add_rms_norm %.4f ms, quant [T,3072] %.4f ms (vec %.4f), quant [T,6144] (o_proj input) "

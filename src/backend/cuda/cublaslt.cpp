@@ -23,8 +23,7 @@ struct LtGemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  std::vector<cublasLtMatmulAlgo_t> cand;  // the heuristic's candidates (several when tuning)
-  bool ok = false, tuned = false;
+  bool ok = false;
   ~Plan() {
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
@@ -37,7 +36,6 @@ LtGemm::LtGemm() {
   cublasLtHandle_t h = nullptr;
   lt_check(cublasLtCreate(&h), "create");
   handle_ = h;
-  if (const char* e = std::getenv("MOESERVE_LT_TUNE")) tune_ = std::atoi(e);
 }
 LtGemm::~LtGemm() {
   plans_.clear();
@@ -89,57 +87,18 @@ LtGemm::Plan* LtGemm::plan(int kind, int T, int N, int K, bool capturing, const 
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
   // The scale pointers are per call: set on the descriptor right before each launch.
-  constexpr int kMaxCand = 8;
-  cublasLtMatmulHeuristicResult_t res[kMaxCand] = {};
+  // The heuristic's first algorithm (timing its other candidates per shape, the former
+  // LT_TUNE switch, found one candidate for the FP8 shapes and 5% on the router GEMM).
+  cublasLtMatmulHeuristicResult_t res[1] = {};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->op, p->la, p->lb,
-                                                           p->lc, p->lc, pref, tune_ ? kMaxCand : 1, res, &found);
+                                                           p->lc, p->lc, pref, 1, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   p->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
   if (p->ok) p->algo = res[0].algo;
-  for (int i = 0; p->ok && i < found; ++i)
-    if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand.push_back(res[i].algo);
   Plan* raw = p.get();
   plans_[key] = std::move(p);
   return raw;
-}
-
-// MOESERVE_LT_TUNE=1 (eager calls only): the first call of a shape times each of the
-// heuristic's candidates (a warm-up and 3 timed runs on the call's own buffers, which the
-// real call then overwrites) and keeps the fastest; 2 also prints the times.
-template <typename F>
-void LtGemm::tune(Plan* p, int kind, int T, int N, int K, cudaStream_t s, bool capturing, F&& run) {
-  if (p->tuned || capturing) return;
-  p->tuned = true;
-  if (!tune_ || p->cand.size() < 2) return;
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  float best = 1e30f;
-  size_t best_i = 0;
-  std::string log;
-  for (size_t i = 0; i < p->cand.size(); ++i) {
-    if (run(&p->cand[i]) != CUBLAS_STATUS_SUCCESS) continue;
-    cudaEventRecord(a, s);
-    bool ok = true;
-    for (int r = 0; r < 3 && ok; ++r) ok = run(&p->cand[i]) == CUBLAS_STATUS_SUCCESS;
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    if (!ok) continue;
-    char buf[32];
-    std::snprintf(buf, sizeof buf, " %.4f", ms / 3);
-    log += buf;
-    if (ms < best) best = ms, best_i = i;
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGetLastError();
-  p->algo = p->cand[best_i];
-  if (tune_ >= 2)
-    std::fprintf(stderr, "[lt tune] kind %d T=%d N=%d K=%d: candidates (ms):%s -> #%zu\n", kind, T, N, K, log.c_str(),
-                 best_i);
 }
 
 bool LtGemm::fp8_block(const LtFp8Args& a, void* workspace, size_t ws_bytes, cudaStream_t s, bool capturing) {
@@ -148,10 +107,6 @@ bool LtGemm::fp8_block(const LtFp8Args& a, void* workspace, size_t ws_bytes, cud
   lt_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a.ws, sizeof(a.ws)), "A scale");
   lt_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a.xs, sizeof(a.xs)), "B scale");
   const float alpha = 1.f, beta = 0.f;
-  tune(p, kFp8Block, a.T, a.N, a.K, s, capturing, [&](const cublasLtMatmulAlgo_t* algo) {
-    return cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, a.w, p->la, a.xq, p->lb, &beta, a.out,
-                          p->lc, a.out, p->lc, algo, workspace, ws_bytes, s);
-  });
   lt_check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, a.w, p->la, a.xq, p->lb, &beta, a.out,
                           p->lc, a.out, p->lc, &p->algo, workspace, ws_bytes, s),
            "fp8 block matmul");
@@ -164,10 +119,6 @@ bool LtGemm::run_nt(int kind, int T, int N, int K, const void* x, const void* w,
   Plan* p = plan(kind, T, N, K, capturing, nullptr, nullptr);
   if (!p->ok) return false;
   const float alpha = 1.f, beta = 0.f;
-  tune(p, kind, T, N, K, s, capturing, [&](const cublasLtMatmulAlgo_t* algo) {
-    return cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,
-                          out, p->lc, algo, workspace, ws_bytes, s);
-  });
   lt_check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc,
                           out, p->lc, &p->algo, workspace, ws_bytes, s),
            what);

@@ -52,10 +52,7 @@ class LtGemm {
   Plan* plan(int kind, int T, int N, int K, bool capturing, const void* sa, const void* sb);
   bool run_nt(int kind, int T, int N, int K, const void* x, const void* w, float* out, void* workspace, size_t ws_bytes,
               cudaStream_t s, bool capturing, const char* what);
-  template <typename F>
-  void tune(Plan* p, int kind, int T, int N, int K, cudaStream_t s, bool capturing, F&& run);
   void* handle_ = nullptr;
-  int tune_ = 0;  // MOESERVE_LT_TUNE: pick the fastest heuristic candidate per shape (eager)
   std::map<std::tuple<int, int, int, int>, std::unique_ptr<Plan>> plans_;
 };
 

@@ -16,6 +16,7 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/kernels_prefill.h"
+#include "core/debug_flags.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -28,26 +29,8 @@ void throw_cuda_error(cudaError_t err, const char* file, int line, const char* e
 void throw_error(const std::string& msg) { throw Error(msg); }
 
 bool pdl_enabled() {
-  static const bool env_off = [] {
-    const char* e = std::getenv("MOESERVE_PDL");
-    return e && std::strcmp(e, "0") == 0;
-  }();
-  return !env_off && code_arch() >= 900;  // griddepcontrol is compiled only for sm_90+
-}
-
-void decode_carveout(const void* func, size_t dynamic_smem) {
-  static const int carveout = [] {
-    const char* e = std::getenv("MOESERVE_CARVEOUT");
-    return e && *e ? std::atoi(e) : -1;
-  }();
-  if (carveout < 0 || dynamic_smem > 48 * 1024) return;
-  static std::mutex mu;
-  static std::set<std::pair<int, const void*>> done;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert({dev, func}).second) return;
-  CUDA_CHECK(cudaFuncSetAttribute(func, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+  static const bool on = debug_flags().pdl;  // MOESERVE_PDL=0: off (debugging)
+  return on && code_arch() >= 900;           // griddepcontrol is compiled only for sm_90+
 }
 }  // namespace cuda
 using namespace cuda;
@@ -174,120 +157,35 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaMalloc(&counters_, cbytes));
   CUDA_CHECK(cudaMemsetAsync(counters_, 0, cbytes, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  // A/B switches: MOESERVE_DECODE_OFF=router,moe,qkv,norm_qkv,qk_kv,attn (comma list) turns
-  // single fusions off; MOESERVE_DECODE_FUSION=0 all of them.
-  // MOESERVE_DECODE_ON=attn,norm_qkv,norm_route turns on the fusions that are off by default.
-  if (const char* e = std::getenv("MOESERVE_DECODE_ON")) {
-    const std::string on = std::string(",") + e + ",";
-    auto has = [&](const char* n) { return on.find(std::string(",") + n + ",") != std::string::npos; };
-    if (has("attn")) fuse_attn_combine = true;
-    if (has("norm_qkv")) fuse_norm_linear = true;
-    if (has("norm_route")) fuse_norm_route = true;
-    if (has("l2pf")) moe_l2_prefetch_pairs = 2;
-  }
-  if (const char* e = std::getenv("MOESERVE_DECODE_OFF")) {
-    const std::string off = std::string(",") + e + ",";
-    auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
-    if (has("router")) fuse_router = false;
-    if (has("norm_route")) fuse_norm_route = false;
-    if (has("moe")) moe_direct_max_tokens = 0;
-    if (has("qkv")) fuse_linear_multi = false;
-    if (has("norm_qkv")) fuse_norm_linear = false;
-    if (has("qk_kv")) fuse_qk_write_kv = false;
-    if (has("attn")) fuse_attn_combine = false;
-    if (has("attn_decode")) attn_decode_max_tokens = 0;
-  }
-  // MOESERVE_ATTN_WGMMA=0: prefill attention on the mma.sync kernel even on Hopper; a comma
-  // list with "overlap" (softmax under the previous P V), "mbar" (3 buffers, mbarriers), "seq"
-  // (the default) or "nopp" (no ping-pong order) picks the wgmma kernel's variant
-  // (process-wide; for A/B runs).
-  // The warp-specialised kernel (k_attn_ws.cu) is the default; "old" (or any of the variant
-  // names above) selects the previous two-warpgroup kernel; "ws_seq" (no intra-warpgroup
-  // overlap), "ws_nopp" (no ping-pong), "ws3" (3-deep K/V ring), "ws_persist" / "ws_grid"
-  // (persistent grid or one block per work item), "ws_genload" (per-key table reads),
-  // "ws_tma" (K/V groups inside the causal range by TMA) pick its variants.
-  if (const char* e = std::getenv("MOESERVE_ATTN_WGMMA")) {
-    const std::string v = std::string(",") + e + ",";
-    auto has = [&](const char* n) { return v.find(std::string(",") + n + ",") != std::string::npos; };
-    if (v == ",0,") use_attention_wgmma = false;
-    if (has("old") || has("overlap") || has("mbar") || has("seq") || has("nopp")) cuda::g_attn_ws = false;
-    if (has("overlap")) cuda::g_attn_wgmma_overlap = true;
-    if (has("mbar")) cuda::g_attn_wgmma_mbar = true;
-    if (has("seq")) cuda::g_attn_wgmma_overlap = false;
-    if (has("nopp")) cuda::g_attn_wgmma_order = false;
-    if (has("ws_seq")) cuda::g_attn_ws_overlap = false;
-    if (has("ws_nopp")) cuda::g_attn_ws_pp = false;
-    if (has("ws3")) cuda::g_attn_ws_stages = 3;
-    if (has("ws_persist")) cuda::g_attn_ws_persistent = true;
-    if (has("ws_grid")) cuda::g_attn_ws_persistent = false;
-    if (has("ws_genload")) cuda::g_attn_ws_page_loader = false;
-    if (has("ws_tma")) cuda::g_attn_ws_tma = true;
-  }
-  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_V"); e && *e) gemv_dense_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_O"); e && *e) gemv_dense_single_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_GEMV_DENSE_NORM"); e && *e) fuse_norm_dense = std::atoi(e) != 0;
-  if (const char* e = std::getenv("MOESERVE_ROUTE_V"); e && *e) route_norm_dense = std::atoi(e) != 0;
-  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MAX")) attn_decode_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_V"); e && *e) attn_decode_version = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_SPLITS"); e && *e) attn_decode_max_splits = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_MERGE"); e && *e) attn_decode_push = std::strcmp(e, "pull") != 0;
-  if (const char* e = std::getenv("MOESERVE_ATTN_DECODE_WARPS"); e && *e) attn_decode_warps = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_DECODE_MEGA")) decode_mega = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("MOESERVE_MEGA_MULTI")) decode_mega_multi = std::strcmp(e, "1") == 0;
-  if (const char* e = std::getenv("MOESERVE_ATTN_PF")) attn_l2_prefetch = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_MOE_LD")) moe_ld_hint = std::atoi(e);
-  // MOESERVE_GRAPH_PREFILL_PATHS=0: captured decode graphs keep the pre-FP8-activation kernels
-  // (A/B against the default). MOESERVE_MOE_GEMV_MAX=N: moe_gemv_max_tokens;
-  // MOESERVE_MOE_DIRECT_MAX=N: moe_direct_max_tokens.
-  if (const char* e = std::getenv("MOESERVE_GRAPH_PREFILL_PATHS"); e && std::strcmp(e, "0") == 0)
-    prefill_paths_in_graphs = false;
-  if (const char* e = std::getenv("MOESERVE_MOE_GEMV_MAX"); e && *e) moe_gemv_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_MOE_DIRECT_MAX"); e && *e) moe_direct_max_tokens = std::atoi(e);
-  if (const char* e = std::getenv("MOESERVE_MOE_FUSED_QUANT"); e && *e) moe_fused_quant = std::atoi(e) != 0;
-  if (const char* e = std::getenv("MOESERVE_ATTN_Q8"); e && *e) prefill_attn_q8 = std::atoi(e) != 0;
-  if (const char* e = std::getenv("MOESERVE_MOE_YPAIR_BF16"); e && *e) moe_ypair_bf16 = std::atoi(e) != 0;
-  if (const char* e = std::getenv("MOESERVE_MOE_COMBINE_VEC"); e && *e) moe_combine_vec = std::atoi(e) != 0;
-  if (const char* e = std::getenv("MOESERVE_MOE_ALIGN_MULTI"); e && *e) moe_align_multi = std::atoi(e) != 0;
-  if (const char* e = std::getenv("MOESERVE_DECODE_FUSION"); e && std::strcmp(e, "0") == 0) {
-    moe_direct_max_tokens = 0;
-    fuse_router = false;
-    fuse_linear_multi = false;
-    fuse_qk_write_kv = false;
-    fuse_attn_combine = false;
-    fuse_norm_linear = false;
-    fuse_norm_route = false;
-    moe_l2_prefetch_pairs = 0;
-    attn_decode_max_tokens = 0;
-  }
-  // MOESERVE_PREFILL_OFF=fp8_act,lt,attn,router (comma list) turns prefill fast paths off, to
-  // narrow down an accuracy difference (scripts/realshape_check.py): fp8_act = bf16
-  // activations in the FP8 linears and experts, lt = k_gemm_fp8.cu instead of cuBLASLt,
-  // attn = k_attn_tc.cu instead of the pipelined kernel, router = router logits on CUDA cores,
-  // router_split = the f32 cuBLASLt router GEMM instead of the split-bf16 one (gate_cache =
-  // the split-bf16 gate split per call instead of once per gate), topk = the
-  // shared-memory top-k kernel, norm_quant = q/k/v's norm and per-weight quantisations unfused,
-  // qk_rope = the generic QK-norm + RoPE kernel at prefill (k_rope_prefill.cu off), quant_vec
-  // = the dense linears' activations on k_quant.cu's kernel, topk_redux = the shuffle top-k,
-  // attn_q8 / moe_nq = o_proj's / the experts' FP8 input by its own pass, moe_quant_vec = the
-  // experts' quantisations on k_quant.cu's kernel (cuda_backend.h).
-  if (const char* e = std::getenv("MOESERVE_PREFILL_OFF")) {
-    const std::string off = std::string(",") + e + ",";
-    auto has = [&](const char* n) { return off.find(std::string(",") + n + ",") != std::string::npos; };
-    if (has("fp8_act")) use_fp8_act_gemm = false;
-    if (has("lt")) use_lt_fp8 = false;
-    if (has("attn")) use_attention_prefill = false;
-    if (has("router")) router_gemm_min_tokens = 0;
-    if (has("router_split")) router_split_bf16 = false;
-    if (has("gate_cache")) gate_split_cache = false;
-    if (has("attn_q8")) prefill_attn_q8 = false;
-    if (has("moe_nq")) prefill_moe_norm_quant = false;
-    if (has("moe_quant_vec")) prefill_moe_quant_vec = false;
-    if (has("topk")) cuda::g_route_topk_warp = 0;
-    if (has("topk_redux")) cuda::g_route_topk_warp = 1;
-    if (has("norm_quant")) prefill_norm_quant = false;
-    if (has("qk_rope")) cuda::g_qk_rope_vec = false;
-    if (has("quant_vec")) prefill_quant_vec = false;
-  }
+  // The debug registry's narrowing switches (core/debug_flags.h; read once per process).
+  // Tests set these fields per instance after construction instead.
+  const DebugFlags& f = debug_flags();
+  decode_mega = f.decode_mega;
+  if (f.decode_off_has("router")) fuse_router = false;
+  if (f.decode_off_has("moe")) moe_direct_max_tokens = 0;
+  if (f.decode_off_has("qkv")) fuse_linear_multi = false;
+  if (f.decode_off_has("qk_kv")) fuse_qk_write_kv = false;
+  if (f.decode_off_has("attn_decode")) attn_decode_max_tokens = 0;
+  if (f.decode_off_has("dense_gemv")) gemv_dense_max_tokens = 0;
+  if (f.decode_off_has("dense_norm")) fuse_norm_dense = false;
+  if (f.decode_off_has("route_dense")) route_norm_dense = false;
+  // MOESERVE_PREFILL_OFF: accuracy narrowing (scripts/realshape_check.py); each item names the
+  // fallback it runs instead in debug_flags.cpp's table.
+  if (f.prefill_off_has("fp8_act")) use_fp8_act_gemm = false;
+  if (f.prefill_off_has("lt")) use_lt_fp8 = false;
+  if (f.prefill_off_has("attn")) use_attention_prefill = false;
+  if (f.prefill_off_has("attn_wgmma")) use_attention_wgmma = false;
+  if (f.prefill_off_has("gemm_wgmma")) cuda::g_fp8_gemm_wgmma = false;
+  if (f.prefill_off_has("router")) router_gemm_min_tokens = 0;
+  if (f.prefill_off_has("router_split")) router_split_bf16 = false;
+  if (f.prefill_off_has("gate_cache")) gate_split_cache = false;
+  if (f.prefill_off_has("moe_nq")) prefill_moe_norm_quant = false;
+  if (f.prefill_off_has("moe_quant_vec")) prefill_moe_quant_vec = false;
+  if (f.prefill_off_has("topk")) cuda::g_route_topk_warp = 0;
+  if (f.prefill_off_has("topk_redux")) cuda::g_route_topk_warp = 1;
+  if (f.prefill_off_has("norm_quant")) prefill_norm_quant = false;
+  if (f.prefill_off_has("qk_rope")) cuda::g_qk_rope_vec = false;
+  if (f.prefill_off_has("quant_vec")) prefill_quant_vec = false;
 }
 
 CudaBackend::~CudaBackend() {
@@ -559,10 +457,12 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
     launch_gemm(p, stream_);
 }
 
-// The dense decode GEMV (k_gemv_dense.cu) where it applies; false: nothing launched.
+// The dense decode GEMV (k_gemv_dense.cu) for q/k/v (several weights or the fused norm)
+// where it applies; false: nothing launched. Single linears (o_proj) measured slower on it
+// than on k_gemv_tc.cu inside the batch-1 graph and keep that kernel.
 bool CudaBackend::dense_gemv(const LinParams& p) {
-  const int max_tokens = p.nseg == 0 && !p.norm ? gemv_dense_single_max_tokens : gemv_dense_max_tokens;
-  if (!(use_gemv_tc && p.M <= max_tokens && p.M <= linear_gemv_tc_max_tokens && gemv_dense_supported(p)))
+  if (p.nseg == 0 && !p.norm) return false;
+  if (!(use_gemv_tc && p.M <= gemv_dense_max_tokens && p.M <= linear_gemv_tc_max_tokens && gemv_dense_supported(p)))
     return false;
   launch_gemv_dense(p, num_sms_, stream_);
   ++gemv_dense_launches;
@@ -603,7 +503,7 @@ void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, c
                   out.dtype == DType::BF16;
   LinParams m;
   const bool dense_norm = fuse_norm_dense && gemv_dense_max_tokens > 0;
-  if ((fuse_norm_linear || dense_norm) && use_gemv_tc && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
+  if (dense_norm && use_gemv_tc && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
       weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
       out.numel() == x.numel() && out.shape == x.shape && weight.numel() == x.dim(-1) &&
       aligned16({residual.data, x.data, weight.data, out.data}) &&
@@ -612,11 +512,7 @@ void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, c
     m.x = x.data;
     m.norm_res = residual.data, m.norm_w = weight.data, m.norm_out = out.data, m.eps = eps;
     m.norm_counter = counters_ + 1;
-    if (dense_norm && dense_gemv(m)) return;
-    if (fuse_norm_linear && gemv_tc_norm_supported(m)) {
-      launch_gemv_tc(m, stream_);
-      return;
-    }
+    if (dense_gemv(m)) return;
   }
   if (bf && rows_of(x) >= fp8_act_min_tokens && residual.numel() == x.numel() && out.numel() == x.numel() &&
       out.shape == x.shape && weight.numel() == x.dim(-1)) {
@@ -660,13 +556,12 @@ void CudaBackend::qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor&
   if (meta.num_tokens > 0 && meta.num_tokens <= attn_decode_max_tokens && meta.max_query_len == 1) {
     const QkNormRopeParams n = qk_norm_rope_params(qk, &v, &kv, &meta);
     const AttnParams p = attention_params(attn);
-    const int warps = attn_decode_warps == 4 && attn_decode2_supported(p, n, 4) ? 4 : 8;
-    if (attn_decode_version == 2 && attn_decode2_supported(p, n, warps)) {
+    if (attn_decode_version == 2 && attn_decode2_supported(p, n)) {
       const int groups = p.num_seqs * p.Hkv;
-      int splits = attn_decode2_splits(num_sms_, groups, meta.max_context_len, attn_decode_max_splits, warps);
+      int splits = attn_decode2_splits(num_sms_, groups, meta.max_context_len, attn_decode_max_splits);
       // 16-block clusters only when all of them fit on the device at once.
-      if (splits == 16 && attn_decode2_max_cluster(16, warps) < groups) splits = 8;
-      launch_attn_decode2(p, n, splits, attn_decode_push, warps, stream_);
+      if (splits == 16 && attn_decode2_max_cluster(16) < groups) splits = 8;
+      launch_attn_decode2(p, n, splits, stream_);
       return;
     }
     if (attn_decode_supported(p, n)) {
@@ -841,12 +736,6 @@ AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = m.block_size;
   p.Hq = a.num_q_heads, p.Hkv = a.num_kv_heads, p.D = a.head_dim, p.scale = a.scale;
   p.kv_rows = a.kv->v.numel() == a.kv->k.numel() ? a.kv->k.dim(0) * a.kv->k.dim(1) : 0;
-  static_assert(AttnParams::kMaxPf == AttentionArgs::kMaxPrefetch);
-  for (int i = 0; i < std::min(attn_l2_prefetch, AttnParams::kMaxPf); ++i)
-    if (a.prefetch[i] && a.prefetch[i]->device == Device::CUDA && a.prefetch[i]->data) {
-      p.pf_ptr[i] = a.prefetch[i]->data;
-      p.pf_bytes[i] = a.prefetch[i]->nbytes();
-    }
   return p;
 }
 
@@ -875,12 +764,6 @@ void CudaBackend::attention(const AttentionArgs& a) {
     const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
     if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
     splits = std::max(splits, 1);
-    // MOESERVE_ATTN_SPLITS=n: A/B override of the split count (timing experiments).
-    static const int env_splits = [] {
-      const char* e = std::getenv("MOESERVE_ATTN_SPLITS");
-      return e ? std::atoi(e) : 0;
-    }();
-    if (env_splits > 0) splits = std::min(env_splits, std::min(32, std::max(1, m.max_context_len / 64)));
     if (splits > 1) {
       float* ws = static_cast<float*>(workspace(kAttnPart, per_split * splits));
       p.part_o = ws;
@@ -888,10 +771,8 @@ void CudaBackend::attention(const AttentionArgs& a) {
     }
   }
   p.splits = splits;
-  const int64_t groups = int64_t(p.num_seqs) * qtiles * p.Hkv;
-  if (splits > 1 && splits <= 32 && fuse_attn_combine && groups <= kAttnCounterSlots) p.counters = counters_ + kAttnCounterBase;
   if (use_attention_tc && use_attention_wgmma && splits == 1 && attention_wgmma_supported(p)) {
-    if (!attention_fp8_out(p)) launch_attention_wgmma(p, stream_);  // (FP8 epilogue: o_proj's input too)
+    launch_attention_wgmma(p, stream_);
   } else if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
     launch_attention_prefill(p, stream_);
   else if (use_attention_tc && splits == 1 && attention_tc_supported(p))

@@ -116,11 +116,10 @@ class CudaBackend final : public Backend {
                               const AttentionArgs& attn) override;
   void add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
                           const MoeWeights& moe, MoeRouting& routing) override;
-  // One token, every linear FP8 128x128, head_dim 128, one rank: one persistent kernel
-  // (k_decode_layer.cu, cuda_decode_layer.cpp); else the default body.
+  // One token, every linear FP8 128x128, head_dim 128, one rank, decode_mega on: one
+  // persistent kernel (k_decode_layer.cu, cuda_decode_layer.cpp); else the default body.
+  // (decode_layers keeps Backend's body: one decode_layer per layer.)
   void decode_layer(const DecodeLayerArgs& a) override;
-  // ... and every layer of the step in ONE such kernel where all qualify (decode_mega_multi).
-  void decode_layers(const DecodeLayerArgs* layers, int n) override;
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
@@ -174,93 +173,42 @@ class CudaBackend final : public Backend {
   // Up to this many tokens moe_experts skips the align step (direct pair tiles, tensor-core
   // GEMV only) and folds the combine into the down GEMV; 0: off.
   int moe_direct_max_tokens = 1;
-  // FP8 prefill experts on the wgmma 256-weight-row tiles: SiLU * up and its per-128-column
-  // FP8 quantisation in the gate/up GEMM's epilogue (no bf16 intermediate, no quantisation
-  // kernel; same scales, a byte rarely one e4m3 step apart). Off by default: on the H200 the
-  // longer epilogue cost more than the kernel it removes (docs/benchmarks.md);
-  // MOESERVE_MOE_FUSED_QUANT=1 turns it on.
-  bool moe_fused_quant = false;
-  // Grouped-GEMM experts: the down GEMM stores each pair's weighted row as bf16 instead of
-  // f32 (half the [P, H] round trip into the combine; adds one bf16 rounding per pair before
-  // the sum, as vLLM's MoE does). MOESERVE_MOE_YPAIR_BF16=1/0.
-  bool moe_ypair_bf16 = false;
-  // Combine of the pair rows with 4 columns per thread (MOESERVE_MOE_COMBINE_VEC=0: the
-  // scalar kernel; f32 pair rows only).
-  bool moe_combine_vec = true;
-  // MoE align as three multi-block kernels from kAlignMultiMinPairs (token, k) pairs (the
-  // single-block kernel took ~156 us at 8k tokens); MOESERVE_MOE_ALIGN_MULTI=0: one block.
-  bool moe_align_multi = true;
-  // Router logits + top-k in one kernel (T <= 8).
+  // Router logits + top-k in one kernel (T <= 8). MOESERVE_DECODE_OFF=router: off.
   bool fuse_router = true;
-  // add_rms_norm_route as that one kernel (T <= 4, H <= 3072). Off by default: the first
-  // version (per-element L2 loads in each of the 128 blocks) measured 3x slower than the
-  // separate norm kernel on the H200; the vectorised one is not measured yet.
-  bool fuse_norm_route = false;
-  // Decode router: L2 prefetch of the gate/up weights of the experts of the first this many
-  // (token, k) pairs (sm_90 only; 0: off). Off by default: 2 pairs measured ~3.5 us per layer
-  // slower at batch 1 on the H200 (the prefetch competes with the up GEMV's own stream).
-  int moe_l2_prefetch_pairs = 0;
   // linear_multi as one tensor-core GEMV launch where every weight allows it (else a loop).
   bool fuse_linear_multi = true;
-  // add_rms_norm_linear_multi as one GEMV launch (T <= 4, K <= 3072). Off by default (as
-  // fuse_norm_route).
-  bool fuse_norm_linear = false;
   // Dense decode GEMV (k_gemv_dense.cu: whole weight slice per block into shared memory
   // before the PDL wait) for linear_multi / add_rms_norm_linear_multi (q/k/v) up to this many
-  // tokens; 0: off (the k_gemv_tc.cu path). MOESERVE_GEMV_DENSE_V=n sets it (0: off).
-  // Batch 1 only by default: at 2-8 tokens the dense q/k/v measured slower than the old path
+  // tokens; 0: off (the k_gemv_tc.cu path; MOESERVE_DECODE_OFF=dense_gemv).
+  // Batch 1 only: at 2-8 tokens the dense q/k/v measured slower than the old path
   // (docs/benchmarks.md, "Batch-1 dense decode").
   int gemv_dense_max_tokens = 1;
-  // ... and for single linears (o_proj) up to this many tokens. Off by default: slower than
-  // k_gemv_tc.cu inside the batch-1 graph on the H200 (docs/benchmarks.md);
-  // MOESERVE_GEMV_DENSE_O=n sets it.
-  int gemv_dense_single_max_tokens = 0;
-  // add_rms_norm_linear_multi with the norm inside that kernel (MOESERVE_GEMV_DENSE_NORM=0:
-  // the separate norm kernel, then the dense GEMV).
+  // add_rms_norm_linear_multi with the norm inside that kernel (false: the separate norm
+  // kernel, then the dense GEMV; MOESERVE_DECODE_OFF=dense_norm).
   bool fuse_norm_dense = true;
   // add_rms_norm_route as one decode kernel (k_route_dense.cu: the norm in every logits
-  // block, top-k in the last); MOESERVE_ROUTE_V=0 turns it off (norm kernel + router).
+  // block, top-k in the last); false: norm kernel + router (MOESERVE_DECODE_OFF=route_dense).
   bool route_norm_dense = true;
   // Launch counts of the two kernels above (tests check that a path really ran).
   uint64_t gemv_dense_launches = 0, route_dense_launches = 0;
   // qk_norm_rope_write_kv as one kernel.
   bool fuse_qk_write_kv = true;
-  // Split-KV attention merges its splits in the last block of each group (no combine kernel).
-  // Off by default: with serial partial loads it cost ~19 us per layer more than the combine
-  // kernel at batch 1 (H200); the warp-parallel merge is not measured yet.
-  bool fuse_attn_combine = false;
   // qk_norm_rope_attention as one kernel (k_attn_decode.cu: norm + RoPE + KV write + split-KV
   // attention + in-cluster merge) for decode batches of up to this many sequences; 0: off.
   int attn_decode_max_tokens = 64;
   // Which fused decode attention kernel: 2 = k_attn_decode2.cu (tensor-core key loop, per-warp
-  // cp.async rings, one-round prologue; default), 1 = k_attn_decode.cu (MOESERVE_ATTN_DECODE_V=1).
+  // cp.async rings, one-round prologue, 8 warps, pushed split merge; default), 1 =
+  // k_attn_decode.cu (scalar key loop), which also serves the shapes version 2 refuses
+  // (rotary_dim % 16, wide q or k rows). Tests set 1 to cover that fallback.
   int attn_decode_version = 2;
   // Largest split count of version 2 (a power of two <= 16; 16 = non-portable clusters, used
-  // only when the device can co-schedule them). MOESERVE_ATTN_DECODE_SPLITS.
+  // only when the device can co-schedule them).
   int attn_decode_max_splits = 8;
-  // Version 2's split merge: true = pushed through remote stores (one cluster barrier),
-  // false = pulled by remote loads (two). MOESERVE_ATTN_DECODE_MERGE=pull|push.
-  bool attn_decode_push = true;
-  // Version 2's warps per block: 8, or 4 (~84 KB, 128 threads: fits next to the q/k/v GEMV's
-  // blocks, so its pre-wait part can overlap that kernel). MOESERVE_ATTN_DECODE_WARPS.
-  int attn_decode_warps = 8;
-  // The fused decode attention kernel prefetches the first this many AttentionArgs::prefetch
-  // tensors (o_proj weights, router gate, next layer's q/k/v) into L2 while it runs (HBM is
-  // otherwise idle during decode attention); 0: off. Off by default: o_proj + gate measured
-  // ~5 us per layer slower at batch 1 on the H200 (the prefetch delays the KV loads).
-  int attn_l2_prefetch = 0;
-  // Expert GEMV weight loads at decode: 0 plain, 1 L2::256B hint (default), 2 L2 evict_first
-  // policy (so the streamed experts do not evict prefetched attention weights; no gain measured).
-  int moe_ld_hint = 1;
   // decode_layer as the persistent one-kernel layer where it applies (MOESERVE_DECODE_MEGA=1).
   // Off by default: on one H200 it is faster than the separate ops at 8192 context (5.45 vs
-  // 5.73 ms, 30 layers) but slower at 1024 (4.21 vs 3.26 ms); docs/benchmarks.md.
+  // 5.73 ms, 30 layers) but slower at 1024 (4.21 vs 3.26 ms); docs/benchmarks.md. Kept for
+  // a selector that picks it by context (issue 23 item 2).
   bool decode_mega = false;
-  // decode_layers as one kernel for all layers (MOESERVE_MEGA_MULTI=1), else one kernel per
-  // layer. Off by default: the layer loop makes ptxas spill ~1.3 KB per thread (not measured yet).
-  bool decode_mega_multi = false;
-  // Steps run as one multi-layer kernel (tests).
-  uint64_t decode_mega_multi_launches() const { return mega_multi_launches_; }
   // Layers run by that kernel / refused (default body), and why the last refusal (tests, logs).
   uint64_t decode_mega_launches() const { return mega_launches_; }
   uint64_t decode_mega_refusals() const { return mega_refusals_; }
@@ -282,7 +230,8 @@ class CudaBackend final : public Backend {
   bool use_fp8_act_gemm = true;
   int fp8_act_min_tokens = 128;
   bool use_lt_fp8 = true;  // cuBLASLt for the dense linears (else k_gemm_fp8.cu)
-  // Router logits as one f32 cuBLASLt GEMM (no TF32) from this many tokens; 0: off.
+  // Router logits as one f32 cuBLASLt GEMM (no TF32) from this many tokens; 0: off
+  // (MOESERVE_PREFILL_OFF=router).
   int router_gemm_min_tokens = 64;
   // ... as the split-bf16 tensor-core GEMM (x bf16 against the gate's bf16 hi / lo halves,
   // f32 accumulation) rather than the f32 CUDA-core GEMM; MOESERVE_PREFILL_OFF=router_split.
@@ -290,12 +239,9 @@ class CudaBackend final : public Backend {
   // ... with the gate split once per gate tensor and kept (gate_split(), +2 bytes x 2 E H per
   // layer); MOESERVE_PREFILL_OFF=gate_cache splits per call instead.
   bool gate_split_cache = true;
-  // Prefill fusions into the FP8 activation format (cuda_prefill.cpp), A/B through
-  // MOESERVE_PREFILL_OFF: moe_nq = the post-attention add + RMSNorm (add_rms_norm_route) also
-  // writes the experts' FP8 input. Opt-in (MOESERVE_ATTN_Q8=1; measured slower on the H200,
-  // docs/benchmarks.md): the warp-specialised attention also writes o_proj's FP8 input (next
-  // to its bf16 output) instead of o_proj quantising it in a separate pass.
-  bool prefill_attn_q8 = false;
+  // Prefill fusion into the FP8 activation format (cuda_prefill.cpp; MOESERVE_PREFILL_OFF=
+  // moe_nq): the post-attention add + RMSNorm (add_rms_norm_route) also writes the experts'
+  // FP8 input.
   bool prefill_moe_norm_quant = true;
   // moe_quant_vec: the FP8 experts' activation quantisations (x when not fused into the norm,
   // and the [T x top_k, I] SiLU * up intermediate) on the 16-byte-load kernel
@@ -310,7 +256,7 @@ class CudaBackend final : public Backend {
   bool prefill_quant_vec = true;
   // Layout of the activation scales handed to cuBLASLt (false: token-fastest [K/128, T]).
   bool lt_act_scale_kmajor = false;
-  // The paths above (FP8-activation GEMMs, cuBLASLt, the router GEMM) also inside captured
+  // The paths above (FP8-activation GEMMs, cuBLASLt, the router GEMM) also run inside captured
   // graphs (decode buckets of >= fp8_act_min_tokens rows; the router GEMM only from that many
   // rows in a graph, so smaller buckets keep their kernels). Everything they need is fixed
   // at capture: the MoE tile table is built on the device into buffers sized for the worst
@@ -318,7 +264,8 @@ class CudaBackend final : public Backend {
   // bucket's eager warm-up, and the cuBLASLt plan (algorithm from the heuristic, fixed
   // workspace) was made by that warm-up for the bucket's row count. A workspace too small
   // during capture makes the op take its previous kernel (counted in graph_fallbacks()).
-  // false (MOESERVE_GRAPH_PREFILL_PATHS=0): captured steps take the previous kernels.
+  // false: captured steps take the previous kernels (the A/B baseline of test_cuda_graphs_big;
+  // its environment switch left the tree).
   bool prefill_paths_in_graphs = true;
   // FP8-activation / cuBLASLt / router-GEMM launches recorded while capturing, and ops that
   // fell back to their previous kernel during a capture (tests, logs).
@@ -367,8 +314,6 @@ class CudaBackend final : public Backend {
     prequant_ = {};
     return p.x && p.x == x && p.T == T && p.K == K ? p : Prequant{};
   }
-  // attention() at prefill: the warp-specialised kernel with the FP8 epilogue (sets prequant_).
-  bool attention_fp8_out(const cuda::AttnParams& p);
   // linear() from prequant_; false (nothing launched) when no FP8 GEMM takes this weight.
   bool linear_prequant(const cuda::LinParams& p, const Prequant& pq);
   // add_rms_norm_route() at prefill: the add + norm also quantising for the experts.
@@ -399,12 +344,11 @@ class CudaBackend final : public Backend {
   bool decode_layer_mega(const DecodeLayerArgs& a);
   // Fills *p for the kernel (workspace included); false (why in mega_why_) if it does not apply.
   bool mega_params(const DecodeLayerArgs& a, cuda::DecodeLayerParams* p);
-  uint64_t mega_multi_launches_ = 0;
   // decode_layer kernel workspaces (zeroed accumulators + barrier words) by shape.
   std::unordered_map<std::string, void*> mega_ws_;
   int mega_grid_ = -1;
   uint64_t mega_launches_ = 0, mega_refusals_ = 0;
-  void* mega_timing_ = nullptr;  // MOESERVE_MEGA_TIMING=1: phase times, printed at destruction
+  void* mega_timing_ = nullptr;  // MOESERVE_MEGA_TIMING=1 (diagnostic build): phase times, printed at destruction
   void print_mega_timing();
   std::string mega_why_;
 

@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_layer.h"
 #include "backend/cuda/kernels.h"
+#include "core/debug_flags.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -33,28 +34,6 @@ bool CudaBackend::decode_layer_mega(const DecodeLayerArgs& a) {
   if (!mega_params(a, &p)) return false;
   launch_decode_layer(p, mega_grid_, stream_);
   return true;
-}
-
-void CudaBackend::decode_layers(const DecodeLayerArgs* layers, int n) {
-  if (n <= 1 || !decode_mega || !decode_mega_multi) return Backend::decode_layers(layers, n);
-  std::vector<DecodeLayerParams> ps(static_cast<size_t>(n));
-  bool ok = true;
-  for (int i = 0; i < n && ok; ++i) {
-    ok = mega_params(layers[i], &ps[size_t(i)]);
-    if (ok && i > 0) {
-      // One launch: the same shapes, workspace and activations in every layer; layer i reads
-      // layer i - 1's outputs.
-      const DecodeLayerParams &a = ps[0], &b = ps[size_t(i)];
-      ok = b.H == a.H && b.Hq == a.Hq && b.Hkv == a.Hkv && b.I == a.I && b.E == a.E && b.top_k == a.top_k &&
-           b.rotary_dim == a.rotary_dim && b.theta == a.theta && b.residual == a.residual &&
-           b.moe_out == a.moe_out && b.moe_in == a.moe_out && b.ws == a.ws && b.bar == a.bar;
-      if (!ok) mega_why_ = "layers differ in shape or buffers";
-    }
-  }
-  if (!ok) return Backend::decode_layers(layers, n);
-  launch_decode_layers(ps.data(), n, mega_grid_, stream_);
-  mega_launches_ += uint64_t(n);
-  ++mega_multi_launches_;
 }
 
 bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) {
@@ -126,35 +105,8 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
   p.block_size = int(a.kv->k.dim(1));
   p.num_slots = a.kv->k.dim(0) * a.kv->k.dim(1);
   p.ids = a.routing->expert_ids.ptr<int32_t>(), p.rw = a.routing->weights.ptr<float>();
-  static const bool pf = [] {
-    const char* e = std::getenv("MOESERVE_MEGA_PF");
-    return e && e[0] == '1';
-  }();
-  p.l2_prefetch = pf;
-  static const bool no_merge = [] {
-    const char* e = std::getenv("MOESERVE_MEGA_MERGE");
-    return e && e[0] == '0';
-  }();
-  p.merge_in_attention = !no_merge;
-  static const bool use_pdl = [] {
-    const char* e = std::getenv("MOESERVE_MEGA_PDL");
-    return e && e[0] == '1';
-  }();
-  p.pdl = use_pdl;
-  static const bool fence = [] {
-    const char* e = std::getenv("MOESERVE_MEGA_FENCE");
-    return e && e[0] == '1';
-  }();
-  p.fence_barrier = fence;
-  static const int gpf = [] {
-    const char* e = std::getenv("MOESERVE_MEGA_GPF");
-    return e ? std::atoi(e) : 0;
-  }();
-  p.gemv_pf = gpf;
-  static const bool timing = [] {
-    const char* e = std::getenv("MOESERVE_MEGA_TIMING");
-    return e && e[0] == '1';
-  }();
+  // MOESERVE_MEGA_TIMING (diagnostic build; core/debug_flags.h).
+  static const bool timing = debug_flags().mega_timing;
   if (timing) {
     if (!mega_timing_) {
       if (capturing_) return refuse("timing buffer not made before capture");
@@ -180,7 +132,7 @@ bool CudaBackend::mega_params(const DecodeLayerArgs& a, DecodeLayerParams* out) 
     CUDA_CHECK(cudaMemset(d, 0, bytes));
     it = mega_ws_.emplace(key, d).first;
   }
-  if (mega_launches_ == 0 && mega_multi_launches_ == 0)
+  if (mega_launches_ == 0)
     spdlog::info("decode_layer: persistent kernel, {} blocks (H {}, {}/{} heads, {} experts top-{}, I {})", mega_grid_,
                  H, Hq, Hkv, p.E, p.top_k, I);
   p.bar = static_cast<unsigned*>(it->second);

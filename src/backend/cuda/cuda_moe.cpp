@@ -16,7 +16,6 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_generic.h"
 #include "backend/cuda/kernels_fp8.h"
-#include "backend/cuda/k_moe_gemv.h"
 #include "core/error.h"
 
 
@@ -111,7 +110,7 @@ void CudaBackend::add_rms_norm_route(Tensor& residual, const Tensor& x, const Te
                                      const MoeWeights& moe, MoeRouting& routing) {
   const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
                   out.dtype == DType::BF16;
-  if (fuse_router && (fuse_norm_route || route_norm_dense) && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
+  if (fuse_router && route_norm_dense && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
       weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
       out.numel() == x.numel() && weight.numel() == x.dim(-1) &&
       aligned16({residual.data, x.data, weight.data, out.data})) {
@@ -163,18 +162,6 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
   p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
   p.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
   p.counter = fuse_router ? counters_ : nullptr;
-  // Decode: L2 prefetch of the first experts' gate/up weights (~2 of them: about what the
-  // up GEMV's first wave reads first, well inside the L2). Needs the expert table (built
-  // outside capture by the first moe_experts call).
-  if (moe_l2_prefetch_pairs > 0 && T * k <= 8 && !moe.experts.empty()) {
-    auto it = expert_tables_.find(&moe);
-    if (it != expert_tables_.end() && it->second->fp8 && it->second->signature == expert_signature(moe)) {
-      p.pf_experts = it->second->dev;
-      p.pf_first_local = moe.first_local_expert, p.pf_num_local = int(moe.experts.size());
-      p.pf_pairs = moe_l2_prefetch_pairs;
-      p.pf_bytes = uint64_t(it->second->I) * it->second->H / 16 * 16;
-    }
-  }
   if (nf) {
     p.norm = true;
     p.x = nf->addend->data, p.x_bf16 = true;
@@ -184,7 +171,7 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
       ++route_dense_launches;
       return true;
     }
-    if (!fuse_norm_route || !route_norm_supported(p)) return false;
+    return false;  // (the first fused norm + router kernel measured 3x slower; removed)
   }
   // Prefill (eager, >= 64 tokens, no fused norm): logits as an f32 GEMM, then top-k alone.
   if (!nf && route_logits_gemm(moe.gate, p))
@@ -210,13 +197,12 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
   if (T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out)) return;
   const bool gemv = T <= moe_gemv_max_tokens;
-  // FP8 prefill on the Hopper wgmma kernel's 128-row tiles (128 x 256 by default, 128 x 192
-  // with MOESERVE_FP8_WGMMA_TILE=128x192): the align builds 128-row tiles; same predicate as
+  // FP8 prefill on the Hopper wgmma kernel's 128 x 256 tiles: the align builds 128-row tiles; same predicate as
   // moe_experts_fp8_act, which must then run and take that kernel (its 32-bit offset bound is
   // checked here too).
   const bool fp8_pair = !gemv && prefill_path_allowed() && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
                         et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
-                        fp8_wgmma_moe_tile_rows() == kFp8PairTileM && fp8_wgmma_available() &&
+                        fp8_wgmma_available() &&
                         int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31) &&
                         // in a capture its quantisation workspaces must already be there
                         // (moe_experts_fp8_act checks the same; eager steps always fit)
@@ -239,16 +225,14 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   a.sorted_weight = reinterpret_cast<float*>(meta + meta_words);
   void* act = workspace(kMoeAct, size_t(P) * et.I * 2);
   float* ypair = static_cast<float*>(workspace(kMoeY, size_t(P) * H * 4));
-  if (moe_align_multi) {  // the pair rows are not written before the down GEMM
-    a.scratch = reinterpret_cast<int32_t*>(ypair);
-    a.scratch_bytes = size_t(P) * H * 4;
-  }
+  // The multi-block align's scratch (the pair rows are not written before the down GEMM).
+  a.scratch = reinterpret_cast<int32_t*>(ypair);
+  a.scratch_bytes = size_t(P) * H * 4;
   launch_moe_align(a, stream_);
 
   LinParams up;
   up.tc = use_gemv_tc;
   up.mode = LinMode::kSwiglu;
-  up.ld_hint = moe_ld_hint;
   up.x = x.data, up.ldx = H, up.x_rows = a.sorted_token, up.M = P;
   up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
   up.tile_expert = a.tile_expert, up.tile_begin = a.tile_begin, up.tile_end = a.tile_end, up.num_tiles = a.num_tiles;
@@ -258,30 +242,20 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   down.mode = LinMode::kDown;
   down.x = act, down.ldx = et.I, down.x_rows = nullptr;
   down.N = H, down.K = et.I, down.s_cols = et.s_cols_down;
-  // Grouped GEMMs may store the per-pair rows as bf16 (moe_ypair_bf16); the GEMVs keep f32.
+  // f32 pair rows, summed by the combine (4 columns per thread where aligned).
   const bool vec_ok = H % 4 == 0 && aligned16({ypair, out.data});
-  const bool y_bf16 = !gemv && moe_ypair_bf16 && vec_ok;
-  down.out = ypair, down.ldo = H, down.out_f32 = !y_bf16, down.row_scale = a.sorted_weight;
+  down.out = ypair, down.ldo = H, down.out_f32 = true, down.row_scale = a.sorted_weight;
   if (gemv) {
-    // Up to kMoeStreamTileMaxTokens tokens the streaming kernels (k_moe_gemv.cu) where they
-    // apply (both or neither) with MOESERVE_MOE_GEMV_V=3; else launch_gemv.
-    if (g_moe_gemv_v >= 3 && up.tc && T <= kMoeStreamTileMaxTokens && moe_gemv_stream_supported(up, T) &&
-        moe_gemv_stream_supported(down)) {
-      down.ids_ready = true;  // align -> up -> down: the tile table is two launches back
-      launch_moe_gemv_stream(up, stream_, T);
-      launch_moe_gemv_stream(down, stream_);
-    } else {
-      launch_gemv(up, stream_);
-      launch_gemv(down, stream_);
-    }
+    launch_gemv(up, stream_);
+    launch_gemv(down, stream_);
   } else if (fp8_pair) {
     MS_CHECK(moe_experts_fp8_act(up, down, T, pq), "moe_experts: FP8 128-row-tile path refused its own shapes");
   } else if (!moe_experts_fp8_act(up, down, T, pq)) {
     launch_gemm(up, stream_);
     launch_gemm(down, stream_);
   }
-  if (vec_ok && (moe_combine_vec || y_bf16))
-    launch_moe_combine4(ypair, y_bf16, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
+  if (vec_ok)
+    launch_moe_combine4(ypair, false, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
   else
     launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
 }
@@ -300,7 +274,6 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   LinParams up;
   up.tc = use_gemv_tc;
   up.mode = LinMode::kSwiglu;
-  up.ld_hint = moe_ld_hint;
   up.x = x.data, up.ldx = H, up.M = P, up.x_row_div = k;
   up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
   up.pair_ids = routing.expert_ids.ptr<int32_t>();
@@ -318,14 +291,6 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   down.combine_out = out.data, down.combine_bf16 = out.dtype == DType::BF16;
   down.top_k = k, down.counters = counters_ + kMoeCounterBase;
   down.ids_ready = true;  // router -> up -> down: the ids are two launches back
-  // Streaming kernels (k_moe_gemv.cu) with MOESERVE_MOE_GEMV_V >= 2 where they apply (both or
-  // neither), else k_gemv_tc.cu.
-  if (g_moe_gemv_v >= 2 && int64_t(T) * ceil_div(H, 16) <= kMoeCounterSlots && moe_gemv_stream_supported(up) &&
-      moe_gemv_stream_supported(down)) {
-    launch_moe_gemv_stream(up, stream_);
-    launch_moe_gemv_stream(down, stream_);
-    return true;
-  }
   launch_gemv_tc(up, stream_);
   launch_gemv_tc(down, stream_);
   return true;

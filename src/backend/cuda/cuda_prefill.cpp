@@ -7,10 +7,8 @@
 //   or, where cuBLASLt is unavailable or has no algorithm, k_gemm_fp8.cu (mma.sync e4m3);
 // - experts: gate/up grouped GEMM with fused SiLU * up (bf16 out), that output quantised
 //   the same way, down grouped GEMM scaled by the routing weight (k_gemm_fp8.cu; on sm_90a
-//   the wgmma kernel of k_gemm_fp8_wgmma.cu, which can also quantise in its epilogue:
-//   moe_fused_quant, opt-in).
-// Capture: with prefill_paths_in_graphs (default) these paths also run inside captured decode
-// graphs (buckets of >= fp8_act_min_tokens rows). Nothing here needs the host to know the
+//   the wgmma kernel of k_gemm_fp8_wgmma.cu).
+// Capture: these paths also run inside captured decode graphs (buckets of >= fp8_act_min_tokens rows). Nothing here needs the host to know the
 // data: the MoE tile table comes from the device-side align (fixed worst-case buffers, tiles
 // past the device count exit), the quantisation and GEMM shapes depend only on the row count
 // (fixed per bucket), and the cuBLASLt handle and per-shape plan (heuristic algorithm, fixed
@@ -144,21 +142,12 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   const size_t abytes = round_up(size_t(P) * I, 256);
   uint8_t* aq = static_cast<uint8_t*>(workspace(kQuantAct, abytes + size_t(P) * (I / kQuantGroup) * 4));
   float* as = reinterpret_cast<float*>(aq + abytes);
-  // Fused (default on the wgmma 64 x 256 tiles): the gate/up GEMM's epilogue writes
-  // SiLU(gate) * up already quantised (e4m3 + per-128-column scales, bit-identical to the
-  // quantisation kernel below), so the bf16 [P, I] intermediate never exists.
-  LinParams upq = up;
-  upq.out_q = aq, upq.out_qs = as, upq.ldo = I;
-  if (moe_fused_quant && g_fp8_gemm_wgmma && gemm_fp8_wgmma_supported(upq)) {
-    launch_gemm_fp8_wgmma(upq, Fp8Act{xq, xs}, stream_);
-  } else {
-    // launch_gemm_fp8 picks the kernel (wgmma on sm_90a) and, from up.tile_rows, its tile shape.
-    launch_gemm_fp8(up, Fp8Act{xq, xs}, stream_);
-    // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
-    QuantParams qa;
-    qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
-    quant_moe(qa);
-  }
+  // launch_gemm_fp8 picks the kernel (wgmma on sm_90a) and, from up.tile_rows, its tile shape.
+  launch_gemm_fp8(up, Fp8Act{xq, xs}, stream_);
+  // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
+  QuantParams qa;
+  qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
+  quant_moe(qa);
   launch_gemm_fp8(down, Fp8Act{aq, as}, stream_);
   return true;
 }
@@ -292,26 +281,6 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
 }
 
 // ---- FP8 activations made by the op before (prequant_) ----
-
-// Prefill attention on the warp-specialised kernel, also writing o_proj's FP8 input: per
-// (token, head) = per 128 columns of [T, Hq * 128], so o_proj (linear_prequant) skips its
-// quantisation pass. The bf16 output is still written (any reader of it stays correct; inside
-// the compute-bound kernel the store is mostly hidden).
-bool CudaBackend::attention_fp8_out(const AttnParams& p) {
-  const int T = p.T, K = p.Hq * p.D, G = K / kQuantGroup;
-  if (!prefill_attn_q8 || !g_attn_ws || !attn_q8_supported() || !prefill_path_allowed() || !use_fp8_act_gemm || T < fp8_act_min_tokens ||
-      p.D != kQuantGroup)
-    return false;
-  const size_t qbytes = round_up(size_t(T) * K, 256), sbytes = size_t(T) * G * 4;
-  if (!ws_fits(kQuantX, qbytes + 2 * sbytes)) return false;
-  AttnQ8Out q8;
-  q8.q = static_cast<uint8_t*>(workspace(kQuantX, qbytes + 2 * sbytes));
-  q8.s_tok = reinterpret_cast<float*>(q8.q + qbytes);
-  q8.s_row = q8.s_tok + size_t(T) * G;
-  launch_attention_ws_q8(p, q8, stream_);
-  prequant_ = {p.out, T, K, q8.q, q8.s_tok, q8.s_row};
-  return true;
-}
 
 // A linear from prequant_ (linear_fp8_act's conditions): cuBLASLt on all rows (token-fastest
 // scales), else the mma.sync kernel (row-major scales). False: not an FP8-activation linear.

@@ -48,20 +48,17 @@ struct DecodeLayerParams {
   float* ws = nullptr;
   unsigned* bar = nullptr;
   int max_splits = 16;
-  // During attention, prefetch the block's o_proj items and router gate rows into L2
-  // (MOESERVE_MEGA_PF=1). Off by default: measured ~5 us per layer slower (issuing ~290 bulk
-  // prefetches per block delays the attention).
+  // Kernel variants of earlier A/B runs, fixed at their defaults (their environment switches
+  // left the tree; docs/bench/cuda_switch_inventory.md): L2 prefetch of o_proj / gate rows
+  // during attention (off: ~5 us per layer slower), the split merge in the attention phase
+  // (on), PDL launch (off), fenced grid barrier (off), GEMV L2 prefetch distance (0).
   bool l2_prefetch = false;
-  // The split merge by the last split block of each kv head (no grid barrier for it).
   bool merge_in_attention = true;
-  // Diagnostics (MOESERVE_MEGA_TIMING=1): [0, 13) summed ns of each phase in block 0, [15] count.
+  // Diagnostics (MOESERVE_MEGA_TIMING=1, diagnostic build): [0, 13) summed ns of each phase in
+  // block 0, [15] count.
   unsigned long long* timing = nullptr;
-  // Launch with programmatic dependent launch (MOESERVE_MEGA_PDL=1): this kernel's blocks may
-  // be scheduled while the previous kernel drains (they wait before reading activations).
   bool pdl = false;
-  // Grid barrier with full fences (MOESERVE_MEGA_FENCE=1) instead of release/acquire atomics.
   bool fence_barrier = false;
-  // GEMV L2 prefetch distance in rounds of 8 items per block (MOESERVE_MEGA_GPF; 0: off).
   int gemv_pf = 0;
 };
 
@@ -73,8 +70,5 @@ const char* decode_layer_unsupported(const DecodeLayerParams& p, int grid);
 int decode_layer_blocks_per_sm();
 // Cooperative launch (co-residency checked by the runtime), capture-safe.
 void launch_decode_layer(const DecodeLayerParams& p, int grid, cudaStream_t s);
-// n consecutive layers (same shapes, workspace and barrier; layer i + 1 reads layer i's
-// outputs) in one launch per 64 layers; the parameters travel by value (capture-safe).
-void launch_decode_layers(const DecodeLayerParams* layers, int n, int grid, cudaStream_t s);
 
 }  // namespace moeserve::cuda

@@ -1,5 +1,5 @@
 // Fragment helpers of the FP8 "swap AB" tensor-core GEMVs (k_gemv_tc.cu, k_gemv_dense.cu,
-// k_moe_gemv.cu, the persistent decode layer): FP8 weights are the A side of mma.sync
+// the persistent decode layer): FP8 weights are the A side of mma.sync
 // m16n8k16 in f16 (e4m3 -> f16 is exact), the <= 8 activation rows the B side.
 #pragma once
 #include <cuda_fp16.h>
@@ -36,7 +36,7 @@ __device__ __forceinline__ uint32_t bf2_to_h2(uint32_t w) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// Weight load (16 bytes, read-only path) with the cache hint of LinParams::ld_hint: 0 plain,
+// Weight load (16 bytes, read-only path) with a cache hint (the GEMVs build HINT 1): 0 plain,
 // 1 L1::no_allocate + L2::256B prefetch, 2 L2 evict_first policy.
 template <int HINT>
 __device__ __forceinline__ uint4 ld_w(const void* ptr) {

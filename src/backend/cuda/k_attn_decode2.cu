@@ -541,12 +541,14 @@ __global__ void __launch_bounds__(W * 32, 1) attn_decode2_kernel(AttnParams a, Q
 
 }  // namespace
 
-bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n, int warps) {
-  return (warps == 4 || warps == 8) && attn_decode_supported(a, n) && n.rotary_dim % 16 == 0 &&
+bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n) {
+  constexpr int warps = 8;
+  return attn_decode_supported(a, n) && n.rotary_dim % 16 == 0 &&
          n.q_width <= kMaxQWidth && n.k_width <= 8 * 32 * warps;
 }
 
-int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits, int warps) {
+int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits) {
+  constexpr int warps = 8;
   // About one block per SM (~146 KB of shared memory at 8 warps), a power of two
   // <= max_splits, and >= 16 keys per warp (one chunk each) per block.
   const int want = std::max(1, num_sms / std::max(1, kv_groups));
@@ -565,42 +567,36 @@ void ensure_attrs() {
   CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (g_attr_set.load() & bit) return;
-  for (auto* k : {attn_decode2_kernel<true, 8>, attn_decode2_kernel<false, 8>}) {
-    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2<8>))));
-    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  }
-  for (auto* k : {attn_decode2_kernel<true, 4>, attn_decode2_kernel<false, 4>}) {
-    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2<4>))));
-    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  }
+  auto* k = attn_decode2_kernel<true, 8>;
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem2<8>))));
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   g_attr_set.fetch_or(bit);
 }
 }  // namespace
 
-int attn_decode2_max_cluster(int want, int warps) {
+int attn_decode2_max_cluster(int want) {
   ensure_attrs();
   if (want <= 8) return want;
-  static std::atomic<int> cached[64][2] = {};  // per device and width: clusters + 1 (0: not asked yet)
+  static std::atomic<int> cached[64] = {};  // per device: clusters + 1 (0: not asked yet)
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  if (const int c = cached[dev & 63][warps == 4].load()) return c - 1;
+  if (const int c = cached[dev & 63].load()) return c - 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(16, 1, 1);
-  cfg.blockDim = dim3(32 * warps);
-  cfg.dynamicSmemBytes = warps == 4 ? sizeof(Smem2<4>) : sizeof(Smem2<8>);
+  cfg.blockDim = dim3(32 * 8);
+  cfg.dynamicSmemBytes = sizeof(Smem2<8>);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 16, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int clusters = 0;
-  const cudaError_t err = warps == 4 ? cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel<true, 4>, &cfg)
-                                     : cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel<true, 8>, &cfg);
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, attn_decode2_kernel<true, 8>, &cfg);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     clusters = 0;
   }
-  cached[dev & 63][warps == 4].store(clusters + 1);
+  cached[dev & 63].store(clusters + 1);
   return clusters;  // the caller compares it with the clusters it needs
 }
 
@@ -616,16 +612,14 @@ std::vector<unsigned long long> attn_decode2_read_timer() {
   return t;
 }
 
-void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, bool push, int warps,
-                         cudaStream_t s) {
+void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, cudaStream_t s) {
   CU_REQUIRE(splits >= 1 && splits <= kMaxSplits, "attn_decode2: splits " + std::to_string(splits));
-  CU_REQUIRE(warps == 4 || warps == 8, "attn_decode2: warps " + std::to_string(warps));
   if (a.T == 0) return;
   ensure_attrs();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(splits, a.Hkv, a.num_seqs);
-  cfg.blockDim = dim3(32 * warps);
-  cfg.dynamicSmemBytes = warps == 4 ? sizeof(Smem2<4>) : sizeof(Smem2<8>);
+  cfg.blockDim = dim3(32 * 8);
+  cfg.dynamicSmemBytes = sizeof(Smem2<8>);
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   int na = 0;
@@ -639,9 +633,9 @@ void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int spl
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  auto* k = warps == 4 ? (push ? attn_decode2_kernel<true, 4> : attn_decode2_kernel<false, 4>)
-                       : (push ? attn_decode2_kernel<true, 8> : attn_decode2_kernel<false, 8>);
-  decode_carveout(reinterpret_cast<const void*>(k), cfg.dynamicSmemBytes);
+  // The pushed merge with 8 warps is the one built: the pulled merge and 4 warps measured no
+  // faster (docs/bench/cuda_switch_inventory.md).
+  auto* k = attn_decode2_kernel<true, 8>;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, a, n));
 }
 

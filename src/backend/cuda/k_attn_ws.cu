@@ -362,26 +362,6 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(AttnParams p, in
 #endif  // MS_WGMMA_ATTN
 }
 
-// Tensor map of one cache tensor [rows, Hkv * 128] bf16 with 64 x 16 boxes (128-byte
-// swizzle); false when the driver entry point or the encoding is unavailable.
-bool make_kv_map(CUtensorMap* map, const void* base, int64_t rows, int Hkv) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (!encode || rows <= 0 || rows >= (int64_t(1) << 31) || (reinterpret_cast<uintptr_t>(base) & 15)) return false;
-  const cuuint64_t dims[2] = {cuuint64_t(Hkv) * kD, cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(Hkv) * kD * 2};
-  const cuuint32_t box[2] = {64, 16}, estr[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, estr,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <bool kOverlap, int kStages, bool kTma, bool kQ8 = false>
 void launch_ws(const AttnParams& p, int qtiles, int hp, int grid, const CUtensorMap& kmap, const CUtensorMap& vmap,
                const AttnQ8Out& q8, cudaStream_t s) {
@@ -392,39 +372,18 @@ void launch_ws(const AttnParams& p, int qtiles, int hp, int grid, const CUtensor
     attr_set = true;
   }
   attn_ws_kernel<kOverlap, kStages, kTma, kQ8><<<grid, kThreadsWs, ws_smem_bytes(kStages), s>>>(
-      p, qtiles, hp, g_attn_ws_pp ? 1 : 0, g_attn_ws_page_loader ? 1 : 0, kmap, vmap, q8);
+      p, qtiles, hp, /*ping-pong*/ 1, /*page loader*/ 1, kmap, vmap, q8);
   CUDA_CHECK_LAUNCH();
-}
-
-template <bool kOverlap>
-void launch_ws_stages(const AttnParams& p, int qtiles, int hp, int grid, bool tma, const CUtensorMap& kmap,
-                      const CUtensorMap& vmap, const AttnQ8Out& q8, cudaStream_t s) {
-  const bool three = g_attn_ws_stages >= 3;
-  if (tma)
-    three ? launch_ws<kOverlap, 3, true>(p, qtiles, hp, grid, kmap, vmap, q8, s)
-          : launch_ws<kOverlap, 2, true>(p, qtiles, hp, grid, kmap, vmap, q8, s);
-  else
-    three ? launch_ws<kOverlap, 3, false>(p, qtiles, hp, grid, kmap, vmap, q8, s)
-          : launch_ws<kOverlap, 2, false>(p, qtiles, hp, grid, kmap, vmap, q8, s);
 }
 
 }  // namespace
 
-bool g_attn_ws = true;
-bool g_attn_ws_overlap = true;
-bool g_attn_ws_pp = true;
-int g_attn_ws_stages = 2;
-bool g_attn_ws_persistent = true;  // measured faster at every bench shape
-bool g_attn_ws_page_loader = true;
-bool g_attn_ws_tma = false;  // opt-in: measured slower than cp.async (docs/benchmarks.md)
-
-void launch_attention_ws(const AttnParams& p, cudaStream_t s) { launch_attention_ws_q8(p, AttnQ8Out{}, s); }
-
-bool attn_q8_supported() { return g_attn_ws_overlap && g_attn_ws_stages < 3 && !g_attn_ws_tma; }
-
-void launch_attention_ws_q8(const AttnParams& p, const AttnQ8Out& q8, cudaStream_t s) {
+// The default variant is the only one built: intra-warpgroup overlap, 2-deep K/V ring by
+// cp.async (no TMA), ping-pong consumers, page loader, persistent grid. The other variants
+// (sequential softmax, no ping-pong, 3 stages, one block per item, the generic loader, TMA,
+// the FP8 epilogue) measured slower or no faster: docs/bench/cuda_switch_inventory.md.
+void launch_attention_ws(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_ws: head_dim must be 128");
-  CU_REQUIRE(!q8.q || (q8.s_tok && q8.s_row), "attention_ws: FP8 output without scales");
   if (p.T == 0 || p.num_seqs == 0) return;
   const int group = p.Hq / p.Hkv;
   const int hp = group % 2 == 0 ? 2 : 1;
@@ -436,21 +395,9 @@ void launch_attention_ws_q8(const AttnParams& p, const AttnQ8Out& q8, cudaStream
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   }
-  const int grid = g_attn_ws_persistent ? std::min(total, sms) : total;
-  // TMA needs the page loader's block sizes (16-key groups inside one block).
+  const int grid = std::min(total, sms);
   CUtensorMap kmap{}, vmap{};
-  const bool page = g_attn_ws_page_loader && p.block_size >= 16 && p.block_size <= kN;
-  if (q8.q) {  // one instantiation: the default variant (attn_q8_supported)
-    CU_REQUIRE(attn_q8_supported(), "attention_ws: the FP8 epilogue needs the default variant");
-    launch_ws<true, 2, false, true>(p, qtiles, hp, grid, kmap, vmap, q8, s);
-    return;
-  }
-  const bool tma = page && g_attn_ws_tma && make_kv_map(&kmap, p.k_cache, p.kv_rows, p.Hkv) &&
-                   make_kv_map(&vmap, p.v_cache, p.kv_rows, p.Hkv);
-  if (g_attn_ws_overlap)
-    launch_ws_stages<true>(p, qtiles, hp, grid, tma, kmap, vmap, q8, s);
-  else
-    launch_ws_stages<false>(p, qtiles, hp, grid, tma, kmap, vmap, q8, s);
+  launch_ws<true, 2, false>(p, qtiles, hp, grid, kmap, vmap, AttnQ8Out{}, s);
 }
 
 }  // namespace moeserve::cuda

@@ -630,15 +630,11 @@ int decode_layer_blocks_per_sm() {
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(attr_set.load() & bit)) {
     CUDA_CHECK(cudaFuncSetAttribute(decode_layer_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))));
-    CUDA_CHECK(cudaFuncSetAttribute(decode_layer_kernel<kMaxTableLayers>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(sizeof(Smem))));
     attr_set.fetch_or(bit);
   }
-  int n = 0, m = 0;
+  int n = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_layer_kernel<1>, kThreads, sizeof(Smem)));
-  CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&m, decode_layer_kernel<kMaxTableLayers>, kThreads, sizeof(Smem)));
-  return std::min(n, m);
+  return n;
 }
 
 namespace {
@@ -669,15 +665,6 @@ void launch_decode_layer(const DecodeLayerParams& p, int grid, cudaStream_t s) {
   t.layer[0] = p;
   t.n = 1;
   launch_table(t, grid, s);
-}
-
-void launch_decode_layers(const DecodeLayerParams* layers, int n, int grid, cudaStream_t s) {
-  static thread_local LayerTable<kMaxTableLayers> t;  // 20 KB: not on the stack
-  for (int b = 0; b < n; b += kMaxTableLayers) {
-    t.n = std::min(kMaxTableLayers, n - b);
-    for (int i = 0; i < t.n; ++i) t.layer[i] = layers[b + i];
-    launch_table(t, grid, s);
-  }
 }
 
 }  // namespace moeserve::cuda

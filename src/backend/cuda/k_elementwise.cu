@@ -265,12 +265,8 @@ void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
   CU_REQUIRE(p.rotary_dim / 2 <= kMaxHalfRot, "qk_norm_rope: rotary_dim " + std::to_string(p.rotary_dim) + " > 1024");
   // Few tokens (decode, sm_90+): a cluster of 8 blocks per token, each normalising (and
   // rotating) 1/8 of the heads, instead of one block walking all 56 heads of a token.
-  // MOESERVE_QK_SLICES=n: A/B override (1: no cluster). The cluster code needs sm_90 code.
-  static const int env_slices = [] {
-    const char* e = std::getenv("MOESERVE_QK_SLICES");
-    return e ? std::atoi(e) : 0;
-  }();
-  const int slices = p.T < 64 && code_arch() >= 900 ? (env_slices > 0 ? env_slices : 8) : 1;
+  // The cluster code needs sm_90 code.
+  const int slices = p.T < 64 && code_arch() >= 900 ? 8 : 1;
   if (p.T >= kQkRopeVecMinTokens && qk_rope_vec_supported(p)) {  // prefill: k_rope_prefill.cu
     launch_qk_rope_vec(p, s);
     return;

@@ -298,12 +298,6 @@ __global__ void __launch_bounds__(kDW * 32) gemv_dense_kernel(LinParams p, Dense
 }
 
 int dense_rows(const LinParams& p, int num_sms) {
-  // MOESERVE_GEMV_DENSE_R=8|16 forces the block height (A/B).
-  static const int env_r = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_DENSE_R");
-    return e ? std::atoi(e) : 0;
-  }();
-  if (env_r == 8 || env_r == 16) return env_r;
   int64_t blocks16 = 0;
   if (p.nseg > 0)
     for (int i = 0; i < p.nseg; ++i) blocks16 += ceil_div(p.seg[i].N, 16);
@@ -328,14 +322,8 @@ void launch_dense(const LinParams& p, const DenseGeo& geo, int blocks, cudaStrea
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(attr_set.load() & bit)) {
     CUDA_CHECK(cudaFuncSetAttribute(gemv_dense_kernel<R, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDSmemMax)));
-    // MOESERVE_GEMV_DENSE_CARVEOUT=0: leave the L1 / shared split to the driver (A/B).
-    static const bool carveout = [] {
-      const char* e = std::getenv("MOESERVE_GEMV_DENSE_CARVEOUT");
-      return !(e && e[0] == '0');
-    }();
-    if (carveout)
-      CUDA_CHECK(cudaFuncSetAttribute(gemv_dense_kernel<R, NORM>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      int(cudaSharedmemCarveoutMaxShared)));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_dense_kernel<R, NORM>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    int(cudaSharedmemCarveoutMaxShared)));
     attr_set.fetch_or(bit);
   }
   launch_pdl(gemv_dense_kernel<R, NORM>, dim3(blocks), dim3(kDW * 32), smem, s, p, geo);
@@ -381,22 +369,14 @@ void launch_gemv_dense(const LinParams& p0, int num_sms, cudaStream_t s) {
   }
   if (blocks == 0) return;
   const int nchunks = p.K / 128;
-  // MOESERVE_GEMV_DENSE_PIECES=1..4: K-pieces (mbarriers) per block (A/B).
-  static const int pieces = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_DENSE_PIECES");
-    const int v = e ? std::atoi(e) : kPieces;
-    return v >= 1 && v <= kPieces ? v : kPieces;
-  }();
+  const int pieces = kPieces;  // K-pieces (mbarriers) per block
   DenseGeo geo;
   geo.cpp = (ceil_div(nchunks, pieces) + kDW - 1) / kDW * kDW;
   geo.npieces = ceil_div(nchunks, geo.cpp);
-  // Single linears (o_proj, after the decode attention) copy after the wait unless
-  // MOESERVE_GEMV_DENSE_O_EARLY=1; q/k/v (after the bandwidth-bound down GEMV) before it.
-  static const bool single_early = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_DENSE_O_EARLY");
-    return e && e[0] == '1';
-  }();
-  geo.late = p.nseg == 0 && !p.norm && !single_early ? 1 : 0;
+  // Single linears (o_proj, after the decode attention; only by a direct launch now: the
+  // backend keeps them on k_gemv_tc.cu) copy after the wait; q/k/v (after the bandwidth-bound
+  // down GEMV) before it.
+  geo.late = p.nseg == 0 && !p.norm ? 1 : 0;
   if (R == 16) {
     if (p.norm)
       launch_dense<16, true>(p, geo, blocks, s);

@@ -297,73 +297,26 @@ void launch_tc_mode(const LinParams& p, cudaStream_t s) {
   // Fewer than ~2 blocks per SM (k/v/o projections at batch 1: 32-96 blocks): 8 warps per
   // block so each row group's K is streamed by twice as many warps.
   // linear_multi (q/k/v: 256 blocks of equal work) stays at 4 warps: one wave.
-  // MOESERVE_GEMV_WARPS=4|8 forces one width (A/B timing only).
-  static const int env_warps = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_WARPS");
-    return e ? std::atoi(e) : 0;
-  }();
-  // MOESERVE_GEMV_UP_WARPS / MOESERVE_GEMV_DOWN_WARPS=4|8: the same for the expert GEMVs only.
-  static const int env_up = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_UP_WARPS");
-    return e ? std::atoi(e) : 0;
-  }();
-  static const int env_down = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_DOWN_WARPS");
-    return e ? std::atoi(e) : 0;
-  }();
-  const int mode_warps = MODE == int(LinMode::kSwiglu) ? env_up : MODE == int(LinMode::kDown) ? env_down : 0;
-  const bool wide = mode_warps  ? mode_warps == 8
-                    : env_warps ? env_warps == 8
-                                : int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
-  if constexpr (MODE == int(LinMode::kStore)) {
-    if (p.norm) {
-      if (wide)
-        launch_pdl(gemv_tc_kernel<MODE, 8, true, 0>, grid, dim3(8 * 32), 0, s, p);
-      else
-        launch_pdl(gemv_tc_kernel<MODE, 4, true, 0>, grid, dim3(4 * 32), 0, s, p);
-      return;
-    }
-  }
-  if (p.ld_hint == 1) {
-    if (wide)
-      launch_pdl(gemv_tc_kernel<MODE, 8, false, 1>, grid, dim3(8 * 32), 0, s, p);
-    else
-      launch_pdl(gemv_tc_kernel<MODE, 4, false, 1>, grid, dim3(4 * 32), 0, s, p);
-    return;
-  }
-  if (MODE != int(LinMode::kStore) && p.ld_hint == 2) {  // expert GEMVs only
-    if (wide)
-      launch_pdl(gemv_tc_kernel<MODE, 8, false, 2>, grid, dim3(8 * 32), 0, s, p);
-    else
-      launch_pdl(gemv_tc_kernel<MODE, 4, false, 2>, grid, dim3(4 * 32), 0, s, p);
-    return;
-  }
+  const bool wide = int64_t(grid.x) * grid.y < (p.nseg > 0 ? 132 : 264);
+  // Weight loads with the L2::256B hint (LD 1). The plain loads (0), the evict_first policy
+  // for experts (2), forced warp counts and the fused add + RMSNorm variant (NORM) measured
+  // no faster and are not built (docs/bench/cuda_switch_inventory.md).
   if (wide)
-    launch_pdl(gemv_tc_kernel<MODE, 8, false, 0>, grid, dim3(8 * 32), 0, s, p);
+    launch_pdl(gemv_tc_kernel<MODE, 8, false, 1>, grid, dim3(8 * 32), 0, s, p);
   else
-    launch_pdl(gemv_tc_kernel<MODE, 4, false, 0>, grid, dim3(4 * 32), 0, s, p);
+    launch_pdl(gemv_tc_kernel<MODE, 4, false, 1>, grid, dim3(4 * 32), 0, s, p);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
-
-bool gemv_tc_norm_supported(const LinParams& p) {
-  return p.mode == LinMode::kStore && !p.tile_expert && !p.pair_ids && p.M <= kNormTok && p.K <= kNormK &&
-         p.K % 8 == 0 && p.norm_counter;
-}
 
 bool gemv_tc_supported(const LinParams& p) {
   return p.tc && p.fp8 && p.bo == 128 && p.bi == kChunk && p.K % kChunk == 0 && p.N % 16 == 0 && p.ldx % 8 == 0 &&
          p.K > 0;
 }
 
-void launch_gemv_tc(const LinParams& p0, cudaStream_t s) {
-  static const int env_ld = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_LD");
-    return e ? std::atoi(e) : -1;
-  }();
-  LinParams p = p0;
-  if (env_ld >= 0) p.ld_hint = env_ld;
+void launch_gemv_tc(const LinParams& p, cudaStream_t s) {
+  CU_REQUIRE(!p.norm, "gemv_tc: the fused add + RMSNorm runs on k_gemv_dense.cu only");
   switch (p.mode) {
     case LinMode::kStore: launch_tc_mode<int(LinMode::kStore)>(p, s); break;
     case LinMode::kSwiglu: launch_tc_mode<int(LinMode::kSwiglu)>(p, s); break;

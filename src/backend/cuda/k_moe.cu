@@ -8,6 +8,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/route_topk.cuh"
+#include "core/debug_flags.h"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/kernels_prefill.h"
 
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) route_decode_kernel(RouteParam
   __shared__ int is_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int e = blockIdx.x * kDecWarps + warp;
-  const int nv = p.pf_pairs == 2 ? 0 : p.H / 128;  // float4 per lane (pf_pairs: MOESERVE_ROUTE_DIAG here)
+  const int nv = p.pf_pairs == 2 ? 0 : p.H / 128;  // float4 per lane (pf_pairs = the ROUTE_DIAG mode here: 1 skips the top-k, 2 the logits)
   float4 w[kRoutePre];
   const float4* g = reinterpret_cast<const float4*>(static_cast<const float*>(p.gate) + int64_t(min(e, p.E - 1)) * p.H);
 #pragma unroll
@@ -251,16 +252,6 @@ __global__ void __launch_bounds__(kDecWarps * 32) route_decode_kernel(RouteParam
   block_rank_topk(p, p.T, score, choice, sel);
 }
 
-// MOESERVE_ROUTE_DIAG (timing only, wrong routing): 1 skips the top-k, 2 the logits GEMV.
-int g_route_diag = [] {
-  const char* e = std::getenv("MOESERVE_ROUTE_DIAG");
-  return e ? std::atoi(e) : 0;
-}();
-
-bool g_route_old = [] {
-  const char* e = std::getenv("MOESERVE_ROUTE_OLD");  // A/B: the previous decode router
-  return e && e[0] == '1';
-}();
 
 // One warp per token (the unfused path, larger T).
 __global__ void route_kernel(RouteParams p) {
@@ -591,9 +582,12 @@ void launch_moe_route(const RouteParams& p, cudaStream_t s) {
   if (p.T > kRouteTok) q.counter = nullptr;
   CU_REQUIRE(!p.norm || route_norm_supported(p), "moe_route: fused norm unsupported for these shapes");
   if (q.counter && !q.norm && !q.pf_experts && !q.gate_bf16 && q.x_bf16 && q.top_k <= 32 && q.H % 128 == 0 &&
-      q.H / 128 <= kRoutePre && !g_route_old) {
+      q.H / 128 <= kRoutePre) {
     RouteParams d = q;
-    d.pf_pairs = g_route_diag;  // unused by this kernel otherwise (no expert prefetch here)
+    // MOESERVE_ROUTE_DIAG=1 (diagnostic build, timing only, wrong routing): skip the top-k
+    // (pf_pairs is unused by this kernel otherwise: no expert prefetch here).
+    static const int diag = debug_flags().route_diag ? 1 : 0;
+    d.pf_pairs = diag;
     launch_pdl(route_decode_kernel, dim3(ceil_div(p.E, kDecWarps)), dim3(kDecWarps * 32), 0, s, d);
     CUDA_CHECK_LAUNCH();
     return;

@@ -18,6 +18,7 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/row_vec.cuh"
 #include "backend/cuda/route_topk.cuh"
+#include "core/debug_flags.h"
 
 namespace moeserve::cuda {
 namespace {
@@ -223,10 +224,7 @@ bool a16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
 
 }  // namespace
 
-bool g_route_fast_tail = [] {
-  const char* e = std::getenv("MOESERVE_ROUTE_TAIL");
-  return !(e && std::string(e) == "rank");
-}();
+bool g_route_fast_tail = true;
 
 bool route_norm_decode_supported(const RouteParams& p) {
   return p.norm && p.counter && p.x_bf16 && !p.gate_bf16 && !p.logits_split && p.T >= 1 && p.T <= kRTok &&
@@ -236,26 +234,16 @@ bool route_norm_decode_supported(const RouteParams& p) {
 
 void launch_route_norm_decode(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(route_norm_decode_supported(p), "route_norm_decode: unsupported arguments");
-  // MOESERVE_ROUTE_W=4|8: warps (experts) per block (A/B).
-  static const int env_w = [] {
-    const char* e = std::getenv("MOESERVE_ROUTE_W");
-    return e ? std::atoi(e) : 8;
-  }();
-  // MOESERVE_ROUTE_DIAG=1 (timing only, WRONG routing): the last block writes 8 fixed distinct
-  // experts (weights 1/k) instead of ranking them, to time the top-k inside the step (merely
-  // skipping it leaves the ids at their zeroed start: every pair on expert 0, served from L2).
-  static const bool diag = [] {
-    const char* e = std::getenv("MOESERVE_ROUTE_DIAG");
-    return e && std::atoi(e) == 1;
-  }();
-  const int threads = (env_w == 4 ? 4 : 8) * 32;
+  // MOESERVE_ROUTE_DIAG=1 (diagnostic build, timing only, WRONG routing): the last block
+  // writes 8 fixed distinct experts (weights 1/k) instead of ranking them, to time the top-k
+  // inside the step (merely skipping it leaves the ids at their zeroed start: every pair on
+  // expert 0, served from L2).
+  static const bool diag = debug_flags().route_diag;
+  const int threads = 8 * 32;  // 8 warps (experts) per block (4 measured no faster)
   RouteParams d = p;
   d.decode_tail = diag ? 2 : g_route_fast_tail && p.T == 1 && p.E <= threads && p.top_k <= 8 ? 1 : 0;
   const size_t smem = size_t(p.T) * p.H * 2;  // <= 32 KB (T <= 4, H <= 4096): no opt-in needed
-  if (env_w == 4)
-    launch_pdl(route_norm_decode_kernel<4>, dim3(ceil_div(p.E, 4)), dim3(4 * 32), smem, s, d);
-  else
-    launch_pdl(route_norm_decode_kernel<8>, dim3(ceil_div(p.E, 8)), dim3(8 * 32), smem, s, d);
+  launch_pdl(route_norm_decode_kernel<8>, dim3(ceil_div(p.E, 8)), dim3(8 * 32), smem, s, d);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -99,8 +99,7 @@ struct LinParams {
   bool fp8 = true;  // false: bf16 weights
   // Tensor-core GEMV weight loads: 0 ld.global.nc, 1 (default) + L1::no_allocate + L2::256B
   // prefetch hint (the neighbouring 128-byte chunk, read by the next warp; -4 us per layer at
-  // batch 1 on the H200), MOESERVE_GEMV_LD overrides.
-  int ld_hint = 1;  // 2: L2 evict_first policy (streamed expert weights)
+  // batch 1 on the H200). Only the default is built (k_gemv_tc.cu).
   int N = 0, K = 0;  // N = output columns (for kSwiglu: I, the rows of W1 and of W3)
   int bo = 128, bi = 128, s_cols = 0;
   // Tile table (MoE): tile t covers sorted rows [tile_begin[t], tile_end[t]) of expert
@@ -111,18 +110,14 @@ struct LinParams {
   const int32_t* tile_end = nullptr;
   const int32_t* num_tiles = nullptr;
   int max_tiles = 0;
-  int tile_rows = 64;  // rows per table tile (kGemmTileM; kFp8PairTileM for the wgmma 128 x 192 tiles)
+  int tile_rows = 64;  // rows per table tile (kGemmTileM; kFp8PairTileM for the wgmma 128 x 256 tiles)
   // Output
   void* out = nullptr;
   int ldo = 0;
   bool out_f32 = false;
   const float* row_scale = nullptr;  // kDown
-  // kSwiglu on the wgmma 64 x 256 / 128 x 256 tiles (k_gemm_fp8_wgmma.cu) only: when out_q
-  // is set, the epilogue writes silu(g) * u quantised per (row, 128 columns) to e4m3 out_q
-  // [M, ldo] with f32 scales out_qs [M, N / 128] (row-major), as launch_quant_fp8 quantises
-  // the bf16 output (same bf16 rounding first, identical scales; elements multiplied by the
-  // scale's reciprocal instead of divided by it: a byte may differ by one e4m3 step where the
-  // quotient lies within ~1 f32 ulp of a rounding boundary), and `out` is unused.
+  // The fused quantising epilogue's outputs (k_gemm_fp8_wgmma.cu's QOUT, not built: measured
+  // slower than the separate quantisation); every launcher refuses out_q != null.
   uint8_t* out_q = nullptr;
   float* out_qs = nullptr;
   bool tc = true;  // GEMV: tensor-core FP8 path (k_gemv_tc.cu) where gemv_tc_supported
@@ -157,7 +152,7 @@ struct LinParams {
   int nseg = 0;
   Seg seg[kMaxSegs] = {};
   int seg_block[kMaxSegs + 1] = {};
-  // Fused add + RMSNorm of the input (kStore, M <= 4, K <= 3072; gemv_tc_norm_supported):
+  // Fused add + RMSNorm of the input (k_gemv_dense.cu only: kStore, M <= 8):
   // x is the addend; each block computes rmsnorm(norm_res + x) * norm_w for its rows in shared
   // memory, and the grid's last block stores norm_res += x and norm_out (bf16, [M, K]).
   bool norm = false;
@@ -174,7 +169,6 @@ void launch_gemv(const LinParams& p, cudaStream_t s);  // memory-bound path, sma
 // Tensor-core decode path (FP8 weights, 128x128 scales, K % 128 == 0, N % 16 == 0);
 // launch_gemv dispatches to it when supported and p.tc is set.
 bool gemv_tc_supported(const LinParams& p);
-bool gemv_tc_norm_supported(const LinParams& p);
 void launch_gemv_tc(const LinParams& p, cudaStream_t s);
 // Dense decode GEMV (k_gemv_dense.cu; sm_90+): kStore, no tile table, FP8 128 x 128 scales,
 // M <= 8, K % 128 == 0, optionally multi-segment and/or with the fused add + RMSNorm
@@ -224,8 +218,8 @@ bool route_norm_supported(const RouteParams& p);
 // gate, H % 128 == 0, H <= 4096, top_k <= 32, p.counter set.
 bool route_norm_decode_supported(const RouteParams& p);
 // k_route_dense.cu: the one-token last-block tail where it applies (loads first, per-warp then
-// warp-0 argmax top-k); false: residual loop then block_rank_topk. MOESERVE_ROUTE_TAIL=rank
-// sets it false at start; tests compare the two.
+// warp-0 argmax top-k); false: residual loop then block_rank_topk (the tail for T > 1; tests
+// compare the two at T = 1).
 extern bool g_route_fast_tail;
 void launch_route_norm_decode(const RouteParams& p, cudaStream_t s);
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
@@ -303,15 +297,13 @@ void launch_attention_tc(const AttnParams& p, cudaStream_t s);
 bool attn_decode_supported(const AttnParams& a, const QkNormRopeParams& n);
 int attn_decode_splits(int num_sms, int kv_groups, int max_context);
 void launch_attn_decode(const AttnParams& a, const QkNormRopeParams& n, int splits, cudaStream_t s);
-// Version 2 (k_attn_decode2.cu): same contract, tensor-core key loop; `splits` 1..16 (powers
-// of two), `warps` 4 or 8 per block; `push`: split merge by remote stores + one cluster
-// barrier (else remote loads + two). attn_decode2_max_cluster(16, warps): how many 16-block
-// clusters the device co-schedules.
-bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n, int warps);
-int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits, int warps);
-int attn_decode2_max_cluster(int want, int warps);
-void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, bool push, int warps,
-                         cudaStream_t s);
+// Version 2 (k_attn_decode2.cu): same contract, tensor-core key loop, 8 warps per block, split
+// merge by remote stores + one cluster barrier; `splits` 1..16 (powers of two).
+// attn_decode2_max_cluster(16): how many 16-block clusters the device co-schedules.
+bool attn_decode2_supported(const AttnParams& a, const QkNormRopeParams& n);
+int attn_decode2_splits(int num_sms, int kv_groups, int max_context, int max_splits);
+int attn_decode2_max_cluster(int want);
+void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int splits, cudaStream_t s);
 
 // ---- random fill (k_fill.cu): kind 0 f32, 1 bf16, 2 fp8 e4m3; uniform in [-scale, scale] ----
 void launch_fill_random(void* p, int kind, int64_t n, uint64_t seed, float scale, cudaStream_t s);

@@ -20,20 +20,14 @@ void launch_split_gate_bf16(const float* gate, void* out, int E, int H, cudaStre
 // MOESERVE_PREFILL_OFF=topk). All give the same ids and weights.
 extern int g_route_topk_warp;
 
-// Warp-specialised prefill attention (launch_attention_ws) also writing its output in the FP8
-// activation format of the o_proj GEMM, next to the bf16 output: per (token, head) = per 128
-// columns of [T, Hq * 128], e4m3 codes q [T, Hq * 128] and the f32 scale stored twice,
-// token-fastest (s_tok[h * T + t], cuBLASLt's layout) and row-major (s_row[t * Hq + h]).
-// Codes and scales are bit-identical to launch_quant_fp8 / launch_quant_fp8_vec of the bf16 output.
+// The warp-specialised prefill attention kernel's FP8-output operand (k_attn_ws.cu). Its
+// FP8 epilogue (o_proj's input written by the attention) measured slower and is not built;
+// the kernel keeps the operand, always empty.
 struct AttnQ8Out {
   uint8_t* q = nullptr;
   float* s_tok = nullptr;
   float* s_row = nullptr;
 };
-// A separate instantiation of the kernel (the bf16-only one is unchanged), built for the
-// default variant only (overlap, 2 stages, cp.async loader): attn_q8_supported().
-void launch_attention_ws_q8(const AttnParams& p, const AttnQ8Out& q8, cudaStream_t s);
-bool attn_q8_supported();
 
 // Fused (add +) RMSNorm + FP8 quantisation of bf16 rows [R, K] (K % 128 == 0, K <= 4096):
 // residual != null: residual += x (stored bf16), v = residual; else v = x. out = bf16(rmsnorm(v)
@@ -56,7 +50,6 @@ bool norm_quant_supported(const NormQuantParams& p);
 // 0, x 16-byte aligned): same bits. Used by the dense prefill linears (cuda_prefill.cpp).
 struct QuantParams;
 bool quant_vec_supported(const QuantParams& p);
-extern int g_quant_vec_rows;  // rows per block: 1 (default) or 2 (MOESERVE_QUANT_VEC_ROWS)
 void launch_quant_fp8_vec(const QuantParams& p, cudaStream_t s);
 void launch_norm_quant_fp8(const NormQuantParams& p, cudaStream_t s);
 

@@ -17,7 +17,7 @@
 // Kernels launched plainly (GEMM, prefill attention, sampling) still run after their
 // predecessor completes. Works under stream capture (programmatic graph edges). Before
 // sm_90 the attribute is not set and the device calls compile to nothing.
-// MOESERVE_PDL=0 in the environment turns it off (A/B measurements).
+// MOESERVE_PDL=0 (core/debug_flags.h) turns it off (debugging).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -50,16 +50,8 @@ __device__ __forceinline__ void pdl_enter() {
   pdl_trigger();
 }
 
-// True when the current device is sm_90+ and MOESERVE_PDL is not "0" (cached per device).
+// True when the code is sm_90+ and MOESERVE_PDL is not 0 (debug registry).
 bool pdl_enabled();
-
-// Decode-path L1 / shared-memory split (MOESERVE_CARVEOUT=0..100, percent of the maximum shared
-// memory; unset: the driver's choice per kernel) for kernels with at most 48 KB of dynamic
-// shared memory (the others keep their own setting). Why it matters: an SM changes its split
-// only when idle, and under PDL the next kernel's blocks arrive before it is, so a split set
-// for a shared-memory-heavy kernel can stay for the register GEMVs that follow, whose loads in
-// flight are bounded by the L1 left. Sets the attribute once per kernel function and device.
-void decode_carveout(const void* func, size_t dynamic_smem);
 
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
@@ -73,7 +65,6 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  decode_carveout(reinterpret_cast<const void*>(kernel), smem);
 #ifdef MOESERVE_KTRACE
   ktrace_note_launch(reinterpret_cast<const void*>(kernel), grid, block);
 #endif

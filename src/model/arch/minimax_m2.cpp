@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/decode_layer_op.h"
+#include "core/debug_flags.h"
 #include "core/error.h"
 #include "model/registry.h"
 
@@ -16,14 +17,8 @@ namespace {
 // times (0: skipped; its output is then stale, so only the time means anything). ops: qkv,
 // qknorm, attn, oproj, route, experts. Measures what one op costs inside the whole graph
 // (PDL overlap and dependency waits included), which an isolated kernel timing does not.
-int op_repeat(const char* op) {
-  static const char* env = std::getenv("MOESERVE_OP_REPEAT");
-  if (!env) return 1;
-  const size_t n = std::strlen(op);
-  for (const char* s = env; (s = std::strstr(s, op)) != nullptr; s += n)
-    if ((s == env || s[-1] == ',') && s[n] == ':') return std::atoi(s + n + 1);
-  return 1;
-}
+// Diagnostic build only (core/debug_flags.h refuses it elsewhere).
+int op_repeat(const char* op) { return debug_flags().op_repeat_count(op); }
 
 }  // namespace
 
@@ -134,7 +129,7 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   // Single-rank steps run each layer as Backend::decode_layer; the op-repeat diagnostics, the
   // per-op profile (op hook) and tensor parallelism (all-reduces between the ops) keep the
   // separate ops.
-  static const bool any_repeat = std::getenv("MOESERVE_OP_REPEAT") != nullptr;
+  static const bool any_repeat = !debug_flags().op_repeat.empty();
   const bool single_layer_op = par_.world == 1 && !any_repeat && !op_hook_;
   if (single_layer_op) {
     std::vector<DecodeLayerArgs> layer_ops;  // all layers, handed over at once (one kernel on CUDA at batch 1)

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <map>
 
+#include "core/debug_flags.h"
 #include "core/error.h"
 
 namespace moeserve::jinja {
@@ -580,7 +581,7 @@ Value g_strftime_now(CallArgs& a) {
   if (a.pos->empty() || !(*a.pos)[0].is_string()) fail("strftime_now(format) needs a format string");
   // MOESERVE_TEST_NOW (Unix seconds) pins "now" so tests can compare against Python.
   std::time_t t = std::time(nullptr);
-  if (const char* fixed = std::getenv("MOESERVE_TEST_NOW"); fixed && *fixed) t = static_cast<std::time_t>(std::atoll(fixed));
+  if (const auto fixed = debug_flags().test_now) t = static_cast<std::time_t>(*fixed);
   std::tm tm{};
   localtime_r(&t, &tm);
   char buf[512];
