@@ -455,6 +455,10 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
     ++write_gen_;
     write_timer_.cancel();
     inflight_.clear();
+    // A large response (a /tokenize of a 32 MiB body, a long non-streamed completion) would
+    // otherwise keep its buffer for as long as the connection stays open: keep at most
+    // kKeepWriteBuffer of capacity per connection (the flush swaps it with pending_).
+    if (inflight_.capacity() > kKeepWriteBuffer) std::string().swap(inflight_);
     if (ec || closed_) return close();
     if (on_drained_ && !backlogged()) {
       auto fn = std::move(on_drained_);
@@ -507,6 +511,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   }
 
   static constexpr size_t kReadChunk = 16u << 10;
+  static constexpr size_t kKeepWriteBuffer = 64u << 10;
 
   HttpServer& server_;
   const HttpServerConfig& cfg_;

@@ -73,7 +73,17 @@ TEST(JinjaLimits, LongChainsAreBoundedToo) {
 
 TEST(JinjaLimits, MacroRecursionLimit) {
   const std::string src = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
-  EXPECT_NE(Err(src).find("maximum recursion depth (256)"), std::string::npos);
+  // With the default stack budget the depth limit (256) comes first, except where frames are
+  // several times larger (ASan builds: scripts/sanitize.sh): then the stack budget stops it,
+  // just as cleanly.
+  const std::string err = Err(src);
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_TRUE(err.find("maximum recursion depth (256)") != std::string::npos ||
+              err.find("template recursion too deep") != std::string::npos)
+      << err;
+#else
+  EXPECT_NE(err.find("maximum recursion depth (256)"), std::string::npos) << err;
+#endif
   RenderLimits lim;
   lim.max_recursion_depth = 10;
   EXPECT_NE(Err(src, json::object(), lim).find("maximum recursion depth (10)"), std::string::npos);

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -484,4 +486,55 @@ TEST(PrepPool, QueueBoundedByBytesAndReplayKeepsOrder) {
   // A single body larger than the whole budget is still accepted when the queue is empty.
   PrepPool one(PrepPoolConfig{1, 10, 10});
   EXPECT_TRUE(one.submit(1000, sink, [](std::shared_ptr<ResponseSink>) {}));
+}
+
+namespace {
+size_t rss_bytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return size_t(resident) * size_t(sysconf(_SC_PAGESIZE));
+}
+}  // namespace
+
+// A large body's preparation leaves its arena fragmented: a few blocks that outlive the job
+// (a cache entry, a string moved elsewhere) pin the heap, so glibc keeps the freed pages.
+// The worker returns them after a body of trim_after_bytes or more (malloc_trim).
+TEST(PrepPool, LargeBodyHeapGoesBackToTheSystem) {
+#if defined(__SANITIZE_ADDRESS__) || !defined(__GLIBC__)
+  GTEST_SKIP() << "glibc's allocator only (ASan replaces malloc)";
+#else
+  PrepPoolConfig cfg{1, size_t(1) << 30, 10};
+  cfg.trim_after_bytes = 1 << 20;
+  PrepPool pool(cfg);
+  auto sink = std::make_shared<RecordingSink>();
+  std::vector<std::unique_ptr<char[]>> pinned;  // outlive the job, 1 block in 4096
+  size_t peak = 0;
+  const size_t before = rss_bytes();
+  std::promise<void> done;
+  ASSERT_TRUE(pool.submit(2 << 20, sink, [&](std::shared_ptr<ResponseSink> s) {
+    std::vector<std::unique_ptr<char[]>> blocks;  // 256 MB in 48-byte blocks, as a JSON tree's
+    blocks.reserve(size_t(256) << 20 >> 6);
+    for (size_t i = 0; i < blocks.capacity(); ++i) {
+      blocks.emplace_back(new char[48]);
+      std::memset(blocks.back().get(), 1, 48);
+      if (i % 4096 == 4095) pinned.push_back(std::move(blocks.back()));
+    }
+    peak = rss_bytes();
+    s->send(400, "x", "too long");
+    done.set_value();
+  }));
+  done.get_future().wait();
+  // The trim runs after the job's memory is freed and the queue accounting is done.
+  size_t after = rss_bytes();
+  for (int i = 0; i < 500 && after > before + (64 << 20); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    after = rss_bytes();
+  }
+  EXPECT_GT(peak, before + (200 << 20));
+  EXPECT_LT(after, before + (64 << 20)) << "peak " << (peak >> 20) << " MB, before " << (before >> 20) << " MB";
+  pool.shutdown();
+#endif
 }
