@@ -1,14 +1,8 @@
 #include "server/prep_pool.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -135,19 +129,6 @@ int PrepPool::queued() const {
 }
 
 void PrepPool::worker() {
-  // Preparation is throughput work; the io threads (/health, the streams' output) and the
-  // engine are latency work. On a machine with fewer cores than busy threads the scheduler
-  // then gives the io threads the CPU as soon as they wake (this thread's nice value only:
-  // Linux applies setpriority to the thread id).
-  if (cfg_.nice > 0) {
-#ifdef __linux__
-    const auto tid = static_cast<id_t>(syscall(SYS_gettid));
-    errno = 0;
-    int now = getpriority(PRIO_PROCESS, tid);
-    if (errno == 0 && setpriority(PRIO_PROCESS, tid, std::min(19, now + cfg_.nice)) != 0)
-      spdlog::debug("prep pool: setpriority failed: {}", std::strerror(errno));
-#endif
-  }
   for (;;) {
     Item item;
     {

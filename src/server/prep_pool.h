@@ -25,9 +25,6 @@ struct PrepPoolConfig {
   // free heap pages to the system (release_free_memory), so RSS goes back down after large
   // bodies. 0: after every body.
   size_t trim_after_bytes = size_t(1) << 20;
-  // Added to the workers' nice value (Linux: per thread), so that the io threads and the
-  // engine win the CPU over the preparation of large bodies. 0: unchanged.
-  int nice = 5;
   // Blocks of at least this size are mmapped and unmapped when freed (mallopt
   // M_MMAP_THRESHOLD, once per process; 0: glibc's default). glibc otherwise raises its
   // threshold to the largest block freed so far (up to 32 MiB), so after one large body every
