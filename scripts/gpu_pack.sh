@@ -11,6 +11,7 @@ rm -rf .gpubin && mkdir -p .gpubin/tests/fixtures .gpubin/scripts
 cp "$B/moeserve" "$B/tests/cuda/test_cuda_ops" "$B/tests/cuda/test_cuda_golden" "$B/tests/cuda/test_cuda_device_sampling" .gpubin/
 [ -f "$B/tests/cuda/test_cuda_graphs" ] && cp "$B/tests/cuda/test_cuda_graphs" .gpubin/
 [ -f "$B/tests/cuda/test_cuda_decode_layer" ] && cp "$B/tests/cuda/test_cuda_decode_layer" .gpubin/
+[ -f "$B/tests/cuda/test_cuda_spec" ] && cp "$B/tests/cuda/test_cuda_spec" .gpubin/
 if [ -f "$B/tests/dist/test_nccl" ]; then cp "$B/tests/dist/test_nccl" .gpubin/; fi
 [ -f "$B/tests/cuda/realshape_replay" ] && cp "$B/tests/cuda/realshape_replay" .gpubin/
 # Libraries the GPU image lacks (moeserve links yaml-cpp for --config); the check scripts put
@@ -19,7 +20,7 @@ mkdir -p .gpubin/lib && cp -L /usr/lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 .gpub
 cp scripts/gpu_prebuilt_check.sh scripts/gpu_multigpu_check.sh scripts/gpu_final_check.sh .gpubin/
 cp scripts/realshape_check.sh scripts/realshape_check.py .gpubin/scripts/
 cp scripts/golden_cuda_check.sh scripts/sweep_vs_hf.py scripts/sweep_qwen3_moe.py .gpubin/scripts/
-cp scripts/make_golden.py .gpubin/scripts/
+cp scripts/make_golden.py scripts/golden_qwen3_moe.py scripts/golden_deepseek_v3.py .gpubin/scripts/
 # NOPACK_FIXTURES=1: leave the fixtures out (the device call carries the repo, which has them).
 [ -n "${NOPACK_FIXTURES:-}" ] || cp -r tests/fixtures/golden .gpubin/tests/fixtures/
 # STRIP=1: strip the binaries (smaller transfers).
