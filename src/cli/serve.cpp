@@ -39,8 +39,8 @@
 #include "runtime/device_sampler.h"
 #include "runtime/model_executor.h"
 #include "tools/load_progress.h"
-#ifdef MOESERVE_WITH_CUDA
 #include "tools/random_weights.h"
+#ifdef MOESERVE_WITH_CUDA
 #include "tools/synthetic_weights.h"
 #endif
 #ifdef MOESERVE_HAS_TEST_BACKENDS
