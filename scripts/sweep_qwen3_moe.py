@@ -11,12 +11,10 @@ default / linear / yarn), tie_word_embeddings, checkpoint dtypes, FP8 e4m3 block
 projections as Qwen ships them (weight_scale_inv, f32 or bf16 scales; dims not multiples of the
 block: partial edge blocks; the router and norms unquantised), one or many shards.
 """
-import random
-
 import torch
 from transformers import Qwen3MoeForCausalLM
 
-from sweep_vs_hf import quantize_fp8
+from sweep_vs_hf import weight_writer
 
 HF_CLASS = Qwen3MoeForCausalLM
 ROUTING_BIAS_PARAM = False
@@ -153,30 +151,7 @@ def describe(c):
 
 
 def make_weights(c):
-    g = torch.Generator().manual_seed(c["seed"])
-    rnd = random.Random(c["seed"])
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-    def randn(*shape, std=1.0):
-        return torch.randn(*shape, generator=g) * std
-
-    def dense_dtype():
-        return rnd.choice(list(dtypes.values())) if c["dtype"] == "mixed" else dtypes[c["dtype"]]
-
-    stored, values = {}, {}
-
-    def put(name, t, dt=None):
-        t = t.to(dt or dense_dtype()).contiguous()
-        stored[name] = t
-        values[name] = t.to(torch.float32)
-
-    def put_linear(name, t):
-        if c["fp8"]:
-            q, s, deq = quantize_fp8(t, c["fp8"], dtypes[c["scale_dtype"]])
-            stored[name], stored[name + "_scale_inv"], values[name] = q, s, deq
-        else:
-            put(name, t)
-
+    randn, put, put_linear, stored, values = weight_writer(c)
     H, D, I, DI, E, V = c["hidden"], c["head_dim"], c["inter"], c["dense_inter"], c["experts"], c["vocab"]
     Hq, Hkv = c["heads"] * D, c["kv_heads"] * D
     put("model.embed_tokens.weight", randn(V, H))

@@ -228,19 +228,20 @@ def quantize_fp8(w, block, scale_dtype):
     return q, scales, q.to(torch.float32) * s_full
 
 
-def make_weights(c):
+def weight_writer(c):
+    """The checkpoint writer both architectures' make_weights use: (randn, put, put_linear,
+    stored, values). put stores a tensor in the case's dtype ("mixed": one drawn per tensor) and
+    keeps its float32 value; put_linear FP8-quantises when the case asks (values get the
+    dequantised weight, as HF must see it)."""
     g = torch.Generator().manual_seed(c["seed"])
     rnd = random.Random(c["seed"])
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
     def randn(*shape, std=1.0):
         return torch.randn(*shape, generator=g) * std
 
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
     def dense_dtype():
-        if c["dtype"] == "mixed":
-            return rnd.choice(list(dtypes.values()))
-        return dtypes[c["dtype"]]
+        return rnd.choice(list(dtypes.values())) if c["dtype"] == "mixed" else dtypes[c["dtype"]]
 
     stored, values = {}, {}
 
@@ -256,6 +257,11 @@ def make_weights(c):
         else:
             put(name, t)
 
+    return randn, put, put_linear, stored, values
+
+
+def make_weights(c):
+    randn, put, put_linear, stored, values = weight_writer(c)
     H, D, I, E, V = c["hidden"], c["head_dim"], c["inter"], c["experts"], c["vocab"]
     Hq, Hkv = c["heads"] * D, c["kv_heads"] * D
     put("model.embed_tokens.weight", randn(V, H))
