@@ -222,14 +222,7 @@ struct DeepseekV3Config final : ArchConfig {
     declare_decoder_weights(d, spec, names, par, out);
     return out;
   }
-  std::string shard_problem(const ParallelConfig& par) const override {
-    try {
-      plan_decoder_shard(d, par);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  }
+  std::string shard_problem(const ParallelConfig& par) const override { return decoder_shard_problem(d, par); }
   std::string fp8_split_problem(const ParallelConfig& par) const override {
     return decoder_fp8_split_problem(d, par, &spec);
   }

@@ -82,6 +82,15 @@ DecoderShard plan_decoder_shard(const ModelDesc& d, const ParallelConfig& par) {
   return s;
 }
 
+std::string decoder_shard_problem(const ModelDesc& d, const ParallelConfig& par) {
+  try {
+    plan_decoder_shard(d, par);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 std::string decoder_fp8_split_problem(const ModelDesc& d, const ParallelConfig& par, const DecoderSpec* spec) {
   if (!d.quantization.enabled() || par.world == 1) return "";
   const DecoderShard s = plan_decoder_shard(d, par);

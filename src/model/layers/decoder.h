@@ -33,6 +33,8 @@ struct DecoderShard {
 };
 // Throws naming the size that does not split over par.world ranks.
 DecoderShard plan_decoder_shard(const ModelDesc& d, const ParallelConfig& par);
+// plan_decoder_shard's refusal as a message ("" when the split works): ArchConfig::shard_problem.
+std::string decoder_shard_problem(const ModelDesc& d, const ParallelConfig& par);
 // FP8 checkpoints: "" when every split keeps whole weight blocks, else a message naming the
 // tensor and what to use instead (the loader is exact either way; the fast kernels want whole
 // 128 blocks, so user-facing layouts refuse it).
