@@ -30,7 +30,26 @@ B() { ./moeserve bench --port $PORT --random-input-len 1024 --random-output-len 
 for c in 1 16 64 256; do
   n=$(( c == 1 ? 4 : c <= 64 ? 2 * c : c ))
   echo "=== concurrency $c, $n prompts" >> "$OUT/bench.txt"
+  curl -s http://127.0.0.1:$PORT/metrics > "$OUT/metrics_before_c$c.txt"
   timeout 200 bash -c "$(declare -f B); PORT=$PORT; B --max-concurrency $c --num-prompts $n --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99,99.9,100 --result-json $OUT/bench_c$c.json" >> "$OUT/bench.txt" 2>&1
+  curl -s http://127.0.0.1:$PORT/metrics > "$OUT/metrics_after_c$c.txt"
+  # Engine thread time per step over the run (moeserve:engine_* counters): where the serving
+  # overhead over the forward pass goes.
+  python3 - "$OUT/metrics_before_c$c.txt" "$OUT/metrics_after_c$c.txt" >> "$OUT/bench.txt" <<'PY'
+import sys
+def read(p):
+    d = {}
+    for line in open(p):
+        if line.startswith("moeserve:engine_"):
+            k, v = line.split()[:2]; d[k] = float(v)
+    return d
+a, b = read(sys.argv[1]), read(sys.argv[2])
+d = {k: b[k] - a.get(k, 0.0) for k in b}
+n = d.get("moeserve:engine_steps_total", 0)
+if n:
+    st, ex, gap = (d["moeserve:engine_%s_seconds_total" % k] / n * 1e3 for k in ("step", "execute", "loop_gap"))
+    print(f"engine per step: {int(n)} steps, step {st:.4f} ms, execute {ex:.4f} ms, host in step {st-ex:.4f} ms, loop gap {gap:.4f} ms")
+PY
 done
 kill -TERM $SERVE; wait $SERVE
 echo "=== bench-model" >> "$OUT/bench.txt"

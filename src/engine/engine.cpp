@@ -144,6 +144,10 @@ class EngineImpl final : public Engine {
     for (size_t i = 0; i < s.iteration_tokens.size(); ++i)
       s.iteration_tokens[i] = iteration_tokens_[i].load(std::memory_order_relaxed);
     s.iteration_tokens_sum = iteration_tokens_sum_.load(std::memory_order_relaxed);
+    s.num_steps = steps_.load(std::memory_order_relaxed);
+    s.step_ns = step_ns_.load(std::memory_order_relaxed);
+    s.execute_ns = execute_ns_.load(std::memory_order_relaxed);
+    s.loop_gap_ns = loop_gap_ns_.load(std::memory_order_relaxed);
     if (config_.speculative.enabled()) {
       s.spec_k = config_.speculative.num_speculative_tokens;
       s.spec_num_drafts = spec_drafts_.load(std::memory_order_relaxed);
@@ -198,7 +202,11 @@ class EngineImpl final : public Engine {
   }
 
   void loop() {
+    // End of the previous step while more work was waiting (the gap to the next step start is
+    // loop overhead, not idle time); unset after an idle wait.
+    std::optional<std::chrono::steady_clock::time_point> busy_since;
     for (;;) {
+      std::optional<std::chrono::steady_clock::time_point> step_end;
       std::deque<std::shared_ptr<const Request>> incoming;
       std::vector<std::string> aborts;
       bool stopping;
@@ -217,14 +225,26 @@ class EngineImpl final : public Engine {
       for (const auto& id : aborts) abort_now(id, FinishReason::Abort, "");
       if (stopping && std::chrono::steady_clock::now() >= deadline) abort_all(FinishReason::Abort, "");
       if (sched_.has_work()) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (busy_since)
+          loop_gap_ns_.fetch_add(
+              uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - *busy_since).count()),
+              std::memory_order_relaxed);
         try {
           step();
         } catch (const std::exception& e) {  // an engine bug: fail what runs, keep serving
           spdlog::error("engine step failed: {}", e.what());
           abort_all(FinishReason::Error, std::string("internal engine error: ") + e.what());
         }
+        const auto t1 = std::chrono::steady_clock::now();
+        step_end = t1;
+        steps_.fetch_add(1, std::memory_order_relaxed);
+        step_ns_.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()),
+                           std::memory_order_relaxed);
       }
       publish_stats();
+      busy_since.reset();
+      if (step_end && sched_.has_work()) busy_since = step_end;
       if (stopping && !sched_.has_work()) {
         std::lock_guard lk(mu_);
         if (inbox_.empty()) break;
@@ -352,7 +372,12 @@ class EngineImpl final : public Engine {
     }
     StepResult res;
     try {
+      const auto t_exec = std::chrono::steady_clock::now();
       res = exec_->execute(out.batch);
+      execute_ns_.fetch_add(
+          uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t_exec)
+                       .count()),
+          std::memory_order_relaxed);
       if (masks_ahead.valid()) masks_ahead.wait();
       MS_CHECK(res.vocab_size == info_.vocab_size && res.logits.size() == host_offset.back() * size_t(res.vocab_size),
                "executor returned {} logits of vocab {} for {} host logits rows (expected vocab {})", res.logits.size(),
@@ -539,6 +564,7 @@ class EngineImpl final : public Engine {
   std::atomic<uint64_t> prefix_queries_{0}, prefix_hits_{0}, preemptions_{0};
   std::array<std::atomic<uint64_t>, EngineStats::kIterationTokenBuckets.size() + 1> iteration_tokens_{};
   std::atomic<uint64_t> iteration_tokens_sum_{0};
+  std::atomic<uint64_t> steps_{0}, step_ns_{0}, execute_ns_{0}, loop_gap_ns_{0};
   std::atomic<uint64_t> spec_drafts_{0}, spec_draft_tokens_{0}, spec_accepted_{0};
   std::array<std::atomic<uint64_t>, kMaxSpecTokens> spec_per_pos_{};
   std::mutex join_mu_;

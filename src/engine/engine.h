@@ -165,6 +165,14 @@ struct EngineStats {
   uint64_t spec_num_draft_tokens = 0;     // drafts verified
   uint64_t spec_num_accepted_tokens = 0;  // drafts accepted (bonus tokens excluded)
   std::vector<uint64_t> spec_accepted_per_pos;  // [spec_k]: drafts accepted at position i
+  // Where the engine thread's time goes (moeserve:engine_* on /metrics): steps run, their wall
+  // time (schedule, execute, sampling, stop checks, delivery), the part inside the executor
+  // (forward, device sampling, downloads), and the loop's time between one step and the next
+  // while work was waiting (inbox, aborts, stats). Host overhead per step = step - execute + gap.
+  uint64_t num_steps = 0;
+  uint64_t step_ns = 0;
+  uint64_t execute_ns = 0;
+  uint64_t loop_gap_ns = 0;
 };
 
 class Engine {

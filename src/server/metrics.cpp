@@ -189,6 +189,18 @@ std::string Metrics::render(const EngineStats& es) const {
   Histogram::render_counts(out, "vllm:iteration_tokens_total", labels_, std::vector<double>(ib.begin(), ib.end()),
                            std::vector<uint64_t>(es.iteration_tokens.begin(), es.iteration_tokens.end()),
                            static_cast<double>(es.iteration_tokens_sum));
+  // moeserve's own (no vLLM equivalent): where the engine thread's time goes, for the serving
+  // overhead over the forward pass (host overhead per step = step - execute + loop gap).
+  head("moeserve:engine_steps", "counter", "Engine steps run.");
+  sample("moeserve:engine_steps_total", static_cast<double>(es.num_steps));
+  head("moeserve:engine_step_seconds", "counter", "Wall time of engine steps (schedule to delivery).");
+  sample("moeserve:engine_step_seconds_total", static_cast<double>(es.step_ns) * 1e-9);
+  head("moeserve:engine_execute_seconds", "counter",
+       "Wall time inside the model executor (forward, device sampling, downloads).");
+  sample("moeserve:engine_execute_seconds_total", static_cast<double>(es.execute_ns) * 1e-9);
+  head("moeserve:engine_loop_gap_seconds", "counter",
+       "Engine loop time between a step and the next one while work was waiting.");
+  sample("moeserve:engine_loop_gap_seconds_total", static_cast<double>(es.loop_gap_ns) * 1e-9);
   return out;
 }
 

@@ -107,6 +107,13 @@ TEST(EngineLoop, ManyConcurrentRequestsMatchReference) {
   for (int k = 0; k < kThreads * kPer; ++k) prompt_tokens += 3 + k % 20;
   if (s.num_preemptions == 0) EXPECT_EQ(s.prefix_cache_queries, prompt_tokens);
   EXPECT_GE(s.prefix_cache_queries, prompt_tokens);
+  // Engine-thread time accounting: every token took at least one step; execute is inside step.
+  uint64_t tokens = 0;
+  for (int k = 0; k < kThreads * kPer; ++k) tokens += 4 + k % 9;
+  EXPECT_GE(s.num_steps, tokens / uint64_t(EngineConfig{}.max_num_seqs));
+  EXPECT_GT(s.num_steps, 0u);
+  EXPECT_GT(s.execute_ns, 0u);
+  EXPECT_LE(s.execute_ns, s.step_ns);
   engine->shutdown(1s);
 }
 

@@ -343,6 +343,8 @@ TEST(Metrics, Exposition) {
     pos = nl + 1;
     if (line.empty() || line[0] == '#') continue;
     EXPECT_NE(line.find("} "), std::string::npos) << line;
-    EXPECT_EQ(line.rfind("vllm:", 0), 0u) << line;
+    EXPECT_TRUE(line.rfind("vllm:", 0) == 0 || line.rfind("moeserve:engine_", 0) == 0) << line;
   }
+  EXPECT_NE(t.find("moeserve:engine_steps_total{model_name=\"my-model\",engine=\"0\"} "), std::string::npos);
+  EXPECT_NE(t.find("moeserve:engine_execute_seconds_total{"), std::string::npos);
 }

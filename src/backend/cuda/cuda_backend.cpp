@@ -195,6 +195,7 @@ CudaBackend::~CudaBackend() {
   for (auto& b : ws_)
     if (b.ptr) cudaFree(b.ptr);
   if (pinned_) cudaFreeHost(pinned_);
+  if (pinned_copied_) cudaEventDestroy(pinned_copied_);
   if (counters_) cudaFree(counters_);
   for (auto& w : mega_ws_) cudaFree(w.second);
   expert_tables_.clear();

@@ -378,6 +378,10 @@ class CudaBackend final : public Backend {
   int* counters_ = nullptr;
   void* pinned_ = nullptr;  // host staging for sampling parameters
   size_t pinned_bytes_ = 0;
+  // Recorded after the parameters' upload: the next sample() waits for that copy only (it
+  // rewrites the staging buffer), not for the forward queued before it, so the upload and the
+  // sampling kernel are queued behind the step and the GPU never idles between them.
+  cudaEvent_t pinned_copied_ = nullptr;
   std::unordered_map<const void*, std::shared_ptr<ExpertTable>> expert_tables_;
   int cc_ = 0;  // compute capability, major * 10 + minor
   std::unique_ptr<cuda::LtGemm> lt_;

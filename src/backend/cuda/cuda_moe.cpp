@@ -305,6 +305,7 @@ void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingPara
   MS_CHECK(int(params.size()) == R && out_ids.dtype == DType::I32 && out_ids.numel() >= R,
            "sample: {} parameter rows / out {} for {} logit rows", params.size(), shape_str(out_ids.shape), R);
   const size_t bytes = size_t(R) * sizeof(SampleRowParams);
+  if (!pinned_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&pinned_copied_, cudaEventDisableTiming));
   if (pinned_bytes_ < bytes) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (pinned_) CUDA_CHECK(cudaFreeHost(pinned_));
@@ -312,12 +313,14 @@ void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingPara
     pinned_bytes_ = std::max<size_t>(bytes, 4096);
     CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_));
   }
-  // The pinned buffer is reused by the next call: wait for the previous copy to finish.
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // The staging buffer is rewritten here: wait for the previous call's upload only (long done
+  // in steady state: the step's results were downloaded since), not for the queued forward.
+  CUDA_CHECK(cudaEventSynchronize(pinned_copied_));
   auto* hp = static_cast<SampleRowParams*>(pinned_);
   for (int r = 0; r < R; ++r) hp[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].seed};
   auto* dp = static_cast<SampleRowParams*>(workspace(kSample, bytes));
   CUDA_CHECK(cudaMemcpyAsync(dp, hp, bytes, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaEventRecord(pinned_copied_, stream_));
   launch_sample(logits.data, logits.dtype == DType::BF16, R, V, dp, out_ids.ptr<int32_t>(), stream_);
 }
 
