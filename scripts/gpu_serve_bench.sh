@@ -3,7 +3,7 @@
 # MiniMax-M2.5 config cut to 30 layers (--hf-overrides), then `moeserve bench` (random
 # 1,024-token prompts, 1,024 output tokens, --ignore-eos) at max concurrency 1, 16, 64, 256,
 # and bench-model's decode step at batch 1 and 64 for the forward pass alone.
-#   scripts/gpu_serve_pack.sh here, then there:  cd .gpuserve && OUT=/dir ./gpu_serve_bench.sh
+#   scripts/gpu_serve_pack.sh here, then there:  cd .gpuserve && OUT=/dir ./gpu_serve_bench.sh [C ...]
 # Writes serve.log, bench_c*.json, bench_model.json and bench.txt under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -27,7 +27,7 @@ for i in $(seq 1 600); do
 done
 curl -s http://127.0.0.1:$PORT/v1/models >> "$OUT/bench.txt"; echo >> "$OUT/bench.txt"
 B() { ./moeserve bench --port $PORT --random-input-len 1024 --random-output-len 1024 --ignore-eos --disable-tqdm "$@"; }
-for c in 1 16 64 256; do
+for c in ${@:-1 16 64 256}; do  # concurrencies: the arguments, else all four
   n=$(( c == 1 ? 4 : c <= 64 ? 2 * c : c ))
   echo "=== concurrency $c, $n prompts" >> "$OUT/bench.txt"
   curl -s http://127.0.0.1:$PORT/metrics > "$OUT/metrics_before_c$c.txt"
@@ -41,7 +41,7 @@ def read(p):
     d = {}
     for line in open(p):
         if line.startswith("moeserve:engine_"):
-            k, v = line.split()[:2]; d[k] = float(v)
+            k, v = line.split()[:2]; d[k.split("{")[0]] = float(v)
     return d
 a, b = read(sys.argv[1]), read(sys.argv[2])
 d = {k: b[k] - a.get(k, 0.0) for k in b}

@@ -248,6 +248,78 @@ TEST(CudaDeviceSampling, DistributionAtFullVocab) {
   EXPECT_EQ(n, 1u);
 }
 
+// Batch independence and the filters' definitions at MiniMax-M2's vocabulary: rows of random
+// logits with greedy, temperature, top-k, top-p and top-k + top-p (MiniMax-M2's
+// generation_config) are sampled alone (many blocks per row, a cooperative launch), eight at
+// a time, and all 300 at once (two launches of one block per row): every row gets the same
+// token each way, and the token lies in the top-k set and inside the top-p nucleus (the mass
+// of strictly more likely kept tokens is below top_p of the kept mass).
+TEST(CudaDeviceSampling, BatchIndependentFiltersAtFullVocab) {
+  SKIP_WITHOUT_GPU();
+  const int V = 200064, R = 300;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  Tensor h = Tensor::host(DType::BF16, {R, V});
+  uint16_t* hp = h.ptr<uint16_t>();
+  for (size_t i = 0; i < size_t(R) * V; ++i) hp[i] = f32_to_bf16(nd(rng));
+  const std::vector<DeviceSampling> modes = {
+      {0.f, 0, 1.f, 0}, {1.f, 0, 1.f, 0}, {0.8f, 40, 1.f, 0}, {1.f, 0, 0.95f, 0}, {1.f, 40, 0.95f, 0}, {0.6f, 5, 0.5f, 0}};
+  std::vector<DeviceSampling> rows(R);
+  for (int r = 0; r < R; ++r) rows[r] = modes[r % modes.size()], rows[r].seed = splitmix_for_test(1000 + r);
+  auto be = make_cuda_backend(0);
+  Tensor logits = be->upload(h);
+  auto sample_rows = [&](int r0, int n) {
+    Tensor part = logits.slice_rows(r0, r0 + n);
+    Tensor out = be->alloc(DType::I32, {n});
+    std::vector<DeviceSampling> p(rows.begin() + r0, rows.begin() + r0 + n);
+    backend_device_sampler(*be)(part, p, out);
+    std::vector<int32_t> ids;
+    for (float v : be->download_f32(out)) ids.push_back(int32_t(v));
+    return ids;
+  };
+  const std::vector<int32_t> all = sample_rows(0, R);
+  std::vector<int32_t> alone, by8;
+  for (int r = 0; r < 24; ++r) alone.push_back(sample_rows(r, 1)[0]);
+  for (int r = 0; r < 48; r += 8)
+    for (int32_t t : sample_rows(r, 8)) by8.push_back(t);
+  EXPECT_EQ(alone, std::vector<int32_t>(all.begin(), all.begin() + 24));
+  EXPECT_EQ(by8, std::vector<int32_t>(all.begin(), all.begin() + 48));
+  for (int r = 0; r < R; ++r) {
+    const DeviceSampling& d = rows[r];
+    std::vector<float> z(V);
+    float mx = -INFINITY;
+    int arg = 0;
+    for (int i = 0; i < V; ++i) {
+      z[i] = bf16_to_f32(hp[size_t(r) * V + i]);
+      if (z[i] > mx) mx = z[i], arg = i;
+    }
+    const int32_t t = all[r];
+    ASSERT_GE(t, 0) << "row " << r;
+    ASSERT_LT(t, V) << "row " << r;
+    if (d.temperature <= 0.f) {
+      EXPECT_EQ(t, arg) << "row " << r;
+      continue;
+    }
+    for (float& x : z) x = (x - mx) / d.temperature;
+    float kth = -INFINITY;
+    if (d.top_k > 0) {
+      std::vector<float> sorted = z;
+      std::nth_element(sorted.begin(), sorted.begin() + (d.top_k - 1), sorted.end(), std::greater<float>());
+      kth = sorted[d.top_k - 1];
+      EXPECT_GE(z[t], kth) << "row " << r << ": outside the top-" << d.top_k;
+    }
+    if (d.top_p < 1.f) {
+      double kept = 0, above = 0;
+      for (int i = 0; i < V; ++i)
+        if (z[i] >= kth) {
+          kept += std::exp(double(z[i]));
+          if (z[i] > z[t]) above += std::exp(double(z[i]));
+        }
+      EXPECT_LT(above, d.top_p * kept * (1 + 1e-4)) << "row " << r << ": outside the top-p nucleus";
+    }
+  }
+}
+
 // The kernel is total as the host sampler: a row without a finite maximum gets -1 (every
 // entry -inf or NaN) or -2 (+inf) in every mode, never a made-up token; NaN entries among
 // finite ones are never drawn; extreme finite logits and parameters give the host's argmax

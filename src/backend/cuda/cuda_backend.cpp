@@ -290,7 +290,7 @@ void* CudaBackend::workspace(Slot s, size_t bytes) {
   MS_CHECK(!capturing_, "cuda workspace {} needs {} bytes during graph capture (have {}); call reserve()", int(s),
            bytes, b.bytes);
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (s != kSample) ++ws_generation_;
+  if (s != kSample && s != kSampleScratch) ++ws_generation_;  // the sampler is not in any graph
   if (b.ptr) CUDA_CHECK(cudaFree(b.ptr));
   b.ptr = nullptr;
   b.bytes = 0;

@@ -273,7 +273,7 @@ class CudaBackend final : public Backend {
   uint64_t graph_fallbacks() const { return graph_fallbacks_; }
 
  private:
-  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kRouter, kQuantX, kQuantAct, kLt, kRouterX, kNumSlots };
+  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kSampleScratch, kRouter, kQuantX, kQuantAct, kLt, kRouterX, kNumSlots };
   void* workspace(Slot s, size_t bytes);
   size_t workspace_capacity(Slot s) const { return ws_[s].bytes; }
   struct ExpertTable;

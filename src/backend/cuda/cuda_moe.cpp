@@ -317,11 +317,21 @@ void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingPara
   // in steady state: the step's results were downloaded since), not for the queued forward.
   CUDA_CHECK(cudaEventSynchronize(pinned_copied_));
   auto* hp = static_cast<SampleRowParams*>(pinned_);
-  for (int r = 0; r < R; ++r) hp[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].seed};
+  for (int r = 0; r < R; ++r) hp[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].seed, -1};
   auto* dp = static_cast<SampleRowParams*>(workspace(kSample, bytes));
   CUDA_CHECK(cudaMemcpyAsync(dp, hp, bytes, cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaEventRecord(pinned_copied_, stream_));
-  launch_sample(logits.data, logits.dtype == DType::BF16, R, V, dp, out_ids.ptr<int32_t>(), stream_);
+  SampleLaunch l;
+  l.logits = logits.data, l.logits_bf16 = logits.dtype == DType::BF16, l.rows = R, l.vocab = V;
+  l.params = dp, l.out_ids = out_ids.ptr<int32_t>();
+  l.scratch = workspace(kSampleScratch, sample_scratch_bytes(R, V));
+  l.any_sampling = l.any_topk = l.any_topp = false;
+  for (const auto& p : params) {
+    l.any_sampling |= p.temperature > 0.f;
+    l.any_topk |= p.temperature > 0.f && p.top_k > 0 && p.top_k < V;
+    l.any_topp |= p.temperature > 0.f && p.top_p > 0.f && p.top_p < 1.f;
+  }
+  launch_sample(l, stream_);
 }
 
 }  // namespace moeserve

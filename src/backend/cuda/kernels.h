@@ -317,8 +317,35 @@ struct SampleRowParams {
   int top_k;          // <= 0: off
   float top_p;        // >= 1: off
   uint64_t seed;
+  int32_t mask_row;   // row of SampleLaunch::masks (-1: unmasked)
 };
-void launch_sample(const void* logits, bool logits_bf16, int rows, int vocab,
-                   const SampleRowParams* params, int32_t* out_ids, cudaStream_t s);
+// Sampling (k_sample.cu): rows are cut into sub-chunks of kSampleChunk tokens whose partial
+// results are combined in a fixed order, so a row's token does not depend on the batch.
+constexpr int kSampleChunk = 4096;
+constexpr int kSampleRowsPerLaunch = 256;  // bounds the scratch (larger batches: more launches)
+struct SampleScratch {  // per launch row and sub-chunk
+  float* pmax;
+  int* parg;
+  float* pmass;
+  float* hist;  // [2][rows][sub-chunks][256] radix histograms (double-buffered passes)
+};
+struct SampleLaunch {
+  const void* logits = nullptr;  // [rows, vocab] F32 or BF16
+  bool logits_bf16 = false;
+  int rows = 0, vocab = 0;
+  const SampleRowParams* params = nullptr;  // [rows] device
+  int32_t* out_ids = nullptr;               // [rows] device
+  void* scratch = nullptr;                  // sample_scratch_bytes(rows, vocab) device bytes
+  // [*, mask_words] uint32 allowed-token bitsets (bit t%32 of word t/32 = token t allowed),
+  // mask_words = ceil(vocab / 32); null when no row is masked. A masked row samples as if its
+  // disallowed logits were -inf (an all-zero mask gives -1 like an all -inf row).
+  const uint32_t* masks = nullptr;
+  int mask_words = 0;
+  // Launch-uniform: some row samples (else all greedy), uses top-k, uses top-p. They decide
+  // which passes run; a row that does not use a filter skips its work in that pass.
+  bool any_sampling = true, any_topk = true, any_topp = true;
+};
+size_t sample_scratch_bytes(int rows, int vocab);
+void launch_sample(const SampleLaunch& launch, cudaStream_t s);
 
 }  // namespace moeserve::cuda
