@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "core/bounded_json.h"
 #include "core/error.h"
 #include "server/agent_output.h"
 #include "server/api_formatter.h"
@@ -308,6 +309,14 @@ AnthropicTranslation translate_anthropic_request(const ojson& body, bool count_o
 
 int anthropic_status(int status) { return status == 429 || status == 503 ? 529 : status; }
 
+ojson anthropic_tool_input(const std::string& arguments) {
+  if (arguments.empty()) return ojson::object();
+  // Model output: parsed with the nesting limit of request bodies, since dump() recurses once
+  // per level (a model writing 200,000 '[' would otherwise overflow the stack).
+  ojson input = parse_json_bounded_or_discarded<ojson>(arguments);
+  return input.is_object() ? input : ojson::object();
+}
+
 std::string anthropic_error_body(int status, const std::string& message) {
   const char* type = "api_error";
   switch (status) {
@@ -430,11 +439,7 @@ class AnthropicFormatter final : public ApiFormatter, private BlockListener {
         break;
       case BlockKind::Text: out = "{\"type\":\"text\",\"text\":" + json_string(final ? b.text : "") + "}"; break;
       case BlockKind::ToolCall: {
-        ojson input = ojson::object();
-        if (final && !b.text.empty()) {
-          input = ojson::parse(b.text, nullptr, false);
-          if (!input.is_object()) input = ojson::object();
-        }
+        const ojson input = final ? anthropic_tool_input(b.text) : ojson::object();
         out = "{\"type\":\"tool_use\",\"id\":" + json_string(b.tool_id) + ",\"name\":" + json_string(b.tool_name) +
               ",\"input\":" + input.dump() + "}";
         break;

@@ -29,6 +29,10 @@ struct AnthropicTranslation {
 // /v1/messages/count_tokens (max_tokens not required). Throws ApiError 400.
 AnthropicTranslation translate_anthropic_request(const ojson& body, bool count_only);
 
+// A tool call's arguments text -> the `input` of its tool_use block: the JSON object it
+// holds, or {} when it is not a JSON object or nests deeper than the JSON nesting limit.
+ojson anthropic_tool_input(const std::string& arguments);
+
 // {"type":"error","error":{"type": <by status>, "message": ...}}.
 std::string anthropic_error_body(int status, const std::string& message);
 // Anthropic's status for one of the pipeline's (429 queue full / 503 draining -> 529).

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -140,8 +141,12 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
       if (!self->in_flight_) self->close();
     });
   }
-  void force_close() {
-    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->close(); });
+  // Closes the connection on its strand, then calls `done` (there).
+  void force_close(std::function<void()> done) {
+    asio::post(socket_.get_executor(), [self = shared_from_this(), done = std::move(done)] {
+      self->close();
+      done();
+    });
   }
   bool in_flight() const { return in_flight_.load(); }
 
@@ -644,13 +649,41 @@ int HttpServer::open_connections() {
 void HttpServer::stop() {
   if (threads_.empty()) return;
   stop_accepting();
-  {
-    std::lock_guard lk(mu_);
-    for (auto& [p, w] : sessions_)
-      if (auto s = w.lock()) s->force_close();
+  // Close every connection, and wait until each close has run before the io threads stop: a
+  // request in flight gets its on_disconnect there (its engine requests are aborted), which
+  // also drops the request's state, and that state holds the connection. Posting the stop
+  // behind the closes is not enough: a close queued on a strand busy at this moment is
+  // re-posted behind the stop and never ran (the Session and its GenCall leaked in a cycle).
+  // Sessions accepted meanwhile are closed by the next round (close() forgets a session).
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left = 0;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    std::vector<std::shared_ptr<Session>> open;
+    {
+      std::lock_guard lk(mu_);
+      for (auto& [p, w] : sessions_)
+        if (auto s = w.lock()) open.push_back(std::move(s));
+    }
+    if (open.empty()) break;
+    auto pending = std::make_shared<Pending>();
+    pending->left = open.size();
+    for (auto& s : open)
+      s->force_close([pending] {
+        std::lock_guard lk(pending->mu);
+        if (--pending->left == 0) pending->cv.notify_all();
+      });
+    open.clear();
+    std::unique_lock lk(pending->mu);
+    if (!pending->cv.wait_until(lk, deadline, [&] { return pending->left == 0; })) {
+      spdlog::warn("http: {} connection(s) not closed within 10 s of stop", pending->left);
+      break;
+    }
   }
   work_.reset();
-  // Let the posted closes run, then stop.
   asio::post(io_, [this] { io_.stop(); });
   for (auto& t : threads_) t.join();
   threads_.clear();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/bounded_json.h"
 #include "server/errors.h"
 #include "server/parsers/parser.h"
 
@@ -21,8 +22,16 @@ const ojson* non_null(const ojson& body, const char* key) {
 std::string schema_text(const ojson& v, const std::string& field) {
   if (v.is_object() || v.is_boolean()) return v.dump();
   if (v.is_string()) {
-    auto parsed = ojson::parse(v.get<std::string>(), nullptr, false);
-    if (parsed.is_discarded()) throw bad_request(fmt::format("{}: the JSON schema string is not valid JSON", field), field);
+    // A second document from outside: the body's nesting limit applies to it too (dump()
+    // and the schema compiler recurse once per level; 200,000 levels overflowed the stack).
+    ojson parsed;
+    try {
+      parsed = parse_json_bounded<ojson>(v.get<std::string>(), field);
+    } catch (const JsonDepthError& e) {
+      throw bad_request(e.what(), field);
+    } catch (const ojson::exception&) {
+      throw bad_request(fmt::format("{}: the JSON schema string is not valid JSON", field), field);
+    }
     return parsed.dump();
   }
   throw bad_request(fmt::format("{} must be a JSON schema (an object)", field), field);

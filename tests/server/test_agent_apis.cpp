@@ -195,6 +195,21 @@ TEST(AnthropicTranslate, Errors) {
             "object");
 }
 
+// Tool-call arguments are model output: a tool_use block's input is parsed with the JSON
+// nesting limit (200,000 levels once reached nlohmann's recursive dump() and overflowed the
+// stack), and anything that is not a JSON object becomes {}.
+TEST(AnthropicTranslate, ToolInputFromArguments) {
+  EXPECT_EQ(anthropic_tool_input(R"({"city": "Paris", "days": [1, 2]})").dump(), R"({"city":"Paris","days":[1,2]})");
+  EXPECT_EQ(anthropic_tool_input("").dump(), "{}");
+  EXPECT_EQ(anthropic_tool_input("[1, 2]").dump(), "{}");
+  EXPECT_EQ(anthropic_tool_input("{\"a\": ").dump(), "{}");
+  EXPECT_EQ(anthropic_tool_input(R"({"a": 1e400})").dump(), "{}");
+  const std::string ok = "{\"a\":" + std::string(500, '[') + std::string(500, ']') + "}";
+  EXPECT_EQ(anthropic_tool_input(ok).dump(), ok);
+  const std::string deep = "{\"a\":" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  EXPECT_EQ(anthropic_tool_input(deep).dump(), "{}");
+}
+
 TEST(AnthropicTranslate, ErrorBodyShape) {
   EXPECT_EQ(anthropic_error_body(400, "bad"),
             R"({"type":"error","error":{"type":"invalid_request_error","message":"bad"}})");

@@ -85,6 +85,29 @@ TEST(Protocol, Validation) {
   EXPECT_EQ(status_of(R"({"max_tokens":3})", false), 400);
 }
 
+// A JSON schema sent as a string (guided_json, structured_outputs.json,
+// response_format.json_schema.schema) is a second document from outside: it is parsed with
+// the same nesting limit as the body. Parsed without one, 200,000 levels built a DOM whose
+// recursive dump() overflowed the stack (SIGSEGV on the preparation worker; ASan:
+// stack-overflow in nlohmann's serializer).
+TEST(Protocol, SchemaStringNestingIsBounded) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const std::string ok = std::string(8, '[') + std::string(8, ']');
+  for (const std::string field : {R"("guided_json":)", R"("structured_outputs":{"json":)",
+                                  R"("response_format":{"type":"json_schema","json_schema":{"schema":)"}) {
+    const std::string close = field.find('{') == std::string::npos ? "" : field.find("json_schema") != std::string::npos ? "}}" : "}";
+    EXPECT_EQ(status_of("{" + msgs + "," + field + "\"" + ok + "\"" + close + "}"), 200) << field;
+    try {
+      parse_chat_request(parse_json_body("{" + msgs + "," + field + "\"" + deep + "\"" + close + "}"), limits());
+      ADD_FAILURE() << field << ": accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << field;
+      EXPECT_NE(std::string(e.what()).find("512"), std::string::npos) << field << ": " << e.what();
+    }
+  }
+}
+
 TEST(Protocol, ContextLengthWording) {
   GenRequest r = parse_chat_request(ojson::parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":100})"), limits());
   try {
