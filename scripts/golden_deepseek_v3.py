@@ -15,6 +15,13 @@ checkpoint conversion) in float32 with eager attention -> greedy generation: gol
 generated ids), ref_logits.npy [8, V], ref_full_logits.npy (one forward over prompt +
 generated[:-1]).
 
+INT4 fixtures (dsv3_tiny_int4) store the routed experts (mlp.experts.*) as compressed-tensors
+`pack-quantized` W4A16, as Kimi-K2.5 ships them: weight_packed int32 [out, in/8] (element 8j+i in
+bits [4i, 4i+3] of word j, nibble = q + 8, q in [-8, 7]), weight_scale bf16 [out, in/32] (symmetric
+minmax: scale = max|w| / 7 per group of 32 inputs), weight_shape int32 [2]; quantization_config
+with Kimi's ignore list (lm_head, re: self_attn / shared_experts / dense mlp.*_proj). The
+reference runs on the dequantised weights (q * scale, in float32).
+
 Kimi-K2.5 fixtures wrap the same decoder: config.json is KimiK25ForConditionalGeneration with the
 decoder under text_config and a vision_config; tensors are prefixed "language_model." and a few
 stand-in vision_tower.* / mm_projector.* tensors are added (moeserve must skip them). HF has no
@@ -39,8 +46,15 @@ BASE = dict(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", v
             bos_token_id=0, eos_token_id=1, max_position_embeddings=512, topk_method="noaux_tc",
             scoring_func="sigmoid", torch_dtype="bfloat16")
 FP8 = dict(activation_scheme="dynamic", fmt="e4m3", quant_method="fp8", weight_block_size=[128, 128])
+INT4 = dict(quant_method="compressed-tensors", format="pack-quantized", quantization_status="compressed",
+            config_groups=dict(group_0=dict(targets=["Linear"], input_activations=None, output_activations=None,
+                                            weights=dict(num_bits=4, type="int", symmetric=True, strategy="group",
+                                                         group_size=32, dynamic=False, observer="minmax",
+                                                         actorder=None, block_structure=None))),
+            ignore=["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+            kv_cache_scheme=None)
 
-# name: (seed, fp8, prompt length, config, mtp stand-ins, kimi wrapper)
+# name: (seed, quantisation (False | True = FP8 | "int4"), prompt length, config, mtp stand-ins, kimi wrapper)
 FIXTURES = {
     # q_lora, grouped routing (4 groups, best 2), first layer dense, interleaved RoPE, plain theta.
     "dsv3_tiny_bf16": (41, False, 9, dict(
@@ -81,7 +95,33 @@ FIXTURES = {
         max_position_embeddings=4096, rope_parameters=dict(rope_type="yarn", rope_theta=50000.0, factor=64.0,
         original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, mscale=0.8, mscale_all_dim=1.2)),
         False, True),
+    # INT4 pack-quantized routed experts (group 32: hidden 128 and expert width 64 are whole groups),
+    # grouped routing, q_lora, a dense first layer (bf16: the ignore list keeps mlp.*_proj).
+    "dsv3_tiny_int4": (45, "int4", 10, dict(
+        hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=24,
+        intermediate_size=160, moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True,
+        routed_scaling_factor=2.827, rope_theta=10000.0, rope_interleave=True, num_nextn_predict_layers=0,
+        quantization_config=INT4), False, False),
 }
+
+
+def quantize_int4(w, group=32):
+    """[out, in] float -> (weight_packed int32 [out, in/8], weight_scale bf16 [out, in/group],
+    weight_shape int32 [2], the dequantised float32 weight)."""
+    out, inp = w.shape
+    assert inp % group == 0 and inp % 8 == 0, (out, inp)
+    g = w.float().reshape(out, inp // group, group)
+    scale = (g.abs().amax(-1, keepdim=True) / 7).clamp(min=1e-8).to(torch.bfloat16)
+    q = torch.clamp(torch.round(g / scale.float()), -8, 7).to(torch.int64).reshape(out, inp)
+    nib = (q + 8).reshape(out, inp // 8, 8)  # element 8j + i -> bits [4i, 4i+3] of word j
+    words = torch.zeros(out, inp // 8, dtype=torch.int64)
+    for i in range(8):
+        words |= nib[..., i] << (4 * i)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # two's complement
+    deq = (q.reshape(out, inp // group, group).float() * scale.float()).reshape(out, inp)
+    return words, scale.reshape(out, inp // group), torch.tensor([out, inp], dtype=torch.int32), deq
 
 
 def is_linear(name):
@@ -100,10 +140,14 @@ def build(name, seed, fp8, P, cfg, mtp, kimi, out, tmp):
     hf_cfg["num_nextn_predict_layers"] = 0  # no MTP-assisted generation in the reference
     m = T.DeepseekV3ForCausalLM(T.DeepseekV3Config(**hf_cfg))
     stored, values = {}, {}
-    block = FP8["weight_block_size"] if fp8 else None
+    block = FP8["weight_block_size"] if fp8 is True else None
 
     def put(t, y):
-        if block and is_linear(t):
+        if fp8 == "int4" and ".mlp.experts." in t:
+            base = t[: -len(".weight")]
+            stored[base + ".weight_packed"], stored[base + ".weight_scale"], stored[base + ".weight_shape"], \
+                values[t] = quantize_int4(y, INT4["config_groups"]["group_0"]["weights"]["group_size"])
+        elif block and is_linear(t):
             stored[t], stored[t + "_scale_inv"], values[t] = quantize_fp8(y, block)
         else:
             stored[t] = y.to(torch.float32 if "e_score_correction_bias" in t else torch.bfloat16)

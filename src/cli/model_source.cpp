@@ -43,7 +43,9 @@ std::vector<std::string> missing_model_files(const std::string& dir, const Model
   const fs::path d(dir);
   std::error_code ec;
   if (!fs::exists(d / "config.json", ec)) missing.push_back("config.json");
-  if (src.tokenizer && !fs::exists(d / "tokenizer.json", ec)) missing.push_back("tokenizer.json");
+  // Kimi ships tiktoken.model instead of tokenizer.json (Tokenizer::from_dir reads either).
+  if (src.tokenizer && !fs::exists(d / "tokenizer.json", ec) && !fs::exists(d / "tiktoken.model", ec))
+    missing.push_back("tokenizer.json");
   if (!src.weights) return missing;
   const fs::path index = d / "model.safetensors.index.json";
   if (fs::exists(index, ec)) {

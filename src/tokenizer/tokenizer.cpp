@@ -70,7 +70,6 @@ std::string Tokenizer::Impl::decode_tokens(std::vector<std::string>& tokens) con
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
 Tokenizer::~Tokenizer() = default;
 
-std::shared_ptr<const Tokenizer> Tokenizer::from_dir(const std::string& dir) { return from_file(dir + "/tokenizer.json"); }
 
 std::shared_ptr<const Tokenizer> Tokenizer::from_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -87,17 +86,22 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_string(const std::string& 
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not valid JSON: {}", origin, e.what());
   }
+  return from_parsed(j, nullptr, origin);
+}
+
+std::shared_ptr<Tokenizer> Tokenizer::from_parsed(const nlohmann::json& j, std::unique_ptr<tok::Model> model,
+                                                  const std::string& origin) {
   std::shared_ptr<Tokenizer> t(new Tokenizer());
   Impl& im = *t->impl_;
   try {
     MS_CHECK(j.is_object(), "the top level must be a JSON object");
-    MS_CHECK(j.contains("model") && !j["model"].is_null(), "no 'model' (the tokenizer model: BPE, WordPiece, WordLevel or Unigram)");
+    MS_CHECK(model || (j.contains("model") && !j["model"].is_null()), "no 'model' (the tokenizer model: BPE, WordPiece, WordLevel or Unigram)");
     if (j.contains("truncation") && !j["truncation"].is_null())
       spdlog::warn("{}: 'truncation' is ignored", origin);
     if (j.contains("padding") && !j["padding"].is_null()) spdlog::warn("{}: 'padding' is ignored", origin);
     im.normalizer = tok::make_normalizer(j.value("normalizer", nlohmann::json()));
     im.pre = tok::make_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json()));
-    im.model = tok::make_model(j["model"]);
+    im.model = model ? std::move(model) : tok::make_model(j["model"]);
     im.post = tok::make_post_processor(j.value("post_processor", nlohmann::json()));
     im.decoder = tok::make_decoder(j.value("decoder", nlohmann::json()));
     im.max_id = im.model->max_id();
@@ -238,6 +242,7 @@ void split_added(const Tokenizer::Impl& im, const AddedMatcher& m, std::string_v
   if (start_offset < s.size()) out.push_back({s.substr(start_offset), start_offset, -1});
 }
 
+void encode_text(const Tokenizer::Impl& im, std::string_view text, std::vector<int32_t>& ids);
 }  // namespace
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
@@ -247,6 +252,20 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
            static_cast<unsigned>(static_cast<unsigned char>(text[bad])), bad);
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
+  if (!im.tiktoken_pieces) {
+    encode_text(im, text, ids);
+  } else {
+    std::vector<std::string_view> parts;
+    tok::tiktoken_pieces(text, parts);
+    for (auto part : parts) encode_text(im, part, ids);
+  }
+  if (add_special_tokens && im.post) im.post->process(ids);
+  return ids;
+}
+
+namespace {
+// Added-token split, normalisation, pre-tokenisation and the model on one text.
+void encode_text(const Tokenizer::Impl& im, std::string_view text, std::vector<int32_t>& ids) {
   std::vector<Segment> raw;
   split_added(im, im.raw_matcher, text, raw);
   std::vector<tok::Piece> pieces;
@@ -271,9 +290,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       for (const auto& p : pieces) im.model->tokenize(p.text, ids);
     }
   }
-  if (add_special_tokens && im.post) im.post->process(ids);
-  return ids;
 }
+}  // namespace
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   const Impl& im = *impl_;

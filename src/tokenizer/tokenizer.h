@@ -10,14 +10,25 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace moeserve {
+namespace tok {
+class Model;
+}
 
 class Tokenizer {
  public:
   // Throws moeserve::Error on unreadable files, bad JSON, or components that moeserve
   // does not implement (the message names the component).
   static std::shared_ptr<const Tokenizer> from_file(const std::string& tokenizer_json_path);
-  static std::shared_ptr<const Tokenizer> from_dir(const std::string& dir);  // dir/tokenizer.json
+  // dir/tokenizer.json; without it, dir/tiktoken.model (+ dir/tokenizer_config.json) as Kimi's
+  // tokenizer (from_tiktoken).
+  static std::shared_ptr<const Tokenizer> from_dir(const std::string& dir);
+  // Kimi's tokenization_kimi.py: tiktoken ranks + its pre-tokenizer regex + 256 special ids after
+  // the base tokens, named by tokenizer_config.json's added_tokens_decoder (config_path may be
+  // empty: all reserved). See tiktoken.cpp.
+  static std::shared_ptr<const Tokenizer> from_tiktoken(const std::string& model_path, const std::string& config_path);
   static std::shared_ptr<const Tokenizer> from_json_string(const std::string& json, const std::string& origin);
 
   // Throws moeserve::Error on invalid UTF-8 (HF's Python API only accepts str, so invalid
@@ -35,6 +46,9 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  // The tokenizer.json pipeline with `model` (null: built from j["model"]).
+  static std::shared_ptr<Tokenizer> from_parsed(const nlohmann::json& j, std::unique_ptr<tok::Model> model,
+                                                const std::string& origin);
   friend class IncrementalDetokenizer;
   std::unique_ptr<Impl> impl_;
 };

@@ -11,6 +11,11 @@
 #include "tokenizer/tokenizer.h"
 
 namespace moeserve {
+namespace tok {
+// tokenization_kimi.py's pieces: 400k-character chunks cut into runs of at most 25k whitespace
+// or non-whitespace characters (Python str.isspace); views into `s` (tiktoken.cpp).
+void tiktoken_pieces(std::string_view s, std::vector<std::string_view>& out);
+}  // namespace tok
 
 struct AddedToken {
   // decode / id_to_token return `content` as HF `tokenizers` 0.22 (the pinned oracle) does;
@@ -51,6 +56,9 @@ struct Tokenizer::Impl {
   std::unordered_set<std::string> special_set;
   AddedMatcher raw_matcher, norm_matcher;
   int32_t max_id = -1;
+  // tiktoken (Kimi): encode 400k-character pieces cut into runs of at most 25k whitespace or
+  // non-whitespace characters separately, as tokenization_kimi.py does (tiktoken.cpp).
+  bool tiktoken_pieces = false;
 
   // Token string of `id` (added first, then model), or nullptr.
   const std::string* token_of(int32_t id) const;

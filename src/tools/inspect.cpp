@@ -66,6 +66,11 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
   r["dense_intermediate_size"] = cfg.num_dense_layers ? cfg.dense_intermediate_size : 0;
   r["vocab_size"] = cfg.vocab_size;
   r["max_position_embeddings"] = cfg.max_position_embeddings;
+  // KV cache per token on one GPU at TP1 in bf16 (MLA: one kv_lora_rank + rope latent per layer).
+  r["attention"] = cfg.kv_lora_rank > 0 ? "mla" : "gqa";
+  r["kv_lora_rank"] = cfg.kv_lora_rank;
+  r["q_lora_rank"] = cfg.q_lora_rank;
+  r["kv_cache_bytes_per_token_bf16"] = arch.kv_layout(ParallelConfig{}).bytes_per_block(1, 2);
   r["params_total"] = pc.total;
   r["params_active"] = pc.active_no_lm_head;
   r["params_active_with_lm_head"] = pc.active;
@@ -181,6 +186,12 @@ std::string format_inspect(const nlohmann::json& r) {
     s += fmt::format("  dense layers     {}, intermediate {}\n", r["dense_layers"].get<int>(),
                      r["dense_intermediate_size"].get<int>());
   s += fmt::format("  vocab            {}\n", r["vocab_size"].get<int>());
+  if (r.value("attention", "") == "mla")
+    s += fmt::format("  attention        MLA, kv_lora_rank {}, q_lora_rank {}\n", r["kv_lora_rank"].get<int>(),
+                     r["q_lora_rank"].get<int>());
+  if (r.contains("kv_cache_bytes_per_token_bf16"))
+    s += fmt::format("  KV cache         {} B per token (bf16, all layers, one GPU)\n",
+                     r["kv_cache_bytes_per_token_bf16"].get<int64_t>());
   s += fmt::format("  parameters       {} total, {} active per token ({} with lm_head)\n",
                    human_count(r["params_total"].get<int64_t>()), human_count(r["params_active"].get<int64_t>()),
                    human_count(r["params_active_with_lm_head"].get<int64_t>()));

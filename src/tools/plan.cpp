@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -62,7 +63,21 @@ bool module_matches(const std::string& name, const std::string& entry) {
   return false;
 }
 
+// compressed-tensors `ignore` entries: "re:PATTERN" is Python re.match (anchored at the start),
+// anything else the module name itself.
+bool int4_ignored(const ModelShape& m, const std::string& module) {
+  for (const auto& e : m.int4_ignore) {
+    if (e.rfind("re:", 0) == 0) {
+      if (std::regex_search(module, std::regex(e.substr(3)), std::regex_constants::match_continuous)) return true;
+    } else if (module == e) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool is_quantized(const ModelShape& m, const std::string& module) {
+  if (m.int4) return !int4_ignored(m, module);
   if (!m.fp8) return false;
   for (const auto& e : m.not_converted)
     if (module_matches(module, e)) return false;
@@ -87,7 +102,8 @@ struct Group {
   int64_t rows, cols;  // global shape (cols 1 for 1-D tensors)
   int64_t count;       // tensors of this kind in the model
   bool fp8;
-  int elem_bytes;  // when not FP8
+  int elem_bytes;  // when not FP8 / INT4
+  bool int4 = false;  // pack-quantized: weight_packed + weight_scale + weight_shape
 };
 
 bool is_mixtral_style(const ModelShape& m) {
@@ -106,17 +122,35 @@ std::vector<Group> build_groups(const ModelShape& m) {
   auto lin = [&](std::string cat, std::string mod, Role r, int64_t rows, int64_t cols, int64_t count) {
     if (count <= 0 || rows <= 0 || cols <= 0) return;
     const bool q = quant(mod);
-    g.push_back({std::move(cat), std::move(mod), r, rows, cols, count, q, m.dtype_bytes});
+    g.push_back({std::move(cat), std::move(mod), r, rows, cols, count, q && m.fp8, m.dtype_bytes, q && m.int4});
   };
   auto vec = [&](std::string cat, std::string mod, Role r, int64_t n, int64_t count, int bytes) {
     if (count <= 0 || n <= 0) return;
-    g.push_back({std::move(cat), std::move(mod), r, n, 1, count, false, bytes});
+    g.push_back({std::move(cat), std::move(mod), r, n, 1, count, false, bytes, false});
   };
-  g.push_back({"embedding", "model.embed_tokens", Role::Vocab, m.vocab, H, 1, false, m.dtype_bytes});
-  lin("attention", lp + "self_attn.q_proj", Role::Col, Hq, H, L);
-  lin("attention", lp + "self_attn.k_proj", Role::KvCol, Hkv, H, L);
-  lin("attention", lp + "self_attn.v_proj", Role::KvCol, Hkv, H, L);
-  lin("attention", lp + "self_attn.o_proj", Role::Row, H, Hq, L);
+  g.push_back({"embedding", "model.embed_tokens", Role::Vocab, m.vocab, H, 1, false, m.dtype_bytes, false});
+  if (m.mla) {
+    // MLA: the down-projections (q_a, kv_a) and their norms are replicated, the per-head
+    // up-projections split by heads over TP (vLLM's ReplicatedLinear / ColumnParallelLinear).
+    const int64_t qk = m.qk_nope + m.qk_rope;
+    const std::string a = lp + "self_attn.";
+    if (m.q_lora > 0) {
+      lin("attention", a + "q_a_proj", Role::Replicated, m.q_lora, H, L);
+      vec("norms", a + "q_a_layernorm", Role::Replicated, m.q_lora, L, m.dtype_bytes);
+      lin("attention", a + "q_b_proj", Role::Col, m.heads * qk, m.q_lora, L);
+    } else {
+      lin("attention", a + "q_proj", Role::Col, m.heads * qk, H, L);
+    }
+    lin("attention", a + "kv_a_proj_with_mqa", Role::Replicated, m.kv_lora + m.qk_rope, H, L);
+    vec("norms", a + "kv_a_layernorm", Role::Replicated, m.kv_lora, L, m.dtype_bytes);
+    lin("attention", a + "kv_b_proj", Role::Col, m.heads * (m.qk_nope + m.v_head), m.kv_lora, L);
+    lin("attention", a + "o_proj", Role::Row, H, m.heads * m.v_head, L);
+  } else {
+    lin("attention", lp + "self_attn.q_proj", Role::Col, Hq, H, L);
+    lin("attention", lp + "self_attn.k_proj", Role::KvCol, Hkv, H, L);
+    lin("attention", lp + "self_attn.v_proj", Role::KvCol, Hkv, H, L);
+    lin("attention", lp + "self_attn.o_proj", Role::Row, H, Hq, L);
+  }
   vec("norms", lp + "input_layernorm", Role::Replicated, H, 2 * L, m.dtype_bytes);  // + post_attention_layernorm
   if (m.qk_norm) {
     if (m.qk_norm_full_width) {
@@ -127,7 +161,7 @@ std::vector<Group> build_groups(const ModelShape& m) {
     }
   }
   const int router_bytes = m.router_fp32 ? 4 : m.dtype_bytes;
-  g.push_back({"router", moe + "gate", Role::Replicated, m.experts, H, moe_layers, false, router_bytes});
+  g.push_back({"router", moe + "gate", Role::Replicated, m.experts, H, moe_layers, false, router_bytes, false});
   if (m.router_bias) vec("router", moe + "e_score_correction_bias", Role::Replicated, m.experts, moe_layers, 4);
   const int64_t E = m.experts, I = m.moe_inter;
   lin("experts", moe + "experts.0." + up, Role::ExpertCol, I, H, E * moe_layers);
@@ -141,7 +175,10 @@ std::vector<Group> build_groups(const ModelShape& m) {
   lin("dense_mlp", lp + "mlp.up_proj", Role::Col, m.dense_inter, H, m.dense_layers);
   lin("dense_mlp", lp + "mlp.down_proj", Role::Row, H, m.dense_inter, m.dense_layers);
   vec("norms", "model.norm", Role::Replicated, H, 1, m.dtype_bytes);
-  if (!m.tied_embeddings) g.push_back({"lm_head", "lm_head", Role::Vocab, m.vocab, H, 1, false, m.dtype_bytes});
+  if (!m.tied_embeddings) {
+    const bool q = m.int4 && is_quantized(m, "lm_head");  // INT4 unless ignored (Kimi ignores it)
+    g.push_back({"lm_head", "lm_head", Role::Vocab, m.vocab, H, 1, false, m.dtype_bytes, q});
+  }
   std::erase_if(g, [](const Group& x) { return x.count <= 0 || x.rows <= 0; });
   return g;
 }
@@ -149,6 +186,9 @@ std::vector<Group> build_groups(const ModelShape& m) {
 // Bytes of one [rows, cols] slice: FP8 = 1 B per element + fp32 scale per block (one per
 // tensor when the config has no block size), else elem_bytes per element.
 int64_t slice_bytes(const ModelShape& m, const Group& g, int64_t rows, int64_t cols) {
+  // INT4: int32 words of 8 values along the input dimension, a bf16 scale per group of
+  // int4_group inputs, and the int32 [2] weight_shape.
+  if (g.int4) return rows * ceil_div(cols, 8) * 4 + rows * ceil_div(cols, m.int4_group) * 2 + 8;
   if (!g.fp8) return rows * cols * g.elem_bytes;
   const int64_t scales = m.block_out > 0 ? ceil_div(rows, m.block_out) * ceil_div(cols, m.block_in) : 1;
   return rows * cols + scales * 4;
@@ -176,7 +216,8 @@ int64_t rank_bytes(const ModelShape& m, const Group& g, const Layout& l, bool vo
 
 int64_t count_tensors(const std::vector<Group>& groups) {
   int64_t n = 0;
-  for (const auto& g : groups) n += g.count * (g.fp8 ? 2 : 1);  // FP8 weights carry a scale tensor
+  // FP8 weights carry a scale tensor; INT4 ones weight_packed, weight_scale and weight_shape.
+  for (const auto& g : groups) n += g.count * (g.int4 ? 3 : g.fp8 ? 2 : 1);
   // norms: input_layernorm and post_attention_layernorm (or q_norm and k_norm) were one group of count 2L
   return n;
 }
@@ -186,12 +227,27 @@ std::string human(int64_t b) {
   return b >= 1000000000 ? fmt::format("{:.2f} GB", double(b) / 1e9) : fmt::format("{:.2f} MB", double(b) / 1e6);
 }
 
+void block_check_rows(std::vector<std::string>& why, const char* what, int64_t local, int64_t block) {
+  if (block > 0 && local % block)
+    why.push_back(fmt::format("block-FP8 {} per rank = {} is not a multiple of the {} weight block", what, local, block));
+}
+
 // Problems that make a layout impossible regardless of memory.
 void structural_checks(const ModelShape& m, const Layout& l, std::vector<std::string>& why,
                        std::vector<std::string>& notes) {
   const int64_t t = l.tp, D = m.head_dim;
   if (m.heads % t) why.push_back(fmt::format("{} query heads do not split over TP {}", m.heads, t));
-  if (t <= m.kv_heads) {
+  if (m.mla) {
+    // MLA: heads split over TP; the latent KV (one vector per token) is replicated.
+    if (m.heads % t == 0 && m.fp8 && m.block_out > 0) {
+      const std::string a = "model.layers.0.self_attn.";
+      const int64_t hl = m.heads / t;
+      if (is_quantized(m, a + (m.q_lora > 0 ? "q_b_proj" : "q_proj")))
+        block_check_rows(why, "q_b_proj", hl * (m.qk_nope + m.qk_rope), m.block_out);
+      if (is_quantized(m, a + "kv_b_proj")) block_check_rows(why, "kv_b_proj", hl * (m.qk_nope + m.v_head), m.block_out);
+      if (is_quantized(m, a + "o_proj")) block_check_rows(why, "o_proj columns", hl * m.v_head, m.block_in);
+    }
+  } else if (t <= m.kv_heads) {
     if (m.kv_heads % t) why.push_back(fmt::format("{} KV heads do not split over TP {}", m.kv_heads, t));
   } else if (t % m.kv_heads) {
     why.push_back(fmt::format("TP {} is more than {} KV heads and not a multiple of them", t, m.kv_heads));
@@ -205,7 +261,7 @@ void structural_checks(const ModelShape& m, const Layout& l, std::vector<std::st
       why.push_back(fmt::format("block-FP8 {} {} per rank {}/{} = {} is not a multiple of the {} weight block", what,
                                 dim, global, t, local, block));
   };
-  if (m.heads % t == 0) {
+  if (m.heads % t == 0 && !m.mla) {
     // FP8 attention projections: a rank's slice must cover whole blocks.
     const int64_t q_local = m.heads / t * D, kv_local = (t <= m.kv_heads ? m.kv_heads / t : 1) * D;
     const std::string lp = "model.layers.0.self_attn.";
@@ -217,6 +273,10 @@ void structural_checks(const ModelShape& m, const Layout& l, std::vector<std::st
   if (m.experts > 0 && l.ep == 1 && t > 1) {
     if (m.moe_inter % t)
       why.push_back(fmt::format("expert intermediate size {} does not split over TP {}", m.moe_inter, t));
+    else if (m.int4 && is_quantized(m, "model.layers.0.mlp.experts.0.down_proj") && (m.moe_inter / t) % m.int4_group)
+      why.push_back(fmt::format("INT4 expert intermediate size {}/{} = {} is not a multiple of the {}-input scale "
+                                "group (down_proj), so TP{} needs EP",
+                                m.moe_inter, t, m.moe_inter / t, m.int4_group, t));
     else if (m.fp8) {
       const int64_t loc = m.moe_inter / t;
       const int64_t blk = std::max(m.block_out, m.block_in);
@@ -240,11 +300,25 @@ void structural_checks(const ModelShape& m, const Layout& l, std::vector<std::st
 
 }  // namespace
 
-ModelShape ModelShape::from_config(const json& j) {
-  MS_CHECK(j.is_object(), "config.json: top level must be an object");
+ModelShape ModelShape::from_config(const json& top) {
+  MS_CHECK(top.is_object(), "config.json: top level must be an object");
   ModelShape m;
-  m.model_type = get_str(j, "model_type", "");
-  MS_CHECK(!has(j, "kv_lora_rank"), "config.json: MLA attention (kv_lora_rank) is not modelled by `plan`");
+  m.model_type = get_str(top, "model_type", "");
+  // Kimi-K2.5 (KimiK25ForConditionalGeneration): the text backbone's fields are in text_config;
+  // the vision tower (vision_config) is not loaded by moeserve (text-only) and not counted.
+  if (has(top, "text_config")) MS_CHECK(top["text_config"].is_object(), "config.json: text_config must be an object");
+  const json& j = has(top, "text_config") ? top["text_config"] : top;
+  m.vision_tower = has(top, "vision_config");
+  if (has(j, "kv_lora_rank")) {
+    m.mla = true;
+    m.q_lora = get_int(j, "q_lora_rank", 0);
+    m.kv_lora = get_int(j, "kv_lora_rank");
+    m.qk_nope = get_int(j, "qk_nope_head_dim");
+    m.qk_rope = get_int(j, "qk_rope_head_dim");
+    m.v_head = get_int(j, "v_head_dim");
+    MS_CHECK(m.kv_lora > 0 && m.qk_nope > 0 && m.qk_rope > 0 && m.v_head > 0,
+             "config.json: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim must be positive");
+  }
   m.hidden = get_int(j, "hidden_size");
   m.layers = get_int(j, "num_hidden_layers");
   m.heads = get_int(j, "num_attention_heads");
@@ -253,7 +327,7 @@ ModelShape ModelShape::from_config(const json& j) {
            "config.json: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads must be positive");
   MS_CHECK(m.heads % m.kv_heads == 0, "config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}",
            m.heads, m.kv_heads);
-  m.head_dim = get_int(j, "head_dim", m.hidden / m.heads);
+  m.head_dim = m.mla ? m.qk_nope + m.qk_rope : get_int(j, "head_dim", m.hidden / m.heads);
   MS_CHECK(m.head_dim > 0, "config.json: head_dim must be positive");
   m.vocab = get_int(j, "vocab_size");
   MS_CHECK(m.vocab > 0, "config.json: vocab_size must be positive");
@@ -290,13 +364,47 @@ ModelShape ModelShape::from_config(const json& j) {
   m.qk_norm = minimax ? get_bool(j, "use_qk_norm", true) : m.model_type.rfind("qwen3", 0) == 0;
   m.qk_norm_full_width = minimax && get_str(j, "qk_norm_type", "per_layer") == "per_layer";
 
-  m.dtype = get_str(j, "torch_dtype", get_str(j, "dtype", "bfloat16"));
+  m.dtype = get_str(j, "torch_dtype", get_str(j, "dtype", get_str(top, "torch_dtype", get_str(top, "dtype", "bfloat16"))));
   m.dtype_bytes = dtype_bytes_of(m.dtype, "config.json torch_dtype");
-  if (has(j, "quantization_config")) {
-    const json& q = j["quantization_config"];
+  const json* qc = has(j, "quantization_config") ? &j["quantization_config"]
+                   : has(top, "quantization_config") ? &top["quantization_config"] : nullptr;
+  if (qc && get_str(*qc, "quant_method", "") == "compressed-tensors") {
+    const json& q = *qc;
+    MS_CHECK(get_str(q, "format", "") == "pack-quantized",
+             "config.json: compressed-tensors format '{}' is not modelled by `plan` (only pack-quantized INT4)",
+             get_str(q, "format", ""));
+    MS_CHECK(has(q, "config_groups") && q["config_groups"].is_object() && q["config_groups"].size() == 1,
+             "config.json: compressed-tensors needs exactly one config_groups entry");
+    const json& grp = q["config_groups"].begin().value();
+    MS_CHECK(grp.is_object() && has(grp, "weights") && grp["weights"].is_object(),
+             "config.json: config_groups entry without 'weights'");
+    const json& w = grp["weights"];
+    MS_CHECK(get_int(w, "num_bits") == 4 && get_str(w, "type", "") == "int" && get_bool(w, "symmetric", false) &&
+                 get_str(w, "strategy", "") == "group",
+             "config.json: compressed-tensors weights must be 4-bit symmetric int with group strategy, got {}", w.dump());
+    m.int4 = true;
+    m.int4_group = get_int(w, "group_size");
+    MS_CHECK(m.int4_group > 0, "config.json: compressed-tensors group_size must be positive");
+    if (has(q, "ignore")) {
+      MS_CHECK(q["ignore"].is_array(), "config.json: quantization_config.ignore must be a list");
+      for (const auto& x : q["ignore"]) {
+        MS_CHECK(x.is_string(), "config.json: quantization_config.ignore must hold strings");
+        m.int4_ignore.push_back(x.get<std::string>());
+        if (m.int4_ignore.back().rfind("re:", 0) == 0) {
+          try {
+            std::regex re(m.int4_ignore.back().substr(3));
+          } catch (const std::regex_error&) {
+            fail("config.json: quantization_config.ignore entry '{}' is not a valid regex", m.int4_ignore.back());
+          }
+        }
+      }
+    }
+  } else if (qc) {
+    const json& q = *qc;
     MS_CHECK(q.is_object(), "config.json: quantization_config must be an object");
     const std::string method = get_str(q, "quant_method", "");
-    MS_CHECK(method == "fp8", "config.json: quantization_config.quant_method '{}' is not modelled by `plan` (only fp8)",
+    MS_CHECK(method == "fp8",
+             "config.json: quantization_config.quant_method '{}' is not modelled by `plan` (fp8, compressed-tensors)",
              method);
     m.fp8 = true;
     if (has(q, "weight_block_size")) {
@@ -420,6 +528,9 @@ json make_plan(const json& config, const json* index, const PlanOptions& o) {
     if (m.fp8 && index->contains("weight_map") && ii.fp8_scales == 0)
       warnings.push_back("config.json declares FP8 but the index lists no weight_scale_inv tensors");
   }
+  if (m.vision_tower)
+    warnings.push_back("config.json has a vision_config: the vision tower is not loaded (text-only serving) and its "
+                       "weights are not counted; the index's total_size includes them");
   r["checkpoint"] = ck;
 
   json model{{"model_type", m.model_type}, {"hidden_size", m.hidden}, {"num_layers", m.layers},
@@ -428,9 +539,15 @@ json make_plan(const json& config, const json* index, const PlanOptions& o) {
              {"num_experts", m.experts}, {"experts_per_token", m.top_k}, {"expert_intermediate_size", m.moe_inter},
              {"shared_expert_intermediate_size", m.shared_inter}, {"dense_layers", m.dense_layers},
              {"dense_intermediate_size", m.dense_inter}, {"dtype", m.dtype},
-             {"quantization", m.fp8 ? json{{"method", "fp8"}, {"weight_block_size", {m.block_out, m.block_in}},
-                                           {"modules_to_not_convert", m.not_converted}}
-                                    : json(nullptr)},
+             {"quantization", m.fp8    ? json{{"method", "fp8"}, {"weight_block_size", {m.block_out, m.block_in}},
+                                              {"modules_to_not_convert", m.not_converted}}
+                              : m.int4 ? json{{"method", "compressed-tensors pack-quantized int4"},
+                                              {"group_size", m.int4_group}, {"ignore", m.int4_ignore}}
+                                       : json(nullptr)},
+             {"mla", m.mla ? json{{"q_lora_rank", m.q_lora}, {"kv_lora_rank", m.kv_lora},
+                                  {"qk_nope_head_dim", m.qk_nope}, {"qk_rope_head_dim", m.qk_rope},
+                                  {"v_head_dim", m.v_head}}
+                           : json(nullptr)},
              {"max_position_embeddings", m.max_position}};
   r["model"] = model;
 
@@ -452,6 +569,12 @@ json make_plan(const json& config, const json* index, const PlanOptions& o) {
       "kv = usable - weights - reserve; blocks = floor(kv / (block_size * kv_layers * 2 * kv_heads_local * head_dim "
       "* kv_bytes)); kv_tokens = blocks * block_size per replica; sequences at max_model_len = floor(blocks / "
       "ceil(max_model_len / block_size)) per replica, times DP",
+      "MLA (kv_lora_rank): q_a/kv_a projections and their norms replicated, q_b/kv_b split by heads, o_proj by "
+      "columns; KV per token = kv_layers * (kv_lora_rank + qk_rope_head_dim) * kv_bytes on every GPU (one latent "
+      "vector per layer, not per head, replicated over TP); attention activations q_lora + heads_local*(nope+rope) + "
+      "kv_lora + rope + heads_local*(nope+v)",
+      "INT4 (compressed-tensors pack-quantized): per linear not in `ignore`, out*ceil(in/8)*4 B weight_packed + "
+      "out*ceil(in/group)*2 B weight_scale + 8 B weight_shape",
       "sources: shapes from config.json; dtypes from config.json (fp8 blocks + fp32 scales for linear layers unless "
       "in modules_to_not_convert, MiniMax router fp32, the rest torch_dtype); the index's total_size is a cross-check "
       "only; MTP modules are never loaded"});
@@ -473,19 +596,24 @@ json make_plan(const json& config, const json* index, const PlanOptions& o) {
       wcat[g.category] = wcat.value(g.category, int64_t(0)) + b;
     }
     const int64_t t = l.tp;
-    const int64_t kv_local = t <= m.kv_heads ? ceil_div(m.kv_heads, t) : 1;
-    const int64_t q_w = ceil_div(m.heads, t) * m.head_dim, kv_w = kv_local * m.head_dim;
+    const int64_t kv_local = m.mla ? 1 : t <= m.kv_heads ? ceil_div(m.kv_heads, t) : 1;
+    const int64_t hl = ceil_div(m.heads, t);
+    // Attention activations per token: q/k/v widths; MLA: q latent, q, kv latent, k_nope + v.
+    const int64_t attn_w = m.mla ? m.q_lora + hl * (m.qk_nope + m.qk_rope) + m.kv_lora + m.qk_rope +
+                                       hl * (m.qk_nope + m.v_head)
+                                 : hl * m.head_dim + 2 * kv_local * m.head_dim;
     int64_t mlp_w = 0;
     if (m.experts > 0) {
       const int64_t routed = l.ep > 1 ? ceil_div(m.moe_inter * l.dp, l.ep) : ceil_div(m.moe_inter, t);
       mlp_w = m.top_k * 3 * routed + 3 * ceil_div(m.shared_inter, t);
     }
     if (m.dense_layers > 0) mlp_w = std::max(mlp_w, 3 * ceil_div(m.dense_inter, t));
-    const int64_t act_per_token = 2 * (4 * m.hidden + q_w + 2 * kv_w + mlp_w);
+    const int64_t act_per_token = 2 * (4 * m.hidden + attn_w + mlp_w);
     const int64_t activations = o.max_num_batched_tokens * act_per_token;
     const int64_t logits = o.max_num_seqs * m.vocab * 4;
     const int64_t reserve = o.overhead + activations + logits;
-    const int64_t kv_per_token = m.kv_layers * 2 * kv_local * m.head_dim * kv_elem;
+    const int64_t kv_per_token = m.mla ? m.kv_layers * (m.kv_lora + m.qk_rope) * kv_elem
+                                       : m.kv_layers * 2 * kv_local * m.head_dim * kv_elem;
     const int64_t kv_bytes = usable - weights - reserve;
     const int64_t blocks = kv_bytes > 0 && kv_per_token > 0 ? kv_bytes / (o.block_size * kv_per_token) : 0;
     const int64_t kv_tokens = blocks * o.block_size;

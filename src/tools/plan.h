@@ -21,7 +21,9 @@
 //                          + top_k * 3 * moe_inter_local + 3 * shared_inter_local)
 //           + logits:      max_num_seqs * vocab * 4 B
 //   kv      = usable - weights - reserve, in blocks of block_size tokens of
-//             kv_layers * 2 * kv_heads_local * head_dim * kv_dtype_bytes each
+//             kv_layers * 2 * kv_heads_local * head_dim * kv_dtype_bytes each; MLA:
+//             kv_layers * (kv_lora_rank + qk_rope_head_dim) * kv_dtype_bytes (one latent vector per
+//             token per layer, not per head, replicated on every TP rank as vLLM does)
 #pragma once
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -54,6 +56,15 @@ struct ModelShape {
   std::vector<std::string> not_converted;  // modules_to_not_convert
   int64_t mtp_declared = 0;
   int64_t max_position = 0;
+  // MLA (DeepSeek-V3 / Kimi-K2: kv_lora_rank in config.json). q_lora 0: a plain q_proj.
+  bool mla = false;
+  int64_t q_lora = 0, kv_lora = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
+  // compressed-tensors pack-quantized INT4 (W4A16): weight_packed int32 [out, in/8] + bf16
+  // weight_scale [out, in/group] + int32 weight_shape [2] per linear not in `ignore`.
+  bool int4 = false;
+  int64_t int4_group = 0;
+  std::vector<std::string> int4_ignore;  // plain module names or "re:" regexes (re.match)
+  bool vision_tower = false;  // a vision_config next to text_config: not loaded, not counted
 
   static ModelShape from_config(const nlohmann::json& config);  // throws naming the field
 };

@@ -186,8 +186,8 @@ def test_other_subcommands_group_their_help():
 
 
 def test_unknown_parser_names_list_the_known_ones(tmp_path, model):
-    for flag, known in [("--tool-call-parser", "deepseek_v3, hermes, minimax_m2"),
-                        ("--reasoning-parser", "deepseek_r1, minimax_m2, minimax_m2_append_think, qwen3")]:
+    for flag, known in [("--tool-call-parser", "deepseek_v3, hermes, kimi_k2, minimax_m2"),
+                        ("--reasoning-parser", "deepseek_r1, kimi_k2, minimax_m2, minimax_m2_append_think, qwen3")]:
         r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
                 flag, "qwen3_nope")
         assert r.returncode != 0

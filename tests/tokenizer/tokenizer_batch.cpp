@@ -1,4 +1,5 @@
-// Batch driver for the Python oracle tests: loads one tokenizer.json (argv[1]), prints
+// Batch driver for the Python oracle tests: loads one tokenizer.json (argv[1]; a directory:
+// Tokenizer::from_dir, e.g. a tiktoken.model folder), prints
 // {"ready":true} (or {"load_error":"..."} and exits), then answers JSON-lines requests on
 // stdin, one JSON line out per request:
 //   {"op":"encode","text":"..."|"text_hex":"..","special":bool} -> {"ids":[...]} | {"error":"..."}
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -21,7 +23,8 @@ int main(int argc, char** argv) {
   }
   std::shared_ptr<const moeserve::Tokenizer> tok;
   try {
-    tok = moeserve::Tokenizer::from_file(argv[1]);
+    tok = std::filesystem::is_directory(argv[1]) ? moeserve::Tokenizer::from_dir(argv[1])
+                                                : moeserve::Tokenizer::from_file(argv[1]);
   } catch (const std::exception& e) {
     std::printf("%s\n", nlohmann::json{{"load_error", e.what()}}.dump().c_str());
     return 0;

@@ -313,8 +313,11 @@ TEST(PlanErrors, BadConfigsNameTheField) {
   c["num_experts_per_tok"] = 999;
   EXPECT_NE(msg(c).find("num_experts_per_tok"), std::string::npos);
   c = m25_config();
-  c["kv_lora_rank"] = 512;
-  EXPECT_NE(msg(c).find("MLA"), std::string::npos);
+  c["kv_lora_rank"] = 512;  // MLA is modelled; its other dimensions are then required
+  EXPECT_NE(msg(c).find("qk_nope_head_dim"), std::string::npos);
+  c = m25_config();
+  c["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "float-quantized"}};
+  EXPECT_NE(msg(c).find("pack-quantized"), std::string::npos);
   EXPECT_THROW(candidate_layouts(0), moeserve::Error);
   json bad_index = {{"metadata", {{"total_size", "12x"}}}, {"weight_map", json::object()}};
   o.gpu_memory = 1000;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "server/parsers/deepseek_v3.h"
+#include "server/parsers/kimi_k2.h"
 #include "server/parsers/minimax_m2.h"
 #include "server/parsers/parser.h"
 #include "server/parsers/qwen3.h"
@@ -24,6 +25,8 @@ struct ReasoningEntry {
 const std::map<std::string, ReasoningEntry>& reasoning_table() {
   static const std::map<std::string, ReasoningEntry> t = {
       {"deepseek_r1", {[](bool) { return std::make_unique<DeepSeekR1ReasoningParser>(); }}},
+      {"kimi_k2", {[](bool ended) { return std::make_unique<KimiK2ReasoningParser>(ended); },
+                   kimi_k2_reasoning_ended_by_prompt}},
       {"minimax_m2", {[](bool) { return std::make_unique<MinimaxM2ReasoningParser>(); }}},
       {"minimax_m2_append_think", {[](bool) { return std::make_unique<MinimaxM2AppendThinkParser>(); }}},
       {"qwen3", {[](bool ended) { return std::make_unique<Qwen3ReasoningParser>(ended); },
@@ -36,6 +39,7 @@ const std::map<std::string, TFactory>& tool_table() {
       {"minimax_m2", [](const ojson& tools) { return std::make_unique<MinimaxM2ToolParser>(tools); }},
       {"hermes", [](const ojson& tools) { return std::make_unique<HermesToolParser>(tools); }},
       {"deepseek_v3", [](const ojson& tools) { return std::make_unique<DeepSeekV3ToolParser>(tools); }},
+      {"kimi_k2", [](const ojson& tools) { return std::make_unique<KimiK2ToolParser>(tools); }},
   };
   return t;
 }
