@@ -269,13 +269,17 @@ class DeepseekV3Model final : public DecoderModel {
     StepViews s = begin_step(meta.num_tokens, rows.defined() ? rows.numel() : 0);
     embed(ids, s);
     for (int l = 0; l < desc_.num_layers; ++l) {
+      capture_boundary(l, s, ids);  // draft-head taps (no-op unless set_capture asked)
       mla_attention_block(l, s, kv, meta);
       if (w_.layers[size_t(l)].dense)
         dense_block(l, s);
       else
         moe_block(l, s, Repeat{});
     }
-    return final_logits(s, rows);
+    capture_boundary(desc_.num_layers, s, ids);
+    Tensor logits = final_logits(s, rows);
+    capture_final(s);
+    return logits;
   }
 
  private:
