@@ -292,14 +292,25 @@ TEST(SpecHeads, MtpMissingModulesRefused) {
   EXPECT_NE(none.find("declares no MTP modules"), std::string::npos) << none;
 }
 
-// Acceptance per draft position (greedy chain of 3, the card's conditional definition) on a
-// fixed prompt set: the chat-template golden prompts and their shortened variants, 96 greedy
-// tokens each. The card measured 0.665/0.753/0.846 (MTP) and 0.670/0.756/0.831 (EAGLE-3) on
-// greedy continuations of held-out prose and dialogs (half each); this set is all dialog, so
-// the tolerance is wide (0.2 per position); what it guards against is a collapse (wrong taps,
-// wrong hidden-state convention, a stale draft cache), which drops position 1 below 0.3.
-TEST(SpecHeads, AcceptanceNearTheCardsNumbers) {
+// Acceptance per draft position (greedy chain of 3, the card's conditional definition: rate k
+// = accepted at k / accepted at k - 1) on a fixed held-out prompt set shaped like the card's
+// (scripts/spec_acceptance_prompts.py: 16 dialog and 16 prose windows of 96 tokens, 96 greedy
+// tokens each, EOS ignored). The card measured MTP 0.665/0.753/0.846 and EAGLE-3
+// 0.670/0.756/0.831 with the torch reference (scripts/train_eagle.py) on its own held-out set
+// (Python-docs prose, which is not on this machine, and dialogs) at every position of the
+// continuation; the engine measures at its verify steps. Measured here (CPU, this set):
+// MTP 0.553/0.653/0.752, EAGLE-3 0.556/0.668/0.717, about 0.1 under the card at every
+// position for both heads (the prose half is harder than held-out Python docs). Stated
+// tolerance: 0.15 absolute per position of the card. (On this 6-layer model taps one layer
+// late cost little: 0.525/0.616/0.697, so the convention itself is pinned by the loader tests,
+// not by acceptance.)
+TEST(SpecHeads, AcceptanceOnHeldOutText) {
   const double card[2][3] = {{0.665, 0.753, 0.846}, {0.670, 0.756, 0.831}};
+  std::ifstream f(source_dir() / "tests" / "fixtures" / "spec_acceptance" / "prompts.json");
+  const auto j = nlohmann::json::parse(f);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& pr : j["prompts"]) prompts.push_back(pr.get<std::vector<int32_t>>());
+  ASSERT_EQ(prompts.size(), 32u);
   SamplingParams p;
   p.temperature = 0;
   p.max_tokens = 96;
@@ -307,15 +318,16 @@ TEST(SpecHeads, AcceptanceNearTheCardsNumbers) {
   int m = 0;
   for (const SpecConfig& sc : {mtp(3), eagle(3)}) {
     EngineConfig on;
-    on.max_num_batched_tokens = 256;
+    on.max_num_batched_tokens = 512;
+    on.max_num_seqs = 8;
     on.speculative = sc;
-    const Outcome b = run(on, golden_prompts(), p);
+    const Outcome b = run(on, prompts, p);
     const Acceptance a = acceptance(b.stats);
     std::printf("acceptance %s: per position %.3f %.3f %.3f (card %.3f %.3f %.3f), mean accepted %.3f of 3, "
                 "%llu verify steps\n",
                 spec_method_name(sc.method), a.rate[0], a.rate[1], a.rate[2], card[m][0], card[m][1], card[m][2],
                 a.mean_accepted, (unsigned long long)b.stats.spec_num_drafts);
-    for (int i = 0; i < 3; ++i) EXPECT_NEAR(a.rate[size_t(i)], card[m][i], 0.2) << spec_method_name(sc.method) << i;
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(a.rate[size_t(i)], card[m][i], 0.15) << spec_method_name(sc.method) << i;
     ++m;
   }
 }
