@@ -216,8 +216,8 @@ SpecConfig parse_speculative_config(std::string_view text, const SpecParseContex
     const std::string m = get_string(j, "draft_sample_method");
     if (m != "greedy")
       unsupported(fmt::format("\"draft_sample_method\": \"{}\"", m),
-                  "drafts are greedy tokens verified without draft probabilities (exact for every temperature); "
-                  "use \"greedy\" (the default)");
+                  "drafts are greedy tokens, verified without probabilities (exact at every temperature); use "
+                  "\"greedy\" (the default)");
   }
   return c;
 }
