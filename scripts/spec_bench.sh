@@ -3,6 +3,7 @@
 # (k=3) at concurrency 1, 8 and 32, on the held-out prompt set of the acceptance test
 # (tests/fixtures/spec_acceptance/prompts.json, decoded to text, 96 output tokens, EOS ignored).
 # Usage: scripts/spec_bench.sh [BIN] [DEVICE] [OUT_DIR]   (defaults: build/moeserve cpu /tmp/spec_bench)
+# On the GPU machine: scripts/spec_bench.sh build/moeserve cuda /tmp/spec_bench_cuda
 # Prints one line per run: method, concurrency, output tok/s, median TPOT, mean acceptance
 # length and per-position acceptance (from /metrics, as vLLM's bench reports them).
 set -euo pipefail
@@ -12,6 +13,8 @@ DEVICE=${2:-cpu}
 OUT=${3:-/tmp/spec_bench}
 PY=${PYTHON:-.venv/bin/python}
 PORT=${PORT:-18731}
+# Sampling of every request (default greedy; EXTRA='{}' uses the model's generation_config.json).
+EXTRA=${EXTRA:-'{"temperature": 0}'}
 mkdir -p "$OUT"
 "$PY" - "$OUT/prompts.jsonl" <<'PYEOF'
 import json, sys
@@ -36,7 +39,7 @@ for m in off mtp eagle3; do
   for c in 1 8 32; do
     n=$(( c < 8 ? 8 : 32 ))
     "$BIN" bench --port "$PORT" --endpoint /v1/completions --dataset-name jsonl --dataset-path "$OUT/prompts.jsonl" \
-      --num-prompts "$n" --max-concurrency "$c" --ignore-eos --disable-tqdm --result-json "$OUT/${m}_c$c.json" \
+      --num-prompts "$n" --max-concurrency "$c" --ignore-eos --extra-body "$EXTRA" --disable-tqdm --result-json "$OUT/${m}_c$c.json" \
       > "$OUT/bench_${m}_c$c.txt" 2>&1 || { echo "bench $m c=$c failed"; cat "$OUT/bench_${m}_c$c.txt"; }
     "$PY" - "$OUT/${m}_c$c.json" "$m" "$c" <<'PYEOF'
 import json, sys

@@ -188,50 +188,61 @@ std::vector<std::vector<int32_t>> SpecRunner::propose_eagle(const DraftBatch& ba
   if (chain.empty()) return out;
   std::vector<int32_t> d = argmax_rows(logits);
   for (size_t c = 0; c < chain.size(); ++c) out[chain[c]].push_back(eagle_->to_target(d[c]));
-  // The chain: prenorm rows of the drafting sequences (in `chain` order) feed step 1.
+  // The chain: prenorm rows of the drafting sequences (in `chain` order) feed step 1. Chains
+  // run in groups of at most the scratch capacity (a group's chain rows are dead once its
+  // last step ran, so the next group reuses the scratch blocks).
   const int64_t C = int64_t(chain.size());
-  Tensor& gc_buf = act_bufs_[3];
-  Tensor& gs_buf = act_bufs_[4];
-  if (!gc_buf.data || gc_buf.dim(0) < C) gc_buf = be_.alloc(be_.activation_dtype(), {std::max<int64_t>(C, 64), H_});
-  if (!gs_buf.data || gs_buf.dim(0) < C) gs_buf = be_.alloc(be_.activation_dtype(), {std::max<int64_t>(C, 64), H_});
-  Tensor gchain = gc_buf.slice_rows(0, C);
-  be_.embedding(eagle_->prenorm(), rows_t, gchain);
-  std::vector<size_t> prev(chain.size());  // prev[c]: index into `chain` of gchain row c
-  for (size_t c = 0; c < chain.size(); ++c) prev[c] = c;
-  for (int j = 1;; ++j) {
-    std::vector<int32_t> sel, jids, jrows;
-    std::vector<size_t> active;  // indices into `chain`
-    std::vector<PassSeq> jps;
-    for (size_t r = 0; r < prev.size(); ++r) {
-      const size_t c = prev[r];
-      const DraftSeq& s = batch.seqs[chain[c]];
-      if (s.k <= j) continue;
-      const int t = s.end_row - 1, p = t + j;
-      PassSeq q{p, 1, {}};
-      // Logical blocks past the sequence's own go to its scratch blocks after the pool.
-      const int scratch0 = opts_.num_kv_blocks + 1 + int(c) * scratch_per_seq_;
-      for (int b = 0; b <= p / bs; ++b)
-        q.table.push_back(b < int(s.block_table.size()) ? s.block_table[size_t(b)]
-                                                        : scratch0 + (b - int(s.block_table.size())));
-      MS_CHECK(p / bs - int(s.block_table.size()) < scratch_per_seq_, "EAGLE-3 chain past its scratch blocks");
-      jps.push_back(std::move(q));
-      sel.push_back(int32_t(r));
-      jids.push_back(out[chain[c]].back());
-      jrows.push_back(int32_t(jrows.size()));
-      active.push_back(c);
+  auto grown = [&](Tensor& b) -> Tensor& {
+    if (!b.data || b.dim(0) < C) b = be_.alloc(be_.activation_dtype(), {std::max<int64_t>(C, 64), H_});
+    return b;
+  };
+  Tensor& g0_buf = grown(act_bufs_[3]);  // step 0's prenorm, row c = chain[c]
+  Tensor& gs_buf = grown(act_bufs_[4]);  // this step's g
+  Tensor& gc_buf = grown(act_bufs_[5]);  // the previous step's prenorm, row r = prev[r]
+  {
+    Tensor g0 = g0_buf.slice_rows(0, C);
+    be_.embedding(eagle_->prenorm(), rows_t, g0);
+  }
+  const size_t group = size_t(std::max(1, opts_.max_num_seqs));
+  for (size_t lo = 0; lo < chain.size(); lo += group) {
+    const size_t hi = std::min(chain.size(), lo + group);
+    std::vector<size_t> prev;  // indices into `chain` of the previous step's rows
+    for (size_t c = lo; c < hi; ++c) prev.push_back(c);
+    for (int j = 1;; ++j) {
+      std::vector<int32_t> sel, jids, jrows;
+      std::vector<size_t> active;
+      std::vector<PassSeq> jps;
+      for (size_t r = 0; r < prev.size(); ++r) {
+        const size_t c = prev[r];
+        const DraftSeq& s = batch.seqs[chain[c]];
+        if (s.k <= j) continue;
+        const int t = s.end_row - 1, p = t + j;
+        PassSeq q{p, 1, {}};
+        // Logical blocks past the sequence's own go to its scratch blocks after the pool.
+        const int scratch0 = opts_.num_kv_blocks + 1 + int(c - lo) * scratch_per_seq_;
+        MS_CHECK(p / bs - int(s.block_table.size()) < scratch_per_seq_, "EAGLE-3 chain past its scratch blocks");
+        for (int b = 0; b <= p / bs; ++b)
+          q.table.push_back(b < int(s.block_table.size()) ? s.block_table[size_t(b)]
+                                                          : scratch0 + (b - int(s.block_table.size())));
+        jps.push_back(std::move(q));
+        sel.push_back(int32_t(j == 1 ? c : r));
+        jids.push_back(out[chain[c]].back());
+        jrows.push_back(int32_t(jrows.size()));
+        active.push_back(c);
+      }
+      if (active.empty()) break;
+      const int64_t A = int64_t(active.size());
+      Tensor gsel = gs_buf.slice_rows(0, A);
+      be_.embedding(j == 1 ? g0_buf.slice_rows(0, C) : gc_buf.slice_rows(0, int64_t(prev.size())), up(sel, kIdx), gsel);
+      const Tensor jids_t = up(jids, kIds), jrows_t = up(jrows, kRows);
+      AttentionMeta jm = pass_meta(jps, bs, up);
+      Tensor jl = eagle_->step(Eagle3StepArgs{&jids_t, &gsel, &jm, &kv_[0], &jrows_t});
+      const std::vector<int32_t> dj = argmax_rows(jl);
+      for (size_t a = 0; a < active.size(); ++a) out[chain[active[a]]].push_back(eagle_->to_target(dj[a]));
+      Tensor next = gc_buf.slice_rows(0, A);
+      be_.embedding(eagle_->prenorm(), jrows_t, next);
+      prev = active;
     }
-    if (active.empty()) break;
-    const int64_t A = int64_t(active.size());
-    Tensor gsel = gs_buf.slice_rows(0, A);
-    be_.embedding(gchain, up(sel, kIdx), gsel);
-    const Tensor jids_t = up(jids, kIds), jrows_t = up(jrows, kRows);
-    AttentionMeta jm = pass_meta(jps, bs, up);
-    Tensor jl = eagle_->step(Eagle3StepArgs{&jids_t, &gsel, &jm, &kv_[0], &jrows_t});
-    const std::vector<int32_t> dj = argmax_rows(jl);
-    for (size_t a = 0; a < active.size(); ++a) out[chain[active[a]]].push_back(eagle_->to_target(dj[a]));
-    gchain = gc_buf.slice_rows(0, A);
-    be_.embedding(eagle_->prenorm(), jrows_t, gchain);
-    prev = active;
   }
   return out;
 }

@@ -43,21 +43,21 @@ struct Outcome {
   EngineStats stats;
 };
 
-ExecutorOptions exec_opts(const SpecConfig& spec, const std::string& overrides = "") {
+ExecutorOptions exec_opts(const SpecConfig& spec, const std::string& overrides = "", int exec_seqs = 8) {
   ExecutorOptions eo;
   eo.model_dir = demo();
   eo.hf_overrides = overrides;
   eo.block_size = 4;
   eo.num_kv_blocks = 600;
   eo.max_model_len = 1024;
-  eo.max_num_seqs = 8;
+  eo.max_num_seqs = exec_seqs;  // also the EAGLE-3 chain's scratch capacity (chains run in groups of it)
   eo.speculative = spec;
   return eo;
 }
 
 Outcome run(EngineConfig ec, const std::vector<std::vector<int32_t>>& prompts, SamplingParams p,
-            int abort_after = 0) {
-  auto engine = make_engine(ec, make_cpu_executor(exec_opts(ec.speculative)));
+            int abort_after = 0, int exec_seqs = 8) {
+  auto engine = make_engine(ec, make_cpu_executor(exec_opts(ec.speculative, "", exec_seqs)));
   std::mutex mu;
   std::condition_variable cv;
   Outcome out;
@@ -134,7 +134,7 @@ Acceptance acceptance(const EngineStats& s) {
   return a;
 }
 
-void greedy_identical(const SpecConfig& sc, const char* name) {
+void greedy_identical(const SpecConfig& sc, const char* name, int exec_seqs = 8) {
   SamplingParams p;
   p.temperature = 0;
   p.max_tokens = 64;
@@ -145,7 +145,7 @@ void greedy_identical(const SpecConfig& sc, const char* name) {
   EngineConfig on = off;
   on.speculative = sc;
   const auto prompts = golden_prompts();
-  const Outcome a = run(off, prompts, p), b = run(on, prompts, p);
+  const Outcome a = run(off, prompts, p), b = run(on, prompts, p, 0, exec_seqs);
   expect_same(a, b);
   EXPECT_GT(b.stats.spec_num_drafts, 20u);
   EXPECT_EQ(b.stats.kv_cache_usage, 0.0);
@@ -161,6 +161,8 @@ void greedy_identical(const SpecConfig& sc, const char* name) {
 
 TEST(SpecHeads, MtpGreedyIdentical) { greedy_identical(mtp(3), "mtp"); }
 TEST(SpecHeads, Eagle3GreedyIdentical) { greedy_identical(eagle(3), "eagle3"); }
+// More drafting sequences than the executor's max_num_seqs: the chains run in groups.
+TEST(SpecHeads, Eagle3ChainsInGroups) { greedy_identical(eagle(3), "eagle3 (chains in groups of 2)", 2); }
 
 // Temperature > 0: with a seed the host sampler draws the same numbers with speculation on
 // and off (engine/spec_decode.h), so the law is equal in the strongest sense: every sample.
