@@ -258,7 +258,7 @@ class DeepseekV3Model final : public DecoderModel {
                    "supported and is not loaded: serving the text model (text_config) only",
                    cfg_.d.architecture, vision);
     if (mtp)
-      spdlog::info("{}: {} MTP tensors (model.layers.{}+) skipped: no MTP forward yet", cfg_.d.architecture, mtp,
+      spdlog::info("{}: {} MTP tensors (model.layers.{}+) skipped (loaded by --speculative-config method mtp)", cfg_.d.architecture, mtp,
                    cfg_.d.num_layers);
     load_decoder(ckpt, cfg_.weights(par_), [this](const std::string& n) { return cfg_.is_skipped_tensor(n); });
   }
