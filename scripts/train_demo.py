@@ -50,7 +50,9 @@ EAGLE = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidde
              rope_theta=10000.0, max_position_embeddings=4096, hidden_act="silu", tie_word_embeddings=False,
              attention_bias=False, torch_dtype="bfloat16",
              # vLLM boundary convention: residual stream entering layers 2, 3 and 5 (outputs of 1, 2, 4)
-             eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 5], "use_aux_hidden_state": True})
+             eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 5], "use_aux_hidden_state": True,
+                           # moeserve: the taps are the residual streams entering layers 2, 3, 5 (Taps)
+                           "eagle_aux_hidden_state_convention": "input_of_layer"})
 SEQ = 512
 _BASE = demo_corpus.VOCAB - len(demo_corpus.SPECIAL) - len(demo_corpus.NOT_SPECIAL)
 TOKEN_IDS = {n: _BASE + demo_corpus.SPECIAL.index(t) for n, t in (("bos", "]~!b["), ("eos", "[e~["), ("pad", "]!p~["))}

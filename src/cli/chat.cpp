@@ -330,7 +330,7 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--max-model-len", s.max_model_len, "context length (default: from config.json)")->group(g);
       sub->add_option("--seed", s.seed, "sampling seed (default 0)")->group(g);
       sub->add_option("--speculative-config", s.speculative_config,
-                      "speculative decoding as serve's flag (vLLM JSON; n-gram prompt lookup)")
+                      "speculative decoding as serve's flag (vLLM JSON: ngram, eagle3, mtp)")
           ->group(g);
 #ifdef MOESERVE_HAS_TEST_BACKENDS
       sub->add_option("--test-replay-backend", s.replay_script, "TEST ONLY: scripted replay executor (JSON)")->group("");

@@ -6,8 +6,13 @@
 // --prompt-ids takes token ids and prints the generated ids. --json prints
 // {"prompt_ids": [...], "generated_ids": [...]} (and "text" for text prompts) on stdout;
 // --dump-logits writes float32 .npy [N, vocab] whose row k holds the logits generated token
-// k was chosen from.
+// k was chosen from. --speculative-config (serve's flag) runs the request through the engine
+// instead (one sequence, EOS ignored as here), so greedy output is the same; sampled output is
+// then the engine sampler's (as serve with that seed), and the speculative counters are printed
+// on stderr.
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -24,6 +29,8 @@
 #include "cli/registry.h"
 #include "core/bounded_json.h"
 #include "core/error.h"
+#include "engine/engine.h"
+#include "engine/spec_config.h"
 #include "engine/stop.h"
 #include "server/protocol.h"
 #include "server/tokenizer_frontend.h"
@@ -38,6 +45,7 @@
 namespace {
 struct Args {
   std::string model, prompt_ids, prompt, messages, chat_template, dump_logits, device = "cpu";
+  std::string speculative_config;
   int max_tokens = 16, block_size = 16, prefill_chunk = 0;
   float temperature = 0.f;
   uint64_t seed = 0;
@@ -110,6 +118,60 @@ std::vector<int32_t> text_prompt_ids(const Args& a, const moeserve::server::Toke
   return fe.encode(fe.render_chat(in), /*add_special_tokens=*/false);
 }
 
+// One request through the engine (--speculative-config): max_tokens tokens, EOS ignored.
+moeserve::GenerateResult generate_in_engine(std::unique_ptr<moeserve::ModelExecutor> exec,
+                                            const moeserve::GenerateOptions& g, const moeserve::SpecConfig& spec) {
+  using namespace moeserve;
+  const ExecutorInfo info = exec->info();
+  EngineConfig ec;
+  ec.max_num_seqs = 1;
+  ec.max_num_batched_tokens = g.prefill_chunk > 0 ? g.prefill_chunk : int(g.prompt_ids.size()) + kMaxSpecTokens + 1;
+  ec.max_model_len = info.max_model_len;
+  ec.seed = g.seed;
+  ec.speculative = spec;
+  auto engine = make_engine(ec, std::move(exec));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  GenerateResult res;
+  res.vocab_size = info.vocab_size;
+  std::string error;
+  Request r;
+  r.id = "generate";
+  r.prompt_ids = g.prompt_ids;
+  r.params.max_tokens = g.max_tokens;
+  r.params.temperature = g.temperature;
+  r.params.seed = g.seed;
+  r.params.ignore_eos = true;
+  r.on_output = [&](RequestOutput&& o) {
+    std::lock_guard lk(mu);
+    res.generated_ids.insert(res.generated_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    if (o.finished) {
+      error = o.error;
+      done = true;
+      cv.notify_all();
+    }
+  };
+  MS_CHECK(engine->submit(std::move(r)), "the engine refused the request");
+  {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done; });
+  }
+  MS_CHECK(error.empty(), "generation failed: {}", error);
+  const EngineStats st = engine->stats();
+  std::string per_pos;
+  for (size_t i = 0; i < st.spec_accepted_per_pos.size(); ++i)
+    per_pos += fmt::format("{}{:.3f}", i ? ", " : "", st.spec_num_drafts ? double(st.spec_accepted_per_pos[i]) / double(st.spec_num_drafts) : 0.0);
+  std::fprintf(stderr, "speculative decoding (%s): %llu verify steps, %llu draft tokens, %llu accepted; mean acceptance "
+                       "length %.3f; accepted per position [%s]\n",
+               describe(spec).c_str(), (unsigned long long)st.spec_num_drafts,
+               (unsigned long long)st.spec_num_draft_tokens, (unsigned long long)st.spec_num_accepted_tokens,
+               1.0 + double(st.spec_num_accepted_tokens) / double(std::max<uint64_t>(1, st.spec_num_drafts)),
+               per_pos.c_str());
+  engine->shutdown(std::chrono::milliseconds(0));
+  return res;
+}
+
 moeserve::cli::RegisterSubcommand reg("generate", "Generate text (or token ids) from a prompt", [](CLI::App* sub) {
   auto a = std::make_shared<Args>();
   sub->option_defaults()->group("Input");
@@ -136,6 +198,8 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate text (or token ids) 
   sub->add_option("--block-size", a->block_size, "KV cache block size")->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "chunked prefill size (0 = whole prompt)");
   sub->add_flag("--enforce-eager", a->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
+  sub->add_option("--speculative-config", a->speculative_config,
+                  "speculative decoding as serve's flag (vLLM JSON: ngram, eagle3, mtp); runs through the engine");
   moeserve::cli::add_parallel_flags(sub, a->par);
   return [a, p_text, p_msgs, p_ids] {
     // Given (even empty) decides the mode: `--prompt-ids ""` is an empty id list (refused by parse_ids).
@@ -201,7 +265,14 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate text (or token ids) 
     g.seed = a->seed;
     g.keep_logits = !a->dump_logits.empty();
     g.prefill_chunk = a->prefill_chunk;
+    moeserve::SpecConfig spec;
+    if (!a->speculative_config.empty()) {
+      spec = moeserve::parse_speculative_config(a->speculative_config,
+                                                moeserve::SpecParseContext{.tensor_parallel_size = a->par.tensor_parallel});
+      MS_CHECK(a->dump_logits.empty(), "--dump-logits with --speculative-config: the engine keeps no logits");
+    }
     moeserve::ExecutorOptions eo;
+    eo.speculative = spec;
     eo.model_dir = a->model;
     eo.block_size = a->block_size;
     // A KV pool just large enough for this one sequence.
@@ -215,7 +286,9 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate text (or token ids) 
       exec = moeserve::cli::make_parallel_executor(a->par, eo, a->device);
     else
       exec = std::make_unique<moeserve::RankExecutor>(std::move(backend), eo);
-    const auto res = moeserve::generate(*exec, g);
+    moeserve::GenerateResult res;
+    if (spec.enabled()) res = generate_in_engine(std::move(exec), g, spec);
+    else res = moeserve::generate(*exec, g);
     if (!a->dump_logits.empty())
       moeserve::write_npy_f32(a->dump_logits, res.logits.data(), int64_t(res.generated_ids.size()), res.vocab_size);
     std::string out_text;

@@ -94,6 +94,9 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   eo.max_num_batched_tokens = a.max_num_batched_tokens;
   eo.enforce_eager = a.enforce_eager;
   eo.capture_graphs_at_startup = a.capture_graphs_at_startup;
+  if (!a.speculative_config.empty())  // eagle3 / mtp: the executor loads the draft
+    eo.speculative =
+        parse_speculative_config(a.speculative_config, SpecParseContext{.tensor_parallel_size = a.par.tensor_parallel});
   if (a.load_format == "dummy") {
     // Random weights in the config's shapes, no checkpoint read: MiniMax-M2 with FP8 128x128
     // blocks on CUDA by bench-model's GPU generator (M2.5 at full size in seconds), any other

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
@@ -243,8 +244,14 @@ std::string check_serve_args(CLI::App* sub, ServeArgs& a) {
   if (!a.device.empty())
     MS_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda", a.device);
   // Parsed (and every refusal raised) here, before anything loads; load_serve_stack reparses it.
-  if (!a.speculative_config.empty())
-    (void)parse_speculative_config(a.speculative_config, SpecParseContext{.tensor_parallel_size = a.par.tensor_parallel});
+  if (!a.speculative_config.empty()) {
+    const SpecConfig sc =
+        parse_speculative_config(a.speculative_config, SpecParseContext{.tensor_parallel_size = a.par.tensor_parallel});
+    // The draft directory before the target's (slow) load; its tensors are checked at load.
+    if (sc.method == SpecMethod::Eagle3)
+      MS_CHECK(std::filesystem::exists(std::filesystem::path(sc.model) / "config.json"),
+               "--speculative-config method \"eagle3\": no config.json in draft directory '{}'", sc.model);
+  }
   if (!a.hf_overrides.empty())
     MS_CHECK(parse_json_flag("hf-overrides", a.hf_overrides).is_object(),
              "--hf-overrides '{}': expected a JSON object, e.g. '{{\"num_hidden_layers\": 30}}'", a.hf_overrides);

@@ -71,12 +71,18 @@ EngineConfig resolve_config(EngineConfig c, const ExecutorInfo& info) {
   MS_CHECK(c.max_num_partial_prefills <= 1 || c.long_prefill_token_threshold <= c.max_model_len,
            "long_prefill_token_threshold ({}) cannot be greater than max_model_len ({})",
            c.long_prefill_token_threshold, c.max_model_len);
-  MS_CHECK(c.speculative.method == SpecMethod::None || c.speculative.method == SpecMethod::Ngram,
-           "speculative decoding method {} is not implemented (ngram is)", spec_method_name(c.speculative.method));
+  const SpecMethod sm = c.speculative.method;
+  MS_CHECK(sm == SpecMethod::None || sm == SpecMethod::Ngram ||
+               ((sm == SpecMethod::Eagle3 || sm == SpecMethod::Mtp) && info.draft_model),
+           "speculative decoding method {} needs {} (ngram, and eagle3 / mtp with an executor that loaded the draft)",
+           spec_method_name(sm), sm == SpecMethod::Eagle3 || sm == SpecMethod::Mtp ? "its draft loaded" : "another method");
+  MS_CHECK(!info.draft_model || sm == SpecMethod::Eagle3 || sm == SpecMethod::Mtp,
+           "the executor loaded a draft but the engine's speculative method is {}", spec_method_name(sm));
   if (c.speculative.enabled()) {
+    const bool ngram = sm == SpecMethod::Ngram;
     MS_CHECK(c.speculative.num_speculative_tokens >= 1 && c.speculative.num_speculative_tokens <= kMaxSpecTokens &&
-                 c.speculative.prompt_lookup_min >= 1 &&
-                 c.speculative.prompt_lookup_min <= c.speculative.prompt_lookup_max,
+                 (!ngram || (c.speculative.prompt_lookup_min >= 1 &&
+                             c.speculative.prompt_lookup_min <= c.speculative.prompt_lookup_max)),
              "speculative config: num_speculative_tokens {} (1..{}), prompt_lookup_min {} <= prompt_lookup_max {}",
              c.speculative.num_speculative_tokens, kMaxSpecTokens, c.speculative.prompt_lookup_min,
              c.speculative.prompt_lookup_max);
@@ -291,6 +297,7 @@ class EngineImpl final : public Engine {
     o.finished = true;
     o.finish_reason = reason;
     o.error = error;
+    if (info_.draft_model) exec_->release_draft(s->id);
     std::unique_ptr<Sequence> owned = sched_.remove(s, reason);
     by_id_.erase(owned->request->id);
     {
@@ -450,6 +457,8 @@ class EngineImpl final : public Engine {
     }
     exec_->recycle(std::move(res));
     const auto t_token = std::chrono::steady_clock::now();
+    DraftBatch drafts;                 // model drafts (info_.draft_model): proposed after the loop
+    std::vector<Sequence*> drafting;   // parallel to drafts.seqs
     for (int64_t r = 0; r < n; ++r) {
       Sequence* s = rows[r];
       VerifyOutcome& vo = results[r];
@@ -479,8 +488,40 @@ class EngineImpl final : public Engine {
       }
       // Rejected drafts: K/V is valid up to the last emitted token's position (exclusive).
       if (sc.num_spec > 0) sched_.rollback_rejected(s, s->num_tokens() - 1);
-      if (config_.speculative.enabled()) s->spec_tokens = propose_drafts(config_.speculative, *s, config_.max_model_len);
+      if (info_.draft_model) {
+        // The step's rows up to the last emitted token's position are verified.
+        drafts.seqs.push_back(DraftSeq{s->id, &s->tokens, sc.start_pos, s->num_tokens() - 1,
+                                       draft_budget(config_.speculative, *s, config_.max_model_len), s->blocks.table});
+        drafting.push_back(s);
+      } else if (config_.speculative.enabled()) {
+        s->spec_tokens = propose_drafts(config_.speculative, *s, config_.max_model_len);
+      }
       deliver(*s, std::move(o));
+    }
+    if (info_.draft_model) run_draft(out, std::move(drafts), drafting);
+  }
+
+  // The executor's draft (EAGLE-3 / MTP): its cache follows every row this step verified
+  // (non-final prefill chunks too, without drafts), then the drafting rows get their drafts.
+  void run_draft(const SchedulerOutput& out, DraftBatch drafts, std::vector<Sequence*>& drafting) {
+    for (Sequence* p : out.preempted) exec_->release_draft(p->id);
+    for (const ScheduledSeq& sc : out.scheduled) {
+      if (sc.sample || sc.seq->status != SeqStatus::Running) continue;
+      drafts.seqs.push_back(
+          DraftSeq{sc.seq->id, &sc.seq->tokens, sc.start_pos, sc.start_pos + sc.num_tokens, 0, sc.seq->blocks.table});
+      drafting.push_back(nullptr);
+    }
+    if (drafts.seqs.empty()) return;
+    std::vector<std::vector<int32_t>> d = exec_->propose(drafts);
+    MS_CHECK(d.size() == drafts.seqs.size(), "executor proposed drafts for {} of {} sequences", d.size(),
+             drafts.seqs.size());
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (!drafting[i]) continue;
+      MS_CHECK(int(d[i].size()) <= drafts.seqs[i].k, "executor proposed {} drafts, asked for {}", d[i].size(),
+               drafts.seqs[i].k);
+      for (int32_t t : d[i])
+        MS_CHECK(t >= 0 && t < info_.vocab_size, "executor drafted token {} outside [0, {})", t, info_.vocab_size);
+      drafting[i]->spec_tokens = std::move(d[i]);
     }
   }
 

@@ -66,12 +66,31 @@ struct StepResult {
   std::vector<float> prompt_logits;
 };
 
+// Speculative decoding with a draft held by the executor (EAGLE-3 heads, MTP modules;
+// runtime/spec_runner.h). After each step the engine hands over, per sequence that ran and
+// goes on, the rows of that step now verified (positions first_row .. end_row - 1: their
+// target hidden states are final and tokens[r + 1] is known for each) so the draft's own KV
+// cache follows the accepted sequence, and asks for k drafts (0: only the cache update, e.g.
+// a non-final prefill chunk).
+struct DraftSeq {
+  int64_t seq_id = 0;
+  const std::vector<int32_t>* tokens = nullptr;  // prompt + output after this step's sampling
+  int first_row = 0;
+  int end_row = 0;
+  int k = 0;
+  std::vector<int32_t> block_table;  // the sequence's blocks now (cover [0, end_row))
+};
+struct DraftBatch {
+  std::vector<DraftSeq> seqs;
+};
+
 struct ExecutorInfo {
   int vocab_size = 0;
   int max_model_len = 0;
   int block_size = 16;
   int num_kv_blocks = 0;  // blocks in the KV pool this executor allocated
   bool device_sampling = false;  // honours SequenceStep::device_sample
+  bool draft_model = false;      // propose() runs a draft (EAGLE-3 / MTP)
 };
 
 class ModelExecutor {
@@ -82,6 +101,14 @@ class ModelExecutor {
   // The engine hands each result back once it has sampled from it, so an executor may reuse
   // the logits buffer (hundreds of MB per step at a 200k vocabulary). Optional.
   virtual void recycle(StepResult&& result) { (void)result; }
+  // Drafts per sequence of `batch` (same order; at most k each) from the executor's draft,
+  // after updating its cache with the verified rows. Only when info().draft_model.
+  virtual std::vector<std::vector<int32_t>> propose(const DraftBatch& batch) {
+    (void)batch;
+    return {};
+  }
+  // The sequence finished or was preempted: its draft state (if any) is dropped.
+  virtual void release_draft(int64_t seq_id) { (void)seq_id; }
 };
 
 }  // namespace moeserve

@@ -43,12 +43,12 @@ const std::map<std::string, Refusal>& refused_keys() {
       {"attention_backend", {"a draft-model override; the n-gram proposer has no draft forward", false}},
       {"kv_cache_dtype", {"a draft-model override; the n-gram proposer has no draft KV cache", false}},
       {"max_model_len", {"a draft-model override; the n-gram proposer follows the target's --max-model-len", false}},
-      {"revision", {"draft checkpoints are not loaded yet (n-gram only)", false}},
+      {"revision", {"draft checkpoints are read from a local directory (no hub revision)", false}},
       {"code_revision", {"moeserve runs no repository code", false}},
-      {"draft_load_config", {"draft checkpoints are not loaded yet (n-gram only)", false}},
-      {"enforce_eager", {"the n-gram proposer runs no draft forward (verify steps run eagerly today)", true}},
-      {"disable_padded_drafter_batch", {"EAGLE drafter option; EAGLE is not implemented yet", true}},
-      {"disable_eagle_block_drop", {"EAGLE prefix-cache option; EAGLE is not implemented yet", true}},
+      {"draft_load_config", {"draft load options are not implemented", false}},
+      {"enforce_eager", {"draft and verify steps always run eagerly today", true}},
+      {"disable_padded_drafter_batch", {"EAGLE drafter batching option (moeserve drafts unpadded)", true}},
+      {"disable_eagle_block_drop", {"EAGLE prefix-cache option, not implemented", true}},
       {"use_local_argmax_reduction", {"draft vocab-parallel argmax; draft models are not implemented yet", true}},
       {"use_heterogeneous_vocab", {"draft_model option; draft models are not implemented yet", true}},
       {"parallel_drafting", {"P-EAGLE / PARD drafting is not implemented", true}},
@@ -60,7 +60,7 @@ const std::map<std::string, Refusal>& refused_keys() {
       {"synthetic_acceptance_rates", {"synthetic acceptance (benchmarking) is not implemented", false}},
       {"synthetic_acceptance_length", {"synthetic acceptance (benchmarking) is not implemented", false}},
       {"enable_adaptive_verification", {"adaptive verification is not implemented", true}},
-      {"index_share_for_mtp_iteration", {"DSA MTP option; MTP is not implemented yet", true}},
+      {"index_share_for_mtp_iteration", {"DSA MTP option; DSA is not implemented", true}},
       {"dspark_draft_topk", {"dspark is not implemented", false}},
       {"speculative_token_tree", {"tree drafting is not implemented; drafts are one chain", false}},
       {"disable_by_batch_size", {"turning speculation off by batch size is not implemented", false}},
@@ -155,26 +155,35 @@ SpecConfig parse_speculative_config(std::string_view text, const SpecParseContex
   }
   // 3. Methods not implemented: refused with what works, before anything loads.
   switch (c.method) {
-    case SpecMethod::Eagle3:
     case SpecMethod::Eagle:
-      unsupported(fmt::format("method \"{}\"", spec_method_name(c.method)),
-                  "EAGLE heads are not implemented yet; use {\"method\": \"ngram\", ...}");
+      unsupported("method \"eagle\"",
+                  "EAGLE-1 heads are not implemented; EAGLE-3 heads ({\"method\": \"eagle3\", \"model\": DIR}) and "
+                  "ngram are");
     case SpecMethod::DraftModel:
       unsupported("method \"draft_model\"" + (c.model.empty() ? std::string() : " (model \"" + c.model + "\")"),
-                  "separate draft models are not implemented yet; use {\"method\": \"ngram\", ...}");
-    case SpecMethod::Mtp:
-      unsupported("method \"mtp\"", "MTP modules are not implemented yet; use {\"method\": \"ngram\", ...}");
+                  "separate draft models are not implemented yet; use eagle3, mtp or ngram");
     default: break;
   }
-  // 4. n-gram: vLLM's key rules.
-  if (!c.model.empty() && c.model != "ngram" && c.model != "[ngram]")
-    fail("{}: method \"ngram\" takes no draft \"model\" (got \"{}\")", kFlag, c.model);
-  c.model = "ngram";
   MS_CHECK(j.contains("num_speculative_tokens") && !j["num_speculative_tokens"].is_null(),
-           "{}: \"num_speculative_tokens\" is required for method \"ngram\"", kFlag);
+           "{}: \"num_speculative_tokens\" is required for method \"{}\"", kFlag, spec_method_name(c.method));
+  if (c.method == SpecMethod::Eagle3 || c.method == SpecMethod::Mtp) {
+    for (const char* k : {"prompt_lookup_min", "prompt_lookup_max"})
+      MS_CHECK(!j.contains(k) || j[k].is_null(), "{}: \"{}\" is an n-gram key; method \"{}\" does not take it",
+               kFlag, k, spec_method_name(c.method));
+    if (c.method == SpecMethod::Eagle3)
+      MS_CHECK(!c.model.empty(), "{}: method \"eagle3\" needs \"model\": the EAGLE-3 draft's directory", kFlag);
+    else
+      MS_CHECK(c.model.empty(), "{}: method \"mtp\" reads its modules from the target checkpoint; omit \"model\" "
+               "(got \"{}\")", kFlag, c.model);
+  }
   c.num_speculative_tokens = get_int(j, "num_speculative_tokens");
   MS_CHECK(c.num_speculative_tokens >= 1 && c.num_speculative_tokens <= kMaxSpecTokens,
            "{}: \"num_speculative_tokens\" {} must be in [1, {}]", kFlag, c.num_speculative_tokens, kMaxSpecTokens);
+  // 4. n-gram: vLLM's key rules.
+  if (c.method == SpecMethod::Ngram) {
+  if (!c.model.empty() && c.model != "ngram" && c.model != "[ngram]")
+    fail("{}: method \"ngram\" takes no draft \"model\" (got \"{}\")", kFlag, c.model);
+  c.model = "ngram";
   const bool has_min = j.contains("prompt_lookup_min") && !j["prompt_lookup_min"].is_null();
   const bool has_max = j.contains("prompt_lookup_max") && !j["prompt_lookup_max"].is_null();
   c.prompt_lookup_min = has_min ? get_int(j, "prompt_lookup_min") : 0;
@@ -189,6 +198,7 @@ SpecConfig parse_speculative_config(std::string_view text, const SpecParseContex
            c.prompt_lookup_max);
   MS_CHECK(c.prompt_lookup_max <= 1024, "{}: \"prompt_lookup_max\" {} is too large (at most 1024)", kFlag,
            c.prompt_lookup_max);
+  }
   if (j.contains("draft_tensor_parallel_size") && !j["draft_tensor_parallel_size"].is_null()) {
     c.draft_tensor_parallel_size = get_int(j, "draft_tensor_parallel_size");
     MS_CHECK(c.draft_tensor_parallel_size == 1 || c.draft_tensor_parallel_size == ctx.tensor_parallel_size,
@@ -206,13 +216,17 @@ SpecConfig parse_speculative_config(std::string_view text, const SpecParseContex
     const std::string m = get_string(j, "draft_sample_method");
     if (m != "greedy")
       unsupported(fmt::format("\"draft_sample_method\": \"{}\"", m),
-                  "n-gram drafts are copied tokens without probabilities; use \"greedy\" (the default)");
+                  "drafts are greedy tokens, verified without probabilities (exact at every temperature); use "
+                  "\"greedy\" (the default)");
   }
   return c;
 }
 
 std::string describe(const SpecConfig& c) {
   if (!c.enabled()) return "off";
+  if (c.method != SpecMethod::Ngram)
+    return fmt::format("{}, num_speculative_tokens {}{}", spec_method_name(c.method), c.num_speculative_tokens,
+                       c.model.empty() ? std::string(" (modules of the target checkpoint)") : ", model " + c.model);
   return fmt::format("{}, num_speculative_tokens {}, prompt_lookup_min {}, prompt_lookup_max {}",
                      spec_method_name(c.method), c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max);
 }

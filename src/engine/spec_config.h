@@ -4,8 +4,9 @@
 // into the struct; the others are refused by name with the reason (a key whose value is
 // vLLM's default, e.g. `"enforce_eager": false`, changes nothing and is accepted). Unknown keys
 // and impossible combinations (min > max, k < 1, a key of another method) fail here, before
-// anything loads. Methods other than n-gram prompt lookup are refused ("not supported yet")
-// with what to use instead: a configuration never silently runs without speculation.
+// anything loads. ngram, eagle3 (a draft directory) and mtp (modules of the target checkpoint)
+// run; eagle (EAGLE-1) and draft_model are refused ("not supported yet") with what to use
+// instead: a configuration never silently runs without speculation.
 #pragma once
 #include <string>
 #include <string_view>
@@ -18,7 +19,7 @@ const char* spec_method_name(SpecMethod m);  // "none", "ngram", "eagle3", "eagl
 struct SpecConfig {
   SpecMethod method = SpecMethod::None;
   int num_speculative_tokens = 0;  // k: drafts per sequence per step (at most kMaxSpecTokens)
-  std::string model;               // draft / head weights ("ngram" for the n-gram proposer)
+  std::string model;               // EAGLE-3 draft directory ("ngram" for n-gram; "" for mtp)
   // n-gram prompt lookup: the longest suffix n-gram with min <= n <= max is matched in the
   // prompt + output so far and the k tokens that followed its earliest occurrence proposed.
   int prompt_lookup_min = 0;

@@ -26,13 +26,18 @@ std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int min_n, i
   return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + to);
 }
 
-std::vector<int32_t> propose_drafts(const SpecConfig& cfg, const Sequence& seq, int max_model_len) {
-  if (cfg.method != SpecMethod::Ngram) return {};
+int draft_budget(const SpecConfig& cfg, const Sequence& seq, int max_model_len) {
   int k = cfg.num_speculative_tokens;
   // The step computes positions [num_tokens - 1, num_tokens - 1 + k]: stay inside the model.
   k = std::min(k, max_model_len - seq.num_tokens());
   // The step emits at most k + 1 tokens; past max_tokens they would be dropped.
   k = std::min(k, seq.params().max_tokens - seq.num_output_tokens() - 1);
+  return std::max(k, 0);
+}
+
+std::vector<int32_t> propose_drafts(const SpecConfig& cfg, const Sequence& seq, int max_model_len) {
+  if (cfg.method != SpecMethod::Ngram) return {};
+  const int k = draft_budget(cfg, seq, max_model_len);
   if (k <= 0) return {};
   return propose_ngram(seq.tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, k);
 }

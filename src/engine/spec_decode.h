@@ -42,6 +42,8 @@ std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int min_n, i
 // so the step stays inside max_model_len (vLLM's cap) and does not draft past max_tokens (a
 // token after the last allowed one would be dropped anyway).
 std::vector<int32_t> propose_drafts(const SpecConfig& cfg, const Sequence& seq, int max_model_len);
+// The k those caps leave for `seq`'s next step (0: no drafts), for every method.
+int draft_budget(const SpecConfig& cfg, const Sequence& seq, int max_model_len);
 
 // What verification of one sequence produced. `emitted` were appended to seq.tokens (and
 // recorded with note_generated) in order; `stop` is the decision after the last of them.

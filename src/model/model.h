@@ -90,6 +90,31 @@ class ArchConfig {
 // block sizes). An undefined tensor only for lm_head.weight: a rank that produces no logits.
 using WeightSource = std::function<LoadedTensor(const WeightDecl& decl)>;
 
+// Speculative decoding: hidden states the target's forward keeps for a draft head
+// (runtime/spec_runner.h). `residual_taps`: boundary indices b (0 <= b <= num_layers): the
+// un-normalised residual stream ENTERING layer b (b = 0: the embeddings; b = num_layers: the
+// last layer's output before the final norm), HF's hidden_states[b]. `final_hidden`: the
+// last layer's output after the final norm (DeepSeek-V3 MTP's h^0).
+struct HiddenCapture {
+  std::vector<int> residual_taps;
+  bool final_hidden = false;
+  bool empty() const { return residual_taps.empty() && !final_hidden; }
+};
+
+// One MTP module step (DeepSeek-V3 / GLM layout; model/layers/decoder.h):
+//   x   = eh_proj(cat([enorm(E(ids)), hnorm(h_prev)], -1))
+//   h   = DecoderLayer_{L + module}(x)          (attention over `kv` at meta's slots)
+//   logits[rows] = lm_head(shared_head.norm(h)[rows])
+struct MtpStepArgs {
+  int module = 0;                     // 0-based module index
+  const Tensor* ids = nullptr;        // [T] I32 (device)
+  const Tensor* h_prev = nullptr;     // [T, H] activation dtype (device)
+  const AttentionMeta* meta = nullptr;
+  std::vector<KVCacheLayer>* kv = nullptr;  // the MTP cache: one layer per module
+  Tensor* h_out = nullptr;            // [T, H]: this module's output before shared_head.norm
+  const Tensor* rows = nullptr;       // [R] I32: rows to produce logits for (may be empty)
+};
+
 // One rank's model: weights, step workspace, KV layout and the forward pass.
 class Model {
  public:
@@ -119,6 +144,34 @@ class Model {
   // workspace (valid until the next forward). Allocates nothing when the workspace fits.
   virtual Tensor forward(const Tensor& ids, const AttentionMeta& meta, std::vector<KVCacheLayer>& kv,
                          const Tensor& rows) = 0;
+
+  // ---- speculative decoding (optional; the default refuses) ----
+  // What the next forwards capture (an empty capture turns it off). Throws naming what the
+  // architecture cannot capture.
+  virtual void set_capture(const HiddenCapture& c) {
+    if (!c.empty()) fail("{}: this architecture cannot capture hidden states for a draft head", desc().architecture);
+  }
+  // The last forward's captures, [T, H] each (device; valid until the next forward): the
+  // residual taps in the order asked, then the final hidden state if asked.
+  virtual const std::vector<Tensor>& captured() const {
+    static const std::vector<Tensor> none;
+    return none;
+  }
+  // The token embedding [V, H] (device): shared with draft heads that ship none.
+  virtual const Tensor& embedding_table() const { fail("{}: no embedding table to share", desc().architecture); }
+  // Loads `num_modules` MTP modules from the checkpoint; throws naming the missing or
+  // misshaped tensors (a config that declares modules its checkpoint does not ship).
+  virtual void load_mtp(const Checkpoint& ckpt, int num_modules) {
+    (void)ckpt, (void)num_modules;
+    fail("{}: MTP modules are not implemented for this architecture", desc().architecture);
+  }
+  // The MTP cache layout (one layer per loaded module, a decoder layer's K/V shape).
+  virtual KvLayout mtp_kv_layout() const { return KvLayout{0, 0, 0, 0}; }
+  // One module step (MtpStepArgs); returns logits [R, V] (a workspace view) or an empty tensor.
+  virtual Tensor mtp_forward(const MtpStepArgs& a) {
+    (void)a;
+    fail("{}: no MTP modules loaded", desc().architecture);
+  }
 };
 
 // K/V tensors of every layer of `layout` on `backend`: [num_blocks, block_size, kv_heads, dim].

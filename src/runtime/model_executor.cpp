@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/spec_runner.h"
 
 namespace moeserve {
 
@@ -46,13 +47,16 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
   // replays the same bucket in the same step (they all plan the same batch).
   const int world = opts.comm ? opts.comm->world_size() : 1;
   const bool comm_ok = world == 1 || opts.comm->graph_capturable();
-  const bool want_graphs = !opts.enforce_eager && comm_ok;
+  // A draft head needs the target's hidden states of every step (captured by the eager
+  // forward's ops): decode steps run eagerly, unpadded, with one.
+  const bool draft = opts.speculative.method == SpecMethod::Eagle3 || opts.speculative.method == SpecMethod::Mtp;
+  const bool want_graphs = !opts.enforce_eager && comm_ok && !draft;
   graphs_ = want_graphs ? (opts.graph_runner_factory ? opts.graph_runner_factory(*backend_)
                                                      : make_graph_runner(*backend_))
                         : nullptr;
   if (!opts.enforce_eager && !comm_ok)
     spdlog::info("executor: decode graphs off with {} ranks (the communicator cannot be captured)", world);
-  if (graphs_ || opts.pad_decode) buckets_ = moeserve::graph_buckets(std::max(1, opts.max_num_seqs));
+  if ((graphs_ || opts.pad_decode) && !draft) buckets_ = moeserve::graph_buckets(std::max(1, opts.max_num_seqs));
 
   // Step workspaces before the KV pool is sized, so the pool gets what is really left.
   const int max_bucket = buckets_.empty() ? 0 : buckets_.back();
@@ -83,6 +87,17 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
                           backend_->activation_dtype());
   spdlog::info("KV cache: {} blocks = {} tokens (block size {})", info_.num_kv_blocks,
                int64_t(info_.num_kv_blocks) * info_.block_size, info_.block_size);
+  if (draft) {
+    MS_CHECK(world == 1, "--speculative-config method \"{}\" runs on one rank only (tensor parallel {})",
+             spec_method_name(opts.speculative.method), world);
+    spec_ = std::make_unique<SpecRunner>(SpecRunnerOptions{.config = opts.speculative,
+                                                           .target_dir = opts.model_dir,
+                                                           .num_kv_blocks = info_.num_kv_blocks,
+                                                           .block_size = info_.block_size,
+                                                           .max_num_seqs = opts.max_num_seqs},
+                                         *backend_, *model_);
+    info_.draft_model = true;
+  }
 
   if (!buckets_.empty()) {
     pad_.block_size = info_.block_size;
@@ -106,6 +121,17 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
                    m0 >= 0 ? fmt::format(" ({:+.1f} MiB device memory)", (m1 - m0) / 1048576.0) : "");
     }
   }
+}
+
+RankExecutor::~RankExecutor() = default;
+
+std::vector<std::vector<int32_t>> RankExecutor::propose(const DraftBatch& batch) {
+  MS_CHECK(spec_, "propose: this executor has no draft");
+  return spec_->propose(batch);
+}
+
+void RankExecutor::release_draft(int64_t seq_id) {
+  if (spec_) spec_->release(seq_id);
 }
 
 void check_step_batch(const ExecutorInfo& info, const StepBatch& batch) {
@@ -147,6 +173,7 @@ StepResult RankExecutor::execute(const StepBatch& batch) {
     if (logits.defined()) logits = logits.slice_rows(0, S);  // padded rows' logits are dropped
   } else
     logits = forward_eager(batch);
+  if (spec_) spec_->note_step(batch);
   if (logits.defined()) collect_rows(batch, logits, res);
   return res;
 }

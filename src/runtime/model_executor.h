@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "dist/communicator.h"
 #include "engine/executor.h"
+#include "engine/spec_config.h"
 #include "model/registry.h"
 #include "runtime/decode_plan.h"
 #include "runtime/graph_runner.h"
@@ -58,16 +59,24 @@ struct ExecutorOptions {
   // output dtype). runtime/device_sampler.h makes one from the backend's capability.
   std::function<void(const Tensor& logits, const std::vector<DeviceSampling>& params, Tensor& out_ids)>
       device_sampler;
+  // Speculative decoding with a draft (method eagle3 / mtp): loaded here, run by propose().
+  // Other methods (n-gram) need nothing from the executor.
+  SpecConfig speculative;
 };
+
+class SpecRunner;
 
 class RankExecutor : public ModelExecutor {
  public:
   RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptions& opts);
+  ~RankExecutor() override;
   ExecutorInfo info() const override { return info_; }
   StepResult execute(const StepBatch& batch) override;
   const Model& model() const { return *model_; }
   Backend& backend() { return *backend_; }
   // Decode buckets in use (empty when decode steps are not padded) and graphs captured so far.
+  std::vector<std::vector<int32_t>> propose(const DraftBatch& batch) override;
+  void release_draft(int64_t seq_id) override;
   const std::vector<int>& graph_buckets() const { return buckets_; }
   int graphs_captured() const { return graphs_ ? graphs_->size() : 0; }
   int graph_replays() const { return replays_; }
@@ -101,6 +110,7 @@ class RankExecutor : public ModelExecutor {
   Tensor graph_meta_;
   std::vector<int32_t> staging_;
   std::unique_ptr<GraphRunner> graphs_;
+  std::unique_ptr<SpecRunner> spec_;  // the draft (runtime/spec_runner.h), or null
   std::map<int, Tensor> graph_logits_;
   int64_t graph_ws_epoch_ = -1;
   uint64_t graph_backend_gen_ = 0;

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "engine/engine.h"
+#include "engine/spec_config.h"
 #include "engine/stop.h"
 #include "runtime/device_sampler.h"
 #include "runtime/model_executor.h"
@@ -40,7 +41,7 @@ struct SpecRun {
   EngineStats stats;
 };
 
-SpecRun run(bool spec, bool enforce_eager) {
+SpecRun run(bool spec, bool enforce_eager, const SpecConfig* draft = nullptr) {
   ExecutorOptions eo;
   eo.model_dir = demo_dir().string();
   eo.block_size = 16;
@@ -48,13 +49,16 @@ SpecRun run(bool spec, bool enforce_eager) {
   eo.max_model_len = 1024;
   eo.max_num_seqs = 8;
   eo.enforce_eager = enforce_eager;
+  if (draft) eo.speculative = *draft;  // mtp / eagle3: the executor loads the draft
   auto be = make_cuda_backend(0);
   eo.device_sampler = backend_device_sampler(*be);
   EngineConfig cfg;
   cfg.max_num_seqs = 8;
   cfg.max_num_batched_tokens = 64;
   cfg.eos_token_ids = read_eos_token_ids(eo.model_dir);
-  if (spec) {
+  if (draft) {
+    cfg.speculative = *draft;
+  } else if (spec) {
     cfg.speculative.method = SpecMethod::Ngram;
     cfg.speculative.num_speculative_tokens = 4;
     cfg.speculative.prompt_lookup_min = 1;
@@ -118,6 +122,43 @@ TEST(CudaSpec, NgramGreedyMatchesPlainDecodingUpToNearTies) {
     std::printf("%s: drafts %llu, draft tokens %llu, accepted %llu, excused %d\n", eager ? "eager" : "graphs",
                 (unsigned long long)on.stats.spec_num_drafts, (unsigned long long)on.stats.spec_num_draft_tokens,
                 (unsigned long long)on.stats.spec_num_accepted_tokens, excused);
+  }
+}
+
+// Draft heads on CUDA (the demo model's MTP modules and EAGLE-3 head): the capture ops, the
+// draft forwards and their KV caches on the device; greedy output equals plain decoding up to
+// near-ties, as n-gram's.
+TEST(CudaSpec, DraftHeadsGreedyMatchPlainDecodingUpToNearTies) {
+  SKIP_WITHOUT_GPU();
+  const std::string eagle = (demo_dir() / "eagle3").string();
+  const SpecConfig heads[] = {
+      parse_speculative_config(R"({"method": "mtp", "num_speculative_tokens": 3})"),
+      parse_speculative_config(R"({"method": "eagle3", "model": ")" + eagle + R"(", "num_speculative_tokens": 3})")};
+  const SpecRun off = run(false, true);
+  for (const SpecConfig& h : heads) {
+    SCOPED_TRACE(spec_method_name(h.method));
+    const SpecRun on = run(true, true, &h);
+    int excused = 0;
+    for (const auto& [i, want] : off.tokens) {
+      const auto& got = on.tokens.at(i);
+      size_t j = 0;
+      while (j < want.size() && j < got.size() && want[j] == got[j]) ++j;
+      if (j == want.size() && j == got.size()) continue;
+      ASSERT_LT(j, off.logprobs.at(i).size());
+      const auto& top = off.logprobs.at(i)[j].top;
+      ASSERT_GE(top.size(), 2u);
+      EXPECT_LT(top[0].second - top[1].second, kTieMargin) << "request " << i << " diverges at " << j;
+      ++excused;
+    }
+    EXPECT_LE(excused, 2);
+    EXPECT_GT(on.stats.spec_num_accepted_tokens, 10u);
+    EXPECT_EQ(on.stats.kv_cache_usage, 0.0);
+    std::printf("%s on CUDA: drafts %llu, accepted %llu, accepted per position %llu %llu %llu, excused %d\n",
+                spec_method_name(h.method), (unsigned long long)on.stats.spec_num_drafts,
+                (unsigned long long)on.stats.spec_num_accepted_tokens,
+                (unsigned long long)on.stats.spec_accepted_per_pos[0],
+                (unsigned long long)on.stats.spec_accepted_per_pos[1],
+                (unsigned long long)on.stats.spec_accepted_per_pos[2], excused);
   }
 }
 

@@ -62,6 +62,21 @@ TEST(SpecConfigParse, NgramDefaultsAndMirrors) {
             4);
 }
 
+TEST(SpecConfigParse, DraftHeadMethods) {
+  SpecConfig e = parse_speculative_config(R"({"method": "eagle3", "model": "d/eagle3", "num_speculative_tokens": 3})");
+  EXPECT_EQ(e.method, SpecMethod::Eagle3);
+  EXPECT_EQ(e.model, "d/eagle3");
+  EXPECT_EQ(e.num_speculative_tokens, 3);
+  // Inferred from the model name as vLLM does.
+  EXPECT_EQ(parse_speculative_config(R"({"model": "thoughtworks/MiniMax-M2.5-Eagle3", "num_speculative_tokens": 3})")
+                .method,
+            SpecMethod::Eagle3);
+  SpecConfig m = parse_speculative_config(R"({"method": "deepseek_mtp", "num_speculative_tokens": 2})");
+  EXPECT_EQ(m.method, SpecMethod::Mtp);
+  EXPECT_TRUE(m.model.empty());
+  EXPECT_EQ(describe(m), "mtp, num_speculative_tokens 2 (modules of the target checkpoint)");
+}
+
 TEST(SpecConfigParse, EveryRefusalNamesItsReason) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"not json", "not valid JSON"},
@@ -81,13 +96,14 @@ TEST(SpecConfigParse, EveryRefusalNamesItsReason) {
        "must be 1 or the target's tensor parallel size 1"},
       {R"({"method": "ngram", "num_speculative_tokens": 3, "model": "org/draft"})", "takes no draft \"model\""},
       {R"({"method": "frob", "num_speculative_tokens": 3})", "unknown method \"frob\""},
-      {R"({"method": "eagle3", "model": "x/eagle3", "num_speculative_tokens": 3})",
-       "not supported yet: --speculative-config method \"eagle3\""},
-      {R"({"model": "thoughtworks/MiniMax-M2.5-Eagle3", "num_speculative_tokens": 3})", "method \"eagle3\""},
+      {R"({"method": "eagle3", "num_speculative_tokens": 3})", "needs \"model\": the EAGLE-3 draft's directory"},
+      {R"({"method": "eagle3", "model": "x", "num_speculative_tokens": 3, "prompt_lookup_min": 2})",
+       "\"prompt_lookup_min\" is an n-gram key"},
+      {R"({"method": "eagle3", "model": "x"})", "\"num_speculative_tokens\" is required for method \"eagle3\""},
       {R"({"method": "eagle", "model": "x", "num_speculative_tokens": 3})", "method \"eagle\""},
       {R"({"model": "org/small-draft", "num_speculative_tokens": 3})", "method \"draft_model\""},
-      {R"({"method": "mtp", "num_speculative_tokens": 1})", "not supported yet: --speculative-config method \"mtp\""},
-      {R"({"method": "deepseek_mtp", "num_speculative_tokens": 1})", "method \"mtp\""},
+      {R"({"method": "mtp", "model": "org/x", "num_speculative_tokens": 1})", "omit \"model\""},
+      {R"({"method": "deepseek_mtp", "num_speculative_tokens": 1, "prompt_lookup_max": 3})", "an n-gram key"},
       {R"({"method": "ngram_gpu", "num_speculative_tokens": 3})", "use \"ngram\""},
       {R"({"method": "suffix", "num_speculative_tokens": 3})", "method \"suffix\""},
       {R"({"method": "ngram", "num_speculative_tokens": 3, "enforce_eager": true})", "\"enforce_eager\": true"},

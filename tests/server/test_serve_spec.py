@@ -82,8 +82,7 @@ def test_speculation_on_equals_off_and_reports_vllm_metrics(tmp_path, model):
 
 
 @pytest.mark.parametrize("cfg,named", [
-    ('{"method": "eagle3", "model": "x/y", "num_speculative_tokens": 3}', 'method "eagle3"'),
-    ('{"method": "mtp", "num_speculative_tokens": 1}', 'method "mtp"'),
+    ('{"method": "eagle", "model": "x/y", "num_speculative_tokens": 3}', 'method "eagle"'),
     ('{"method": "ngram", "num_speculative_tokens": 3, "enforce_eager": true}', '"enforce_eager": true'),
 ])
 def test_refused_before_loading(tmp_path, model, cfg, named):
@@ -93,6 +92,19 @@ def test_refused_before_loading(tmp_path, model, cfg, named):
     assert r.returncode != 0
     assert time.time() - t0 < 10
     assert "not supported yet: --speculative-config " + named in r.stderr, r.stderr
+
+
+def test_draft_heads_refused_without_a_draft(tmp_path, model):
+    # eagle3 with a directory that is not a draft fails before loading; the replay backend
+    # (no model) cannot run a draft head either.
+    for cfg, want in [('{"method": "eagle3", "model": "%s", "num_speculative_tokens": 3}' % (tmp_path / "nodraft"),
+                       "no config.json in draft directory"),
+                      ('{"method": "mtp", "num_speculative_tokens": 1}', "needs its draft loaded")]:
+        t0 = time.time()
+        r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
+                "--speculative-config", cfg)
+        assert r.returncode != 0 and time.time() - t0 < 10
+        assert want in r.stderr, r.stderr
 
 
 def test_unknown_key_and_bad_values_fail(tmp_path, model):

@@ -258,7 +258,7 @@ class DeepseekV3Model final : public DecoderModel {
                    "supported and is not loaded: serving the text model (text_config) only",
                    cfg_.d.architecture, vision);
     if (mtp)
-      spdlog::info("{}: {} MTP tensors (model.layers.{}+) skipped: no MTP forward yet", cfg_.d.architecture, mtp,
+      spdlog::info("{}: {} MTP tensors (model.layers.{}+) skipped (loaded by --speculative-config method mtp)", cfg_.d.architecture, mtp,
                    cfg_.d.num_layers);
     load_decoder(ckpt, cfg_.weights(par_), [this](const std::string& n) { return cfg_.is_skipped_tensor(n); });
   }
@@ -269,13 +269,17 @@ class DeepseekV3Model final : public DecoderModel {
     StepViews s = begin_step(meta.num_tokens, rows.defined() ? rows.numel() : 0);
     embed(ids, s);
     for (int l = 0; l < desc_.num_layers; ++l) {
+      capture_boundary(l, s, ids);  // draft-head taps (no-op unless set_capture asked)
       mla_attention_block(l, s, kv, meta);
       if (w_.layers[size_t(l)].dense)
         dense_block(l, s);
       else
         moe_block(l, s, Repeat{});
     }
-    return final_logits(s, rows);
+    capture_boundary(desc_.num_layers, s, ids);
+    Tensor logits = final_logits(s, rows);
+    capture_final(s);
+    return logits;
   }
 
  private:

@@ -130,11 +130,12 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   // per-op profile (op hook) and tensor parallelism (all-reduces between the ops) keep the
   // separate ops.
   static const bool any_repeat = !debug_flags().op_repeat.empty();
-  const bool single_layer_op = par_.world == 1 && !any_repeat && !op_hook_;
+  // Capturing hidden states for a draft head needs the layer boundaries: separate ops too.
+  const bool single_layer_op = par_.world == 1 && !any_repeat && !op_hook_ && !capturing();
   if (single_layer_op) {
     std::vector<DecodeLayerArgs> layer_ops;  // all layers, handed over at once (one kernel on CUDA at batch 1)
-    layer_ops.reserve(w_.layers.size());
-    for (int l = 0; l < int(w_.layers.size()); ++l) {
+    layer_ops.reserve(size_t(desc_.num_layers));
+    for (int l = 0; l < desc_.num_layers; ++l) {
       DecoderLayer& L = w_.layers[size_t(l)];
       DecodeLayerArgs da;
       da.first = l == 0;
@@ -149,12 +150,16 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
     }
     be_.decode_layers(layer_ops.data(), int(layer_ops.size()));
   } else {
-    for (int l = 0; l < int(w_.layers.size()); ++l) {
+    for (int l = 0; l < desc_.num_layers; ++l) {
+      capture_boundary(l, s, ids);  // draft-head taps (no-op unless set_capture asked)
       attention_block(l, s, kv, meta, rep);
       moe_block(l, s, rep);
     }
+    capture_boundary(desc_.num_layers, s, ids);
   }
-  return final_logits(s, rows);
+  Tensor logits = final_logits(s, rows);
+  capture_final(s);
+  return logits;
 }
 
 // The registry entry (model/registry.cpp lists it).

@@ -144,13 +144,17 @@ class Qwen3MoeModel final : public DecoderModel {
     StepViews s = begin_step(meta.num_tokens, rows.defined() ? rows.numel() : 0);
     embed(ids, s);
     for (int l = 0; l < desc_.num_layers; ++l) {
+      capture_boundary(l, s, ids);  // draft-head taps (no-op unless set_capture asked)
       attention_block(l, s, kv, meta, Repeat{});
       if (w_.layers[size_t(l)].dense)
         dense_block(l, s);
       else
         moe_block(l, s, Repeat{});
     }
-    return final_logits(s, rows);
+    capture_boundary(desc_.num_layers, s, ids);
+    Tensor logits = final_logits(s, rows);
+    capture_final(s);
+    return logits;
   }
 
  private:

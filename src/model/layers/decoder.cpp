@@ -268,16 +268,96 @@ void DecoderModel::load_from(const WeightSource& source) {
   upload_decoder(got);
 }
 
-void DecoderModel::upload_decoder(const std::map<std::string, LoadedTensor>& got) {
-
+Tensor DecoderModel::host_for_backend(const Tensor& t) const {
   // What the backend computes in: on a bf16-activation backend every F16/F32 tensor except
-  // the router (gate and bias, uploaded as exact F32 below) becomes BF16, so matrices run on
-  // the bf16/FP8 GEMMs and norm weights match the bf16 activations they scale.
-  const bool bf16_backend = be_.activation_dtype() == DType::BF16;
-  auto host_for_backend = [&](const Tensor& t) {
-    if (bf16_backend && (t.dtype == DType::F16 || t.dtype == DType::F32)) return to_bf16_host(t);
-    return t;
+  // the router (gate and bias, uploaded as exact F32) becomes BF16, so matrices run on the
+  // bf16/FP8 GEMMs and norm weights match the bf16 activations they scale.
+  if (be_.activation_dtype() == DType::BF16 && (t.dtype == DType::F16 || t.dtype == DType::F32)) return to_bf16_host(t);
+  return t;
+}
+
+DecoderLayer DecoderModel::upload_layer(int l, const std::map<std::string, LoadedTensor>& got, bool dense) {
+  auto up = [&](const std::string& name) { return be_.upload(host_for_backend(got.at(name).tensor)); };
+  auto up_lin = [&](const std::string& name) {
+    LinearWeight w = got.at(name).linear();
+    w.weight = be_.upload(host_for_backend(w.weight));
+    if (w.fp8()) w.scale_inv = be_.upload(w.scale_inv);
+    return w;
   };
+  const DecoderNames& nm = names_;
+  const std::string p = nm.layer_prefix(l);
+  DecoderLayer L;
+  L.input_norm = up(p + nm.input_norm);
+  L.post_attention_norm = up(p + nm.post_norm);
+  if (spec_.mla.enabled) {
+    if (spec_.mla.q_lora_rank > 0) {
+      L.mla.q_a = up_lin(p + nm.q_a);
+      L.mla.q_a_norm = up(p + nm.q_a_norm);
+      L.mla.q_b = up_lin(p + nm.q_b);
+    } else {
+      L.mla.q_b = up_lin(p + nm.q);
+    }
+    L.mla.kv_a = up_lin(p + nm.kv_a);
+    L.mla.kv_a_norm = up(p + nm.kv_a_norm);
+    L.mla.kv_b = up_lin(p + nm.kv_b);
+    L.o = up_lin(p + nm.o);
+  } else {
+    L.q = up_lin(p + nm.q);
+    L.k = up_lin(p + nm.k);
+    L.v = up_lin(p + nm.v);
+    L.o = up_lin(p + nm.o);
+  }
+  if (spec_.qk_norm != QkNormMode::None && !spec_.mla.enabled) {
+    L.q_norm = up(p + nm.q_norm);
+    L.k_norm = up(p + nm.k_norm);
+  }
+  L.dense = dense;
+  if (L.dense) {
+    L.mlp = {up_lin(p + nm.dense + nm.w1), up_lin(p + nm.dense + nm.w3), up_lin(p + nm.dense + nm.w2)};
+    return L;
+  }
+  L.moe.gate = be_.upload(to_f32_host(got.at(p + nm.router).tensor));  // exact
+  if (spec_.routing_bias) L.moe.score_bias = be_.upload(to_f32_host(got.at(p + nm.router_bias).tensor));
+  if (spec_.shared_experts)
+    L.shared = {up_lin(p + nm.shared + nm.w1), up_lin(p + nm.shared + nm.w3), up_lin(p + nm.shared + nm.w2)};
+  L.moe.num_experts = desc_.num_experts;
+  L.moe.top_k = desc_.experts_per_token;
+  L.moe.first_local_expert = shard_.first_expert;
+  L.moe.route = spec_.route;
+  auto expert = [&](int e) { return p + nm.experts + std::to_string(e) + "."; };
+  if (be_.device() == Device::CUDA) {
+    // The layer's experts in one device allocation: a separate allocation per matrix is
+    // rounded up to 2 MiB, which wastes a third of a 4.5 MiB M2.5 expert matrix.
+    std::vector<LinearWeight> lin;
+    for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e)
+      for (const std::string* m : {&nm.w1, &nm.w3, &nm.w2}) lin.push_back(got.at(expert(e) + *m).linear());
+    for (auto& w : lin)
+      if (!w.fp8()) w.weight = host_for_backend(w.weight);
+    auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
+    size_t bytes = 0;
+    for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() ? pad(w.scale_inv.nbytes()) : 0);
+    Tensor slab = be_.alloc(DType::U8, {int64_t(std::max<size_t>(bytes, 1))});
+    size_t at = 0;
+    auto put = [&](Tensor& t) {
+      Tensor v = Tensor::view(static_cast<char*>(slab.data) + at, t.dtype, t.shape, Device::CUDA);
+      v.owner = slab.owner;
+      if (t.nbytes()) be_.copy_from_host(v, t.data, t.nbytes());
+      at += pad(t.nbytes());
+      t = v;
+    };
+    for (auto& w : lin) {
+      put(w.weight);
+      if (w.fp8()) put(w.scale_inv);
+    }
+    for (size_t i = 0; i + 2 < lin.size(); i += 3) L.moe.experts.push_back({lin[i], lin[i + 1], lin[i + 2]});
+  } else {
+    for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e)
+      L.moe.experts.push_back({up_lin(expert(e) + nm.w1), up_lin(expert(e) + nm.w3), up_lin(expert(e) + nm.w2)});
+  }
+  return L;
+}
+
+void DecoderModel::upload_decoder(const std::map<std::string, LoadedTensor>& got) {
   auto up = [&](const std::string& name) { return be_.upload(host_for_backend(got.at(name).tensor)); };
   auto up_lin = [&](const std::string& name) {
     LinearWeight w = got.at(name).linear();
@@ -288,79 +368,8 @@ void DecoderModel::upload_decoder(const std::map<std::string, LoadedTensor>& got
   const DecoderNames& nm = names_;
   w_ = DecoderWeights{};
   w_.embed = be_.upload(host_for_backend(got.at(nm.root + "model.embed_tokens.weight").tensor));
-  for (int l = 0; l < desc_.num_layers; ++l) {
-    const std::string p = nm.layer_prefix(l);
-    DecoderLayer L;
-    L.input_norm = up(p + nm.input_norm);
-    L.post_attention_norm = up(p + nm.post_norm);
-    if (spec_.mla.enabled) {
-      if (spec_.mla.q_lora_rank > 0) {
-        L.mla.q_a = up_lin(p + nm.q_a);
-        L.mla.q_a_norm = up(p + nm.q_a_norm);
-        L.mla.q_b = up_lin(p + nm.q_b);
-      } else {
-        L.mla.q_b = up_lin(p + nm.q);
-      }
-      L.mla.kv_a = up_lin(p + nm.kv_a);
-      L.mla.kv_a_norm = up(p + nm.kv_a_norm);
-      L.mla.kv_b = up_lin(p + nm.kv_b);
-      L.o = up_lin(p + nm.o);
-    } else {
-      L.q = up_lin(p + nm.q);
-      L.k = up_lin(p + nm.k);
-      L.v = up_lin(p + nm.v);
-      L.o = up_lin(p + nm.o);
-    }
-    if (spec_.qk_norm != QkNormMode::None && !spec_.mla.enabled) {
-      L.q_norm = up(p + nm.q_norm);
-      L.k_norm = up(p + nm.k_norm);
-    }
-    L.dense = !spec_.dense_layer.empty() && spec_.dense_layer[size_t(l)];
-    if (L.dense) {
-      L.mlp = {up_lin(p + nm.dense + nm.w1), up_lin(p + nm.dense + nm.w3), up_lin(p + nm.dense + nm.w2)};
-      w_.layers.push_back(std::move(L));
-      continue;
-    }
-    L.moe.gate = be_.upload(to_f32_host(got.at(p + nm.router).tensor));  // exact
-    if (spec_.routing_bias) L.moe.score_bias = be_.upload(to_f32_host(got.at(p + nm.router_bias).tensor));
-    if (spec_.shared_experts)
-      L.shared = {up_lin(p + nm.shared + nm.w1), up_lin(p + nm.shared + nm.w3), up_lin(p + nm.shared + nm.w2)};
-    L.moe.num_experts = desc_.num_experts;
-    L.moe.top_k = desc_.experts_per_token;
-    L.moe.first_local_expert = shard_.first_expert;
-    L.moe.route = spec_.route;
-    auto expert = [&](int e) { return p + nm.experts + std::to_string(e) + "."; };
-    if (be_.device() == Device::CUDA) {
-      // The layer's experts in one device allocation: a separate allocation per matrix is
-      // rounded up to 2 MiB, which wastes a third of a 4.5 MiB M2.5 expert matrix.
-      std::vector<LinearWeight> lin;
-      for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e)
-        for (const std::string* m : {&nm.w1, &nm.w3, &nm.w2}) lin.push_back(got.at(expert(e) + *m).linear());
-      for (auto& w : lin)
-        if (!w.fp8()) w.weight = host_for_backend(w.weight);
-      auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
-      size_t bytes = 0;
-      for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() ? pad(w.scale_inv.nbytes()) : 0);
-      Tensor slab = be_.alloc(DType::U8, {int64_t(std::max<size_t>(bytes, 1))});
-      size_t at = 0;
-      auto put = [&](Tensor& t) {
-        Tensor v = Tensor::view(static_cast<char*>(slab.data) + at, t.dtype, t.shape, Device::CUDA);
-        v.owner = slab.owner;
-        if (t.nbytes()) be_.copy_from_host(v, t.data, t.nbytes());
-        at += pad(t.nbytes());
-        t = v;
-      };
-      for (auto& w : lin) {
-        put(w.weight);
-        if (w.fp8()) put(w.scale_inv);
-      }
-      for (size_t i = 0; i + 2 < lin.size(); i += 3) L.moe.experts.push_back({lin[i], lin[i + 1], lin[i + 2]});
-    } else {
-      for (int e = shard_.first_expert; e < shard_.first_expert + shard_.num_experts; ++e)
-        L.moe.experts.push_back({up_lin(expert(e) + nm.w1), up_lin(expert(e) + nm.w3), up_lin(expert(e) + nm.w2)});
-    }
-    w_.layers.push_back(std::move(L));
-  }
+  for (int l = 0; l < desc_.num_layers; ++l)
+    w_.layers.push_back(upload_layer(l, got, !spec_.dense_layer.empty() && spec_.dense_layer[size_t(l)]));
   w_.final_norm = up(nm.root + "model.norm.weight");
   if (desc_.tie_word_embeddings) {
     w_.lm_head = LinearWeight{w_.embed, Tensor{}, 0, 0};

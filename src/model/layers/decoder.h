@@ -166,6 +166,16 @@ class DecoderModel : public Model {
   // Every declaration of config().weights(this rank) from `source` (Model::load_from).
   void load_from(const WeightSource& source) override;
 
+  // Speculative decoding (layers/mtp.cpp): hidden-state capture at layer boundaries and after
+  // the final norm, and DeepSeek-V3-style MTP modules at model.layers.{L + k}.
+  void set_capture(const HiddenCapture& c) override;
+  const std::vector<Tensor>& captured() const override { return cap_views_; }
+  const Tensor& embedding_table() const override { return w_.embed; }
+  void load_mtp(const Checkpoint& ckpt, int num_modules) override;
+  KvLayout mtp_kv_layout() const override;
+  Tensor mtp_forward(const MtpStepArgs& a) override;
+  int num_mtp_modules() const { return int(mtp_.size()); }
+
  protected:
   // Validates the layout (throws naming the problem).
   DecoderModel(const ModelDesc& desc, DecoderSpec spec, DecoderNames names, Backend& backend, ParallelConfig par,
@@ -176,6 +186,15 @@ class DecoderModel : public Model {
                     const std::function<bool(const std::string&)>& skipped);
   // Converts (bf16 backends) and uploads this rank's tensors, by declared name (both loaders).
   void upload_decoder(const std::map<std::string, LoadedTensor>& got);
+  // One layer's tensors of `got` (layer prefix l), converted and uploaded.
+  DecoderLayer upload_layer(int l, const std::map<std::string, LoadedTensor>& got, bool dense);
+  Tensor host_for_backend(const Tensor& t) const;
+  // Hidden-state capture (set_capture): whether the step keeps anything, and the copies at
+  // boundary b (before layer b's attention block; b == num_layers after the last layer) and of
+  // the final norm's output (after final_logits). No-ops when not capturing.
+  bool capturing() const { return !cap_.empty(); }
+  void capture_boundary(int b, StepViews& s, const Tensor& ids);
+  void capture_final(StepViews& s);
 
   // ---- forward building blocks (each issues the backend ops named) ----
   // Views of the first T rows; grows the workspace when the step needs more (epoch bump).
@@ -220,6 +239,17 @@ class DecoderModel : public Model {
   DecoderWorkspace ws_;
   int64_t ws_epoch_ = 0;
   std::function<void(const char*)> op_hook_;
+  // MTP module k: its norms and eh_proj split into the embedding half and the hidden half
+  // (eh_proj(cat(e, h)) = eh_e e + eh_h h); its decoder layer is w_.layers[num_layers + k].
+  struct MtpModule {
+    Tensor enorm, hnorm, shared_norm;  // [H]
+    LinearWeight eh_e, eh_h;           // [H, H] each
+  };
+  std::vector<MtpModule> mtp_;
+  HiddenCapture cap_;
+  std::vector<Tensor> cap_bufs_;   // [max_tokens, H] per capture (grow-only)
+  std::vector<Tensor> cap_views_;  // the last step's [T, H] views
+  Tensor iota_;                    // [max_tokens] I32 0, 1, ...: row copies through be_.embedding
 };
 
 }  // namespace moeserve
