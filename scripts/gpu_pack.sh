@@ -12,12 +12,13 @@ cp "$B/moeserve" "$B/tests/cuda/test_cuda_ops" "$B/tests/cuda/test_cuda_golden" 
 [ -f "$B/tests/cuda/test_cuda_graphs" ] && cp "$B/tests/cuda/test_cuda_graphs" .gpubin/
 [ -f "$B/tests/cuda/test_cuda_decode_layer" ] && cp "$B/tests/cuda/test_cuda_decode_layer" .gpubin/
 [ -f "$B/tests/cuda/test_cuda_spec" ] && cp "$B/tests/cuda/test_cuda_spec" .gpubin/
+[ -f "$B/tests/cuda/test_cuda_fp8_kv" ] && cp "$B/tests/cuda/test_cuda_fp8_kv" .gpubin/
 if [ -f "$B/tests/dist/test_nccl" ]; then cp "$B/tests/dist/test_nccl" .gpubin/; fi
 [ -f "$B/tests/cuda/realshape_replay" ] && cp "$B/tests/cuda/realshape_replay" .gpubin/
 # Libraries the GPU image lacks (moeserve links yaml-cpp for --config); the check scripts put
 # ./lib on LD_LIBRARY_PATH.
 mkdir -p .gpubin/lib && cp -L /usr/lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 .gpubin/lib/
-cp scripts/gpu_prebuilt_check.sh scripts/gpu_multigpu_check.sh scripts/gpu_final_check.sh .gpubin/
+cp scripts/gpu_prebuilt_check.sh scripts/gpu_multigpu_check.sh scripts/gpu_final_check.sh scripts/gpu_fp8kv_check.sh .gpubin/
 cp scripts/realshape_check.sh scripts/realshape_check.py .gpubin/scripts/
 cp scripts/golden_cuda_check.sh scripts/sweep_vs_hf.py scripts/sweep_qwen3_moe.py .gpubin/scripts/
 cp scripts/make_golden.py scripts/golden_qwen3_moe.py scripts/golden_deepseek_v3.py .gpubin/scripts/

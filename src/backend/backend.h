@@ -67,9 +67,16 @@ struct MoeRouting {
 
 // Paged KV cache of one layer: K [num_blocks, block_size, num_kv_heads, k_head_dim] and
 // V [num_blocks, block_size, num_kv_heads, v_head_dim] (KvLayout in op_specs.h).
+// The cache dtype is the activation dtype (--kv-cache-dtype auto) or F8_E4M3 (fp8): then each
+// element is stored as e4m3(x / scale) (saturating RNE, core/fp8_e4m3.h) and read as
+// e4m3 * scale, with one scale per tensor per layer as vLLM does (the checkpoint's k_scale /
+// v_scale, else 1.0). The MLA latent cache lives in k (k_scale; v unused).
 struct KVCacheLayer {
   Tensor k;
   Tensor v;
+  float k_scale = 1.f;
+  float v_scale = 1.f;
+  bool fp8() const { return k.dtype == DType::F8_E4M3; }
 };
 
 // Per-step batch metadata shared by all layers. Sequences are laid out one after another

@@ -28,6 +28,9 @@ moeserve::cli::RegisterSubcommand reg(
           ->capture_default_str();
       sub->option_defaults()->group("Engine");
       sub->add_option("--block-size", opt->block_size, "KV block size")->capture_default_str();
+      sub->add_option("--kv-cache-dtype", opt->kv_cache_dtype,
+                      "auto (bf16) | fp8 | fp8_e4m3: the KV cache's dtype (FP8: e4m3, scales 1.0)")
+          ->capture_default_str();
       sub->add_option("--gpu-memory-utilization", opt->gpu_memory_utilization, "Fraction of GPU memory to use")
           ->capture_default_str();
       sub->add_flag("!--no-graphs", opt->graphs, "Run decode eagerly instead of as CUDA graphs");

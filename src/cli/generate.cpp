@@ -47,6 +47,7 @@ struct Args {
   std::string model, prompt_ids, prompt, messages, chat_template, dump_logits, device = "cpu";
   std::string speculative_config;
   int max_tokens = 16, block_size = 16, prefill_chunk = 0;
+  std::string kv_cache_dtype = "auto";
   float temperature = 0.f;
   uint64_t seed = 0;
   bool json = false;
@@ -196,6 +197,9 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate text (or token ids) 
   sub->option_defaults()->group("Engine");
   sub->add_option("--device", a->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   sub->add_option("--block-size", a->block_size, "KV cache block size")->capture_default_str();
+  sub->add_option("--kv-cache-dtype", a->kv_cache_dtype,
+                  "auto (the activation dtype) | fp8 | fp8_e4m3 (e4m3 K/V, the checkpoint's k_scale / v_scale or 1.0)")
+      ->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "chunked prefill size (0 = whole prompt)");
   sub->add_flag("--enforce-eager", a->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   sub->add_option("--speculative-config", a->speculative_config,
@@ -275,6 +279,7 @@ moeserve::cli::RegisterSubcommand reg("generate", "Generate text (or token ids) 
     eo.speculative = spec;
     eo.model_dir = a->model;
     eo.block_size = a->block_size;
+    eo.kv_cache_dtype = a->kv_cache_dtype;
     // A KV pool just large enough for this one sequence.
     const int total = int(g.prompt_ids.size()) + a->max_tokens;
     eo.num_kv_blocks = std::max(1, (total + a->block_size - 1) / std::max(1, a->block_size));

@@ -88,6 +88,7 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
   eo.model_dir = a.model;
   eo.hf_overrides = a.hf_overrides;
   eo.block_size = a.block_size;
+  eo.kv_cache_dtype = a.kv_cache_dtype;
   eo.max_model_len = max_model_len;
   eo.num_kv_blocks = a.num_kv_blocks;
   eo.max_num_seqs = a.max_num_seqs;

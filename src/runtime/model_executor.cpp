@@ -10,12 +10,16 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/spec_runner.h"
+#include "core/kv_cache_dtype.h"
+#include "model/kv_scales.h"
 
 namespace moeserve {
 
 RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptions& opts)
     : backend_(std::move(backend)), logits_(opts.logits) {
   MS_CHECK(backend_, "RankExecutor needs a backend");
+  const KvCacheDtype kv_dtype = parse_kv_cache_dtype(opts.kv_cache_dtype);  // refused before anything loads
+  kv_dtype_ = kv_cache_storage_dtype(kv_dtype, backend_->activation_dtype());
   const LoadedConfig lc = load_model_config(opts.model_dir, opts.hf_overrides);
   const ModelDesc cfg = lc.config->desc();
   ParallelConfig par;
@@ -33,8 +37,14 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
              cfg.architecture, opts.model_dir, kl.num_layers, kl.kv_heads, kl.k_head_dim, kl.v_head_dim,
              backend_->name(), why);
   }
-  if (opts.make_weights) opts.make_weights(*backend_, *model_, opts.logits);
-  else model_->load(Checkpoint::open(opts.model_dir));
+  std::vector<KvScales> kv_scales;
+  if (opts.make_weights) {
+    opts.make_weights(*backend_, *model_, opts.logits);
+  } else {
+    const Checkpoint ckpt = Checkpoint::open(opts.model_dir);
+    model_->load(ckpt);
+    if (kv_dtype == KvCacheDtype::Fp8E4M3) kv_scales = read_kv_scales(ckpt, model_->kv_layout().num_layers);
+  }
   MS_CHECK(opts.block_size > 0, "block_size must be positive");
   info_.vocab_size = cfg.vocab_size;
   info_.max_model_len = opts.max_model_len > 0 ? opts.max_model_len : cfg.max_position_embeddings;
@@ -72,8 +82,7 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
                  used0 >= 0 ? fmt::format(", device memory {:+.1f} MiB in all", (used1 - used0) / 1048576.0) : "");
   }
   if (opts.num_kv_blocks <= 0 && opts.kv_blocks_for_memory) {
-    const int64_t per_block =
-        model_->kv_layout().bytes_per_block(opts.block_size, int64_t(dtype_size(backend_->activation_dtype())));
+    const int64_t per_block = kv_bytes_per_block();
     // One block more than the pool: the dummy block padded decode rows attend to.
     info_.num_kv_blocks = opts.kv_blocks_for_memory(per_block) - (buckets_.empty() ? 0 : 1);
     MS_CHECK(info_.num_kv_blocks > 0, "no memory left for the KV cache ({} bytes per block of {} tokens)", per_block,
@@ -83,10 +92,19 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
   info_.device_sampling = bool(device_sampler_);
   MS_CHECK(!device_sampler_ || info_.vocab_size < (1 << 24), "device sampling: vocab {} >= 2^24", info_.vocab_size);
   const int extra = buckets_.empty() ? 0 : 1;
-  kv_ = allocate_kv_cache(*backend_, model_->kv_layout(), info_.num_kv_blocks + extra, info_.block_size,
-                          backend_->activation_dtype());
-  spdlog::info("KV cache: {} blocks = {} tokens (block size {})", info_.num_kv_blocks,
-               int64_t(info_.num_kv_blocks) * info_.block_size, info_.block_size);
+  kv_ = allocate_kv_cache(*backend_, model_->kv_layout(), info_.num_kv_blocks + extra, info_.block_size, kv_dtype_);
+  int scaled = 0;
+  for (size_t l = 0; l < kv_.size() && l < kv_scales.size(); ++l) {
+    kv_[l].k_scale = kv_scales[l].k, kv_[l].v_scale = kv_scales[l].v;
+    scaled += kv_scales[l].k_found || kv_scales[l].v_found;
+  }
+  spdlog::info("KV cache: {} blocks = {} tokens (block size {}, {}{})", info_.num_kv_blocks,
+               int64_t(info_.num_kv_blocks) * info_.block_size, info_.block_size, dtype_name(kv_dtype_),
+               kv_dtype == KvCacheDtype::Auto ? ""
+               : scaled ? fmt::format("; k_scale / v_scale from the checkpoint for {} of {} layers, 1.0 elsewhere",
+                                      scaled, kv_.size())
+                        : std::string("; k_scale = v_scale = 1.0: the checkpoint has no KV scales (vLLM's default "
+                                      "without calculate_kv_scales)"));
   if (draft) {
     MS_CHECK(world == 1, "--speculative-config method \"{}\" runs on one rank only (tensor parallel {})",
              spec_method_name(opts.speculative.method), world);
@@ -132,6 +150,10 @@ std::vector<std::vector<int32_t>> RankExecutor::propose(const DraftBatch& batch)
 
 void RankExecutor::release_draft(int64_t seq_id) {
   if (spec_) spec_->release(seq_id);
+}
+
+int64_t RankExecutor::kv_bytes_per_block() const {
+  return model_->kv_layout().bytes_per_block(info_.block_size, int64_t(dtype_size(kv_dtype_)));
 }
 
 void check_step_batch(const ExecutorInfo& info, const StepBatch& batch) {

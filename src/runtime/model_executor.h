@@ -29,6 +29,9 @@ struct ExecutorOptions {
   // the output projection, i.e. `logits` below).
   std::function<void(Backend&, Model&, bool lm_head)> make_weights;
   int block_size = 16;
+  // --kv-cache-dtype: auto (the activation dtype) | fp8 | fp8_e4m3 (model/kv_cache_dtype.h).
+  // FP8 halves the bytes of a bf16 block, so kv_blocks_for_memory gets the FP8 block size.
+  std::string kv_cache_dtype = "auto";
   int num_kv_blocks = 0;   // 0: enough for one sequence of max_model_len
   int max_model_len = 0;   // 0: config max_position_embeddings
   bool expert_parallel = false;  // with comm: experts owned by ranks (EP) instead of sliced
@@ -73,6 +76,10 @@ class RankExecutor : public ModelExecutor {
   ExecutorInfo info() const override { return info_; }
   StepResult execute(const StepBatch& batch) override;
   const Model& model() const { return *model_; }
+  // The KV cache (tests: its dtype and per-layer scales).
+  const std::vector<KVCacheLayer>& kv_cache() const { return kv_; }
+  // Bytes of one KV block over all layers in the cache's dtype (what kv_blocks_for_memory got).
+  int64_t kv_bytes_per_block() const;
   Backend& backend() { return *backend_; }
   // Decode buckets in use (empty when decode steps are not padded) and graphs captured so far.
   std::vector<std::vector<int32_t>> propose(const DraftBatch& batch) override;
@@ -116,6 +123,7 @@ class RankExecutor : public ModelExecutor {
   uint64_t graph_backend_gen_ = 0;
   int replays_ = 0;
   bool logits_ = true;
+  DType kv_dtype_ = DType::F32;  // the cache tensors' dtype (--kv-cache-dtype)
 };
 
 // Throws (naming the sequence) unless every sequence of `batch` fits `info`: query tokens

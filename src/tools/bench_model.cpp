@@ -9,6 +9,7 @@
 #include "tools/bench_model.h"
 
 #include "model/registry.h"
+#include "core/kv_cache_dtype.h"
 
 #include <algorithm>
 #include <chrono>
@@ -173,7 +174,10 @@ int run_bench_model(const BenchModelOptions& opt) {
   size_t free_b = 0, total_b = 0;
   b.mem_info(&free_b, &total_b);
   const double budget = double(total_b) * opt.gpu_memory_utilization - double(total_b - free_b) - 2e9;
-  const double kv_token_layer = double(s.kv_heads) * s.head_dim * 2 * 2;
+  const DType kv_dtype = kv_cache_storage_dtype(parse_kv_cache_dtype(opt.kv_cache_dtype), DType::BF16);
+  const int kv_elem = int(dtype_size(kv_dtype));
+  out["kv_cache_dtype"] = dtype_name(kv_dtype);
+  const double kv_token_layer = double(s.kv_heads) * s.head_dim * 2 * kv_elem;
   const int64_t blocks_per_layer =
       std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * layers)));
   int64_t need_blocks = int64_t(max_blocks);  // one prefill sequence
@@ -186,7 +190,7 @@ int run_bench_model(const BenchModelOptions& opt) {
                int64_t(budget / (kv_token_layer * s.total_layers)), pool, bs);
   out["kv_tokens_fit_per_layer"] = blocks_per_layer * bs;
   out["kv_tokens_fit_62_layers"] = int64_t(budget / (kv_token_layer * s.total_layers));
-  step.alloc_kv(int(pool), bs);
+  step.alloc_kv(int(pool), bs, kv_dtype);
   b.synchronize();
 
   Timer timer(b.stream());
@@ -257,7 +261,7 @@ int run_bench_model(const BenchModelOptions& opt) {
       } else {
         ms = timer.median_ms(opt.iters, [&] { step.forward(); });
       }
-      const DecodeBytes d = decode_bytes(s, model.shard(), 1, false, B, C);
+      const DecodeBytes d = decode_bytes(s, model.shard(), 1, false, B, C, kv_elem);
       const double lm = double(s.vocab) * s.hidden * 2;
       const double bytes = layers * d.per_layer() + lm;
       const double floor_ms = bytes / roof.copy_bytes_per_s * 1e3;
@@ -275,7 +279,8 @@ int run_bench_model(const BenchModelOptions& opt) {
                      {"expected_distinct_experts", d.distinct},
                      {"measured_distinct_experts_last_layer", distinct.size()},
                      {"est_tok_per_s_62_layers", B / (ms62 * 1e-3)},
-                     {"graph", opt.graphs}});
+                     {"graph", opt.graphs},
+                     {"kv_cache_dtype", dtype_name(kv_dtype)}});
     }
   }
   out["decode"] = dec;

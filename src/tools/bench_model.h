@@ -18,6 +18,8 @@ struct BenchModelOptions {
   int prefill_tokens = 8192;
   int iters = 10;
   int block_size = 16;
+  // --kv-cache-dtype: auto (bf16) | fp8 | fp8_e4m3 (e4m3 K/V, scales 1.0 on random weights).
+  std::string kv_cache_dtype = "auto";
   double gpu_memory_utilization = 0.9;
   bool graphs = true;
   // Per-op time breakdown (eager, an event after each op, summed over layers) for these

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
+#include "core/kv_cache_dtype.h"
 #include "core/log.h"
 #include "dist/in_process.h"
 #include "dist/nccl_communicator.h"
@@ -39,6 +40,10 @@ int run_bench_model_parallel(const BenchModelOptions& opt) {
   MS_CHECK(W <= visible, "bench-model: --tensor-parallel-size {} needs {} GPUs but only {} are visible", W, W,
            visible);
   MS_CHECK(opt.data_parallel == 1, "bench-model: --data-parallel-size {}: only 1 is implemented", opt.data_parallel);
+  MS_CHECK(parse_kv_cache_dtype(opt.kv_cache_dtype) == KvCacheDtype::Auto,
+           "bench-model: --kv-cache-dtype {} with --tensor-parallel-size {} is not implemented (the -tp bench keeps a "
+           "bf16 cache); measure the FP8 KV cache on one GPU",
+           opt.kv_cache_dtype, W);
   const SynthShapes s;
   const MiniMaxM2Config cfg = synth_config(s, opt.layers);
   // The layout, checked once up front with the messages serve gives (heads / experts /

@@ -69,7 +69,7 @@ int64_t make_bench_weights(CudaBackend& b, Model& model, uint64_t seed, bool lm_
 }
 
 DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int world, bool expert_parallel, int B,
-                         int C) {
+                         int C, int kv_elem_bytes) {
   const double H = s.hidden, D = s.head_dim, W = world;
   const double QW = double(shard.q_heads) * D, KW = double(shard.kv_heads) * D;
   auto fp8 = [](double o, double i) { return o * i + std::ceil(o / 128) * std::ceil(i / 128) * 4; };
@@ -79,7 +79,7 @@ DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int 
   d.router = W * double(s.experts) * H * 4;
   d.distinct = s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, B));
   d.experts = expert_parallel ? d.distinct * expert(s.intermediate) : W * d.distinct * expert(shard.expert_inter);
-  d.kv = W * double(B) * C * KW * 2 /*K,V*/ * 2 /*bf16*/;
+  d.kv = W * double(B) * C * KW * 2 /*K,V*/ * kv_elem_bytes;
   return d;
 }
 
@@ -244,9 +244,9 @@ BenchStep::BenchStep(CudaBackend& b, DecoderModel& model, int max_tokens, int ma
                            c.head_dim});
 }
 
-void BenchStep::alloc_kv(int blocks, int block_size) {
+void BenchStep::alloc_kv(int blocks, int block_size, DType dtype) {
   meta_.block_size = block_size;
-  kv_ = allocate_kv_cache(b_, model_.kv_layout(), blocks, block_size, DType::BF16);
+  kv_ = allocate_kv_cache(b_, model_.kv_layout(), blocks, block_size, dtype);
   for (size_t l = 0; l < kv_.size(); ++l) {
     b_.fill_random(kv_[l].k, 77 + l, 1.f);
     b_.fill_random(kv_[l].v, 99 + l, 1.f);

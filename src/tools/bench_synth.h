@@ -56,8 +56,9 @@ struct DecodeBytes {
   double attn_w = 0, router = 0, experts = 0, kv = 0, distinct = 0;
   double per_layer() const { return attn_w + router + experts + kv; }
 };
+// kv_elem_bytes: 2 for a bf16 cache, 1 for FP8.
 DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int world, bool expert_parallel, int B,
-                         int C);
+                         int C, int kv_elem_bytes = 2);
 // Random weights for `model` (built from synth_config), generated on the GPU: this rank's
 // slices per model.shard() (local q/KV heads, local experts or expert-intermediate slices;
 // router, norms and embedding replicated). Seeds do not depend on the rank, so replicated
@@ -70,8 +71,8 @@ int64_t weight_bytes(const MiniMaxM2Weights& w);
 class BenchStep {
  public:
   BenchStep(CudaBackend& b, DecoderModel& model, int max_tokens, int max_seqs, int max_blocks_per_seq);
-  // Allocates `blocks` KV blocks per layer, filled with random values.
-  void alloc_kv(int blocks, int block_size);
+  // Allocates `blocks` KV blocks per layer of `dtype` (BF16 or F8_E4M3), filled with random values.
+  void alloc_kv(int blocks, int block_size, DType dtype = DType::BF16);
   int kv_blocks() const { return kv_.empty() ? 0 : int(kv_[0].k.dim(0)); }
   // Plans one step: sequence s has query_lens[s] new tokens and context_lens[s] tokens after
   // the step; its KV blocks are consecutive runs of the pool.

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/kv_cache_dtype.h"
 #include "tools/serve_flags.h"
 
 namespace moeserve::plan {
@@ -494,7 +495,10 @@ json make_plan(const json& config, const json* index, const PlanOptions& o) {
            "block size, max_num_batched_tokens, max_num_seqs must be positive");
   const int64_t L = o.max_model_len > 0 ? o.max_model_len : m.max_position;
   MS_CHECK(L > 0, "--max-model-len is required: config.json has no max_position_embeddings");
-  const int kv_elem = o.kv_cache_dtype == "auto" ? m.dtype_bytes : dtype_bytes_of(o.kv_cache_dtype, "--kv-cache-dtype");
+  // serve's parser (core/kv_cache_dtype.h): plan models exactly the caches serve can allocate
+  // (auto: the model dtype, as on CUDA; fp8: e4m3, one byte).
+  const int kv_elem =
+      parse_kv_cache_dtype(o.kv_cache_dtype) == KvCacheDtype::Auto ? m.dtype_bytes : int(dtype_size(DType::F8_E4M3));
   const auto groups = build_groups(m);
 
   json r;

@@ -84,7 +84,7 @@ struct PlanOptions {
   int64_t gpu_memory = 0;  // bytes per GPU
   double utilization = 0.9;
   int64_t max_model_len = 0;  // 0: max_position_embeddings
-  std::string kv_cache_dtype = "auto";  // auto (model dtype) | fp8 | fp8_e4m3 | bfloat16 | float16
+  std::string kv_cache_dtype = "auto";  // auto (model dtype) | fp8 | fp8_e4m3 (serve's values)
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // vLLM's default on H100/H200-class GPUs
   int64_t max_num_seqs = 256;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/kv_cache_dtype.h"
 
 namespace moeserve::serve_flags {
 namespace {
@@ -51,11 +52,13 @@ std::vector<FlagSpec> make_table() {
         "moeserve's kernels compute in bfloat16 (CUDA) / float32 (cpu); use --dtype auto";
   }
   {
-    FlagSpec& s = add("kv-cache-dtype", I, O, model, "auto: the KV cache in the activation dtype");
-    s.ok_values = {"auto"};
+    FlagSpec& s = add("kv-cache-dtype", I, O, model,
+                      "auto: the KV cache in the activation dtype; fp8 (= fp8_e4m3): e4m3 K/V with the checkpoint's "
+                      "per-layer k_scale / v_scale (else 1.0), half the bytes of bf16");
+    s.ok_values = kv_cache_dtype_values();
     s.unsupported_value_why =
-        "the FP8 KV cache is not implemented yet; use --kv-cache-dtype auto (bf16 KV; `moeserve plan` shows the "
-        "capacity)";
+        "moeserve stores the FP8 KV cache as e4m3 only; use --kv-cache-dtype fp8 (= fp8_e4m3) or auto (`moeserve "
+        "plan` shows the capacity of each)";
   }
   add("quantization", I, O, model,
       "must match the checkpoint's quantization_config (moeserve reads it from config.json)");

@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+#include "core/fp8_e4m3.h"
 #include "cpu_test_util.h"
 
 using namespace moeserve;
@@ -65,9 +66,10 @@ std::vector<double> attention_ref(const Seq& s) {
 
 struct Cache {
   KVCacheLayer kv;
-  explicit Cache(Backend& be) {
-    kv.k = be.alloc(DType::F32, {kBlocks, kBs, kHkv, kHd});
-    kv.v = be.alloc(DType::F32, {kBlocks, kBs, kHkv, kHd});
+  explicit Cache(Backend& be, DType dt = DType::F32, float k_scale = 1.f, float v_scale = 1.f) {
+    kv.k = be.alloc(dt, {kBlocks, kBs, kHkv, kHd});
+    kv.v = be.alloc(dt, {kBlocks, kBs, kHkv, kHd});
+    kv.k_scale = k_scale, kv.v_scale = v_scale;
   }
 };
 
@@ -242,4 +244,64 @@ TEST(CpuAttention, RejectsBadMetadata) {
   AttentionMeta bad_slot = meta(5, 6, seqs[0].blocks[0]);
   bad_slot.slot_mapping = i32_tensor({kBlocks * kBs}, {1});
   EXPECT_THROW(be->write_kv(kv_row, kv_row, cache.kv, bad_slot), Error);
+}
+
+// --kv-cache-dtype fp8: write_kv stores e4m3(x / scale) (core/fp8_e4m3.h), attention reads
+// e4m3 * scale. Against the double reference over the dequantised K/V it is as exact as the
+// f32 cache; against the unquantised K/V the error is e4m3's.
+TEST(CpuAttention, Fp8KvCacheStoresE4m3AndReadsScaled) {
+  auto be = make_cpu_backend();
+  std::mt19937 rng(21);
+  auto seqs = make_seqs(rng, kLens);
+  const float ks = 0.37f, vs = 1.9f;
+  Cache cache(*be, DType::F8_E4M3, ks, vs);
+  std::vector<Range> rs;
+  for (int i = 0; i < int(seqs.size()); ++i) rs.push_back({i, 0, seqs[size_t(i)].len});
+  auto out = run_step(*be, cache, seqs, rs);
+  double worst = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq dq = seqs[i];
+    for (auto& x : dq.k) x = fp8::kv_load(fp8::kv_store(x, ks), ks);
+    for (auto& x : dq.v) x = fp8::kv_load(fp8::kv_store(x, vs), vs);
+    const auto got = rows_of_range(out, rs, i);
+    EXPECT_LT(max_rel_err(got, attention_ref(dq), "fp8 attention vs dequantised reference"), 1e-5);
+    worst = std::max(worst, max_rel_err(got, attention_ref(seqs[i]), "fp8 attention vs unquantised"));
+  }
+  std::printf("[fp8-kv] CPU attention, FP8 cache vs unquantised K/V: max rel err %.3g\n", worst);
+  EXPECT_LT(worst, 1.0 / 16);  // e4m3's unit roundoff
+  EXPECT_GT(worst, 0.0);
+  const Seq& s = seqs[1];
+  for (int p = 0; p < s.len; ++p) {
+    const int64_t slot = s.blocks[size_t(p / kBs)] * kBs + p % kBs;
+    const uint8_t* kr = cache.kv.k.ptr<uint8_t>() + slot * kHkv * kHd;
+    const uint8_t* vr = cache.kv.v.ptr<uint8_t>() + slot * kHkv * kHd;
+    for (int c = 0; c < kHkv * kHd; ++c) {
+      ASSERT_EQ(kr[c], fp8::kv_store(s.k[size_t(p * kHkv * kHd + c)], ks));
+      ASSERT_EQ(vr[c], fp8::kv_store(s.v[size_t(p * kHkv * kHd + c)], vs));
+    }
+  }
+}
+
+// Decode one token at a time over an FP8 cache = one prefill over it (same bytes cached).
+TEST(CpuAttention, Fp8KvDecodeEqualsPrefill) {
+  auto be = make_cpu_backend();
+  std::mt19937 rng(22);
+  auto seqs = make_seqs(rng, {13});
+  Cache full(*be, DType::F8_E4M3, 0.5f, 0.5f), step(*be, DType::F8_E4M3, 0.5f, 0.5f);
+  const auto ref = run_step(*be, full, seqs, {{0, 0, 13}});
+  const size_t w = kHq * kHd;
+  for (int p = 0; p < 13; ++p) {
+    const auto o = run_step(*be, step, seqs, {{0, p, p + 1}});
+    const std::vector<float> want(ref.begin() + long(p * w), ref.begin() + long((p + 1) * w));
+    EXPECT_LT(max_rel_err(o, want, "fp8 decode vs prefill"), 1e-6) << p;
+  }
+}
+
+TEST(CpuAttention, MixedKvDtypesRefused) {
+  auto be = make_cpu_backend();
+  std::mt19937 rng(23);
+  auto seqs = make_seqs(rng, {3});
+  Cache c(*be, DType::F8_E4M3);
+  c.kv.v = be->alloc(DType::F32, {kBlocks, kBs, kHkv, kHd});
+  EXPECT_THROW(run_step(*be, c, seqs, {{0, 0, 3}}), Error);
 }

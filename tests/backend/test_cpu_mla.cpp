@@ -38,7 +38,9 @@ void rope_ref(std::vector<double>& x, size_t off, const RopeSpec& r, int pos) {
   for (int j = 0; j < rd; ++j) x[off + size_t(j)] = y[size_t(j)];
 }
 
-void check_mla(RopeStyle style, bool yarn) {
+// fp8: an F8_E4M3 latent cache (--kv-cache-dtype fp8, k_scale 0.02); the reference then reads
+// the latents the cache holds (dequantised), so the attention read path is checked exactly.
+void check_mla(RopeStyle style, bool yarn, bool fp8 = false) {
   const Dims d;
   const int qk = d.nope + d.rope, L = d.C + d.rope, kvw = d.nope + d.v;
   std::mt19937 rng(11 + int(style) * 3 + int(yarn));
@@ -46,7 +48,8 @@ void check_mla(RopeStyle style, bool yarn) {
   // token at position 4 (its earlier latents written by a first call).
   const int bs = 2, nb = 8;
   auto be = make_cpu_backend();
-  KVCacheLayer kv{be->alloc(DType::F32, {nb, bs, 1, L}), be->alloc(DType::F32, {nb, bs, 1, 0})};
+  KVCacheLayer kv{be->alloc(fp8 ? DType::F8_E4M3 : DType::F32, {nb, bs, 1, L}), be->alloc(DType::F32, {nb, bs, 1, 0})};
+  if (fp8) kv.k_scale = 0.02f;
   RopeSpec rope;
   rope.head_dim = rope.rotary_dim = d.rope;
   rope.theta = 1000.f;
@@ -161,6 +164,15 @@ void check_mla(RopeStyle style, bool yarn) {
       {slot(table1, 0), slot(table1, 1), slot(table1, 2), slot(table1, 3), -1});
   // Second call: sequence 0's prefill and sequence 1's decode in one batch.
   const auto got = run({0, 1, 2, 3, 4, 9}, {0, 5, 6}, {5, 5}, {table0, table1}, true, {});
+  if (fp8) {  // every token's latent as the cache holds it: e4m3(x / 0.02) * 0.02, |error| <= 2^-4 |x|
+    const auto cache = be->download_f32(kv.k);
+    for (int i = 0; i < T0 + T1; ++i)
+      for (int c = 0; c < L; ++c) {
+        const double held = double(cache[size_t(slot(i < T0 ? table0 : table1, pos_of(i)) * L + c)]) * 0.02;
+        EXPECT_LE(std::fabs(held - lr[size_t(i * L + c)]), std::fabs(lr[size_t(i * L + c)]) / 16 + 1e-3) << i << " " << c;
+        lr[size_t(i * L + c)] = held;
+      }
+  }
   double num = 0, den = 0;
   std::vector<double> o;
   for (int r = 0; r < 6; ++r) {
@@ -173,6 +185,7 @@ void check_mla(RopeStyle style, bool yarn) {
   }
   std::printf("[mla] style %d yarn %d: max|d|/max|ref| = %.3g\n", int(style), int(yarn), num / den);
   EXPECT_LE(num / den, 1e-5);
+  if (fp8) return;
   // The cache holds the reference latents where the tokens went.
   const auto cache = be->download_f32(kv.k);
   for (int c = 0; c < L; ++c)
@@ -181,6 +194,7 @@ void check_mla(RopeStyle style, bool yarn) {
 
 TEST(CpuMla, InterleavedRopeMatchesDirect) { check_mla(RopeStyle::GptJ, false); }
 TEST(CpuMla, NeoxYarnMatchesDirect) { check_mla(RopeStyle::NeoX, true); }
+TEST(CpuMla, Fp8LatentCacheMatchesDirect) { check_mla(RopeStyle::NeoX, false, /*fp8=*/true); }
 
 TEST(CpuMla, RefusesBadShapes) {
   auto be = make_cpu_backend();

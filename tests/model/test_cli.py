@@ -37,6 +37,25 @@ def test_generate_matches_golden(tmp_path, name):
     assert [int(np.argmax(r)) for r in got] == g["generated_ids"]
 
 
+def test_generate_fp8_kv_cache(tmp_path):
+    """--kv-cache-dtype fp8 / fp8_e4m3: the e4m3 cache changes the logits (a little: the bound is
+    in tests/model/test_kv_fp8.cpp); fp8_e5m2 is refused before loading."""
+    d = os.path.join(GOLDEN, "tiny_bf16")
+    g = json.load(open(os.path.join(d, "golden.json")))
+    ids = ",".join(map(str, g["prompt_ids"]))
+    logits = {}
+    for kv in ("auto", "fp8", "fp8_e4m3"):
+        npy = tmp_path / f"{kv}.npy"
+        p = run("generate", "--model", d, "--prompt-ids", ids, "--max-tokens", "3", "--json", "--device", "cpu",
+                "--kv-cache-dtype", kv, "--dump-logits", str(npy))
+        assert len(json.loads(p.stdout)["generated_ids"]) == 3
+        logits[kv] = np.load(npy)
+    assert np.array_equal(logits["fp8"], logits["fp8_e4m3"])
+    assert not np.array_equal(logits["fp8"], logits["auto"])
+    p = run("generate", "--model", d, "--prompt-ids", ids, "--kv-cache-dtype", "fp8_e5m2", check=False)
+    assert p.returncode != 0 and "fp8_e5m2 is not supported" in p.stderr
+
+
 def test_generate_rejects_bad_input(tmp_path):
     d = os.path.join(GOLDEN, "tiny_bf16")
     for ids in ["1,x", "", "1,,2", "-3", "5000"]:

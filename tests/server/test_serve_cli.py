@@ -110,8 +110,8 @@ STARTS = [
 ]
 REFUSED = [
     ("--speculative-config {\"method\":\"mtp\",\"num_speculative_tokens\":1}", "--speculative-config"),
-    ("--kv-cache-dtype fp8", "--kv-cache-dtype fp8"),
-    ("--kv_cache_dtype=fp8_e4m3", "--kv-cache-dtype fp8_e4m3"),
+    ("--kv-cache-dtype fp8_e5m2", "--kv-cache-dtype fp8_e5m2"),
+    ("--kv_cache_dtype=int8", "--kv-cache-dtype int8"),
     ("--quantization awq", "--quantization awq"),
     ("--tool-parser-plugin /x/p.py --tool-call-parser mine", "--tool-parser-plugin"),
     ("--lora-modules a=/x/lora", "--lora-modules"),
@@ -211,9 +211,9 @@ def test_config_yaml_and_command_line_wins(tmp_path, model):
     finally:
         assert s.stop() == 0
     bad = tmp_path / "bad.yaml"
-    bad.write_text("kv_cache_dtype: fp8\n")
+    bad.write_text("kv_cache_dtype: fp8_e5m2\n")
     r = run("serve", str(model), "--config", str(bad), "--test-replay-backend", str(tmp_path / "replay.json"))
-    assert r.returncode != 0 and "not supported yet: --kv-cache-dtype fp8" in r.stderr
+    assert r.returncode != 0 and "not supported yet: --kv-cache-dtype fp8_e5m2" in r.stderr
 
 
 def test_log_level_after_subcommand_and_api_key_env(tmp_path, model):
@@ -353,8 +353,8 @@ def test_serve_repo_id_through_the_hub_cache(tmp_path, model):
 
 
 def test_service_rejects_what_serve_rejects(tmp_path, model):
-    r = run("service", str(model), "--kv-cache-dtype", "fp8")
-    assert r.returncode != 0 and "not supported yet: --kv-cache-dtype fp8" in r.stderr
+    r = run("service", str(model), "--kv-cache-dtype", "fp8_e5m2")
+    assert r.returncode != 0 and "not supported yet: --kv-cache-dtype fp8_e5m2" in r.stderr
     r = run("service", str(model), "--bogus-flag", "1")
     assert r.returncode != 0 and "not supported yet: --bogus-flag" in r.stderr
     r = run("service", str(model), "--trust-remote-code", "-tp", "4", "--max_model_len", "32k")

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "core/fp8_e4m3.h"
 #include "core/thread_pool.h"
 
 namespace moeserve::cpu {
@@ -152,11 +153,12 @@ void qk_norm_rope(const QkNormRopeArgs& a) {
 }
 
 namespace {
-// [num_blocks, block_size, Hkv, head_dim] F32 cache checks; returns num_blocks * block_size.
+// [num_blocks, block_size, Hkv, head_dim] F32 or F8_E4M3 (--kv-cache-dtype fp8) cache checks;
+// returns num_blocks * block_size.
 int64_t check_cache(const Tensor& c, const char* name, int64_t hkv_x_hd, const char* op) {
   check_host(c, op, name);
-  MS_CHECK(c.dtype == DType::F32, "{}: KV cache {} must be F32 on the CPU backend, got {}", op, name,
-           dtype_name(c.dtype));
+  MS_CHECK(c.dtype == DType::F32 || c.dtype == DType::F8_E4M3,
+           "{}: KV cache {} must be F32 or F8_E4M3 on the CPU backend, got {}", op, name, dtype_name(c.dtype));
   MS_CHECK(c.rank() == 4, "{}: KV cache {} must be [blocks, block_size, kv_heads, head_dim], got {}", op,
            name, shape_str(c.shape));
   MS_CHECK(c.dim(2) * c.dim(3) == hkv_x_hd, "{}: KV cache {} {} does not hold rows of {} values", op, name,
@@ -178,14 +180,23 @@ void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const Attentio
   check_i32(meta.slot_mapping, "write_kv", "slot_mapping");
   MS_CHECK(meta.slot_mapping.numel() == T, "write_kv: slot_mapping has {} entries for {} tokens",
            meta.slot_mapping.numel(), T);
+  MS_CHECK(kv.k.dtype == kv.v.dtype, "write_kv: K cache {} and V cache {} dtypes differ", dtype_name(kv.k.dtype),
+           dtype_name(kv.v.dtype));
   const int32_t* slot = meta.slot_mapping.ptr<int32_t>();
-  float* kc = kv.k.ptr<float>();
-  float* vc = kv.v.ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
     if (slot[t] < 0) continue;  // padding token: nothing to store
     MS_CHECK(slot[t] < slots, "write_kv: slot {} of token {} is outside the cache ({} slots)", slot[t], t, slots);
-    std::memcpy(kc + int64_t(slot[t]) * W, k.ptr<float>() + t * W, size_t(W) * 4);
-    std::memcpy(vc + int64_t(slot[t]) * WV, v.ptr<float>() + t * WV, size_t(WV) * 4);
+    const float* kr = k.ptr<float>() + t * W;
+    const float* vr = v.ptr<float>() + t * WV;
+    if (kv.fp8()) {  // e4m3(x / scale), the bytes the CUDA write kernels store (core/fp8_e4m3.h)
+      uint8_t* kc = kv.k.ptr<uint8_t>() + int64_t(slot[t]) * W;
+      uint8_t* vc = kv.v.ptr<uint8_t>() + int64_t(slot[t]) * WV;
+      for (int64_t c = 0; c < W; ++c) kc[c] = fp8::kv_store(kr[c], kv.k_scale);
+      for (int64_t c = 0; c < WV; ++c) vc[c] = fp8::kv_store(vr[c], kv.v_scale);
+      continue;
+    }
+    std::memcpy(kv.k.ptr<float>() + int64_t(slot[t]) * W, kr, size_t(W) * 4);
+    std::memcpy(kv.v.ptr<float>() + int64_t(slot[t]) * WV, vr, size_t(WV) * 4);
   }
 }
 
@@ -257,14 +268,24 @@ void attention(const AttentionArgs& a) {
   const int64_t mb = m.max_blocks_per_seq;
   const int32_t* bt = m.num_seqs > 0 ? m.block_tables.ptr<int32_t>() : nullptr;
 
-  const float* kc = a.kv->k.ptr<float>();
-  const float* vc = a.kv->v.ptr<float>();
+  MS_CHECK(a.kv->k.dtype == a.kv->v.dtype, "attention: K cache {} and V cache {} dtypes differ",
+           dtype_name(a.kv->k.dtype), dtype_name(a.kv->v.dtype));
+  const bool fp8 = a.kv->fp8();
+  const float ks = a.kv->k_scale, vs = a.kv->v_scale;
   const int64_t group = Hq / Hkv;
   const float scale = a.scale;
   // One task per (token, query head): scores over positions 0..p, fp32 softmax with the
   // max subtracted, then the probability-weighted sum of V.
   ThreadPool::global().parallel_for(T * Hq, [&](int64_t b, int64_t e) {
     std::vector<float> scores, qv(static_cast<size_t>(hd)), acc(static_cast<size_t>(vd));
+    std::vector<float> deq(static_cast<size_t>(std::max(hd, vd)));
+    // Row r of a cache as f32: the f32 cache itself, or e4m3 * scale into `deq` (FP8 cache).
+    auto row = [&](const Tensor& c, int64_t r, int64_t w, float sc) -> const float* {
+      if (!fp8) return c.ptr<float>() + r * w;
+      const uint8_t* b = c.ptr<uint8_t>() + r * w;
+      for (int64_t d = 0; d < w; ++d) deq[size_t(d)] = fp8::kv_load(b[d], sc);
+      return deq.data();
+    };
     for (int64_t item = b; item < e; ++item) {
       const int64_t t = item / Hq, h = item % Hq, kvh = h / group;
       const int64_t s = seq_of[size_t(t)];
@@ -275,7 +296,7 @@ void attention(const AttentionArgs& a) {
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
-        scores[size_t(j)] = dot_f32(qv.data(), kc + (slot * Hkv + kvh) * hd, hd) * scale;
+        scores[size_t(j)] = dot_f32(qv.data(), row(a.kv->k, slot * Hkv + kvh, hd, ks), hd) * scale;
         mx = std::max(mx, scores[size_t(j)]);
       }
       float sum = 0.f;
@@ -286,7 +307,7 @@ void attention(const AttentionArgs& a) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
-        const float* vr = vc + (slot * Hkv + kvh) * vd;
+        const float* vr = row(a.kv->v, slot * Hkv + kvh, vd, vs);
         const float p = scores[size_t(j)];
         for (int64_t d = 0; d < vd; ++d) acc[size_t(d)] += p * vr[d];
       }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "core/fp8_e4m3.h"
 #include "core/thread_pool.h"
 
 namespace moeserve::cpu {
@@ -33,7 +34,8 @@ int64_t check_mla_args(const MlaArgs& a, const char* op) {
            shape_str(a.latent->shape), T, L);
   const Tensor& c = a.kv->k;
   check_host(c, op, "latent cache");
-  MS_CHECK(c.dtype == DType::F32, "{}: the latent cache must be F32 on the CPU backend, got {}", op,
+  MS_CHECK(c.dtype == DType::F32 || c.dtype == DType::F8_E4M3,
+           "{}: the latent cache must be F32 or F8_E4M3 (--kv-cache-dtype fp8) on the CPU backend, got {}", op,
            dtype_name(c.dtype));
   MS_CHECK(c.rank() == 4 && c.dim(2) == 1 && c.dim(3) == L,
            "{}: the latent cache {} must be [blocks, block_size, 1, {}] (kv_lora_rank + qk_rope_head_dim)", op,
@@ -111,11 +113,15 @@ void mla_rope_write_kv(const MlaArgs& a) {
            T);
   const int64_t slots = a.kv->k.dim(0) * a.kv->k.dim(1);
   const int32_t* slot = m.slot_mapping.ptr<int32_t>();
-  float* cache = a.kv->k.ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
     if (slot[t] < 0) continue;  // padding token
     MS_CHECK(slot[t] < slots, "{}: slot {} of token {} is outside the cache ({} slots)", op, slot[t], t, slots);
-    std::memcpy(cache + int64_t(slot[t]) * L, lat + t * L, size_t(L) * sizeof(float));
+    if (a.kv->fp8()) {  // FP8 latent cache: e4m3(x / k_scale) (one per-tensor scale, as vLLM's MLA cache)
+      uint8_t* c8 = a.kv->k.ptr<uint8_t>() + int64_t(slot[t]) * L;
+      for (int64_t i = 0; i < L; ++i) c8[i] = fp8::kv_store(lat[t * L + i], a.kv->k_scale);
+      continue;
+    }
+    std::memcpy(a.kv->k.ptr<float>() + int64_t(slot[t]) * L, lat + t * L, size_t(L) * sizeof(float));
   }
 }
 
@@ -139,23 +145,32 @@ void mla_attention(const MlaArgs& a) {
   const int32_t* qs = m.num_seqs > 0 ? m.query_start.ptr<int32_t>() : nullptr;
   const int32_t* bt = m.num_seqs > 0 ? m.block_tables.ptr<int32_t>() : nullptr;
   const int64_t mb = m.max_blocks_per_seq;
-  const float* cache = a.kv->k.ptr<float>();
+  const bool fp8 = a.kv->fp8();
   const float* q = a.q->ptr<float>();
   float* out = a.out->ptr<float>();
   const float scale = a.scale;
 
-  std::vector<float> lat, kv;  // per sequence: latents [n, L] gathered, decompressed [n, H * kvw]
+  // per sequence: cached rows [n, L] (f32; dequantised for an FP8 cache), latents [n, C], decompressed [n, H * kvw]
+  std::vector<float> rows, lat, kv;
   for (int64_t s = 0; s < m.num_seqs; ++s) {
     if (qs[s] == qs[s + 1]) continue;
     int64_t n = 0;  // positions any query token of this sequence reads
     for (int64_t t = qs[s]; t < qs[s + 1]; ++t) n = std::max<int64_t>(n, int64_t(pos[t]) + 1);
     const int32_t* table = bt + s * mb;
     lat.resize(size_t(n * C));
-    std::vector<const float*> rot(static_cast<size_t>(n));  // k_rot of position j (read in the cache)
+    rows.resize(size_t(n * L));
+    std::vector<const float*> rot(static_cast<size_t>(n));  // k_rot of position j
     for (int64_t j = 0; j < n; ++j) {
-      const float* src = cache + (int64_t(table[j / bs]) * bs + j % bs) * L;
-      std::memcpy(lat.data() + j * C, src, size_t(C) * sizeof(float));
-      rot[size_t(j)] = src + C;
+      const int64_t r = int64_t(table[j / bs]) * bs + j % bs;
+      float* dst = rows.data() + j * L;
+      if (fp8) {
+        const uint8_t* b = a.kv->k.ptr<uint8_t>() + r * L;
+        for (int64_t i = 0; i < L; ++i) dst[i] = fp8::kv_load(b[i], a.kv->k_scale);
+      } else {
+        std::memcpy(dst, a.kv->k.ptr<float>() + r * L, size_t(L) * sizeof(float));
+      }
+      std::memcpy(lat.data() + j * C, dst, size_t(C) * sizeof(float));
+      rot[size_t(j)] = dst + C;
     }
     // [k_nope | v] of every head at every position: kv_b_proj over the latents (HF's expand_kv).
     kv.resize(size_t(n * H * kvw));

@@ -680,7 +680,9 @@ QkNormRopeParams CudaBackend::qk_norm_rope_params(const QkNormRopeArgs& a, const
              "qk_norm_rope_write_kv: k {} v {} cache {}", shape_str(a.k->shape), shape_str(v->shape),
              shape_str(kv->k.shape));
     p.v = v->data, p.kc = kv->k.data, p.vc = kv->v.data;
-    p.cache_bf16 = is_bf16(kv->k, "qk_norm_rope_write_kv", "cache");
+    p.cache_fp8 = kv->fp8();
+    p.cache_bf16 = !p.cache_fp8 && is_bf16(kv->k, "qk_norm_rope_write_kv", "cache");
+    p.k_scale = kv->k_scale, p.v_scale = kv->v_scale;
     p.slots = meta->slot_mapping.ptr<int32_t>();
     p.num_slots = kv->k.dim(0) * kv->k.dim(1);
   }
@@ -699,8 +701,13 @@ void CudaBackend::write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, c
   MS_CHECK(k.dim(-1) == width && v.numel() == k.numel() && meta.slot_mapping.numel() >= T,
            "write_kv: k {} v {} cache {}", shape_str(k.shape), shape_str(v.shape), shape_str(kv.k.shape));
   MS_CHECK(k.dtype == v.dtype, "write_kv: k/v dtypes differ");
-  launch_write_kv(k.data, v.data, is_bf16(k, "write_kv", "k"), kv.k.data, kv.v.data, is_bf16(kv.k, "write_kv", "cache"),
-                  meta.slot_mapping.ptr<int32_t>(), T, width, kv.k.dim(0) * kv.k.dim(1), stream_);
+  MS_CHECK(kv.k.dtype == kv.v.dtype, "write_kv: K / V cache dtypes differ");
+  KvStoreSpec cs;
+  cs.fp8 = kv.fp8();
+  cs.bf16 = !cs.fp8 && is_bf16(kv.k, "write_kv", "cache");
+  cs.k_scale = kv.k_scale, cs.v_scale = kv.v_scale;
+  launch_write_kv(k.data, v.data, is_bf16(k, "write_kv", "k"), kv.k.data, kv.v.data, cs, meta.slot_mapping.ptr<int32_t>(),
+                  T, width, kv.k.dim(0) * kv.k.dim(1), stream_);
 }
 
 std::string CudaBackend::attention_layout_problem(const KvLayout& l) const {
@@ -718,9 +725,11 @@ AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   check_dev(*a.q, "attention", "q");
   check_dev(*a.out, "attention", "out");
   check_dev(a.kv->k, "attention", "k cache");
-  MS_CHECK(a.q->dtype == DType::BF16 && a.out->dtype == DType::BF16 && a.kv->k.dtype == DType::BF16 &&
-               a.kv->v.dtype == DType::BF16,
-           "attention: q, out and the KV cache must be BF16");
+  const DType kvt = a.kv->k.dtype;
+  MS_CHECK(a.q->dtype == DType::BF16 && a.out->dtype == DType::BF16 &&
+               (kvt == DType::BF16 || kvt == DType::F8_E4M3) && a.kv->v.dtype == kvt,
+           "attention: q and out must be BF16, the KV cache BF16 or F8_E4M3 (got {} / {})", dtype_name(kvt),
+           dtype_name(a.kv->v.dtype));
   MS_CHECK(a.kv->k.rank() == 4 && a.kv->k.dim(2) == a.num_kv_heads && a.kv->k.dim(3) == a.head_dim &&
                a.kv->k.dim(1) == m.block_size,
            "attention: cache {} vs kv heads {} head_dim {} block_size {}", shape_str(a.kv->k.shape), a.num_kv_heads,
@@ -737,6 +746,8 @@ AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = m.block_size;
   p.Hq = a.num_q_heads, p.Hkv = a.num_kv_heads, p.D = a.head_dim, p.scale = a.scale;
   p.kv_rows = a.kv->v.numel() == a.kv->k.numel() ? a.kv->k.dim(0) * a.kv->k.dim(1) : 0;
+  p.kv_fp8 = kvt == DType::F8_E4M3;
+  p.k_scale = a.kv->k_scale, p.v_scale = a.kv->v_scale;
   return p;
 }
 

@@ -8,9 +8,16 @@
 // softmax (base-2, scale folded into q), then accumulates P V with a lane owning dims
 // lane + 32 i. Scalar f32 math: simple and exact enough; a tensor-core prefill kernel is
 // the next step (see docs/architecture.md).
+// FP8 KV cache (AttnParams::kv_fp8): the kernel is instantiated for e4m3 caches too; the tile
+// staging loads 8 e4m3 bytes per 8 elements and widens them to bf16 in registers (exact: e4m3
+// fits bf16), so the shared-memory tiles and the inner loops are the bf16 kernel's. k_scale is
+// folded into the query scale and v_scale into the output (softmax(s * k_scale * q.k8) V8 *
+// v_scale = attention over the dequantised cache). The bf16 instantiation has no FP8 code.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+
+#include <type_traits>
 
 namespace moeserve::cuda {
 namespace {
@@ -18,7 +25,25 @@ namespace {
 constexpr int kWarps = 4, kRowsPerWarp = 4, kRows = kWarps * kRowsPerWarp;
 constexpr int kKeys = 64, kDMax = 128, kDPer = kDMax / 32;
 
+// 8 e4m3 bytes -> 4 words of 2 bf16 (exact), low byte first.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 w) {
+  uint32_t o[4];
+  const uint32_t in[2] = {w.x, w.y};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float2 f = fp8x2_to_f2(uint16_t(in[h] >> (16 * e)));
+      __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+      o[2 * h + e] = *reinterpret_cast<uint32_t*>(&b);
+    }
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+template <typename KvT>  // bf16, or uint8_t: e4m3 codes (p.kv_fp8)
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, int QT, int qtiles) {
+  constexpr bool kFp8 = std::is_same_v<KvT, uint8_t>;
   __shared__ float qs[kRows][kDMax];
   __shared__ __align__(16) bf16 ks[kKeys][kDMax + 2];  // +2: conflict-free row-per-lane reads
   __shared__ __align__(16) bf16 vs[kKeys][kDMax];
@@ -31,7 +56,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
   const int ctx = p.context_lens[seq];
   const int G = p.Hq / p.Hkv, D = p.D;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float qscale = p.scale * 1.4426950408889634f;  // log2(e): softmax in base 2
+  // log2(e): softmax in base 2; an FP8 cache's k_scale multiplies every score.
+  const float qscale = p.scale * 1.4426950408889634f * (kFp8 ? p.k_scale : 1.f);
+  const float oscale = kFp8 ? p.v_scale : 1.f;
 
   // Stage q rows (row r: token qt*QT + r / G, head kvh*G + r % G), pre-scaled.
   for (int i = threadIdx.x; i < kRows * kDMax; i += blockDim.x) {
@@ -74,8 +101,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
         if (j < kstop) {
           const int blk = p.block_tables[int64_t(seq) * p.max_blocks_per_seq + j / p.block_size];
           const int64_t off = (int64_t(blk) * p.block_size + j % p.block_size) * row_stride + kvh * D + c;
-          kv = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.k_cache) + off));
-          vv = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.v_cache) + off));
+          if constexpr (kFp8) {
+            kv = e4m3x8_to_bf16x8(__ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.k_cache) + off)));
+            vv = e4m3x8_to_bf16x8(__ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.v_cache) + off)));
+          } else {
+            kv = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.k_cache) + off));
+            vv = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.v_cache) + off));
+          }
         }
         const uint32_t* kw = reinterpret_cast<const uint32_t*>(&kv);
 #pragma unroll
@@ -89,8 +121,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
         if (j < kstop) {
           const int blk = p.block_tables[int64_t(seq) * p.max_blocks_per_seq + j / p.block_size];
           const int64_t off = (int64_t(blk) * p.block_size + j % p.block_size) * row_stride + kvh * D + d;
-          kv = static_cast<const bf16*>(p.k_cache)[off];
-          vv = static_cast<const bf16*>(p.v_cache)[off];
+          if constexpr (kFp8) {
+            kv = f2bf(fp8x2_to_f2(static_cast<const uint8_t*>(p.k_cache)[off]).x);
+            vv = f2bf(fp8x2_to_f2(static_cast<const uint8_t*>(p.v_cache)[off]).x);
+          } else {
+            kv = static_cast<const bf16*>(p.k_cache)[off];
+            vv = static_cast<const bf16*>(p.v_cache)[off];
+          }
         }
         ks[kk][d] = kv;
         vs[kk][d] = vv;
@@ -157,7 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
     const int r = warp * kRowsPerWarp + rr;
     const int t = q0 + qt * QT + r / G, h = kvh * G + r % G;
     if (p.splits == 1) {
-      const float inv = l[rr] > 0.f ? 1.f / l[rr] : 0.f;
+      const float inv = (l[rr] > 0.f ? 1.f / l[rr] : 0.f) * oscale;
 #pragma unroll
       for (int i = 0; i < kDPer; ++i) {
         const int d = lane + 32 * i;
@@ -168,7 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnParams p, in
 #pragma unroll
       for (int i = 0; i < kDPer; ++i) {
         const int d = lane + 32 * i;
-        if (d < D) p.part_o[base * D + d] = acc[rr][i];
+        if (d < D) p.part_o[base * D + d] = acc[rr][i] * oscale;  // v_scale: the partials are linear in V
       }
       if (lane == 0) {
         p.part_ml[base * 2] = m[rr];
@@ -256,7 +293,8 @@ void launch_attention(const AttnParams& p, cudaStream_t s) {
   const int QT = attn_query_tile(p.Hq / p.Hkv);
   const int qtiles = ceil_div(p.max_query_len, QT);
   dim3 grid(p.num_seqs * qtiles, p.Hkv, p.splits);
-  launch_pdl(attention_kernel, grid, dim3(kWarps * 32), 0, s, p, QT, qtiles);
+  if (p.kv_fp8) launch_pdl(attention_kernel<uint8_t>, grid, dim3(kWarps * 32), 0, s, p, QT, qtiles);
+  else launch_pdl(attention_kernel<bf16>, grid, dim3(kWarps * 32), 0, s, p, QT, qtiles);
   CUDA_CHECK_LAUNCH();
   if (p.splits > 1 && !p.counters) {
     launch_pdl(attn_combine_kernel, dim3(p.T, p.Hq), dim3(128), 0, s, p);

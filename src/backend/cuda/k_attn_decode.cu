@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kT) attn_decode_kernel(AttnParams a, QkNormRop
 }  // namespace
 
 bool attn_decode_supported(const AttnParams& a, const QkNormRopeParams& n) {
-  return code_arch() >= 900 && a.max_query_len == 1 && a.num_seqs == a.T && a.D == kD && a.Hkv > 0 &&
+  return !a.kv_fp8 && !n.cache_fp8 && code_arch() >= 900 && a.max_query_len == 1 && a.num_seqs == a.T && a.D == kD && a.Hkv > 0 &&
          a.Hq % a.Hkv == 0 && a.Hq / a.Hkv <= kRows && n.act_bf16 && n.w_bf16 && n.kc && n.cache_bf16 &&
          n.head_dim == kD && n.rotary_dim <= kD && n.rotary_dim % 2 == 0 && n.q_width == a.Hq * kD &&
          n.k_width == a.Hkv * kD && n.T == a.T;

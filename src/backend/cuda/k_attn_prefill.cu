@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p, in
 
 }  // namespace
 
-bool attention_prefill_supported(const AttnParams& p) { return p.D == kD && p.max_query_len >= kQ; }
+bool attention_prefill_supported(const AttnParams& p) { return !p.kv_fp8 && p.D == kD && p.max_query_len >= kQ; }
 
 void launch_attention_prefill(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_prefill: head_dim must be 128");

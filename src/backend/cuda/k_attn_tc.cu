@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_tc_kernel(AttnParams p, int 
 
 }  // namespace
 
-bool attention_tc_supported(const AttnParams& p) { return p.D == kD && p.max_query_len >= kQ; }
+bool attention_tc_supported(const AttnParams& p) { return !p.kv_fp8 && p.D == kD && p.max_query_len >= kQ; }
 
 void launch_attention_tc(const AttnParams& p, cudaStream_t s) {
   CU_REQUIRE(p.D == kD, "attention_tc: head_dim must be 128");

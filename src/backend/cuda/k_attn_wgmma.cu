@@ -35,7 +35,7 @@ bool attention_wgmma_available() {
 }
 
 bool attention_wgmma_supported(const AttnParams& p) {
-  return p.D == kD && p.max_query_len >= kRows && p.splits <= 1 && p.Hkv > 0 && p.Hq % p.Hkv == 0 &&
+  return !p.kv_fp8 && p.D == kD && p.max_query_len >= kRows && p.splits <= 1 && p.Hkv > 0 && p.Hq % p.Hkv == 0 &&
          p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0 && attention_wgmma_available();
 }
 

@@ -11,6 +11,7 @@
 #include "backend/cuda/kernels_prefill.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/row_vec.cuh"
+#include "core/fp8_e4m3.h"
 
 namespace moeserve::cuda {
 namespace {
@@ -144,6 +145,7 @@ constexpr int kMaxHalfRot = 512;  // rotary_dim <= 1024
 // slice only, and the cluster exchanges the partial sums through distributed shared memory
 // (two cluster barriers) before anyone writes. With p.kc the block also writes its slice
 // of k (normalised, rotated) and v into the paged cache (the fused write_kv).
+template <bool kFp8Cache>
 __global__ void qk_norm_rope_kernel(QkNormRopeParams p) {
   __shared__ float scratch[32];
   __shared__ float inv_freq[kMaxHalfRot];
@@ -207,20 +209,32 @@ __global__ void qk_norm_rope_kernel(QkNormRopeParams p) {
   if (slot < 0 || slot >= p.num_slots) return;
   __syncthreads();  // this block's k slice is rewritten (by other threads of the block)
   for (int c = klo + threadIdx.x; c < khi; c += blockDim.x) {
-    st(p.kc, p.cache_bf16, slot * p.k_width + c, ld(p.k, p.act_bf16, kb + c));
-    st(p.vc, p.cache_bf16, slot * p.k_width + c, ld(p.v, p.act_bf16, kb + c));
+    if constexpr (kFp8Cache) {  // the same rounding as the CPU reference (core/fp8_e4m3.h)
+      static_cast<uint8_t*>(p.kc)[slot * p.k_width + c] = fp8::kv_store(ld(p.k, p.act_bf16, kb + c), p.k_scale);
+      static_cast<uint8_t*>(p.vc)[slot * p.k_width + c] = fp8::kv_store(ld(p.v, p.act_bf16, kb + c), p.v_scale);
+    } else {
+      st(p.kc, p.cache_bf16, slot * p.k_width + c, ld(p.k, p.act_bf16, kb + c));
+      st(p.vc, p.cache_bf16, slot * p.k_width + c, ld(p.v, p.act_bf16, kb + c));
+    }
   }
 }
 
-__global__ void write_kv_kernel(const void* k, const void* v, bool sbf, void* kc, void* vc, bool cbf,
+template <bool kFp8Cache>
+__global__ void write_kv_kernel(const void* k, const void* v, bool sbf, void* kc, void* vc, KvStoreSpec cs,
                                 const int32_t* slots, int width, int64_t num_slots) {
   pdl_enter();
   const int t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0 || slot >= num_slots) return;  // padding token (or out of range: never written)
   for (int c = threadIdx.x; c < width; c += blockDim.x) {
-    st(kc, cbf, slot * width + c, ld(k, sbf, int64_t(t) * width + c));
-    st(vc, cbf, slot * width + c, ld(v, sbf, int64_t(t) * width + c));
+    const float kx = ld(k, sbf, int64_t(t) * width + c), vx = ld(v, sbf, int64_t(t) * width + c);
+    if constexpr (kFp8Cache) {
+      static_cast<uint8_t*>(kc)[slot * width + c] = fp8::kv_store(kx, cs.k_scale);
+      static_cast<uint8_t*>(vc)[slot * width + c] = fp8::kv_store(vx, cs.v_scale);
+    } else {
+      st(kc, cs.bf16, slot * width + c, kx);
+      st(vc, cs.bf16, slot * width + c, vx);
+    }
   }
 }
 
@@ -289,13 +303,19 @@ void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s) {
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, qk_norm_rope_kernel, p));
+  if (p.kc && p.cache_fp8) CUDA_CHECK(cudaLaunchKernelEx(&cfg, qk_norm_rope_kernel<true>, p));
+  else CUDA_CHECK(cudaLaunchKernelEx(&cfg, qk_norm_rope_kernel<false>, p));
 }
 
-void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, bool cache_bf16,
+void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, const KvStoreSpec& cache,
                      const int32_t* slot_mapping, int T, int width, int64_t num_slots, cudaStream_t s) {
   if (T == 0) return;
-  launch_pdl(write_kv_kernel, dim3(T), dim3(256), 0, s, k, v, src_bf16, kc, vc, cache_bf16, slot_mapping, width, num_slots);
+  if (cache.fp8)
+    launch_pdl(write_kv_kernel<true>, dim3(T), dim3(256), 0, s, k, v, src_bf16, kc, vc, cache, slot_mapping, width,
+               num_slots);
+  else
+    launch_pdl(write_kv_kernel<false>, dim3(T), dim3(256), 0, s, k, v, src_bf16, kc, vc, cache, slot_mapping, width,
+               num_slots);
   CUDA_CHECK_LAUNCH();
 }
 

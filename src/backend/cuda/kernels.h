@@ -53,6 +53,10 @@ struct QkNormRopeParams {
   void* kc = nullptr;
   void* vc = nullptr;
   bool cache_bf16 = true;
+  // FP8 KV cache (--kv-cache-dtype fp8): the caches hold e4m3(x / scale) (core/fp8_e4m3.h);
+  // cache_bf16 is then false. The kernels that do not store e4m3 refuse it in their supported().
+  bool cache_fp8 = false;
+  float k_scale = 1.f, v_scale = 1.f;
   const int32_t* slots = nullptr;
   int64_t num_slots = 0;
 };
@@ -64,8 +68,14 @@ void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s);
 int code_arch();
 // True when that code is sm_90a (wgmma and the other arch-specific features compiled in).
 bool code_has_sm90a();
+// The cache side of a KV write: bf16 / f32, or e4m3(x / scale) with the layer's scales.
+struct KvStoreSpec {
+  bool bf16 = true;
+  bool fp8 = false;
+  float k_scale = 1.f, v_scale = 1.f;
+};
 // Copies k/v rows [T, width] into caches [slots, width] at slot_mapping (negative = skip).
-void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, bool cache_bf16,
+void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void* vc, const KvStoreSpec& cache,
                      const int32_t* slot_mapping, int T, int width, int64_t num_slots, cudaStream_t s);
 
 // ---- linear layers (k_gemv.cu, k_gemm.cu) ----
@@ -266,8 +276,13 @@ void launch_moe_combine4(const void* ypair, bool ypair_bf16, const int32_t* pair
 // ---- attention (k_attention.cu) ----
 struct AttnParams {
   const void* q = nullptr;  // [T, Hq*D] bf16
-  const void* k_cache = nullptr;  // [blocks, bs, Hkv, D] bf16
+  const void* k_cache = nullptr;  // [blocks, bs, Hkv, D] bf16, or e4m3 when kv_fp8
   const void* v_cache = nullptr;
+  // FP8 KV cache: K = e4m3 * k_scale, V = e4m3 * v_scale (per-tensor scales of the layer).
+  // Only launch_attention reads it (dequantised in registers; k_scale folded into the query
+  // scale, v_scale into the output); the other kernels' supported() refuse it.
+  bool kv_fp8 = false;
+  float k_scale = 1.f, v_scale = 1.f;
   void* out = nullptr;  // [T, Hq*D] bf16
   const int32_t* query_start = nullptr;
   const int32_t* context_lens = nullptr;

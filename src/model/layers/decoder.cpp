@@ -1,5 +1,7 @@
 #include "model/layers/decoder.h"
 
+#include "model/kv_scales.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -229,6 +231,7 @@ void DecoderModel::load_decoder(const Checkpoint& ckpt, const std::vector<Weight
     if (got.count(n)) continue;
     if (n.size() > 10 && n.compare(n.size() - 10, 10, "_scale_inv") == 0 && got.count(n.substr(0, n.size() - 10)))
       continue;
+    if (is_kv_scale_tensor(n)) continue;  // FP8 KV scales: read by the executor (model/kv_scales.h)
     if (skipped && skipped(n)) {
       ++skip;
       continue;
