@@ -8,6 +8,10 @@
 // uniform u from a hash of the row's seed picks the token by a prefix scan over
 // kept probabilities in index order. A row whose maximum is not finite gets -1 (all -inf /
 // NaN) or -2 (+inf) instead of a token.
+// Structured outputs: a row with mask_row >= 0 reads its allowed-token bitset (masks[mask_row],
+// mask_words uint32) and sees every disallowed logit as -inf before all of the above, so
+// greedy, top-k / top-p and the draw run over the allowed tokens only (the host sampler's
+// masked row). An all-zero mask gives -1 like an all -inf row.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -28,24 +32,28 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-__device__ __forceinline__ float logit(const void* p, bool bf, int64_t i) {
-  return bf ? bf2f(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+// Logit i of the row at `base` (i < V), -inf where the row's mask (null: none) disallows it.
+__device__ __forceinline__ float logit(const void* p, bool bf, int64_t base, int i, const uint32_t* mask) {
+  if (mask && !((__ldg(mask + (i >> 5)) >> (i & 31)) & 1u)) return -INFINITY;
+  return bf ? bf2f(static_cast<const bf16*>(p)[base + i]) : static_cast<const float*>(p)[base + i];
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bool bf, int V,
-                                                          const SampleRowParams* params, int32_t* out) {
+                                                          const SampleRowParams* params, const uint32_t* masks,
+                                                          int mask_words, int32_t* out) {
   __shared__ float red[32];
   __shared__ int redi[32];
   const int row = blockIdx.x;
   const SampleRowParams sp = params[row];
   const int64_t base = int64_t(row) * V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t* mask = (masks && sp.mask_row >= 0) ? masks + int64_t(sp.mask_row) * mask_words : nullptr;
 
   // Max (and argmax for greedy), NaN treated as -inf.
   float best = -INFINITY;
   int best_i = V;
   for (int i = threadIdx.x; i < V; i += kThreads) {
-    float z = logit(logits, bf, base + i);
+    float z = logit(logits, bf, base, i, mask);
     if (z != z) z = -INFINITY;
     if (z > best || (z == best && i < best_i)) best = z, best_i = i;
   }
@@ -80,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
   // z = (logit - max) / T <= 0: subtracting first keeps z finite for any finite logits and
   // temperature (logit / T alone overflows at T = 0.01 for logits above 3.4e36).
   const float invT = 1.f / sp.temperature;
-  auto zof = [&](int64_t i) { return (logit(logits, bf, base + i) - best) * invT; };
+  auto zof = [&](int i) { return (logit(logits, bf, base, i, mask) - best) * invT; };
   __syncthreads();
 
   // Threshold on ordered(z): keep tokens with ordered(z) >= thr.
@@ -176,9 +184,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
 }  // namespace
 
 void launch_sample(const void* logits, bool logits_bf16, int rows, int vocab, const SampleRowParams* params,
-                   int32_t* out_ids, cudaStream_t s) {
+                   const uint32_t* masks, int mask_words, int32_t* out_ids, cudaStream_t s) {
   if (rows == 0) return;
-  sample_kernel<<<rows, kThreads, 0, s>>>(logits, logits_bf16, vocab, params, out_ids);
+  sample_kernel<<<rows, kThreads, 0, s>>>(logits, logits_bf16, vocab, params, masks, mask_words, out_ids);
   CUDA_CHECK_LAUNCH();
 }
 
