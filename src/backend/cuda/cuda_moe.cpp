@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_sample.h"
 #include "backend/cuda/kernels_generic.h"
 #include "backend/cuda/kernels_fp8.h"
 #include "core/error.h"
@@ -310,10 +311,14 @@ void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingPara
            "sample: masks of {} words per row for a vocabulary of {} (want {})", masks.words_per_row, V, W);
   for (const auto& p : params)
     MS_CHECK(p.mask_row < masks.num_rows, "sample: mask row {} of {}", p.mask_row, masks.num_rows);
-  // One pinned staging buffer: the row parameters, then the masks (16-byte aligned).
-  const size_t param_bytes = (size_t(R) * sizeof(SampleRowParams) + 15) & ~size_t(15);
+  // One pinned staging buffer: the row parameters, then (with masks) each row's mask index
+  // and the masks, each part 16-byte aligned.
+  const auto align16 = [](size_t b) { return (b + 15) & ~size_t(15); };
+  const bool masked = masks.num_rows > 0;
+  const size_t param_bytes = align16(size_t(R) * sizeof(SampleRowParams));
+  const size_t rows_bytes = masked ? align16(size_t(R) * sizeof(int32_t)) : 0;
   const size_t mask_bytes = size_t(masks.num_rows) * size_t(W) * sizeof(uint32_t);
-  const size_t bytes = param_bytes + mask_bytes;
+  const size_t bytes = param_bytes + rows_bytes + mask_bytes;
   if (!pinned_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&pinned_copied_, cudaEventDisableTiming));
   if (pinned_bytes_ < bytes) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -326,21 +331,27 @@ void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingPara
   // in steady state: the step's results were downloaded since), not for the queued forward.
   CUDA_CHECK(cudaEventSynchronize(pinned_copied_));
   auto* hp = static_cast<SampleRowParams*>(pinned_);
-  for (int r = 0; r < R; ++r)
-    hp[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].seed, params[r].mask_row};
-  auto* dp = static_cast<SampleRowParams*>(workspace(kSample, param_bytes));
-  CUDA_CHECK(cudaMemcpyAsync(dp, hp, param_bytes, cudaMemcpyHostToDevice, stream_));
-  uint32_t* dm = nullptr;
-  if (mask_bytes > 0) {
-    // [masked rows, W] words: 64 rows at V = 200,064 are 1.6 MB, copied while the forward
-    // still runs on the stream ahead of it.
-    auto* hm = reinterpret_cast<uint32_t*>(static_cast<char*>(pinned_) + param_bytes);
-    std::memcpy(hm, masks.words, mask_bytes);
-    dm = static_cast<uint32_t*>(workspace(kSampleMask, mask_bytes));
-    CUDA_CHECK(cudaMemcpyAsync(dm, hm, mask_bytes, cudaMemcpyHostToDevice, stream_));
+  for (int r = 0; r < R; ++r) hp[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].seed};
+  if (!masked) {
+    auto* dp = static_cast<SampleRowParams*>(workspace(kSample, param_bytes));
+    CUDA_CHECK(cudaMemcpyAsync(dp, hp, param_bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(pinned_copied_, stream_));
+    launch_sample(logits.data, logits.dtype == DType::BF16, R, V, dp, out_ids.ptr<int32_t>(), stream_);
+    return;
   }
+  // [masked rows, W] words (64 rows at V = 200,064: 1.6 MB) in the kSampleMask workspace,
+  // copied with the parameters in one transfer behind the forward still queued on the stream.
+  char* h = static_cast<char*>(pinned_);
+  auto* hr = reinterpret_cast<int32_t*>(h + param_bytes);
+  for (int r = 0; r < R; ++r) hr[r] = params[r].mask_row;
+  std::memcpy(h + param_bytes + rows_bytes, masks.words, mask_bytes);
+  char* d = static_cast<char*>(workspace(kSampleMask, bytes));
+  CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaEventRecord(pinned_copied_, stream_));
-  launch_sample(logits.data, logits.dtype == DType::BF16, R, V, dp, dm, W, out_ids.ptr<int32_t>(), stream_);
+  const cuda::SampleMasks m{reinterpret_cast<const int32_t*>(d + param_bytes),
+                            reinterpret_cast<const uint32_t*>(d + param_bytes + rows_bytes), W};
+  launch_sample_masked(logits.data, logits.dtype == DType::BF16, R, V, reinterpret_cast<const SampleRowParams*>(d), m,
+                       out_ids.ptr<int32_t>(), stream_);
 }
 
 }  // namespace moeserve

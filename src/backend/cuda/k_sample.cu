@@ -8,12 +8,13 @@
 // uniform u from a hash of the row's seed picks the token by a prefix scan over
 // kept probabilities in index order. A row whose maximum is not finite gets -1 (all -inf /
 // NaN) or -2 (+inf) instead of a token.
-// Structured outputs: a row with mask_row >= 0 reads its allowed-token bitset (masks[mask_row],
-// mask_words uint32) and sees every disallowed logit as -inf before all of the above, so
+// Structured outputs (launch_sample_masked): a row with mask_rows[row] >= 0 reads its
+// allowed-token bitset (that row of the mask words) and sees every disallowed logit as -inf before all of the above, so
 // greedy, top-k / top-p and the draw run over the allowed tokens only (the host sampler's
 // masked row). An all-zero mask gives -1 like an all -inf row.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_sample.h"
 
 namespace moeserve::cuda {
 namespace {
@@ -39,15 +40,16 @@ __device__ __forceinline__ float logit(const void* p, bool bf, int64_t base, int
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bool bf, int V,
-                                                          const SampleRowParams* params, const uint32_t* masks,
-                                                          int mask_words, int32_t* out) {
+                                                          const SampleRowParams* params, const int32_t* mask_rows,
+                                                          const uint32_t* masks, int mask_words, int32_t* out) {
   __shared__ float red[32];
   __shared__ int redi[32];
   const int row = blockIdx.x;
   const SampleRowParams sp = params[row];
   const int64_t base = int64_t(row) * V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint32_t* mask = (masks && sp.mask_row >= 0) ? masks + int64_t(sp.mask_row) * mask_words : nullptr;
+  const int mask_row = mask_rows ? mask_rows[row] : -1;
+  const uint32_t* mask = (masks && mask_row >= 0) ? masks + int64_t(mask_row) * mask_words : nullptr;
 
   // Max (and argmax for greedy), NaN treated as -inf.
   float best = -INFINITY;
@@ -184,9 +186,15 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const void* logits, bo
 }  // namespace
 
 void launch_sample(const void* logits, bool logits_bf16, int rows, int vocab, const SampleRowParams* params,
-                   const uint32_t* masks, int mask_words, int32_t* out_ids, cudaStream_t s) {
+                   int32_t* out_ids, cudaStream_t s) {
+  launch_sample_masked(logits, logits_bf16, rows, vocab, params, SampleMasks{}, out_ids, s);
+}
+
+void launch_sample_masked(const void* logits, bool logits_bf16, int rows, int vocab, const SampleRowParams* params,
+                          const SampleMasks& masks, int32_t* out_ids, cudaStream_t s) {
   if (rows == 0) return;
-  sample_kernel<<<rows, kThreads, 0, s>>>(logits, logits_bf16, vocab, params, masks, mask_words, out_ids);
+  sample_kernel<<<rows, kThreads, 0, s>>>(logits, logits_bf16, vocab, params, masks.rows, masks.words,
+                                          masks.words_per_row, out_ids);
   CUDA_CHECK_LAUNCH();
 }
 

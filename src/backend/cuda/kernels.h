@@ -317,12 +317,8 @@ struct SampleRowParams {
   int top_k;          // <= 0: off
   float top_p;        // >= 1: off
   uint64_t seed;
-  int32_t mask_row;   // row of `masks` (-1: unmasked)
 };
-// masks: [*, mask_words] uint32 allowed-token bitsets (bit t%32 of word t/32 = token t
-// allowed), mask_words = ceil(vocab / 32); null when no row is masked.
 void launch_sample(const void* logits, bool logits_bf16, int rows, int vocab,
-                   const SampleRowParams* params, const uint32_t* masks, int mask_words, int32_t* out_ids,
-                   cudaStream_t s);
+                   const SampleRowParams* params, int32_t* out_ids, cudaStream_t s);
 
 }  // namespace moeserve::cuda
