@@ -492,9 +492,10 @@ size_t CompiledGrammar::warm_classes(size_t max_classes, size_t max_states, doub
       if (built >= max_classes || over()) break;
       const int r = locked([&] {
         if (classes_.count(key)) return 0;
+        if (class_bytes_ >= kWarmClassBytes) return -1;
         return position_class_locked(key) ? 1 : -1;
       });
-      if (r < 0) return built;  // over kMaxClassBytes
+      if (r < 0) return built;  // over kWarmClassBytes / kMaxClassBytes
       built += size_t(r);
     }
     locked([&] {

@@ -108,7 +108,8 @@ class CompiledGrammar {
   Stats stats();
   // Class warm-up: builds the classes of the class keys of the states reachable from the
   // initial state, breadth first over byte transitions (the states a document meets first),
-  // until `max_classes` are built, `max_states` visited or `budget_ms` spent. It takes the lock
+  // until `max_classes` are built, `max_states` visited, kWarmClassBytes of classes exist or
+  // `budget_ms` spent. It takes the lock
   // for one class build or one state's expansion at a time and lets a waiting fill_mask go
   // first, so masks interleave with it. Masks are the same with or without it (a class is
   // the same whenever it is built). Returns the number of classes built.
@@ -117,7 +118,10 @@ class CompiledGrammar {
   // starts it after compiling; the destructor stops and joins it). wait_warmup: until it ends.
   void start_warmup();
   void wait_warmup();
-  static constexpr size_t kWarmClasses = 512, kWarmStates = 4096;
+  // Bounds of the background warm-up: classes, states visited, class memory, wall time. (Many
+  // classes are cheap: each alternative of a long enum has its own; the memory bound stops it.)
+  static constexpr size_t kWarmClasses = 4096, kWarmStates = 16384;
+  static constexpr size_t kWarmClassBytes = size_t(32) << 20;
   static constexpr double kWarmBudgetMs = 2000;
 
   // Drops the per-state mask cache (benchmarks: the cost of a mask of a state not seen yet,

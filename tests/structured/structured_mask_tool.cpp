@@ -70,6 +70,8 @@ int main() {
       auto w0 = Clock::now();
       g->wait_warmup();
       out["warmup_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - w0).count();
+      const auto ws = g->stats();
+      out["warmup_stats"] = {{"states", ws.states}, {"position_classes", ws.position_classes}};
     }
     int repeat = job.value("repeat", 1);
     bool want_masks = job.value("masks", true);
