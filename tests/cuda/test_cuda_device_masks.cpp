@@ -51,7 +51,7 @@ struct Batch {
 // Rows: greedy / T=0.8 / top-k 20 / top-p 0.9 / top-k 50 + top-p 0.8 / T=1.5, each with a
 // random ~2% mask, plus an unmasked twin of each, an all-but-one mask and a 1-bit-per-word mask.
 Batch make_batch(int V, uint64_t seed, bool bf16) {
-  std::mt19937 rng(uint32_t(seed));
+  std::mt19937 rng{uint32_t(seed)};
   std::normal_distribution<float> nd(0.f, 3.f);
   Batch b;
   b.V = V;
@@ -188,8 +188,8 @@ TEST(CudaDeviceMasksEdge, ReplaysInACapturedGraphWithNewMasks) {
   for (uint64_t rep = 0; rep < 3; ++rep) {
     Batch b = make_batch(V, 100 + rep, true);
     b.logits = b0.logits;  // the captured logits buffer
-    std::vector<cuda::SampleRowParams> hp(size_t(R));
-    std::vector<int32_t> hr(size_t(R), -1);
+    std::vector<cuda::SampleRowParams> hp(static_cast<size_t>(R));
+    std::vector<int32_t> hr(static_cast<size_t>(R), -1);
     std::vector<uint32_t> hm(size_t(R) * size_t(W), 0);
     for (int r = 0; r < R; ++r) {
       const auto& p = b.params[size_t(r)];
