@@ -11,9 +11,12 @@ B=${BUILD_DIR:-build}
 CFG=${M25_CONFIG:-../shared/data/models/minimax-m2.5/config.json}
 [ -f "$CFG" ] || CFG=/work/shared/data/models/minimax-m2.5/config.json
 rm -rf .gpumasks && mkdir -p .gpumasks/lib .gpumasks/model
-cp "$B/moeserve" "$B/tests/cuda/test_cuda_device_masks" "$B/tests/cuda/test_cuda_device_sampling" .gpumasks/
-strip --strip-unneeded .gpumasks/moeserve .gpumasks/test_cuda_device_masks .gpumasks/test_cuda_device_sampling
-xz -T2 -6 .gpumasks/moeserve .gpumasks/test_cuda_device_masks .gpumasks/test_cuda_device_sampling
+# WITH_SAMPLING=1: also test_cuda_device_sampling (the unmasked sampling regression); off by
+# default to stay well inside the device call's 64 MiB.
+BINS=(moeserve tests/cuda/test_cuda_device_masks)
+[ -z "${WITH_SAMPLING:-}" ] || BINS+=(tests/cuda/test_cuda_device_sampling)
+for b in "${BINS[@]}"; do cp "$B/$b" .gpumasks/; done
+for b in .gpumasks/moeserve .gpumasks/test_cuda_*; do strip --strip-unneeded "$b"; xz -T2 -6 "$b"; done
 cp -L /usr/lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 .gpumasks/lib/
 cp "$CFG" .gpumasks/model/config.json
 TOK=tests/fixtures/shared-data/tokenizers/qwen3
