@@ -137,7 +137,9 @@ TEST_P(CudaDeviceMasks, KernelMaskEqualsHostMaskedRow) {
       std::vector<float> row(b.logits.begin() + ptrdiff_t(r) * V, b.logits.begin() + ptrdiff_t(r + 1) * V);
       for (int t = 0; t < V; ++t)
         if (!allowed(m, t)) row[size_t(t)] = -std::numeric_limits<float>::infinity();
-      if (b.params[size_t(r)].temperature <= 0.f) EXPECT_EQ(got[size_t(r)], argmax_lowest(row)) << r;
+      if (b.params[size_t(r)].temperature <= 0.f) {
+        EXPECT_EQ(got[size_t(r)], argmax_lowest(row)) << r;
+      }
       if (const int k = b.params[size_t(r)].top_k; k > 0) {  // within the k largest allowed logits
         std::vector<float> s = row;
         std::nth_element(s.begin(), s.begin() + (k - 1), s.end(), std::greater<float>());
@@ -146,7 +148,9 @@ TEST_P(CudaDeviceMasks, KernelMaskEqualsHostMaskedRow) {
       int n_allowed = 0, last = -1;
       for (int t = 0; t < V; ++t)
         if (!m.empty() && allowed(m, t)) ++n_allowed, last = t;
-      if (n_allowed == 1) EXPECT_EQ(got[size_t(r)], last);
+      if (n_allowed == 1) {
+        EXPECT_EQ(got[size_t(r)], last);
+      }
     }
   }
 }
