@@ -16,8 +16,11 @@ no such cache across matchers, so its warm pass measures the same work again); "
 only) the fourth pass: the per-state mask cache is dropped before passes 3 and 4 (pass 3
 builds the token classes of the keys met again), so in pass 4 every mask is made from the
 classes (OR of the accepted sets + the uncertain tokens through the automaton): the cost of
-a state no earlier request reached, once the grammar has been used. Compile times are
-reported too. One thread each.
+a state no earlier request reached, once the grammar has been used. "cold after warm-up":
+the first pass again on a fresh grammar, but started after the background class warm-up the
+server runs after compiling (CompiledGrammar::start_warmup; its wall time in "warm-up ms",
+off the sampling path). Compile times are reported too. One thread each (the warm-up: one
+more, before the pass). --ours-only skips xgrammar (its columns print "-").
 Each figure is the minimum over --reps runs. Prints a markdown table, then the revision and
 the command."""
 import argparse
@@ -102,15 +105,17 @@ def main():
     ap.add_argument("--tool", default="build/tests/structured/structured_mask_tool")
     ap.add_argument("--data", default=os.path.join(HERE, "../tests/fixtures/shared-data"))
     ap.add_argument("--reps", type=int, default=3, help="runs per engine and grammar; the minimum is reported")
+    ap.add_argument("--ours-only", action="store_true", help="skip xgrammar (quick runs)")
     args = ap.parse_args()
     os.environ["MOESERVE_MASK_TOOL"] = args.tool
-    xgr = xo.import_xgrammar()
+    xgr = None if args.ours_only else xo.import_xgrammar()
     vocabs = [("qwen3-151k", *xo.load_vocab(os.path.join(args.data, "tokenizers/qwen3/tokenizer.json")), [151645, 151643])]
     syn, syn_stop = xo.synthetic_vocab(200064)
     vocabs.append(("synthetic-200k", syn, syn_stop, syn_stop))
     print("| vocab | grammar | tokens | ours compile ms | xgr compile ms | ours cold us/tok | ours warm us/tok | "
-          "ours fresh us/tok | xgr cold us/tok | xgr warm us/tok | ours classes | ours class KiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "ours fresh us/tok | ours warm-up ms | ours cold after warm-up us/tok | xgr cold us/tok | xgr warm us/tok | "
+          "ours classes | ours class KiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for vname, toks, special, stop in vocabs:
         size = len(toks)
         by_bytes = {}
@@ -118,29 +123,34 @@ def main():
             if t and i not in special:
                 by_bytes.setdefault(t, i)
         max_len = max(len(t) for t in toks)
-        info = xgr.TokenizerInfo(toks, xgr.VocabType.RAW, vocab_size=size, stop_token_ids=stop)
+        info = xgr.TokenizerInfo(toks, xgr.VocabType.RAW, vocab_size=size, stop_token_ids=stop) if xgr else None
         job_vocab = xo.tool_job(toks, special, stop, None, None)
         for name, spec, doc in BENCH:
             ids = greedy_tokenize(doc, by_bytes, max_len)
             # --reps runs of each engine, alternating; each figure is its minimum over the runs
             # (a shared, loaded machine only ever adds time).
-            xs, ours = [], []
+            xs, ours, warmed = [], [], []
             for _ in range(args.reps):
-                xs.append(run_xgrammar(xgr, info, spec, ids, size))
+                if xgr:
+                    xs.append(run_xgrammar(xgr, info, spec, ids, size))
                 job = dict(job_vocab, spec=spec, prefixes=[ids], repeat=2, masks=False, fresh_pass=True)
                 out = xo.run_tool(job)
                 assert out["results"][0]["accepted"] == len(ids), name
                 ours.append(out)
-            xc = min(x[0] for x in xs)
-            xcold = min(x[1][0] for x in xs)
-            xwarm = min(x[1][1] for x in xs)
+                out = xo.run_tool(dict(job_vocab, spec=spec, prefixes=[ids], repeat=1, masks=False, warmup=True))
+                assert out["results"][0]["accepted"] == len(ids), name
+                warmed.append(out)
+            xfmt = (lambda f: f"{min(f(x) for x in xs):.0f}") if xs else (lambda f: "-")
             st = ours[0]["stats"]
 
-            def best(key):
-                return min(o[key][0] if isinstance(o[key], list) else o[key] for o in ours)
-            print(f"| {vname} | {name} | {len(ids)} | {best('compile_ms'):.2f} | {xc:.2f} | "
+            def best(key, runs=ours):
+                return min(o[key][0] if isinstance(o[key], list) else o[key] for o in runs)
+            print(f"| {vname} | {name} | {len(ids)} | {best('compile_ms'):.2f} | "
+                  f"{(f'{min(x[0] for x in xs):.2f}' if xs else '-')} | "
                   f"{best('mask_us_cold'):.0f} | {best('mask_us_warm'):.1f} | {best('mask_us_fresh'):.1f} | "
-                  f"{xcold:.0f} | {xwarm:.0f} | {st['position_classes']} | {st['class_bytes'] / 1024:.0f} |",
+                  f"{best('warmup_ms', warmed):.0f} | {best('mask_us_cold', warmed):.0f} | "
+                  f"{xfmt(lambda x: x[1][0])} | {xfmt(lambda x: x[1][1])} | "
+                  f"{st['position_classes']} | {st['class_bytes'] / 1024:.0f} |",
                   flush=True)
     rev = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no"],

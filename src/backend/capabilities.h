@@ -35,13 +35,24 @@ struct DeviceSampleRow {
   int top_k = 0;            // 0: off
   float top_p = 1.f;
   uint64_t seed = 0;
+  int32_t mask_row = -1;  // row of DeviceMasks applied to this row (-1: none)
 };
 
-// Samples one token per row of device logits [R, V] into out_ids [R] I32 (device).
+// Allowed-token bitsets of the masked rows, packed in host memory: [num_rows, words_per_row]
+// uint32, words_per_row = ceil(V / 32); bit t%32 of word t/32 set = token t allowed.
+struct DeviceMasks {
+  const uint32_t* words = nullptr;
+  int num_rows = 0;
+  int words_per_row = 0;
+};
+
+// Samples one token per row of device logits [R, V] into out_ids [R] I32 (device). A row with
+// mask_row >= 0 samples as if its disallowed logits were -inf.
 class DeviceSampler {
  public:
   virtual ~DeviceSampler() = default;
-  virtual void sample(const Tensor& logits, const std::vector<DeviceSampleRow>& rows, Tensor& out_ids) = 0;
+  virtual void sample(const Tensor& logits, const std::vector<DeviceSampleRow>& rows, const DeviceMasks& masks,
+                      Tensor& out_ids) = 0;
 };
 
 // The in-order device queue a backend enqueues its ops on, for a library that enqueues its own

@@ -353,8 +353,15 @@ class EngineImpl final : public Engine {
       std::optional<DeviceSampling> d;
       // A verify row (drafts) is sampled position by position on the host (spec_decode.h).
       if (use_device && sc.num_spec == 0) d = device_sampling_params(*sc.seq);
-      if (d) d->seed = sc.seq->sampler.rng();
-      else host_rows.push_back(int64_t(rows.size()));
+      if (d) {
+        d->seed = sc.seq->sampler.rng();
+        // Structured outputs: the row's grammar mask, filled by the mask job below.
+        const std::span<const uint32_t> m = structured_device_mask(*sc.seq);
+        d->mask = m.empty() ? nullptr : m.data();
+        d->mask_words = m.size();
+      } else {
+        host_rows.push_back(int64_t(rows.size()));
+      }
       out.batch.seqs[i].device_sample = d;
       on_device.push_back(d.has_value());
       rows.push_back(sc.seq);
@@ -365,17 +372,30 @@ class EngineImpl final : public Engine {
     std::vector<size_t> host_offset(host_rows.size() + 1, 0);
     for (size_t h = 0; h < host_rows.size(); ++h)
       host_offset[h + 1] = host_offset[h] + 1 + size_t(row_sched[host_rows[h]]->num_spec);
-    // Grammar masks for this step's constrained host rows, made while the model runs (they
-    // depend only on the tokens already accepted). Joined before anything reads the rows.
+    // Grammar masks for this step's constrained rows, made while the model runs (they depend
+    // only on the tokens already accepted). Device rows' masks are awaited by the executor
+    // before it samples (StepBatch::await_masks), host rows' before sampling here; joined
+    // before anything reads the rows.
     std::future<void> masks_ahead;
-    if (config_.overlap_structured_masks) {
+    {
       std::vector<Sequence*> constrained;
-      for (int64_t h : host_rows)
-        if (has_structured_constraint(*rows[h])) constrained.push_back(rows[h]);
+      bool device_masks = false;
+      for (size_t r = 0; r < rows.size(); ++r) {
+        if (!has_structured_constraint(*rows[r])) continue;
+        const bool dev = on_device[r] != 0;
+        if (dev && !out.batch.seqs[size_t(row_sched[r] - out.scheduled.data())].device_sample->mask) continue;
+        if (!config_.overlap_structured_masks) {
+          if (dev) prepare_structured_mask(*rows[r]);  // host rows compute theirs when sampled
+          continue;
+        }
+        device_masks |= dev;
+        constrained.push_back(rows[r]);
+      }
       if (!constrained.empty())
         masks_ahead = std::async(std::launch::async, [constrained = std::move(constrained)] {
           for (Sequence* s : constrained) prepare_structured_mask(*s);
         });
+      if (device_masks) out.batch.await_masks = [&masks_ahead] { masks_ahead.wait(); };
     }
     StepResult res;
     try {
@@ -421,6 +441,15 @@ class EngineImpl final : public Engine {
       if (t == kDeviceNoCandidate || t == kDeviceInfLogit) {
         results[r].error = no_candidate_message(t == kDeviceInfLogit ? std::numeric_limits<float>::infinity()
                                                                       : -std::numeric_limits<float>::infinity());
+        if (t == kDeviceNoCandidate && has_structured_constraint(*rows[r])) {
+          // An empty grammar mask: the host path's reason (apply_structured_mask throws it).
+          try {
+            const std::vector<float> zeros(size_t(info_.vocab_size), 0.f);
+            (void)apply_structured_mask(*rows[r], zeros);
+          } catch (const std::exception& e) {
+            results[r].error = e.what();
+          }
+        }
         continue;
       }
       Sequence& s = *rows[r];

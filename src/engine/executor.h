@@ -9,6 +9,7 @@
 // min_p, min_tokens masks, logprobs) cross to the host. The engine decides per row.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -27,6 +28,13 @@ struct DeviceSampling {
   int top_k = 0;            // <= 0: off
   float top_p = 1.f;        // >= 1: off
   uint64_t seed = 0;
+  // Structured outputs: the row's allowed-token bitset (bit i%32 of word i/32 = token i
+  // allowed; tokens at or past mask_words * 32 are not), or null. Host memory owned by the
+  // sequence's StructuredState; it may still be being written by a worker thread when
+  // execute() starts: read it only after StepBatch::await_masks returned. The device applies
+  // it before temperature / top-k / top-p (masked tokens are -inf), as the host sampler does.
+  const uint32_t* mask = nullptr;
+  size_t mask_words = 0;
 };
 
 struct SequenceStep {
@@ -50,6 +58,10 @@ struct SequenceStep {
 
 struct StepBatch {
   std::vector<SequenceStep> seqs;
+  // Set when some device_sample carries a mask that a CPU thread is still computing (the
+  // grammar masks of step t are made while the device runs step t's forward): the executor
+  // calls it after enqueueing the forward and before it reads any DeviceSampling::mask.
+  std::function<void()> await_masks;
 };
 
 struct StepResult {

@@ -539,7 +539,7 @@ SampleResult sample_next(Sequence& seq, const SampleInput& raw_in) {
 
 std::optional<DeviceSampling> device_sampling_params(const Sequence& seq) {
   const SamplingParams& p = seq.params();
-  if (has_structured_constraint(seq)) return std::nullopt;  // grammar masks are applied on the host
+  // A grammar mask (structured outputs) travels as DeviceSampling::mask (the engine sets it).
   if (needs_logits_processing(seq)) return std::nullopt;  // masks, bias, penalties: on the host
   if (p.min_p > 0.0f || p.logprobs >= 0) return std::nullopt;
   DeviceSampling d;

@@ -90,15 +90,26 @@ bool structured_allows_only_stop(Sequence& seq, std::span<const int32_t> stop_id
 }
 
 void prepare_structured_mask(Sequence& seq) {
+  StructuredState* st = nullptr;
   try {
-    StructuredState* st = state_of(seq);
+    st = state_of(seq);
     if (!st || !st->started || st->failed || st->matcher->terminated()) return;
+    st->ready_at = {0, -1};
     st->ready_mask.resize(st->matcher->mask_words());
     st->matcher->fill_mask(st->ready_mask);
     st->ready_at = st->matcher->position();
   } catch (const std::exception&) {
-    // apply_structured_mask computes the mask again and reports the failure.
+    // A host row: apply_structured_mask computes the mask again and reports the failure. A
+    // device row: an empty mask, so the kernel finds no candidate and the engine reports it.
+    if (st) std::fill(st->ready_mask.begin(), st->ready_mask.end(), 0u);
   }
+}
+
+std::span<const uint32_t> structured_device_mask(Sequence& seq) {
+  StructuredState* st = state_of(seq);
+  if (!st || !st->started || st->failed || st->matcher->terminated()) return {};
+  st->ready_mask.resize(st->matcher->mask_words());
+  return st->ready_mask;
 }
 
 uint64_t structured_masks_taken_ahead() { return g_taken_ahead.load(std::memory_order_relaxed); }

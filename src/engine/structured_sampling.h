@@ -53,6 +53,11 @@ void structured_note_token(Sequence& seq, int32_t token);
 // the shared grammar, which locks); never throws (a failure is left to apply_structured_mask,
 // which computes again and reports it).
 void prepare_structured_mask(Sequence& seq);
+// For a device row: the buffer its DeviceSampling::mask points at (mask_words() words), sized
+// here on the engine thread so the pointer stays put while prepare_structured_mask fills it on
+// a worker thread; empty when no mask applies now (no constraint, not started, finished).
+std::span<const uint32_t> structured_device_mask(Sequence& seq);
+
 // Masks taken from prepare_structured_mask so far (process-wide; tests).
 uint64_t structured_masks_taken_ahead();
 

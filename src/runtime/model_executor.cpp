@@ -368,6 +368,11 @@ void RankExecutor::collect_rows(const StepBatch& batch, const Tensor& logits, St
     if (!sampled_buf_.data || sampled_buf_.numel() < R)
       sampled_buf_ = backend_->alloc(DType::I32, {std::max<int64_t>(R, 256)});
     Tensor ids = sampled_buf_.slice_rows(0, R);
+    // Grammar masks still being made on a CPU thread: waited for here, after the forward was
+    // enqueued, so their work overlaps the device's (the mask upload follows the forward on
+    // the stream).
+    if (batch.await_masks && std::any_of(params.begin(), params.end(), [](const DeviceSampling& d) { return d.mask; }))
+      batch.await_masks();
     device_sampler_(logits, params, ids);
     const std::vector<float> got = backend_->download_f32(ids);  // exact: ids < 2^24
     res.sampled_ids.reserve(size_t(num_device));

@@ -53,6 +53,9 @@ std::shared_ptr<CompiledGrammar> GrammarCache::get(const ConstraintSpec& spec,
   // Compile outside the lock (errors propagate to the caller: a 400).
   auto compiled = std::make_shared<CompiledGrammar>(build ? build() : build_grammar(spec), vocab);
   compiled->initial_state();  // "matches nothing" surfaces here, at compile time
+  // Token classes for the states near the start, built on a worker thread while the request
+  // waits for its prefill: the first document's masks then come from classes, not trie walks.
+  if (warmup_) compiled->start_warmup();
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(key);
   if (it != index_.end()) return it->second->second;

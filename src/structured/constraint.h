@@ -48,6 +48,9 @@ class GrammarCache {
   std::shared_ptr<CompiledGrammar> get(const ConstraintSpec& spec, const std::shared_ptr<const TokenVocab>& vocab,
                                        const std::function<Grammar()>& build = {});
   size_t size() const;
+  // Whether a newly compiled grammar starts its class warm-up (CompiledGrammar::start_warmup)
+  // on a background thread; default on. The mask benchmark's "cold" pass turns it off.
+  void set_warmup(bool on) { warmup_ = on; }
   uint64_t hits() const { return hits_; }
   uint64_t misses() const { return misses_; }
 
@@ -58,6 +61,7 @@ class GrammarCache {
   std::list<Entry> lru_;
   std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
   uint64_t hits_ = 0, misses_ = 0;
+  bool warmup_ = true;
 };
 
 }  // namespace moeserve::structured

@@ -1,6 +1,7 @@
 #include "structured/matcher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <fmt/format.h>
 #include <iterator>
 #include <numeric>
@@ -451,25 +452,91 @@ const CompiledGrammar::PosClass* CompiledGrammar::position_class_locked(const st
   return classes_.emplace(key, std::move(pc)).first->second.get();
 }
 
+std::vector<std::vector<int32_t>> CompiledGrammar::class_keys_locked(int32_t state) {
+  std::vector<std::vector<int32_t>> keys;
+  for (int32_t n : states_[state].nodes) {
+    std::vector<int32_t> key;
+    int32_t cur = n;
+    for (int f = 0; f <= kClassFrames && cur >= 0; ++f) {
+      key.push_back(nodes_[cur].first);
+      cur = nodes_[cur].second;
+    }
+    if (cur == -1) key.push_back(-1);
+    keys.push_back(std::move(key));
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+size_t CompiledGrammar::warm_classes(size_t max_classes, size_t max_states, double budget_ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto over = [&] {
+    return stop_warmup_.load(std::memory_order_relaxed) ||
+           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() > budget_ms;
+  };
+  // One unit of work per lock hold; a fill_mask waiting for the lock goes first.
+  auto locked = [&](auto&& fn) {
+    while (mask_waiting_.load(std::memory_order_relaxed) > 0 && !over()) std::this_thread::yield();
+    std::lock_guard<std::mutex> lock(mu_);
+    return fn();
+  };
+  const int32_t start = initial_state();
+  std::vector<int32_t> queue{start};
+  std::unordered_map<int32_t, char> seen{{start, 1}};
+  size_t built = 0;
+  for (size_t qi = 0; qi < queue.size() && qi < max_states && built < max_classes && !over(); ++qi) {
+    const int32_t st = queue[qi];
+    const auto keys = locked([&] { return class_keys_locked(st); });
+    for (const auto& key : keys) {
+      if (built >= max_classes || over()) break;
+      const int r = locked([&] {
+        if (classes_.count(key)) return 0;
+        if (class_bytes_ >= kWarmClassBytes) return -1;
+        return position_class_locked(key) ? 1 : -1;
+      });
+      if (r < 0) return built;  // over kWarmClassBytes / kMaxClassBytes
+      built += size_t(r);
+    }
+    locked([&] {
+      for (int b = 0; b < 256; ++b) {
+        if (!states_[st].first.test(uint8_t(b))) continue;
+        const int32_t ns = step_locked(st, uint8_t(b));
+        if (ns >= 0 && seen.emplace(ns, 1).second) queue.push_back(ns);
+      }
+      return 0;
+    });
+  }
+  return built;
+}
+
+void CompiledGrammar::start_warmup() {
+  if (warmup_.joinable()) return;
+  warmup_ = std::thread([this] {
+    try {
+      warm_classes(kWarmClasses, kWarmStates, kWarmBudgetMs);
+    } catch (const std::exception&) {
+      // (A state-space limit: the request that reaches it reports it.)
+    }
+  });
+}
+
+void CompiledGrammar::wait_warmup() {
+  if (warmup_.joinable()) warmup_.join();
+}
+
+CompiledGrammar::~CompiledGrammar() {
+  stop_warmup_ = true;
+  if (warmup_.joinable()) warmup_.join();
+}
+
 void CompiledGrammar::compute_mask_locked(int32_t state, std::span<uint32_t> mask) {
   const auto& t = vocab_->trie;
   // The classes of the state's distinct class keys: a node's position and the positions of
   // its next kClassFrames stack frames (ended by -1 when the stack's bottom is reached).
   std::vector<const PosClass*> classes;
   {
-    std::vector<std::vector<int32_t>> keys;
-    for (int32_t n : states_[state].nodes) {
-      std::vector<int32_t> key;
-      int32_t cur = n;
-      for (int f = 0; f <= kClassFrames && cur >= 0; ++f) {
-        key.push_back(nodes_[cur].first);
-        cur = nodes_[cur].second;
-      }
-      if (cur == -1) key.push_back(-1);
-      keys.push_back(std::move(key));
-    }
-    std::sort(keys.begin(), keys.end());
-    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    std::vector<std::vector<int32_t>> keys = class_keys_locked(state);
     // A class costs about one trie walk to build, like this state's full walk: build it when
     // its key is met the second time (it will pay back), until then walk in full.
     bool all = true;
@@ -591,6 +658,12 @@ CompiledGrammar::Stats CompiledGrammar::stats() {
 void CompiledGrammar::fill_mask(int32_t state, std::span<uint32_t> mask) {
   MS_CHECK(static_cast<int32_t>(mask.size()) == vocab_->mask_words(), "mask has {} words, expected {}", mask.size(),
            vocab_->mask_words());
+  // The warm-up thread lets a waiting mask have the lock first.
+  struct Waiting {
+    std::atomic<int>& n;
+    explicit Waiting(std::atomic<int>& c) : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
+    ~Waiting() { n.fetch_sub(1, std::memory_order_relaxed); }
+  } waiting(mask_waiting_);
   std::lock_guard<std::mutex> lock(mu_);
   State& st = states_[state];
   if (st.mask_slot >= 0) {

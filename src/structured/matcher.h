@@ -21,16 +21,20 @@
 // run through the real automaton, in byte order so that consecutive tokens share the steps
 // of their common prefix and a dead prefix skips its whole trie subtree. A class costs about
 // one trie walk, as much as a state's plain walk, so it is built the second time its key is
-// met (the first time the state's mask is a plain trie walk, pruned at dead bytes). The
+// met (the first time the state's mask is a plain trie walk, pruned at dead bytes), or ahead
+// of use by the background warm-up (start_warmup: the keys of the states near the start, off
+// the sampling path, so a new grammar's first document finds most classes built). The
 // finished mask is also cached per state (inside a JSON string or a repeated structure a
 // mask is then a copy).
 //
 // Threads: a CompiledGrammar is shared between requests; its lazy tables are guarded by a
 // mutex. A Matcher belongs to one sequence (the engine thread / one sampling task).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -78,6 +82,9 @@ bool byte_level_decode(std::string_view token, std::string& out);
 class CompiledGrammar {
  public:
   CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab);
+  ~CompiledGrammar();
+  CompiledGrammar(const CompiledGrammar&) = delete;
+  CompiledGrammar& operator=(const CompiledGrammar&) = delete;
   const TokenVocab& vocab() const { return *vocab_; }
   std::shared_ptr<const TokenVocab> vocab_ptr() const { return vocab_; }
   size_t memory_bytes() const;
@@ -99,6 +106,24 @@ class CompiledGrammar {
     uint64_t uncertain_checked = 0;  // tokens run through the full automaton by fill_mask
   };
   Stats stats();
+  // Class warm-up: builds the classes of the class keys of the states reachable from the
+  // initial state, breadth first over byte transitions (the states a document meets first),
+  // until `max_classes` are built, `max_states` visited, kWarmClassBytes of classes exist or
+  // `budget_ms` spent. It takes the lock
+  // for one class build or one state's expansion at a time and lets a waiting fill_mask go
+  // first, so masks interleave with it. Masks are the same with or without it (a class is
+  // the same whenever it is built). Returns the number of classes built.
+  size_t warm_classes(size_t max_classes, size_t max_states, double budget_ms);
+  // warm_classes(kWarmClasses, kWarmStates, kWarmBudgetMs) on a background thread (GrammarCache
+  // starts it after compiling; the destructor stops and joins it). wait_warmup: until it ends.
+  void start_warmup();
+  void wait_warmup();
+  // Bounds of the background warm-up: classes, states visited, class memory, wall time. (Many
+  // classes are cheap: each alternative of a long enum has its own; the memory bound stops it.)
+  static constexpr size_t kWarmClasses = 4096, kWarmStates = 16384;
+  static constexpr size_t kWarmClassBytes = size_t(32) << 20;
+  static constexpr double kWarmBudgetMs = 2000;
+
   // Drops the per-state mask cache (benchmarks: the cost of a mask of a state not seen yet,
   // with the per-position classes and the byte transitions already made).
   void clear_mask_cache();
@@ -164,12 +189,17 @@ class CompiledGrammar {
   size_t class_bytes_ = 0;
   uint64_t uncertain_checked_ = 0;
   std::vector<int32_t> walk_states_;  // scratch of the uncertain walk (state per depth)
+  std::atomic<int> mask_waiting_{0};   // fill_mask calls waiting for or holding mu_ (warm-up yields)
+  std::atomic<bool> stop_warmup_{false};
+  std::thread warmup_;
 
   int32_t node(int32_t pos, int32_t parent);
   int32_t make_state(std::vector<int32_t> seeds);  // closure of the seed nodes, interned
   int32_t step_locked(int32_t state, uint8_t byte);
   void compute_mask_full_locked(int32_t state, std::span<uint32_t> mask);  // trie walk
   void compute_mask_locked(int32_t state, std::span<uint32_t> mask);       // classes + uncertain
+  // The distinct class keys of a state's nodes, sorted.
+  std::vector<std::vector<int32_t>> class_keys_locked(int32_t state);
   // The class of a key (positions of a node and its first frames; see compute_mask_locked);
   // null when over kMaxClassBytes.
   const PosClass* position_class_locked(const std::vector<int32_t>& key);

@@ -5,7 +5,7 @@
 //    "spec": {"kind": "json_schema"|"regex"|"grammar"|"choice"|"json_object", "text": "...",
 //             "choices": [...], "any_whitespace": true},
 //    "prefixes": [[ids...], ...], "repeat": 1}
-// Output: {"compile_ms": x, "results": [{"accepted": k (tokens accepted), "mask": "hex words"
+// Output: {"compile_ms": x, ("warmup_ms": x with "warmup": true,) "results": [{"accepted": k (tokens accepted), "mask": "hex words"
 // or null when a token was rejected, "mask_us": t}], "mask_us_cold": [...], "mask_us_warm": [...]}
 // Errors: {"error": "..."} and exit code 2.
 #include <chrono>
@@ -60,8 +60,19 @@ int main() {
     spec.any_whitespace = sp.value("any_whitespace", true);
     auto t0 = Clock::now();
     GrammarCache cache;
+    // "warmup": the class warm-up runs after compiling (as in the server) and the cold pass
+    // starts once it has finished ("warmup_ms": its wall time); off: the cold pass races nothing.
+    const bool warmup = job.value("warmup", false);
+    cache.set_warmup(warmup);
     auto g = cache.get(spec, vocab);
     out["compile_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (warmup) {
+      auto w0 = Clock::now();
+      g->wait_warmup();
+      out["warmup_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - w0).count();
+      const auto ws = g->stats();
+      out["warmup_stats"] = {{"states", ws.states}, {"position_classes", ws.position_classes}};
+    }
     int repeat = job.value("repeat", 1);
     bool want_masks = job.value("masks", true);
     bool all_steps = job.value("all_steps", false);  // masks before every token too

@@ -99,6 +99,40 @@ TEST(GrammarCache, HitsByHashAndVocab) {
 // equal the plain trie walk at every prefix of valid documents, for grammars whose rules end
 // inside strings, nested calls, nullable tails, recursion and a regex; and it must have
 // checked fewer tokens in full than the vocabulary holds (the classes did prune).
+// The class warm-up (what GrammarCache starts after compiling) builds classes before any mask,
+// and masks from a warmed grammar equal the plain trie walk, also with the warm-up running on
+// its thread while the document is matched.
+TEST(Matcher, WarmedClassesGiveTheSameMasks) {
+  auto vocab = random_vocab(12, 6000);
+  const Grammar g = grammar_from_json_schema_text(R"({"type":"object","properties":{"name":{"type":"string"},
+      "tags":{"type":"array","items":{"enum":["red","green","blue"]}},"n":{"type":"integer"}},
+      "required":["name","tags","n"]})");
+  const std::string doc = R"({"name": "a\"b", "tags": ["red", "blue"], "n": -42})";
+  for (int mode = 0; mode < 2; ++mode) {
+    auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+    if (mode == 0) {
+      EXPECT_GT(cg->warm_classes(64, 256, 60000), 0u);
+      EXPECT_GT(cg->stats().position_classes, 0u);
+      EXPECT_EQ(cg->stats().cached_masks, 0u);  // classes only, no mask made yet
+    } else {
+      cg->start_warmup();  // racing the matcher below
+    }
+    Matcher m(cg);
+    std::vector<uint32_t> fast(vocab->mask_words()), ref(vocab->mask_words());
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      m.fill_mask(fast);
+      m.fill_mask_reference(ref);
+      ASSERT_EQ(fast, ref) << "mode " << mode << " prefix " << i;
+      if (i < doc.size()) ASSERT_TRUE(m.accept_token(static_cast<unsigned char>(doc[i])));
+    }
+    cg->wait_warmup();
+  }
+  // Stopped by its owner: destroying a grammar mid warm-up joins the thread.
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  cg->start_warmup();
+  cg.reset();
+}
+
 TEST(Matcher, FastMaskEqualsFullTrieWalk) {
   auto vocab = random_vocab(11, 6000);
   struct Case {

@@ -115,11 +115,12 @@ class CudaGraphCapture final : public GraphCapture {
 class CudaDeviceSampler final : public DeviceSampler {
  public:
   explicit CudaDeviceSampler(CudaBackend& b) : b_(b) {}
-  void sample(const Tensor& logits, const std::vector<DeviceSampleRow>& rows, Tensor& out_ids) override {
+  void sample(const Tensor& logits, const std::vector<DeviceSampleRow>& rows, const DeviceMasks& masks,
+              Tensor& out_ids) override {
     std::vector<GpuSamplingParams> p(rows.size());
     for (size_t i = 0; i < rows.size(); ++i)
-      p[i] = GpuSamplingParams{rows[i].temperature, rows[i].top_k, rows[i].top_p, rows[i].seed};
-    b_.sample(logits, p, out_ids);
+      p[i] = GpuSamplingParams{rows[i].temperature, rows[i].top_k, rows[i].top_p, rows[i].seed, rows[i].mask_row};
+    b_.sample(logits, p, out_ids, masks);
   }
 
  private:
@@ -290,7 +291,7 @@ void* CudaBackend::workspace(Slot s, size_t bytes) {
   MS_CHECK(!capturing_, "cuda workspace {} needs {} bytes during graph capture (have {}); call reserve()", int(s),
            bytes, b.bytes);
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (s != kSample && s != kSampleScratch) ++ws_generation_;  // the sampler is not in any graph
+  if (s != kSample && s != kSampleScratch && s != kSampleMask) ++ws_generation_;  // the sampler is not in any graph
   if (b.ptr) CUDA_CHECK(cudaFree(b.ptr));
   b.ptr = nullptr;
   b.bytes = 0;

@@ -39,6 +39,7 @@ struct GpuSamplingParams {
   int top_k = 0;            // <= 0: off
   float top_p = 1.f;        // >= 1: off
   uint64_t seed = 0;        // per row and step (the engine mixes the request seed and step)
+  int32_t mask_row = -1;    // row of the DeviceMasks given to sample() (-1: unmasked)
 };
 
 // Upper bounds used to pre-size workspaces so that later steps (and graph capture) never
@@ -123,7 +124,11 @@ class CudaBackend final : public Backend {
 
   // ---- CUDA-only ----
   // out_ids [R] I32 (device) = a token per row of logits [R, V] (f32 or bf16, device).
-  void sample(const Tensor& logits, const std::vector<GpuSamplingParams>& params, Tensor& out_ids);
+  // masks: the masked rows' allowed-token bitsets in host memory (capabilities.h), staged with
+  // the parameters and uploaded into the kSampleMask workspace (one fixed address once grown
+  // to the largest batch; the kernel reads it through SampleRowParams::mask_row).
+  void sample(const Tensor& logits, const std::vector<GpuSamplingParams>& params, Tensor& out_ids,
+              const DeviceMasks& masks = {});
   void reserve(const WorkspacePlan& plan);
   // Fills a F32 / BF16 / F8_E4M3 tensor with uniform values in [-scale, scale] (synthetic weights).
   void fill_random(Tensor& t, uint64_t seed, float scale);
@@ -273,7 +278,7 @@ class CudaBackend final : public Backend {
   uint64_t graph_fallbacks() const { return graph_fallbacks_; }
 
  private:
-  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kSampleScratch, kRouter, kQuantX, kQuantAct, kLt, kRouterX, kNumSlots };
+  enum Slot { kAttnPart, kMoeMeta, kMoeAct, kMoeY, kSample, kSampleScratch, kSampleMask, kRouter, kQuantX, kQuantAct, kLt, kRouterX, kNumSlots };
   void* workspace(Slot s, size_t bytes);
   size_t workspace_capacity(Slot s) const { return ws_[s].bytes; }
   struct ExpertTable;

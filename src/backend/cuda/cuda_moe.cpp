@@ -296,7 +296,8 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   return true;
 }
 
-void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingParams>& params, Tensor& out_ids) {
+void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingParams>& params, Tensor& out_ids,
+                         const DeviceMasks& masks) {
   MS_CHECK(!capturing_, "sample: not capture-safe (uploads parameters)");
   MS_CHECK(logits.device == Device::CUDA && out_ids.device == Device::CUDA && logits.rank() == 2,
            "sample: logits [R, V] and out_ids [R] must be on the GPU");
@@ -304,7 +305,15 @@ void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingPara
   const int R = int(logits.dim(0)), V = int(logits.dim(1));
   MS_CHECK(int(params.size()) == R && out_ids.dtype == DType::I32 && out_ids.numel() >= R,
            "sample: {} parameter rows / out {} for {} logit rows", params.size(), shape_str(out_ids.shape), R);
-  const size_t bytes = size_t(R) * sizeof(SampleRowParams);
+  const int W = (V + 31) / 32;
+  MS_CHECK(masks.num_rows == 0 || (masks.words && masks.words_per_row == W),
+           "sample: masks of {} words per row for a vocabulary of {} (want {})", masks.words_per_row, V, W);
+  for (const auto& p : params)
+    MS_CHECK(p.mask_row < masks.num_rows, "sample: mask row {} of {}", p.mask_row, masks.num_rows);
+  // One pinned staging buffer: the row parameters, then the masks (16-byte aligned).
+  const size_t param_bytes = (size_t(R) * sizeof(SampleRowParams) + 15) & ~size_t(15);
+  const size_t mask_bytes = size_t(masks.num_rows) * size_t(W) * sizeof(uint32_t);
+  const size_t bytes = param_bytes + mask_bytes;
   if (!pinned_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&pinned_copied_, cudaEventDisableTiming));
   if (pinned_bytes_ < bytes) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -317,11 +326,21 @@ void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingPara
   // in steady state: the step's results were downloaded since), not for the queued forward.
   CUDA_CHECK(cudaEventSynchronize(pinned_copied_));
   auto* hp = static_cast<SampleRowParams*>(pinned_);
-  for (int r = 0; r < R; ++r) hp[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].seed, -1};
-  auto* dp = static_cast<SampleRowParams*>(workspace(kSample, bytes));
-  CUDA_CHECK(cudaMemcpyAsync(dp, hp, bytes, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaEventRecord(pinned_copied_, stream_));
+  for (int r = 0; r < R; ++r)
+    hp[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].seed, params[r].mask_row};
+  auto* dp = static_cast<SampleRowParams*>(workspace(kSample, param_bytes));
+  CUDA_CHECK(cudaMemcpyAsync(dp, hp, param_bytes, cudaMemcpyHostToDevice, stream_));
   SampleLaunch l;
+  if (mask_bytes > 0) {
+    // [masked rows, W] words (64 rows at V = 200,064: 1.6 MB) into the kSampleMask workspace,
+    // copied behind the forward still queued on the stream.
+    auto* hm = reinterpret_cast<uint32_t*>(static_cast<char*>(pinned_) + param_bytes);
+    std::memcpy(hm, masks.words, mask_bytes);
+    auto* dm = static_cast<uint32_t*>(workspace(kSampleMask, mask_bytes));
+    CUDA_CHECK(cudaMemcpyAsync(dm, hm, mask_bytes, cudaMemcpyHostToDevice, stream_));
+    l.masks = dm, l.mask_words = W;
+  }
+  CUDA_CHECK(cudaEventRecord(pinned_copied_, stream_));
   l.logits = logits.data, l.logits_bf16 = logits.dtype == DType::BF16, l.rows = R, l.vocab = V;
   l.params = dp, l.out_ids = out_ids.ptr<int32_t>();
   l.scratch = workspace(kSampleScratch, sample_scratch_bytes(R, V));
