@@ -81,8 +81,19 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
                  model_->workspace_bytes() / 1048576.0,
                  used0 >= 0 ? fmt::format(", device memory {:+.1f} MiB in all", (used1 - used0) / 1048576.0) : "");
   }
+  // The draft loads before the KV pool is sized: its cache takes a share of the same memory.
+  if (draft) {
+    MS_CHECK(world == 1, "--speculative-config method \"{}\" runs on one rank only (tensor parallel {})",
+             spec_method_name(opts.speculative.method), world);
+    spec_ = std::make_unique<SpecRunner>(SpecRunnerOptions{.config = opts.speculative,
+                                                           .target_dir = opts.model_dir,
+                                                           .block_size = info_.block_size,
+                                                           .max_num_seqs = opts.max_num_seqs},
+                                         *backend_, *model_);
+    info_.draft_model = true;
+  }
   if (opts.num_kv_blocks <= 0 && opts.kv_blocks_for_memory) {
-    const int64_t per_block = kv_bytes_per_block();
+    const int64_t per_block = kv_bytes_per_block() + (spec_ ? spec_->kv_bytes_per_block() : 0);
     // One block more than the pool: the dummy block padded decode rows attend to.
     info_.num_kv_blocks = opts.kv_blocks_for_memory(per_block) - (buckets_.empty() ? 0 : 1);
     MS_CHECK(info_.num_kv_blocks > 0, "no memory left for the KV cache ({} bytes per block of {} tokens)", per_block,
@@ -105,17 +116,7 @@ RankExecutor::RankExecutor(std::unique_ptr<Backend> backend, const ExecutorOptio
                                       scaled, kv_.size())
                         : std::string("; k_scale = v_scale = 1.0: the checkpoint has no KV scales (vLLM's default "
                                       "without calculate_kv_scales)"));
-  if (draft) {
-    MS_CHECK(world == 1, "--speculative-config method \"{}\" runs on one rank only (tensor parallel {})",
-             spec_method_name(opts.speculative.method), world);
-    spec_ = std::make_unique<SpecRunner>(SpecRunnerOptions{.config = opts.speculative,
-                                                           .target_dir = opts.model_dir,
-                                                           .num_kv_blocks = info_.num_kv_blocks,
-                                                           .block_size = info_.block_size,
-                                                           .max_num_seqs = opts.max_num_seqs},
-                                         *backend_, *model_);
-    info_.draft_model = true;
-  }
+  if (spec_) spec_->allocate_kv(info_.num_kv_blocks);
 
   if (!buckets_.empty()) {
     pad_.block_size = info_.block_size;

@@ -27,15 +27,13 @@ SpecRunner::SpecRunner(const SpecRunnerOptions& opts, Backend& backend, Model& t
   const int k = c.num_speculative_tokens;
   i32_bufs_.resize(kNumSlots);
   act_bufs_.resize(8);
-  const int pool = opts_.num_kv_blocks + 1;  // + the executor's dummy block index (never written here)
   if (c.method == SpecMethod::Eagle3) {
     Eagle3Config ec = Eagle3Config::from_dir(c.model, target.desc());
     eagle_ = std::make_unique<Eagle3Head>(ec, be_, target.embedding_table());
     eagle_->load(Checkpoint::open(c.model));
     target_.set_capture(HiddenCapture{ec.boundaries, false});
     scratch_per_seq_ = (k + opts_.block_size - 1) / opts_.block_size + 1;
-    const int blocks = pool + std::max(1, opts_.max_num_seqs) * scratch_per_seq_;
-    kv_ = allocate_kv_cache(be_, eagle_->kv_layout(), blocks, opts_.block_size, be_.activation_dtype());
+    kv_layout_ = eagle_->kv_layout();
   } else if (c.method == SpecMethod::Mtp) {
     const ModelDesc d = target.desc();
     MS_CHECK(d.num_mtp_modules > 0,
@@ -50,10 +48,22 @@ SpecRunner::SpecRunner(const SpecRunnerOptions& opts, Backend& backend, Model& t
     target_.load_mtp(Checkpoint::open(opts_.target_dir), d.num_mtp_modules);
     num_mtp_ = d.num_mtp_modules;
     target_.set_capture(HiddenCapture{{}, true});
-    kv_ = allocate_kv_cache(be_, target_.mtp_kv_layout(), pool, opts_.block_size, be_.activation_dtype());
+    kv_layout_ = target_.mtp_kv_layout();
   } else {
     fail("SpecRunner: method {} has no draft model", spec_method_name(c.method));
   }
+}
+
+int64_t SpecRunner::kv_bytes_per_block() const {
+  return kv_layout_.bytes_per_block(opts_.block_size, int64_t(dtype_size(be_.activation_dtype())));
+}
+
+void SpecRunner::allocate_kv(int num_kv_blocks) {
+  opts_.num_kv_blocks = num_kv_blocks;
+  const int pool = num_kv_blocks + 1;  // + the executor's dummy block index (never written here)
+  // EAGLE-3 chains write past a sequence's blocks into per-sequence scratch blocks after the pool.
+  const int blocks = pool + (eagle_ ? std::max(1, opts_.max_num_seqs) * scratch_per_seq_ : 0);
+  kv_ = allocate_kv_cache(be_, kv_layout_, blocks, opts_.block_size, be_.activation_dtype());
 }
 
 void SpecRunner::note_step(const StepBatch& batch) {

@@ -41,7 +41,7 @@ namespace moeserve {
 struct SpecRunnerOptions {
   SpecConfig config;
   std::string target_dir;  // the target's checkpoint (MTP modules are read from it)
-  int num_kv_blocks = 0;   // the engine's pool (the draft cache adds its scratch after it)
+  int num_kv_blocks = 0;   // the engine's pool (set by allocate_kv; the draft cache adds its scratch after it)
   int block_size = 16;
   int max_num_seqs = 256;
 };
@@ -50,6 +50,10 @@ class SpecRunner {
  public:
   // Loads the draft and sets the target's capture; throws naming what is missing or wrong.
   SpecRunner(const SpecRunnerOptions& opts, Backend& backend, Model& target);
+  // Device bytes the draft's KV cache takes per block of the engine's pool (the executor sizes
+  // the pool for target + draft from the memory left), and the allocation once it is sized.
+  int64_t kv_bytes_per_block() const;
+  void allocate_kv(int num_kv_blocks);
   // After each target forward: where each sequence's rows are in the captured tensors.
   void note_step(const StepBatch& batch);
   std::vector<std::vector<int32_t>> propose(const DraftBatch& batch);
@@ -66,6 +70,7 @@ class SpecRunner {
     int win_lo = 0;            // h0 window rows [win_lo, next_row)
     std::vector<float> h0;     // [(next_row - win_lo), H]
   };
+  KvLayout kv_layout_;  // the draft's (EAGLE-3 midlayer or the MTP modules)
   std::vector<std::vector<int32_t>> propose_eagle(const DraftBatch& batch);
   std::vector<std::vector<int32_t>> propose_mtp(const DraftBatch& batch);
   const StepRows& rows_of(const DraftSeq& s) const;
