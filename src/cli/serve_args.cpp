@@ -251,6 +251,10 @@ std::string check_serve_args(CLI::App* sub, ServeArgs& a) {
     if (sc.method == SpecMethod::Eagle3)
       MS_CHECK(std::filesystem::exists(std::filesystem::path(sc.model) / "config.json"),
                "--speculative-config method \"eagle3\": no config.json in draft directory '{}'", sc.model);
+    // The scripted replay executor (tests) has no weights, so it cannot run draft heads.
+    MS_CHECK(a.replay_script.empty() || sc.method == SpecMethod::Ngram,
+             "--speculative-config method \"{}\": the test replay backend runs no draft heads; use method \"ngram\"",
+             spec_method_name(sc.method));
   }
   if (!a.hf_overrides.empty())
     MS_CHECK(parse_json_flag("hf-overrides", a.hf_overrides).is_object(),

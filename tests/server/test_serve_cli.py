@@ -109,7 +109,10 @@ STARTS = [
     "--max-num-partial-prefills 2 --long-prefill-token-threshold 128 --max-num-seqs 8 --max-num-batched-tokens 64",
 ]
 REFUSED = [
-    ("--speculative-config {\"method\":\"mtp\",\"num_speculative_tokens\":1}", "--speculative-config"),
+    ("--speculative-config {\"method\":\"draft_model\",\"model\":\"/x\",\"num_speculative_tokens\":2}",
+     "--speculative-config method \"draft_model\""),
+    ("--speculative-config {\"method\":\"eagle\",\"model\":\"/x\",\"num_speculative_tokens\":2}",
+     "--speculative-config method \"eagle\""),
     ("--kv-cache-dtype fp8_e5m2", "--kv-cache-dtype fp8_e5m2"),
     ("--kv_cache_dtype=int8", "--kv-cache-dtype int8"),
     ("--quantization awq", "--quantization awq"),
@@ -154,6 +157,16 @@ def test_vllm_command_lines_refused(tmp_path, model, flags, named):
     assert "not expected" not in r.stderr
     if named == "--max-num-seqz":
         assert "did you mean --max-num-seqs" in r.stderr
+
+
+def test_draft_heads_on_the_replay_backend_refused_before_listening(tmp_path, model):
+    # The replay executor has no weights: an mtp / eagle3 draft is refused at argument time,
+    # naming the method, before the port is bound (CI once saw this fail after "listening").
+    r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
+            "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}')
+    assert r.returncode != 0
+    assert 'method "mtp": the test replay backend runs no draft heads' in r.stderr, r.stderr
+    assert "listening" not in r.stderr
 
 
 def test_prefill_caps_logged_and_budget_below_max_num_seqs_refused(tmp_path, model):
