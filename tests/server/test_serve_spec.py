@@ -96,10 +96,10 @@ def test_refused_before_loading(tmp_path, model, cfg, named):
 
 def test_draft_heads_refused_without_a_draft(tmp_path, model):
     # eagle3 with a directory that is not a draft fails before loading; the replay backend
-    # (no model) cannot run a draft head either.
+    # (no model) cannot run a draft head either, and says so at argument time.
     for cfg, want in [('{"method": "eagle3", "model": "%s", "num_speculative_tokens": 3}' % (tmp_path / "nodraft"),
                        "no config.json in draft directory"),
-                      ('{"method": "mtp", "num_speculative_tokens": 1}', "needs its draft loaded")]:
+                      ('{"method": "mtp", "num_speculative_tokens": 1}', "the test replay backend runs no draft heads")]:
         t0 = time.time()
         r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
                 "--speculative-config", cfg)
