@@ -95,12 +95,13 @@ FIXTURES = {
         max_position_embeddings=4096, rope_parameters=dict(rope_type="yarn", rope_theta=50000.0, factor=64.0,
         original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, mscale=0.8, mscale_all_dim=1.2)),
         False, True),
-    # INT4 pack-quantized routed experts (group 32: hidden 128 and expert width 64 are whole groups),
-    # grouped routing, q_lora, a dense first layer (bf16: the ignore list keeps mlp.*_proj).
+    # INT4 pack-quantized routed experts (group 32: hidden 128 and expert width 128 are whole groups,
+    # and so is each rank's 32-wide down_proj slice at TP=4), grouped routing, q_lora, a dense first
+    # layer (bf16: the ignore list keeps mlp.*_proj).
     "dsv3_tiny_int4": (45, "int4", 10, dict(
         hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
         q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=24,
-        intermediate_size=160, moe_intermediate_size=64, n_routed_experts=8, n_shared_experts=1,
+        intermediate_size=160, moe_intermediate_size=128, n_routed_experts=8, n_shared_experts=1,
         num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True,
         routed_scaling_factor=2.827, rope_theta=10000.0, rope_interleave=True, num_nextn_predict_layers=0,
         quantization_config=INT4), False, False),

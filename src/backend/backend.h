@@ -302,6 +302,13 @@ class Backend {
     (void)layout;
     return {};
   }
+  // Why this backend cannot serve compressed-tensors INT4 weights ("" when it can), naming
+  // `tensor` (the first INT4 weight_packed of the checkpoint). The CPU reference dequantises
+  // them to F32 at load; a backend without W4A16 kernels refuses before loading anything.
+  virtual std::string int4_weights_problem(const std::string& tensor) const {
+    (void)tensor;
+    return {};
+  }
   // The queue this backend's ops run on (DeviceQueue); false for a backend without one (cpu).
   virtual bool device_queue(DeviceQueue* out) {
     (void)out;

@@ -5,6 +5,7 @@
 
 #include "core/bounded_json.h"
 #include "core/error.h"
+#include "model/int4.h"
 
 namespace moeserve::config_json {
 
@@ -66,7 +67,10 @@ QuantizationConfig parse_quantization(const json& q) {
   MS_CHECK(q.is_object(), "config.json: 'quantization_config' must be an object");
   QuantizationConfig c;
   c.quant_method = get_string(q, "quant_method", "");
-  MS_CHECK(c.quant_method == "fp8", "config.json: quantization_config.quant_method '{}' is not supported (only fp8)",
+  if (c.quant_method == "compressed-tensors") return parse_compressed_tensors(q);
+  MS_CHECK(c.quant_method == "fp8",
+           "config.json: quantization_config.quant_method '{}' is not supported (fp8, or compressed-tensors "
+           "pack-quantized INT4)",
            c.quant_method);
   c.fmt = get_string(q, "fmt", "float8_e4m3fn");
   MS_CHECK(c.fmt == "float8_e4m3fn" || c.fmt == "e4m3",
@@ -109,6 +113,7 @@ std::vector<int> get_int_list(const json& j, const char* key) {
 }
 
 json quantization_to_json(const QuantizationConfig& quantization) {
+  if (quantization.int4()) return quantization.raw;
   json q = json::object();
   q["activation_scheme"] = quantization.activation_scheme.empty() ? "dynamic" : quantization.activation_scheme;
   q["fmt"] = quantization.fmt.empty() ? "float8_e4m3fn" : quantization.fmt;

@@ -11,13 +11,27 @@
 
 namespace moeserve {
 
+// One compressed-tensors config_groups entry: INT4 symmetric group-wise weights (W4A16) for the
+// modules its `targets` match (class names such as "Linear", exact module names, "re:" regexes).
+struct Int4Group {
+  std::vector<std::string> targets;
+  int group_size = 0;  // inputs per bf16 scale
+};
+
 struct QuantizationConfig {
-  std::string quant_method;       // "fp8" or "" (none)
-  std::string fmt;                // "float8_e4m3fn"
+  std::string quant_method;       // "fp8", "compressed-tensors" or "" (none)
+  std::string fmt;                // fp8: "float8_e4m3fn"; compressed-tensors: "pack-quantized"
   std::string activation_scheme;  // "dynamic"
-  int block_out = 0, block_in = 0;  // weight_block_size [out, in]
+  int block_out = 0, block_in = 0;  // fp8 weight_block_size [out, in]
   std::vector<std::string> modules_to_not_convert;
+  // compressed-tensors pack-quantized (model/int4.h): the groups and the `ignore` list (module
+  // names or "re:" regexes), and the block as read (written back by to_json).
+  std::vector<Int4Group> int4_groups;
+  std::vector<std::string> ignore;
+  nlohmann::json raw;
   bool enabled() const { return !quant_method.empty(); }
+  bool fp8() const { return quant_method == "fp8"; }
+  bool int4() const { return quant_method == "compressed-tensors"; }
 };
 
 namespace config_json {

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "model/int4.h"
 
 namespace moeserve {
 namespace {
@@ -110,6 +111,9 @@ Shape local_shape(const WeightDecl& d) {
 
 LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const QuantizationConfig& quant) {
   const std::string& name = decl.name;
+  // compressed-tensors INT4 modules: weight_packed / weight_scale / weight_shape instead of the
+  // weight, dequantised to F32 here (model/int4.h).
+  if (const int group = int4_group(quant, decl); group > 0) return load_int4_weight(ckpt, decl, group);
   MS_CHECK(ckpt.contains(name), "checkpoint {}: missing tensor '{}' (expected shape {})", ckpt.dir(), name,
            shape_str(decl.shape));
   const TensorInfo& info = ckpt.info(name);

@@ -57,7 +57,8 @@ std::string scale_name(const std::string& weight_name);  // x.weight -> x.weight
 
 // Checks `decl` against the checkpoint and returns this rank's slice; throws naming the
 // tensor on a missing tensor, wrong shape, wrong dtype, missing or misshaped scales, or a
-// split that does not divide. `quant` supplies the FP8 block size.
+// split that does not divide. `quant` supplies the FP8 block size, and for compressed-tensors
+// the INT4 modules, whose weights are dequantised to F32 here (model/int4.h).
 LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const QuantizationConfig& quant);
 
 // Slices an in-memory FP8/dense weight like load_weight does (exposed for tests).

@@ -167,9 +167,11 @@ INSTANTIATE_TEST_SUITE_P(Qwen3Moe, GoldenTest,
                          ::testing::Values("qwen3_tiny_bf16", "qwen3_tiny_fp8", "qwen3_tiny_yarn"));
 // DeepSeek-V3 family (scripts/golden_deepseek_v3.py): MLA (with and without q_lora), shared
 // experts, grouped sigmoid routing with routed scaling, dense first layers, FP8 128x128, YaRN in
-// both spellings, interleaved and NeoX RoPE, the Kimi-K2.5 text backbone (language_model.).
+// both spellings, interleaved and NeoX RoPE, the Kimi-K2.5 text backbone (language_model.),
+// compressed-tensors INT4 routed experts (dsv3_tiny_int4; HF ran on the dequantised weights).
 INSTANTIATE_TEST_SUITE_P(DeepseekV3, GoldenTest,
-                         ::testing::Values("dsv3_tiny_bf16", "dsv3_tiny_fp8", "dsv3_tiny_yarn", "kimi_tiny_yarn"));
+                         ::testing::Values("dsv3_tiny_bf16", "dsv3_tiny_fp8", "dsv3_tiny_yarn", "kimi_tiny_yarn",
+                                           "dsv3_tiny_int4"));
 
 // Two sequences in one batch (different lengths, interleaved block tables, one of them
 // mid-decode) give the same logits as each run alone.

@@ -145,7 +145,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGolden,
 INSTANTIATE_TEST_SUITE_P(Qwen3Moe, ParallelGolden,
                          ::testing::Values("qwen3_tiny_bf16", "qwen3_tiny_fp8", "qwen3_tiny_yarn"));
 INSTANTIATE_TEST_SUITE_P(DeepseekV3, ParallelGolden,
-                         ::testing::Values("dsv3_tiny_bf16", "dsv3_tiny_fp8", "dsv3_tiny_yarn", "kimi_tiny_yarn"));
+                         ::testing::Values("dsv3_tiny_bf16", "dsv3_tiny_fp8", "dsv3_tiny_yarn", "kimi_tiny_yarn",
+                                           "dsv3_tiny_int4"));
 
 // A MiniMax-M2.5-shaped config (48 q heads, 8 KV heads of 128, 256 experts of 1536, FP8
 // 128x128 blocks) for the layout checks; no weights needed.

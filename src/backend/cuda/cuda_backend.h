@@ -157,6 +157,7 @@ class CudaBackend final : public Backend {
   void reserve_workspaces(const BackendWorkspaceDims& dims) override;
   // V head dim != K head dim: the CUDA attention kernels read K and V with one head dim.
   std::string attention_layout_problem(const KvLayout& layout) const override;
+  std::string int4_weights_problem(const std::string& tensor) const override;
   bool device_queue(DeviceQueue* out) override {
     out->device = device_;
     out->native = static_cast<void*>(stream_);

@@ -14,13 +14,15 @@
 //              routed_scaling_factor; h += sum_k w_k SwiGLU_e(x) + SharedSwiGLU(x)
 //   logits = RMSNorm(h) lm_head^T.
 // Checkpoints: bf16/f16/f32, or FP8 e4m3 with 128x128 block scales (weight_scale_inv) as DeepSeek
-// ships them. MTP modules (model.layers.{num_hidden_layers + i}, num_nextn_predict_layers) are
+// ships them, or compressed-tensors pack-quantized INT4 modules (Kimi-K2's routed experts;
+// model/int4.h: dequantised to F32 on the CPU, refused by backends without W4A16 kernels). MTP modules (model.layers.{num_hidden_layers + i}, num_nextn_predict_layers) are
 // skipped (the speculative-decoding issue's `mtp` method will load them).
 #include <cmath>
 #include <memory>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/int4.h"
 #include "model/layers/decoder.h"
 #include "model/registry.h"
 
@@ -222,7 +224,12 @@ struct DeepseekV3Config final : ArchConfig {
     declare_decoder_weights(d, spec, names, par, out);
     return out;
   }
-  std::string shard_problem(const ParallelConfig& par) const override { return decoder_shard_problem(d, par); }
+  // Plus INT4 experts: a tensor-parallel split must keep whole quantisation groups per rank.
+  std::string shard_problem(const ParallelConfig& par) const override {
+    std::string p = decoder_shard_problem(d, par);
+    if (p.empty() && d.quantization.int4()) p = int4_split_problem(weights(par), d.quantization);
+    return p;
+  }
   std::string fp8_split_problem(const ParallelConfig& par) const override {
     return decoder_fp8_split_problem(d, par, &spec);
   }

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/int4.h"
 
 namespace moeserve {
 namespace {
@@ -94,7 +95,7 @@ std::string decoder_shard_problem(const ModelDesc& d, const ParallelConfig& par)
 }
 
 std::string decoder_fp8_split_problem(const ModelDesc& d, const ParallelConfig& par, const DecoderSpec* spec) {
-  if (!d.quantization.enabled() || par.world == 1) return "";
+  if (!d.quantization.fp8() || par.world == 1) return "";
   const DecoderShard s = plan_decoder_shard(d, par);
   const int bo = d.quantization.block_out, bi = d.quantization.block_in;
   const int64_t D = d.head_dim;
@@ -222,14 +223,22 @@ void DecoderModel::all_reduce(Tensor& t) {
 
 void DecoderModel::load_decoder(const Checkpoint& ckpt, const std::vector<WeightDecl>& decls,
                                 const std::function<bool(const std::string&)>& skipped) {
+  // INT4 weights on a backend without W4A16 kernels: refused before anything is read.
+  if (const std::string t = first_int4_tensor(decls, desc_.quantization); !t.empty()) {
+    const std::string why = be_.int4_weights_problem(t);
+    MS_CHECK(why.empty(), "checkpoint {}: {}", ckpt.dir(), why);
+  }
   std::map<std::string, LoadedTensor> got;
   for (const auto& d : decls) got[d.name] = load_weight(ckpt, d, desc_.quantization);
 
-  // Tensors that are neither declared, nor scales of declared FP8 weights, nor skipped.
+  // Tensors that are neither declared, nor scales of declared FP8 weights, nor the parts of
+  // declared INT4 weights, nor skipped.
   int skip = 0, unexpected = 0;
   for (const auto& n : ckpt.names()) {
     if (got.count(n)) continue;
     if (n.size() > 10 && n.compare(n.size() - 10, 10, "_scale_inv") == 0 && got.count(n.substr(0, n.size() - 10)))
+      continue;
+    if (desc_.quantization.int4() && is_int4_part(n, [&](const std::string& w) { return got.count(w) != 0; }))
       continue;
     if (is_kv_scale_tensor(n)) continue;  // FP8 KV scales: read by the executor (model/kv_scales.h)
     if (skipped && skipped(n)) {
@@ -390,7 +399,7 @@ KvLayout DecoderModel::kv_layout() const {
 
 BackendWorkspaceDims DecoderModel::backend_workspace_dims(int max_tokens) const {
   return BackendWorkspaceDims{max_tokens,          desc_.hidden_size, shard_.expert_inter, desc_.experts_per_token,
-                              shard_.num_experts,  shard_.q_heads,    desc_.head_dim,      desc_.quantization.enabled()};
+                              shard_.num_experts,  shard_.q_heads,    desc_.head_dim,      desc_.quantization.fp8()};
 }
 
 void DecoderModel::reserve_workspace(int64_t max_tokens, int64_t max_rows) {

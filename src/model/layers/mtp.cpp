@@ -10,6 +10,7 @@
 // main forward loops over desc_.num_layers only.
 #include <algorithm>
 
+#include "model/int4.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/layers/decoder.h"
@@ -107,6 +108,10 @@ void DecoderModel::load_mtp(const Checkpoint& ckpt, int M) {
          "DIR, ...}}) or n-gram prompt lookup ({{\"method\": \"ngram\", ...}}) instead",
          desc_.architecture, M, L, L + M - 1, ckpt.dir(), missing.size(), decls.size(), missing[0],
          missing.size() > 1 ? fmt::format(", '{}'", missing[1]) : std::string());
+  if (const std::string t = first_int4_tensor(decls, desc_.quantization); !t.empty()) {
+    const std::string why = be_.int4_weights_problem(t);
+    MS_CHECK(why.empty(), "checkpoint {}: {}", ckpt.dir(), why);
+  }
   std::map<std::string, LoadedTensor> got;
   for (const auto& d : decls) {
     if (d.shard.kind == ShardKind::ExpertOwned && !d.shard.owned) continue;
