@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/arch/minimax_m2.h"
+#include "model/int4.h"
 #include "model/registry.h"
 #include "model/weights.h"
 
@@ -75,7 +76,14 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
   r["params_active"] = pc.active_no_lm_head;
   r["params_active_with_lm_head"] = pc.active;
   nlohmann::json q = nullptr;
-  if (cfg.quantization.enabled())
+  if (cfg.quantization.int4()) {
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& g : cfg.quantization.int4_groups) groups.push_back(g.group_size);
+    q = {{"method", cfg.quantization.quant_method},
+         {"fmt", cfg.quantization.fmt},
+         {"group_sizes", groups},
+         {"ignore", cfg.quantization.ignore}};
+  } else if (cfg.quantization.enabled())
     q = {{"method", cfg.quantization.quant_method},
          {"fmt", cfg.quantization.fmt},
          {"weight_block_size", {cfg.quantization.block_out, cfg.quantization.block_in}},
@@ -85,6 +93,13 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
   // Compare the checkpoint with the declarations (headers only).
   std::map<std::string, WeightDecl> decls;
   for (auto& d : arch.weights(ParallelConfig{})) decls[d.name] = d;
+  // compressed-tensors INT4 weights (model/int4.h): stored as weight_packed + weight_scale +
+  // weight_shape instead of `.weight`.
+  auto int4_of = [&](const std::string& w) {
+    auto it = decls.find(w);
+    return it == decls.end() ? 0 : int4_group(cfg.quantization, it->second);
+  };
+  int64_t int4_bytes = 0, int4_parts = 0;
   std::map<std::string, int64_t> bytes_by_dtype, count_by_dtype;
   std::set<int> mtp_present;
   nlohmann::json unexpected = nlohmann::json::array(), mismatched = nlohmann::json::array();
@@ -108,6 +123,11 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
     }
     const size_t k = n.size() > 10 ? n.size() - 10 : 0;
     if (k && n.compare(k, 10, "_scale_inv") == 0 && decls.count(n.substr(0, k))) continue;
+    if (cfg.quantization.int4() && is_int4_part(n, [&](const std::string& w) { return int4_of(w) > 0; })) {
+      int4_bytes += nb;
+      ++int4_parts;
+      continue;
+    }
     if (is_mtp_tensor(cfg.num_layers, cfg.num_mtp_modules, n)) {
       ++mtp_tensors;
       mtp_present.insert(std::stoi(n.substr(13)) - cfg.num_layers);
@@ -116,8 +136,19 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
     unexpected.push_back(n);
   }
   nlohmann::json missing = nlohmann::json::array();
+  int64_t int4_weights = 0;
   for (const auto& [n, d] : decls) {
     if (!has_weights) break;
+    if (const int g = int4_of(n); g > 0) {
+      ++int4_weights;
+      const std::string packed = int4_module(n) + ".weight_packed";
+      if (!ckpt.contains(packed)) {
+        missing.push_back(packed);
+      } else if (const std::string why = int4_tensor_problem(ckpt, d, g); !why.empty()) {
+        mismatched.push_back({{"name", packed}, {"problem", why}});
+      }
+      continue;
+    }
     if (!ckpt.contains(n)) {
       missing.push_back(n);
     } else if (ckpt.info(n).dtype == DType::F8_E4M3) {
@@ -144,6 +175,11 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
   r["bytes_by_dtype"] = bytes_by_dtype;
   r["tensors_by_dtype"] = count_by_dtype;
   r["fp8_tensors"] = fp8_tensors;
+  // INT4: the weights declared INT4 by quantization_config, and the bytes of their stored
+  // parts (0.5 byte per parameter in weight_packed, plus the scales and weight_shape).
+  r["int4_weights"] = int4_weights;
+  r["int4_tensors"] = int4_parts;
+  r["int4_bytes"] = int4_bytes;
   r["mtp"] = {{"declared_modules", cfg.num_mtp_modules},
               {"use_mtp", cfg.use_mtp},
               {"present_modules", mtp_present.size()},
@@ -197,6 +233,12 @@ std::string format_inspect(const nlohmann::json& r) {
                    human_count(r["params_active_with_lm_head"].get<int64_t>()));
   if (r["quantization"].is_null()) {
     s += "  quantization     none\n";
+  } else if (r["quantization"].contains("group_sizes")) {
+    const auto& q = r["quantization"];
+    s += fmt::format("  quantization     {} {} INT4, group {}, {} INT4 weights ({} in {} tensors)\n",
+                     q["method"].get<std::string>(), q["fmt"].get<std::string>(), q["group_sizes"].dump(),
+                     r.value("int4_weights", int64_t(0)), human_bytes(r.value("int4_bytes", int64_t(0))),
+                     r.value("int4_tensors", int64_t(0)));
   } else {
     const auto& q = r["quantization"];
     s += fmt::format("  quantization     {} {} blocks [{}, {}], {} FP8 tensors\n", q["method"].get<std::string>(),

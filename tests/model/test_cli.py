@@ -20,7 +20,7 @@ def run(*args, check=True):
 
 
 @pytest.mark.parametrize("name", ["tiny_fp8_partial", "tiny_bf16", "tiny_fp8_nonsquare", "tiny_mixed_tied",
-                                  "qwen3_tiny_bf16", "qwen3_tiny_fp8"])
+                                  "qwen3_tiny_bf16", "qwen3_tiny_fp8", "dsv3_tiny_int4"])
 def test_generate_matches_golden(tmp_path, name):
     d = os.path.join(GOLDEN, name)
     g = json.load(open(os.path.join(d, "golden.json")))
@@ -95,6 +95,41 @@ def test_inspect_qwen3_fixture():
     attn = 4 * D * H * 2 + 2 * D * H * 2 + 2 * H + 2 * D
     assert r["params_total"] == 2 * attn + 3 * ID * H + 8 * H + 8 * 3 * I * H + 2 * V * H + H
     assert r["complete"] and not r["missing_tensors"] and not r["unexpected_tensors"] and not r["mismatched_tensors"]
+
+
+def test_inspect_and_plan_int4_fixture(tmp_path):
+    """compressed-tensors INT4 experts: the .weight is not missing, INT4 bytes are counted (one
+    expert linear [128, 128]: 128*16 int32 words + 128*4 bf16 scales + the int32 [2] weight_shape),
+    `plan` counts the same bytes, and a missing weight_scale is named."""
+    d = os.path.join(GOLDEN, "dsv3_tiny_int4")
+    r = json.loads(run("inspect", d, "--json").stdout)
+    assert r["quantization"]["method"] == "compressed-tensors" and r["quantization"]["group_sizes"] == [32]
+    one = 128 * 16 * 4 + 128 * 4 * 2 + 8
+    assert (r["int4_weights"], r["int4_tensors"], r["int4_bytes"]) == (2 * 8 * 3, 3 * 2 * 8 * 3, 2 * 8 * 3 * one)
+    assert r["complete"] and not r["missing_tensors"] and not r["unexpected_tensors"] and not r["mismatched_tensors"]
+    text = run("inspect", d).stdout
+    assert "pack-quantized INT4, group [32], 48 INT4 weights" in text, text
+    p = subprocess.run([BIN, "plan", "--model", d, "--gpus", "1", "--gpu-memory", "80GB", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)
+    assert plan["model"]["quantization"]["group_size"] == 32
+    tp1 = [l for l in plan["layouts"] if l["tp"] == 1][0]
+    assert tp1["weights_bytes_by_category"]["experts"] == 2 * 8 * 3 * one
+    # Drop one weight_scale from the index: inspect names it and exits 1.
+    m = tmp_path / "m"
+    shutil.copytree(d, m)
+    idx = json.load(open(m / "model.safetensors.index.json"))
+    gone = "model.layers.2.mlp.experts.5.up_proj.weight_scale"
+    del idx["weight_map"][gone]
+    json.dump(idx, open(m / "model.safetensors.index.json", "w"))
+    p = run("inspect", str(m), "--json", check=False)
+    assert p.returncode == 1
+    r = json.loads(p.stdout)
+    assert not r["complete"] and any(gone in x["problem"] for x in r["mismatched_tensors"]), r["mismatched_tensors"]
+    p = run("generate", "--model", str(m), "--prompt-ids", "5,6", "--max-tokens", "1", "--device", "cpu",
+            check=False)
+    assert p.returncode != 0 and gone in p.stderr, p.stderr
 
 
 def test_make_tiny_deterministic_and_loadable(tmp_path):
