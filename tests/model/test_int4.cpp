@@ -3,7 +3,8 @@
 // its refusals, targets / ignore matching, exact dequantisation and TP slicing of small
 // checkpoints written here, malformed checkpoints refused naming the tensor, the group-cutting
 // split refusal, and a backend without W4A16 kernels refusing the dsv3_tiny_int4 fixture at
-// load. (The fixture's logits against HF and TP/EP = TP1 are in test_golden / test_parallel.)
+// load, and Kimi-K2.5's wrapped layout picking only the routed experts. (The fixture's logits
+// against HF and TP/EP = TP1 are in test_golden / test_parallel.)
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -365,6 +366,32 @@ TEST(Int4Fixture, SplitsThatCutAGroupAreRefused) {
   EXPECT_EQ(lc.config->shard_problem(ParallelConfig{0, 8, true}), "");  // EP: whole experts
   EXPECT_EQ(lc.config->shard_problem(ParallelConfig{0, 4, false}), "");
   EXPECT_EQ(lc.config->fp8_split_problem(ParallelConfig{0, 8, false}), "");  // no FP8 blocks here
+}
+
+TEST(Int4Fixture, KimiK25WrapperPicksTheRoutedExpertsOnly) {
+  // Kimi-K2.5's layout: the decoder under text_config, names under language_model., the
+  // quantization_config at the top level (and, in the published file, inside text_config too).
+  std::ifstream f(test::golden_fixture("dsv3_tiny_int4") / "config.json");
+  json text = json::parse(f);
+  for (bool inner : {false, true}) {
+    json t = text;
+    if (!inner) t.erase("quantization_config");
+    const json top{{"architectures", {"KimiK25ForConditionalGeneration"}}, {"model_type", "kimi_k25"},
+                   {"text_config", t}, {"quantization_config", kimi_quant()},
+                   {"vision_config", {{"vt_hidden_size", 32}}}};
+    const LoadedConfig lc = parse_config(top);
+    const QuantizationConfig& q = lc.config->desc().quantization;
+    ASSERT_TRUE(q.int4()) << inner;
+    const std::vector<WeightDecl> w = lc.config->weights(ParallelConfig{});
+    EXPECT_EQ(first_int4_tensor(w, q), "language_model.model.layers.1.mlp.experts.0.gate_proj.weight_packed");
+    int n = 0;
+    for (const auto& d : w)
+      if (int4_group(q, d) > 0) {
+        ++n;
+        EXPECT_NE(d.name.find(".mlp.experts."), std::string::npos) << d.name;
+      }
+    EXPECT_EQ(n, 2 * 8 * 3);  // 2 MoE layers x 8 experts x gate/up/down; lm_head, attention, shared: bf16
+  }
 }
 
 TEST(Int4Fixture, MissingScaleInTheFixtureIsNamed) {
