@@ -174,7 +174,7 @@ class ChatSession {
           if (data == "[DONE]" || !stream_error.empty()) return;
           nlohmann::json j;
           try {
-            j = nlohmann::json::parse(data);
+            j = parse_json_bounded(data, "stream event");
           } catch (const std::exception&) {
             stream_error = "malformed stream event: " + data.substr(0, 200);
             return;
@@ -199,7 +199,7 @@ class ChatSession {
     if (r.status == 0) return r.error;
     std::string msg = r.error;
     try {
-      const auto j = nlohmann::json::parse(r.error);
+      const auto j = parse_json_bounded(r.error, "error body");
       if (j.contains("error") && j["error"].is_object()) msg = j["error"].value("message", r.error);
       else if (j.contains("error") && j["error"].is_string()) msg = j["error"];
     } catch (const std::exception&) {
@@ -224,7 +224,7 @@ std::string server_model(cli::ChatTransport& t, const std::string& given) {
   std::string body;
   const auto r = t.get("/v1/models", &body);
   MS_CHECK(r.status == 200, "GET /v1/models: {}", r.status == 0 ? r.error : "HTTP " + std::to_string(r.status) + " " + body);
-  const auto j = nlohmann::json::parse(body);
+  const auto j = parse_json_bounded(body, "GET /v1/models");
   MS_CHECK(j.contains("data") && j["data"].is_array() && !j["data"].empty(), "GET /v1/models: no model listed");
   return j["data"][0].value("id", std::string());
 }

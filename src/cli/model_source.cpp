@@ -1,4 +1,5 @@
 #include "cli/model_source.h"
+#include "core/bounded_json.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -6,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -51,8 +53,9 @@ std::vector<std::string> missing_model_files(const std::string& dir, const Model
   if (fs::exists(index, ec)) {
     nlohmann::json j;
     try {
-      std::ifstream f(index);
-      j = nlohmann::json::parse(f);
+      std::ifstream f(index, std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      j = parse_json_bounded(text, index.string());
     } catch (const std::exception& e) {
       missing.push_back("model.safetensors.index.json (unreadable: " + std::string(e.what()) + ")");
       return missing;

@@ -226,14 +226,14 @@ void resolve_batch_defaults(ServeArgs& a) {
 }
 
 std::vector<std::string> json_strings(const std::string& text) {
-  return nlohmann::json::parse(text).get<std::vector<std::string>>();  // checked by check_serve_args
+  return parse_json_bounded(text, "a JSON list flag").get<std::vector<std::string>>();  // checked by check_serve_args
 }
 
 // --quantization must agree with the checkpoint (moeserve always reads its quantization_config).
 void check_quantization(const ServeArgs& a, const std::string& model_dir) {
   if (a.quantization.empty()) return;
   nlohmann::json cfg = read_json_file(fs::path(model_dir) / "config.json");
-  if (!a.hf_overrides.empty()) cfg.merge_patch(nlohmann::json::parse(a.hf_overrides));
+  if (!a.hf_overrides.empty()) cfg.merge_patch(parse_json_bounded(a.hf_overrides, "--hf-overrides"));
   std::string method = "none";
   if (cfg.contains("quantization_config") && cfg["quantization_config"].is_object())
     method = cfg["quantization_config"].value("quant_method", std::string("unknown"));

@@ -1,4 +1,5 @@
 #include "cli/serve_args.h"
+#include "core/bounded_json.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -75,7 +76,9 @@ std::string option_value(CLI::App* sub, const std::string& name) {
 
 nlohmann::json parse_json_flag(const std::string& flag, const std::string& text) {
   try {
-    return nlohmann::json::parse(text);
+    return parse_json_bounded(text, "--" + flag);
+  } catch (const JsonDepthError& e) {
+    fail("{}", e.what());
   } catch (const std::exception& e) {
     fail("--{} '{}': not valid JSON ({})", flag, text, e.what());
   }

@@ -198,7 +198,7 @@ json read_file(const std::string& path, const std::string& overrides_json) {
   if (!overrides_json.empty()) {
     json patch;
     try {
-      patch = json::parse(overrides_json);
+      patch = parse_json_bounded<json>(overrides_json, "--hf-overrides");
     } catch (const json::exception& e) {
       fail("--hf-overrides: invalid JSON: {}", e.what());
     }

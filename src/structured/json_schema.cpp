@@ -1,4 +1,5 @@
 #include "structured/json_schema.h"
+#include "core/bounded_json.h"
 
 #include <fmt/format.h>
 
@@ -643,7 +644,9 @@ Grammar grammar_from_json_schema(const json& schema, const JsonSchemaOptions& op
 Grammar grammar_from_json_schema_text(std::string_view text, const JsonSchemaOptions& opts) {
   json schema;
   try {
-    schema = json::parse(text);
+    schema = parse_json_bounded<json>(text, "JSON schema");
+  } catch (const JsonDepthError& e) {
+    throw GrammarError(e.what(), 0);
   } catch (const json::parse_error& e) {
     throw GrammarError(std::string("invalid JSON schema: ") + e.what(), e.byte > 0 ? e.byte - 1 : 0);
   }

@@ -14,6 +14,7 @@
 // token is that token; else repeatedly merge the adjacent pair whose concatenation has the
 // lowest rank, leftmost on ties).
 #include <fstream>
+#include "core/bounded_json.h"
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -256,7 +257,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_tiktoken(const std::string& mod
       ss << f.rdbuf();
       nlohmann::json cfg;
       try {
-        cfg = nlohmann::json::parse(ss.str());
+        cfg = parse_json_bounded(ss.str(), config_path);
       } catch (const nlohmann::json::exception& e) {
         fail("{}: not valid JSON: {}", config_path, e.what());
       }

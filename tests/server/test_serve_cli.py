@@ -169,6 +169,21 @@ def test_draft_heads_on_the_replay_backend_refused_before_listening(tmp_path, mo
     assert "listening" not in r.stderr
 
 
+def test_deeply_nested_json_flags_refused_naming_the_limit(tmp_path, model):
+    # JSON-valued flags go through the bounded parser: 10,000 levels (an argument is at most
+    # 128 KiB) are a CLI error naming the nesting limit (exit != 0), never a stack overflow in
+    # merge_patch / dump / the checks.
+    deep_obj = '{"a":' * 10000 + "1" + "}" * 10000
+    deep_list = "[" * 10000 + "]" * 10000
+    for flag, text in [("--hf-overrides", deep_obj), ("--speculative-config", deep_obj),
+                       ("--allowed-origins", deep_list)]:
+        r = run("serve", str(model), "--test-replay-backend", str(tmp_path / "replay.json"), "--port", "0",
+                flag, text)
+        assert r.returncode not in (0, -11, -6) and r.returncode > 0, (flag, r.returncode, r.stderr[-500:])
+        assert "nested deeper than" in r.stderr, (flag, r.stderr[-500:])
+        assert "listening" not in r.stderr
+
+
 def test_prefill_caps_logged_and_budget_below_max_num_seqs_refused(tmp_path, model):
     s = Serve(tmp_path, model, "--max-num-partial-prefills", "3", "--max-model-len", "1000")
     try:

@@ -132,6 +132,19 @@ TEST(JsonSchema, ObjectWithRequiredAndOptional) {
   EXPECT_FALSE(matches(g, R"({"a":01,"b":"x"})"));
 }
 
+TEST(JsonSchema, DeeplyNestedSchemaTextIsAGrammarErrorNamingTheLimit) {
+  // 100,000 nested arrays in the schema's text (a string field of a request, so the body's own
+  // nesting check does not see it): refused before any DOM is built, as a GrammarError (a 400
+  // on the server), never a stack overflow in the walks that follow.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  try {
+    grammar_from_json_schema_text(deep);
+    FAIL() << "a 100,000-level schema compiled";
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than"), std::string::npos) << e.what();
+  }
+}
+
 TEST(JsonSchema, ArraysEnumsRefs) {
   auto g = grammar_from_json_schema_text(R"({
     "$defs": {"node": {"type":"object","properties":{"v":{"enum":["x",1,null]},
