@@ -1,6 +1,6 @@
 // CudaBackend attention: argument checks and the kernel choice for paged attention (decode,
 // prefill, mixed steps) over a bf16 or FP8 (e4m3) KV cache, the layout/format refusals
-// (V head dim != K head dim, INT4 weights) and MLA's refusal until its kernels exist.
+// (V head dim != K head dim, INT4 weights), and MLA's two ops (k_mla.cu).
 //   q [T, Hq, D] bf16, KV cache [blocks, block_size, Hkv, D] (bf16 or e4m3 with per-layer
 //   k_scale / v_scale), out [T, Hq, D] bf16; sequences by query_start / context_lens /
 //   block_tables (AttentionMeta).
@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_mla.h"
 #include "core/error.h"
 
 namespace moeserve {
@@ -73,14 +74,113 @@ AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   return p;
 }
 
-void CudaBackend::mla_rope_write_kv(const MlaArgs&) {
-  fail("multi-head latent attention (MLA, DeepSeek-V3 / Kimi-K2 family) is not implemented on the CUDA backend yet; "
-       "run this model with --device cpu");
+namespace {
+
+// The shape and dtype checks shared by both MLA ops; returns T.
+int64_t check_mla(const MlaArgs& a, const char* op) {
+  MS_CHECK(a.q && a.latent && a.positions && a.kv && a.meta, "{}: null argument", op);
+  MS_CHECK(a.num_heads > 0 && a.qk_nope_head_dim >= 0 && a.qk_rope_head_dim > 0 && a.qk_rope_head_dim % 2 == 0 &&
+               a.qk_rope_head_dim <= 128 && a.v_head_dim > 0 && a.kv_lora_rank > 0 && a.kv_lora_rank <= 2048,
+           "{}: MLA dims heads={} nope={} rope={} v={} kv_lora={} are outside what the CUDA kernels take "
+           "(rope even and <= 128, kv_lora_rank <= 2048)",
+           op, a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim, a.kv_lora_rank);
+  check_dev(*a.q, op, "q");
+  check_dev(*a.latent, op, "latent");
+  check_dev(*a.positions, op, "positions");
+  check_dev(a.kv->k, op, "latent cache");
+  MS_CHECK(a.q->dtype == DType::BF16 && a.latent->dtype == DType::BF16, "{}: q and latent must be BF16 (got {} / {})",
+           op, dtype_name(a.q->dtype), dtype_name(a.latent->dtype));
+  const int64_t T = a.positions->numel();
+  const int64_t qk = a.qk_nope_head_dim + a.qk_rope_head_dim, L = a.kv_lora_rank + a.qk_rope_head_dim;
+  MS_CHECK(a.q->numel() == T * a.num_heads * qk, "{}: q {} must be [{}, {} heads x {}]", op, shape_str(a.q->shape), T,
+           a.num_heads, qk);
+  MS_CHECK(a.latent->numel() == T * L, "{}: latent {} must be [{}, {}]", op, shape_str(a.latent->shape), T, L);
+  const Tensor& c = a.kv->k;
+  MS_CHECK(c.dtype == DType::BF16 || c.dtype == DType::F8_E4M3,
+           "{}: the latent cache must be BF16 or F8_E4M3 (--kv-cache-dtype fp8) on CUDA, got {}", op,
+           dtype_name(c.dtype));
+  MS_CHECK(c.rank() == 4 && c.dim(2) == 1 && c.dim(3) == L,
+           "{}: the latent cache {} must be [blocks, block_size, 1, {}] (kv_lora_rank + qk_rope_head_dim)", op,
+           shape_str(c.shape), L);
+  MS_CHECK(a.meta->block_size == 0 || a.meta->block_size == c.dim(1),
+           "{}: meta.block_size {} but the cache has blocks of {}", op, a.meta->block_size, c.dim(1));
+  MS_CHECK(a.rope.rotary_dim == a.qk_rope_head_dim, "{}: RoPE rotary_dim {} must equal qk_rope_head_dim {}", op,
+           a.rope.rotary_dim, a.qk_rope_head_dim);
+  return T;
 }
 
-void CudaBackend::mla_attention(const MlaArgs&) {
-  fail("multi-head latent attention (MLA, DeepSeek-V3 / Kimi-K2 family) is not implemented on the CUDA backend yet; "
-       "run this model with --device cpu");
+}  // namespace
+
+void CudaBackend::mla_rope_write_kv(const MlaArgs& a) {
+  const char* op = "mla_rope_write_kv";
+  prequant_ = {};
+  const int64_t T = check_mla(a, op);
+  MS_CHECK(a.latent_norm_weight != nullptr, "{}: kv_a_layernorm weight is null", op);
+  check_dev(*a.latent_norm_weight, op, "kv_a_layernorm weight");
+  MS_CHECK(a.latent_norm_weight->numel() == a.kv_lora_rank &&
+               (a.latent_norm_weight->dtype == DType::BF16 || a.latent_norm_weight->dtype == DType::F32),
+           "{}: kv_a_layernorm weight {} {} must be BF16 or F32 with {} elements", op,
+           dtype_name(a.latent_norm_weight->dtype), shape_str(a.latent_norm_weight->shape), a.kv_lora_rank);
+  const AttentionMeta& m = *a.meta;
+  check_dev(m.slot_mapping, op, "slot_mapping");
+  MS_CHECK(m.slot_mapping.numel() == T, "{}: slot_mapping has {} entries for {} tokens", op, m.slot_mapping.numel(), T);
+  MlaRopeKvParams p;
+  p.q = a.q->data, p.latent = a.latent->data;
+  p.norm_w = a.latent_norm_weight->data, p.norm_w_bf16 = a.latent_norm_weight->dtype == DType::BF16;
+  p.eps = a.eps;
+  p.positions = a.positions->ptr<int32_t>();
+  p.slot_mapping = m.slot_mapping.ptr<int32_t>();
+  p.cache = a.kv->k.data, p.cache_fp8 = a.kv->fp8(), p.k_scale = a.kv->k_scale;
+  p.rope = a.rope;
+  p.T = int(T), p.H = a.num_heads, p.N = a.qk_nope_head_dim, p.R = a.qk_rope_head_dim, p.C = a.kv_lora_rank;
+  launch_mla_rope_write_kv(p, stream_);
+}
+
+void CudaBackend::mla_attention(const MlaArgs& a) {
+  const char* op = "mla_attention";
+  prequant_ = {};
+  const int64_t T = check_mla(a, op);
+  MS_CHECK(a.kv_b != nullptr && a.out != nullptr, "{}: kv_b or out is null", op);
+  const LinearWeight& w = *a.kv_b;
+  check_dev(w.weight, op, "kv_b_proj");
+  const int64_t kvw = a.qk_nope_head_dim + a.v_head_dim;
+  MS_CHECK(w.weight.rank() == 2 && w.out_features() == a.num_heads * kvw && w.in_features() == a.kv_lora_rank,
+           "{}: kv_b_proj {} must be [{} heads x (nope {} + v {}), kv_lora_rank {}]", op, shape_str(w.weight.shape),
+           a.num_heads, a.qk_nope_head_dim, a.v_head_dim, a.kv_lora_rank);
+  MS_CHECK(w.weight.dtype == DType::BF16 || w.fp8(), "{}: kv_b_proj must be BF16 or FP8 e4m3 (block-scaled), got {}",
+           op, dtype_name(w.weight.dtype));
+  if (w.fp8()) {
+    check_dev(w.scale_inv, op, "kv_b_proj scale_inv");
+    MS_CHECK(w.block_out > 0 && w.block_in > 0 && w.scale_inv.dtype == DType::F32 && w.scale_inv.rank() == 2 &&
+                 w.scale_inv.dim(0) == ceil_div(w.out_features(), w.block_out) &&
+                 w.scale_inv.dim(1) == ceil_div(w.in_features(), w.block_in),
+             "{}: kv_b_proj scale_inv {} does not match blocks {}x{} of {}", op, shape_str(w.scale_inv.shape),
+             w.block_out, w.block_in, shape_str(w.weight.shape));
+  }
+  check_dev(*a.out, op, "out");
+  MS_CHECK(a.out->dtype == DType::BF16 && a.out->numel() == T * a.num_heads * a.v_head_dim,
+           "{}: out {} {} must be BF16 [{}, {}]", op, dtype_name(a.out->dtype), shape_str(a.out->shape), T,
+           a.num_heads * a.v_head_dim);
+  const AttentionMeta& m = *a.meta;
+  MlaAttnParams p;
+  p.q = a.q->data;
+  p.cache = a.kv->k.data, p.cache_fp8 = a.kv->fp8(), p.k_scale = a.kv->k_scale;
+  p.kv_b = w.weight.data, p.kv_b_fp8 = w.fp8();
+  if (w.fp8()) {
+    p.kv_b_scale_inv = w.scale_inv.ptr<float>();
+    p.block_out = w.block_out, p.block_in = w.block_in, p.scale_cols = int(w.scale_inv.dim(1));
+  }
+  p.positions = a.positions->ptr<int32_t>();
+  if (m.num_seqs > 0) {
+    p.query_start = m.query_start.ptr<int32_t>();
+    p.block_tables = m.block_tables.ptr<int32_t>();
+  }
+  p.num_seqs = m.num_seqs, p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = int(a.kv->k.dim(1));
+  p.scale = a.scale;
+  p.out = a.out->data;
+  p.T = int(T), p.H = a.num_heads, p.N = a.qk_nope_head_dim, p.R = a.qk_rope_head_dim, p.C = a.kv_lora_rank,
+  p.V = a.v_head_dim;
+  launch_mla_attention(p, stream_);
 }
 
 void CudaBackend::attention(const AttentionArgs& a) {
