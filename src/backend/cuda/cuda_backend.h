@@ -101,7 +101,7 @@ class CudaBackend final : public Backend {
   void qk_norm_rope(const QkNormRopeArgs& args) override;
   void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) override;
   void attention(const AttentionArgs& args) override;
-  // MLA (DeepSeek-V3 family) is not implemented on CUDA yet: both refuse with a clear error.
+  // MLA (DeepSeek-V3 family): k_mla.cu (latent norm / RoPE / cache write; absorbed attention).
   void mla_rope_write_kv(const MlaArgs& args) override;
   void mla_attention(const MlaArgs& args) override;
   void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) override;
