@@ -5,8 +5,8 @@
 # FP8 weights, bf16 KV, CUDA graphs), the distinct experts per layer each step read, and the
 # tokens/s speedup at accept lengths 2.2 / 2.5 / 3.0 (draft cost excluded). Results in $OUT.
 #   BIN=build/moeserve OUT=/tmp/vb scripts/gpu_verify_bench.sh [router] [overlap] [corrected] [layers30]
-# (no argument: all four; each part is one bench-model run of a few minutes, so a device call
-# of 10 minutes can take one or two).
+# (no argument: all four; each part is one bench-model run, expected about a minute or two
+# (75 rows of a few ms each, weights and KV made on the GPU), each capped at 560 s).
 #
 # Layers: 5. KV of one sequence at 128k context: 8 KV heads x 128 x 2 (K, V) x 2 bytes = 4 KiB
 # per token per layer, 131076 tokens (+ k) = 537 MB per layer; batch 32: 17.2 GB per layer.
@@ -26,6 +26,8 @@
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/moeserve}
+# A scripts/gpu_pack.sh pack (BIN=.gpubin/moeserve) brings the libraries the GPU image lacks in lib/.
+[ -d "$(dirname "$BIN")/lib" ] && export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 OUT=${OUT:-/tmp/verify_bench}
 LAYERS=${LAYERS:-5}
 mkdir -p "$OUT"
