@@ -1,5 +1,5 @@
 """Fixed prompt set for the draft heads' acceptance test (tests/model/test_spec_heads.cpp,
-SpecHeads.AcceptanceOnHeldOutText) and the spec benchmark (docs/benchmarks.md).
+SpecHeads.AcceptanceOnHeldOutText) and the spec benchmark (docs/benchmarks.md, "Speculative decoding").
 
 The demo card measured acceptance on greedy continuations of 96-token windows of held-out text,
 half Python-docs prose, half synthetic dialogs (scripts/train_eagle.py measure_acceptance). The
