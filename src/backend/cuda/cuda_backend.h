@@ -232,7 +232,7 @@ class CudaBackend final : public Backend {
   // experts quantise their bf16 activations per (token, 128 columns) to FP8 and run FP8 x FP8
   // tensor-core GEMMs (cuBLASLt block-scaled on sm_90 for linears, k_gemm_fp8.cu otherwise
   // and for the grouped expert GEMM). Adds the activation rounding (<= 2^-4 relative per
-  // element) that the bf16 GEMM does not have; see docs/architecture.md.
+  // element) that the bf16 GEMM does not have; see src/backend/cuda/README.md, "Prefill numerics".
   bool use_fp8_act_gemm = true;
   int fp8_act_min_tokens = 128;
   bool use_lt_fp8 = true;  // cuBLASLt for the dense linears (else k_gemm_fp8.cu)
