@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "structured/json_numbers.h"
 #include "structured/regex.h"
 
 namespace moeserve::structured {
@@ -33,58 +34,6 @@ const std::map<std::string, std::string> kFormats = {
     {"uri", R"([a-zA-Z][a-zA-Z0-9+.\-]*:[^\x00-\x20"\\<>^`{|}\x7f]*)"},
     {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
 };
-
-ByteSet digits(int lo, int hi) {
-  ByteSet b;
-  for (int d = lo; d <= hi; ++d) b.set('0' + d);
-  return b;
-}
-
-int num_digits(int64_t v) {
-  int n = 1;
-  while (v >= 10) { v /= 10; ++n; }
-  return n;
-}
-
-int64_t pow10(int w) {
-  int64_t p = 1;
-  while (w-- > 0) p *= 10;
-  return p;
-}
-
-// Fixed-width decimal strings in [lo, hi] (leading zeros allowed) as digit-class sequences.
-void range_fixed(int64_t lo, int64_t hi, int w, Alt prefix, std::vector<Alt>& out) {
-  if (w == 0) { out.push_back(std::move(prefix)); return; }
-  int64_t p = pow10(w - 1);
-  int64_t dl = lo / p, dh = hi / p;
-  auto with = [&](int a, int b) { Alt x = prefix; x.push_back(Symbol::set(digits(a, b))); return x; };
-  if (dl == dh) { range_fixed(lo % p, hi % p, w - 1, with(int(dl), int(dl)), out); return; }
-  if (lo % p != 0) { range_fixed(lo % p, p - 1, w - 1, with(int(dl), int(dl)), out); ++dl; }
-  bool tail = hi % p != p - 1;
-  if (tail) --dh;
-  if (dl <= dh) {
-    Alt x = with(int(dl), int(dh));
-    for (int k = 1; k < w; ++k) x.push_back(Symbol::set(digits(0, 9)));
-    out.push_back(std::move(x));
-  }
-  if (tail) range_fixed(0, hi % p, w - 1, with(int(hi / p), int(hi / p)), out);
-}
-
-// Natural numbers in [lo, hi] written without leading zeros; hi < 0 means unbounded.
-void natural_range(Grammar& g, int64_t lo, int64_t hi, std::vector<Alt>& out) {
-  int dlo = num_digits(lo);
-  int dhi = hi < 0 ? dlo : num_digits(hi);
-  for (int d = dlo; d <= dhi; ++d) {
-    int64_t a = std::max<int64_t>(lo, d == 1 ? 0 : pow10(d - 1));
-    int64_t b = (hi < 0 || d < dhi) ? pow10(d) - 1 : std::min<int64_t>(hi, pow10(d) - 1);
-    if (a <= b) range_fixed(a, b, d, {}, out);
-  }
-  if (hi < 0) {  // any number with more than dhi digits
-    Alt x{Symbol::set(digits(1, 9))};
-    g.repeat(Alt{Symbol::set(digits(0, 9))}, dhi, -1, "int_digits", x);
-    out.push_back(std::move(x));
-  }
-}
 
 class SchemaCompiler {
  public:
@@ -158,23 +107,23 @@ class SchemaCompiler {
   int32_t integer() {
     if (integer_ >= 0) return integer_;
     Alt nz{Symbol::byte('-')};
-    Alt pos{Symbol::set(digits(1, 9))};
-    if (o_.bounded_numbers) g_.repeat(Alt{Symbol::set(digits(0, 9))}, 0, 17, "json_digits", pos);
-    else pos.push_back(Symbol::ref(g_.star(Alt{Symbol::set(digits(0, 9))}, "json_digits")));
+    Alt pos{Symbol::set(digit_set(1, 9))};
+    if (o_.bounded_numbers) g_.repeat(Alt{Symbol::set(digit_set(0, 9))}, 0, 17, "json_digits", pos);
+    else pos.push_back(Symbol::ref(g_.star(Alt{Symbol::set(digit_set(0, 9))}, "json_digits")));
     nz.insert(nz.end(), pos.begin(), pos.end());
     integer_ = g_.add_rule("json_integer", {lit("0"), pos, nz});
     return integer_;
   }
   int32_t number() {
     if (number_ >= 0) return number_;
-    Alt d1{Symbol::set(digits(0, 9))};
+    Alt d1{Symbol::set(digit_set(0, 9))};
     const bool b = o_.bounded_numbers;
     auto digits_rule = [&](int lo, int hi) {  // [0-9]{lo,hi} (hi < 0: unbounded)
       Alt a;
       g_.repeat(d1, lo, hi, "json_digits", a);
       return g_.add_rule("json_digits", {a});
     };
-    Alt nonzero{Symbol::set(digits(1, 9)), Symbol::ref(digits_rule(0, b ? 17 : -1))};
+    Alt nonzero{Symbol::set(digit_set(1, 9)), Symbol::ref(digits_rule(0, b ? 17 : -1))};
     int32_t intpart = g_.add_rule("json_int_part", {lit("0"), nonzero});
     Alt frac = lit(".");
     frac.push_back(Symbol::ref(digits_rule(1, b ? 16 : -1)));
@@ -256,6 +205,11 @@ class SchemaCompiler {
     return 0;
   }
 
+  // Draft-4 style `"exclusiveMinimum": true` next to `minimum`.
+  static bool draft4_flag(const json& s, const char* key) {
+    return s.contains(key) && s[key].is_boolean() && s[key].get<bool>();
+  }
+
   std::vector<Alt> integer_alts(const json& s) {
     bool has_lo = false, has_hi = false;
     int64_t lo = 0, hi = 0;
@@ -270,10 +224,8 @@ class SchemaCompiler {
       if (is_min) { lo = has_lo ? std::max(lo, b) : b; has_lo = true; }
       else { hi = has_hi ? std::min(hi, b) : b; has_hi = true; }
     };
-    bool excl_min4 = s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_boolean() && s["exclusiveMinimum"].get<bool>();
-    bool excl_max4 = s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_boolean() && s["exclusiveMaximum"].get<bool>();
-    get("minimum", true, excl_min4);
-    get("maximum", false, excl_max4);
+    get("minimum", true, draft4_flag(s, "exclusiveMinimum"));
+    get("maximum", false, draft4_flag(s, "exclusiveMaximum"));
     get("exclusiveMinimum", true, true);
     get("exclusiveMaximum", false, true);
     if (!has_lo && !has_hi) return {Alt{Symbol::ref(integer())}};
@@ -291,6 +243,27 @@ class SchemaCompiler {
     }
     if (!has_hi || hi >= 0) natural_range(g_, has_lo ? std::max<int64_t>(0, lo) : 0, has_hi ? hi : -1, out);
     return out;
+  }
+
+  // Numbers with bounds: exactly the plain decimals in range (json_numbers.h); no bounds:
+  // any JSON number.
+  std::vector<Alt> number_alts(const json& s) {
+    std::optional<NumberBound> lo, hi;
+    auto get = [&](const char* key, bool is_min, bool exclusive) {
+      if (!s.contains(key) || s[key].is_boolean()) return;
+      NumberBound b{parse_decimal(s[key], key), !exclusive};
+      std::optional<NumberBound>& cur = is_min ? lo : hi;
+      int c = cur ? compare(b.value, cur->value) : 0;
+      if (!cur || (is_min ? c > 0 : c < 0) || (c == 0 && !b.inclusive)) cur = b;
+    };
+    get("minimum", true, draft4_flag(s, "exclusiveMinimum"));
+    get("maximum", false, draft4_flag(s, "exclusiveMaximum"));
+    get("exclusiveMinimum", true, true);
+    get("exclusiveMaximum", false, true);
+    if (!lo && !hi) return {Alt{Symbol::ref(number())}};
+    NumberCaps caps;
+    if (o_.bounded_numbers) caps = NumberCaps{18, 16};  // as number()'s bounded form
+    return number_range_alts(g_, lo, hi, caps);
   }
 
   std::vector<Alt> string_alts(const json& s) {
@@ -538,9 +511,9 @@ class SchemaCompiler {
       alts.push_back(lit("null"));
       return alts;
     }
-    auto only = [&](const char* key) {
+    auto only = [&](const char* key, bool type_ok = false) {
       for (auto& [k, v] : s.items())
-        if (k != key && !kAnnotations.count(k) && k != "nullable")
+        if (k != key && !kAnnotations.count(k) && k != "nullable" && !(type_ok && k == "type"))
           throw GrammarError(fmt::format("keyword '{}' next to '{}' is not supported", k, key));
     };
     if (s.contains("$ref")) {
@@ -562,22 +535,26 @@ class SchemaCompiler {
       for (auto& part : s[key]) alts.push_back(Alt{sub(part, depth, fmt::format("{}_any{}", name, i++))});
       return alts;
     }
+    // const / enum with `type` (pydantic's Literal: {"const": "cat", "type": "string"}): both
+    // must hold, so values of another type are not in the language.
     if (s.contains("const")) {
-      only("const");
+      only("const", true);
+      if (s.contains("type") && !value_has_type(s["const"], type_list(s)))
+        throw GrammarError(fmt::format("'const' value {} is not of the schema's 'type' {}", s["const"].dump(), s["type"].dump()));
       return {lit(compact_dump(s["const"]))};
     }
     if (s.contains("enum")) {
+      only("enum", true);
       if (!s["enum"].is_array() || s["enum"].empty()) throw GrammarError("'enum' must be a non-empty array");
       std::vector<Alt> alts;
-      for (auto& v : s["enum"]) alts.push_back(lit(compact_dump(v)));
+      for (auto& v : s["enum"])
+        if (!s.contains("type") || value_has_type(v, type_list(s))) alts.push_back(lit(compact_dump(v)));
+      if (alts.empty()) throw GrammarError(fmt::format("no 'enum' value is of the schema's 'type' {}", s["type"].dump()));
       return alts;
     }
     std::vector<std::string> types;
     if (s.contains("type")) {
-      const json& t = s["type"];
-      if (t.is_string()) types.push_back(t.get<std::string>());
-      else if (t.is_array()) for (auto& x : t) { if (!x.is_string()) throw GrammarError("'type' entries must be strings"); types.push_back(x.get<std::string>()); }
-      else throw GrammarError("'type' must be a string or an array of strings");
+      types = type_list(s);
     } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
       types = {"object"};
     } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
@@ -594,11 +571,8 @@ class SchemaCompiler {
       std::vector<Alt> part;
       if (t == "string") part = string_alts(s);
       else if (t == "integer") part = integer_alts(s);
-      else if (t == "number") {
-        for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-          if (s.contains(k)) throw GrammarError(fmt::format("JSON schema keyword '{}' is supported only for type 'integer', not 'number'", k));
-        part = {Alt{Symbol::ref(number())}};
-      } else if (t == "boolean") part = {lit("true"), lit("false")};
+      else if (t == "number") part = number_alts(s);
+      else if (t == "boolean") part = {lit("true"), lit("false")};
       else if (t == "null") part = {lit("null")};
       else if (t == "array") part = array_schema_alts(s, depth, name);
       else if (t == "object") part = object_alts(s, depth, name);
@@ -606,6 +580,31 @@ class SchemaCompiler {
       out.insert(out.end(), part.begin(), part.end());
     }
     return out;
+  }
+
+  static std::vector<std::string> type_list(const json& s) {
+    std::vector<std::string> types;
+    const json& t = s["type"];
+    if (t.is_string()) types.push_back(t.get<std::string>());
+    else if (t.is_array()) for (auto& x : t) { if (!x.is_string()) throw GrammarError("'type' entries must be strings"); types.push_back(x.get<std::string>()); }
+    else throw GrammarError("'type' must be a string or an array of strings");
+    return types;
+  }
+
+  // JSON Schema's type test; an integer is a number with no fraction (1.0 is an integer).
+  static bool value_has_type(const json& v, const std::vector<std::string>& types) {
+    for (const auto& t : types) {
+      if (t == "string" ? v.is_string()
+          : t == "number" ? v.is_number()
+          : t == "integer" ? (v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
+          : t == "boolean" ? v.is_boolean()
+          : t == "null" ? v.is_null()
+          : t == "array" ? v.is_array()
+          : t == "object" ? v.is_object()
+          : throw GrammarError("unknown JSON schema type '" + t + "'"))
+        return true;
+    }
+    return false;
   }
 
   std::string compact_dump(const json& v) const {

@@ -56,12 +56,56 @@ MIXED = {
     "required": ["id", "score", "kind", "pair", "meta", "const"],
 }
 
+# What pydantic v2 writes (model_json_schema) for Literal fields, a str Enum, a discriminated
+# union and float Field(ge=0, le=1) / Field(ge=0, lt=1) / confloat(gt=-2.5, le=3.75).
+PYDANTIC_UNION = {
+    "$defs": {
+        "Cat": {"properties": {"pet_type": {"const": "cat", "title": "Pet Type", "type": "string"},
+                               "lives": {"maximum": 9, "minimum": 1, "title": "Lives", "type": "integer"}},
+                "required": ["pet_type", "lives"], "title": "Cat", "type": "object"},
+        "Dog": {"properties": {"pet_type": {"const": "dog", "title": "Pet Type", "type": "string"},
+                               "bark": {"exclusiveMaximum": 1, "minimum": 0, "title": "Bark", "type": "number"}},
+                "required": ["pet_type", "bark"], "title": "Dog", "type": "object"},
+        "Color": {"enum": ["red", "green", "blue"], "title": "Color", "type": "string"},
+    },
+    "properties": {
+        "pet": {"discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}, "propertyName": "pet_type"},
+                "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "title": "Pet"},
+        "color": {"$ref": "#/$defs/Color"},
+        "confidence": {"maximum": 1, "minimum": 0, "title": "Confidence", "type": "number"},
+        "offset": {"exclusiveMinimum": -2.5, "maximum": 3.75, "title": "Offset", "type": "number"},
+        "kind": {"enum": ["a", "b"], "title": "Kind", "type": "string"},
+    },
+    "required": ["pet", "color", "confidence", "offset", "kind"],
+    "title": "Owner",
+    "type": "object",
+}
+
+NUMBER_RANGES = {
+    "type": "array",
+    "prefixItems": [
+        {"type": "number", "exclusiveMinimum": 0},
+        {"type": "number", "maximum": 10},
+        {"type": "number", "minimum": -13.25, "exclusiveMaximum": -0.5},
+        {"type": "number", "minimum": 0.125, "maximum": 120},
+        {"type": "number", "exclusiveMaximum": 0},
+    ],
+    "items": False,
+}
+
 CORPUS = [
     ("schema_weather_tool", {"kind": "json_schema", "text": json.dumps(WEATHER_TOOL)}),
     ("schema_person_refs", {"kind": "json_schema", "text": json.dumps(PERSON_REFS), "explained": "length_strings"}),
     ("schema_long_enum", {"kind": "json_schema", "text": json.dumps(LONG_ENUM)}),
     ("schema_mixed", {"kind": "json_schema", "text": json.dumps(MIXED)}),
     ("schema_mixed_compact", {"kind": "json_schema", "text": json.dumps(MIXED), "any_whitespace": False}),
+    ("schema_pydantic_union", {"kind": "json_schema", "text": json.dumps(PYDANTIC_UNION), "explained": "fraction_digits",
+                               "steps": 60, "content_walk": True}),
+    ("schema_pydantic_union_compact", {"kind": "json_schema", "text": json.dumps(PYDANTIC_UNION), "any_whitespace": False,
+                                       "explained": "fraction_digits",
+                               "steps": 60, "content_walk": True}),
+    ("schema_number_ranges", {"kind": "json_schema", "text": json.dumps(NUMBER_RANGES), "explained": "fraction_digits",
+                               "steps": 60, "content_walk": True}),
     ("json_object", {"kind": "json_object"}),
     ("regex_phone", {"kind": "regex", "text": r"\(\d{3}\) \d{3}-\d{4}"}),
     ("regex_classes", {"kind": "regex", "text": r"[A-Z][a-z]+( [A-Z][a-z]+)*, [^,\n]{1,20}\.?"}),

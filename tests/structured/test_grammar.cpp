@@ -193,7 +193,8 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   EXPECT_NE(msg(R"({"type":"object","patternProperties":{}})").find("'patternProperties'"), std::string::npos);
   EXPECT_NE(msg(R"({"not":{}})").find("'not'"), std::string::npos);
   EXPECT_NE(msg(R"({"type":"number","multipleOf":2})").find("'multipleOf'"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","minimum":2})").find("'minimum'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"array","uniqueItems":true})").find("'uniqueItems'"), std::string::npos);
+  EXPECT_NE(msg(R"({"if":{"type":"string"},"then":{}})").find("'if'"), std::string::npos);
   EXPECT_NE(msg(R"({"type":"string","format":"hostname"})").find("hostname"), std::string::npos);
   EXPECT_NE(msg(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
   EXPECT_NE(msg(R"({"type":"objec"})").find("objec"), std::string::npos);
@@ -204,6 +205,48 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   deep += "{}";
   for (int i = 0; i < 5000; ++i) deep += "}";
   EXPECT_NE(msg(deep).find("deeper"), std::string::npos);
+}
+
+// pydantic v2: Literal["cat"] is {"const": "cat", "type": "string"}, a str Enum is
+// {"enum": [...], "type": "string"}, a discriminated union is oneOf + "discriminator" (an
+// OpenAPI annotation: it does not change the language).
+TEST(JsonSchema, ConstAndEnumWithTypeAsPydanticWrites) {
+  auto g = grammar_from_json_schema_text(R"({
+    "$defs": {
+      "Cat": {"type": "object", "title": "Cat", "required": ["pet_type", "meows"],
+              "properties": {"pet_type": {"const": "cat", "title": "Pet Type", "type": "string"},
+                             "meows": {"type": "integer"}}},
+      "Dog": {"type": "object", "title": "Dog", "required": ["pet_type", "barks"],
+              "properties": {"pet_type": {"const": "dog", "type": "string"},
+                             "barks": {"type": "number", "minimum": 0, "maximum": 1}}}},
+    "type": "object", "required": ["pet", "color"],
+    "properties": {
+      "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+              "discriminator": {"propertyName": "pet_type", "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}}},
+      "color": {"enum": ["red", "green", 3], "type": "string"}}})");
+  EXPECT_TRUE(matches(g, R"({"pet":{"pet_type":"cat","meows":3},"color":"red"})"));
+  EXPECT_TRUE(matches(g, R"({"pet":{"pet_type":"dog","barks":0.25},"color":"green"})"));
+  EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"dog","meows":3},"color":"red"})"));
+  EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"dog","barks":1.5},"color":"red"})"));
+  EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"cow","meows":3},"color":"red"})"));
+  EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"cat","meows":3},"color":3})"));  // not a string
+  auto msg = [](const std::string& s) {
+    try {
+      grammar_from_json_schema_text(s);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(msg(R"({"const": 2, "type": ["integer", "null"]})"), "no error");
+  EXPECT_EQ(msg(R"({"const": 2.0, "type": "integer"})"), "no error");
+  EXPECT_NE(msg(R"({"const": "cat", "type": "integer"})").find("'const' value \"cat\""), std::string::npos);
+  EXPECT_NE(msg(R"({"enum": [1, 2], "type": "string"})").find("no 'enum' value"), std::string::npos);
+  EXPECT_NE(msg(R"({"enum": ["a"], "type": "string", "minLength": 3})").find("'minLength' next to 'enum'"), std::string::npos);
+  EXPECT_NE(msg(R"({"const": "a", "type": "strin"})").find("strin"), std::string::npos);
+  auto nullable = grammar_from_json_schema_text(R"({"enum": ["a", null], "type": "string", "nullable": true})");
+  EXPECT_TRUE(matches(nullable, R"("a")"));
+  EXPECT_TRUE(matches(nullable, "null"));
 }
 
 TEST(Choice, ExactStrings) {
