@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -21,7 +22,8 @@ const std::set<std::string> kAnnotations = {"title", "description", "default", "
 const std::set<std::string> kKnown = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                        "anyOf", "oneOf", "allOf", "items", "prefixItems", "minItems", "maxItems",
                                        "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-                                       "exclusiveMinimum", "exclusiveMaximum", "$ref", "nullable", "uniqueItems"};
+                                       "exclusiveMinimum", "exclusiveMaximum", "$ref", "nullable", "uniqueItems",
+                                       "minProperties", "maxProperties"};
 
 const std::map<std::string, std::string> kFormats = {
     {"date", R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))"},
@@ -376,8 +378,8 @@ class SchemaCompiler {
   }
 
   std::vector<Alt> object_alts(const json& s, int depth, const std::string& name) {
-    for (const char* k : {"patternProperties", "minProperties", "maxProperties", "propertyNames", "dependentRequired",
-                          "dependentSchemas", "unevaluatedProperties"})
+    for (const char* k : {"patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+                          "unevaluatedProperties"})
       if (s.contains(k)) throw GrammarError(fmt::format("unsupported JSON schema keyword '{}'", k));
     json props = s.value("properties", json::object());
     if (!props.is_object()) throw GrammarError("'properties' must be an object");
@@ -399,6 +401,21 @@ class SchemaCompiler {
       else throw GrammarError("'additionalProperties' must be a boolean or a schema");
     } else if (props.empty()) {
       extra = Symbol::ref(any_value());
+    }
+    if (s.contains("minProperties") || s.contains("maxProperties")) {
+      int minp = int_field(s, "minProperties", 0), maxp = int_field(s, "maxProperties", -1);
+      if (maxp >= 0 && maxp < minp) throw GrammarError("maxProperties < minProperties: no object matches");
+      std::vector<Alt> kvs;
+      std::vector<bool> req;
+      int i = 0;
+      for (auto& [key, ps] : props.items()) {
+        Alt kv = lit(json(key).dump());
+        kv_sep(kv);
+        kv.push_back(sub(ps, depth, fmt::format("{}_{}", name, i++)));
+        kvs.push_back(std::move(kv));
+        req.push_back(required.count(key) > 0);
+      }
+      return counted_object_alts(kvs, req, extra, minp, maxp);
     }
     if (props.empty()) {
       if (extra) return generic_object_alts(*extra);
@@ -464,6 +481,71 @@ class SchemaCompiler {
     Grammar::literal("}", a);
     std::vector<Alt> out{a};
     if (all_optional) { Alt e = lit("{"); ws(e); Grammar::literal("}", e); out.push_back(std::move(e)); }
+    return out;
+  }
+
+  // minProperties / maxProperties: the declared-order member chain of object_alts with the
+  // count of members written so far in the rule key. tail(k, c): c >= 1 members written,
+  // declared members k.. may follow (required ones must), then additional members. Counts
+  // saturate at minProperties when there is no maximum, so rules are O(members x count).
+  std::vector<Alt> counted_object_alts(const std::vector<Alt>& kvs, const std::vector<bool>& req,
+                                       const std::optional<Symbol>& extra, int minp, int maxp) {
+    const int n = static_cast<int>(kvs.size());
+    auto sat = [&](int c) { return maxp >= 0 ? c : std::min(c, minp); };
+    auto room = [&](int c) { return maxp < 0 || c + 1 <= maxp; };
+    Alt xkv;
+    if (extra) { xkv = {Symbol::ref(string())}; kv_sep(xkv); xkv.push_back(*extra); }
+    auto member = [&](const Alt& kv, Symbol next, bool sep) {
+      Alt a;
+      if (sep) item_sep(a);
+      a.insert(a.end(), kv.begin(), kv.end());
+      a.push_back(next);
+      return a;
+    };
+    std::map<std::pair<int, int>, std::optional<Symbol>> memo;
+    std::function<std::optional<Symbol>(int, int)> tail = [&](int k, int c) -> std::optional<Symbol> {
+      auto key = std::make_pair(k, c);
+      if (auto it = memo.find(key); it != memo.end()) return it->second;
+      std::vector<Alt> alts;
+      if (k == n && extra && maxp < 0 && c == minp) {  // saturated: any number of extras more
+        int32_t r = g_.add_rule("json_obj_count");
+        g_.rules[r].alts = {Alt{}, member(xkv, Symbol::ref(r), true)};
+        return memo[key] = Symbol::ref(r);
+      }
+      if (k == n) {
+        if (c >= minp) alts.push_back(Alt{});
+        if (extra && room(c))
+          if (auto t = tail(n, sat(c + 1))) alts.push_back(member(xkv, *t, true));
+      } else {
+        if (room(c))
+          if (auto t = tail(k + 1, sat(c + 1))) alts.push_back(member(kvs[k], *t, true));
+        if (!req[k])
+          if (auto t = tail(k + 1, c)) alts.push_back(Alt{*t});
+      }
+      std::optional<Symbol> out;
+      if (!alts.empty()) out = Symbol::ref(g_.add_rule("json_obj_count", std::move(alts)));
+      return memo[key] = out;
+    };
+    std::vector<Alt> firsts;
+    bool all_optional = true;
+    for (int k = 0; k < n; ++k) {
+      if (maxp != 0)
+        if (auto t = tail(k + 1, sat(1))) firsts.push_back(member(kvs[k], *t, false));
+      if (req[k]) { all_optional = false; break; }
+    }
+    if (all_optional && extra && maxp != 0)
+      if (auto t = tail(n, sat(1))) firsts.push_back(member(xkv, *t, false));
+    std::vector<Alt> out;
+    if (!firsts.empty()) {
+      Alt a = lit("{");
+      ws(a);
+      a.push_back(Symbol::ref(g_.add_rule("json_members", std::move(firsts))));
+      ws(a);
+      Grammar::literal("}", a);
+      out.push_back(std::move(a));
+    }
+    if (all_optional && minp == 0) { Alt e = lit("{"); ws(e); Grammar::literal("}", e); out.push_back(std::move(e)); }
+    if (out.empty()) throw GrammarError("minProperties / maxProperties admit no object with these properties");
     return out;
   }
 
@@ -555,7 +637,8 @@ class SchemaCompiler {
     std::vector<std::string> types;
     if (s.contains("type")) {
       types = type_list(s);
-    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties") ||
+               s.contains("minProperties") || s.contains("maxProperties")) {
       types = {"object"};
     } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
       types = {"array"};

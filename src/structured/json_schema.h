@@ -4,7 +4,7 @@
 // anyOf), allOf of object schemas (merged), type lists, items / prefixItems, min/maxItems,
 // min/maxLength, pattern, format (date, time, date-time, uuid, email, uri, ipv4), integer and
 // number minimum / maximum / exclusive bounds (json_numbers.h), `type` next to const / enum
-// (values must be of the type), $ref into $defs / definitions / the root (recursive), OpenAPI
+// (values must be of the type), min/maxProperties, $ref into $defs / definitions / the root (recursive), OpenAPI
 // `nullable`. Annotations (title, description, default, examples, discriminator, ...) are ignored;
 // any other keyword throws GrammarError naming it (a 400), never silently dropped.
 // Nesting deeper than `max_depth` is refused.

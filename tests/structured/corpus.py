@@ -93,6 +93,19 @@ NUMBER_RANGES = {
     "items": False,
 }
 
+COUNTED_OBJECTS = {
+    "type": "object",
+    "properties": {
+        "fixed": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "enum": ["u", "v"]},
+                                                   "c": {"type": "boolean"}}, "minProperties": 2},
+        "open": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"],
+                 "additionalProperties": {"type": "integer"}, "minProperties": 2, "maxProperties": 3},
+        "few": {"type": "object", "properties": {"x": {"type": "null"}, "y": {"type": "null"}, "z": {"type": "null"}},
+                "maxProperties": 1},
+    },
+    "required": ["fixed", "open", "few"],
+}
+
 CORPUS = [
     ("schema_weather_tool", {"kind": "json_schema", "text": json.dumps(WEATHER_TOOL)}),
     ("schema_person_refs", {"kind": "json_schema", "text": json.dumps(PERSON_REFS), "explained": "length_strings"}),
@@ -106,6 +119,10 @@ CORPUS = [
                                "steps": 60, "content_walk": True}),
     ("schema_number_ranges", {"kind": "json_schema", "text": json.dumps(NUMBER_RANGES), "explained": "fraction_digits",
                                "steps": 60, "content_walk": True}),
+    ("schema_counted_objects", {"kind": "json_schema", "text": json.dumps(COUNTED_OBJECTS), "steps": 80,
+                                "content_walk": True}),
+    ("schema_counted_objects_compact", {"kind": "json_schema", "text": json.dumps(COUNTED_OBJECTS),
+                                        "any_whitespace": False, "steps": 80}),
     ("json_object", {"kind": "json_object"}),
     ("regex_phone", {"kind": "regex", "text": r"\(\d{3}\) \d{3}-\d{4}"}),
     ("regex_classes", {"kind": "regex", "text": r"[A-Z][a-z]+( [A-Z][a-z]+)*, [^,\n]{1,20}\.?"}),

@@ -249,6 +249,54 @@ TEST(JsonSchema, ConstAndEnumWithTypeAsPydanticWrites) {
   EXPECT_TRUE(matches(nullable, "null"));
 }
 
+// minProperties / maxProperties count declared and additional members alike: every object of
+// declared members (in order, any subset, "b" required when asked) followed by 0..3
+// additional ones is accepted exactly when its member count is within the bounds.
+TEST(JsonSchema, MinAndMaxPropertiesCountMembers) {
+  struct Case { int minp, maxp; bool extra, b_required; };
+  const std::vector<Case> cases = {{1, -1, true, false}, {2, -1, true, false}, {0, 2, true, false}, {2, 3, true, false},
+                                   {1, 1, true, false},  {2, -1, false, false}, {0, 1, false, false}, {2, 2, true, true},
+                                   {0, 0, true, false},  {3, 5, true, true}};
+  for (const auto& c : cases) {
+    std::string schema = R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}})";
+    schema += c.extra ? R"(,"additionalProperties":{"type":"integer"})" : R"(,"additionalProperties":false)";
+    if (c.b_required) schema += R"(,"required":["b"])";
+    schema += ",\"minProperties\":" + std::to_string(c.minp);
+    if (c.maxp >= 0) schema += ",\"maxProperties\":" + std::to_string(c.maxp);
+    auto g = grammar_from_json_schema_text(schema + "}");
+    for (int mask = 0; mask < 8; ++mask)
+      for (int extras = 0; extras <= 3; ++extras) {
+        std::vector<std::string> members;
+        for (int k = 0; k < 3; ++k)
+          if (mask >> k & 1) members.push_back(std::string("\"") + char('a' + k) + "\": 1");
+        for (int x = 0; x < extras; ++x) members.push_back(std::string("\"") + char('x' + x) + "\": 2");
+        std::string doc = "{";
+        for (size_t i = 0; i < members.size(); ++i) doc += (i ? ", " : "") + members[i];
+        doc += "}";
+        int n = static_cast<int>(members.size());
+        bool ok = n >= c.minp && (c.maxp < 0 || n <= c.maxp) && (c.extra || extras == 0) && (!c.b_required || (mask & 2));
+        EXPECT_EQ(matches(g, doc), ok) << schema << " on " << doc;
+      }
+  }
+  auto any = grammar_from_json_schema_text(R"({"minProperties":1,"maxProperties":2})");  // type object implied
+  EXPECT_FALSE(matches(any, "{}"));
+  EXPECT_TRUE(matches(any, R"({"k": [1, {"z": null}]})"));
+  EXPECT_TRUE(matches(any, R"({"k": 1, "j": "s"})"));
+  EXPECT_FALSE(matches(any, R"({"k": 1, "j": "s", "i": true})"));
+  auto msg = [](const std::string& s) {
+    try {
+      grammar_from_json_schema_text(s);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(R"({"type":"object","minProperties":3,"maxProperties":2})").find("maxProperties < minProperties"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"object","properties":{"a":{}},"minProperties":2})").find("admit no object"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"object","properties":{"a":{}},"required":["a"],"maxProperties":0})").find("admit no object"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"object","minProperties":-1})").find("non-negative"), std::string::npos);
+}
+
 TEST(Choice, ExactStrings) {
   auto g = grammar_from_choices({"yes", "no", "yes please"});
   EXPECT_TRUE(matches(g, "yes"));
