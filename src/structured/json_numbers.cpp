@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
+#include <map>
+#include <tuple>
 
 namespace moeserve::structured {
 namespace {
@@ -186,6 +189,85 @@ void natural_range(Grammar& g, int64_t lo, int64_t hi, std::vector<Alt>& out, in
     Alt x{Symbol::set(digit_set(1, 9))};
     g.repeat(Alt{Symbol::set(digit_set(0, 9))}, dhi, max_digits <= 0 ? -1 : max_digits - 1, "int_digits", x);
     out.push_back(std::move(x));
+  }
+}
+
+void natural_multiples(Grammar& g, int64_t lo, int64_t hi, int64_t m, std::vector<Alt>& out) {
+  // The pieces of natural_range: digit-class sequences, the last one (hi < 0) followed by any
+  // number of further digits.
+  std::vector<Alt> pieces;
+  const int dlo = num_digits(lo), dhi = hi < 0 ? dlo : num_digits(hi);
+  for (int d = dlo; d <= dhi; ++d) {
+    int64_t a = std::max<int64_t>(lo, d == 1 ? 0 : pow10(d - 1));
+    int64_t b = (hi < 0 || d < dhi) ? pow10(d) - 1 : std::min<int64_t>(hi, pow10(d) - 1);
+    if (a <= b) range_fixed(a, b, d, {}, pieces);
+  }
+  std::vector<bool> open(pieces.size(), false);
+  if (hi < 0) {  // [1-9][0-9]{dhi} then any digits
+    Alt x{Symbol::set(digit_set(1, 9))};
+    for (int k = 0; k < dhi; ++k) x.push_back(Symbol::set(digit_set(0, 9)));
+    pieces.push_back(std::move(x));
+    open.push_back(true);
+  }
+  // Digits of `set` grouped by the remainder they lead to from r.
+  auto groups = [&](const ByteSet& set, int64_t r) {
+    std::map<int64_t, ByteSet> by_target;
+    for (int dg = 0; dg <= 9; ++dg)
+      if (set.test('0' + dg)) by_target[(10 * r + dg) % m].set('0' + dg);
+    return by_target;
+  };
+  // tail[r]: digit strings (possibly empty) taking remainder r to 0; never empty, since
+  // appending k digits with 10^k >= m reaches every remainder. Built for every r at once (the
+  // rules refer to each other; no recursion, so m does not grow the stack).
+  const size_t first_rule = g.rules.size();
+  auto budget = [&] {
+    if (g.rules.size() - first_rule > 60000)
+      throw GrammarError(fmt::format("'multipleOf' {} with these bounds needs more than 60000 grammar rules", m));
+  };
+  std::vector<int32_t> tail;
+  auto tail_of = [&](int64_t r) {
+    if (tail.empty()) {
+      for (int64_t k = 0; k < m; ++k) tail.push_back(g.add_rule("int_mod_tail"));
+      budget();
+      for (int64_t k = 0; k < m; ++k) {
+        std::vector<Alt> alts;
+        if (k == 0) alts.push_back(Alt{});
+        for (auto& [r2, set] : groups(digit_set(0, 9), k)) alts.push_back(Alt{Symbol::set(set), Symbol::ref(tail[r2])});
+        g.rules[tail[k]].alts = std::move(alts);
+      }
+    }
+    return tail[r];
+  };
+  int32_t eps = -1;
+  // Piece suffixes of only [0-9] are shared between pieces: key (-digits left, open, r).
+  // Memo values: the rule, or -1 for "no string".
+  std::map<std::tuple<int64_t, bool, int64_t>, int32_t> shared;
+  const ByteSet all = digit_set(0, 9);
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const Alt& seq = pieces[p];
+    std::vector<bool> full(seq.size() + 1, true);  // seq[pos..] all [0-9]
+    for (size_t k = seq.size(); k-- > 0;) full[k] = full[k + 1] && seq[k].bytes == all;
+    std::map<std::tuple<int64_t, bool, int64_t>, int32_t> memo;
+    // from(pos, r): the rest of the piece from position pos with remainder r so far (depth:
+    // the piece's length, at most 19).
+    std::function<int32_t(size_t, int64_t)> from = [&](size_t pos, int64_t r) -> int32_t {
+      if (pos == seq.size()) {
+        if (open[p]) return tail_of(r);
+        if (r != 0) return -1;
+        if (eps < 0) eps = g.add_rule("int_mod_end", {Alt{}});
+        return eps;
+      }
+      auto& table = full[pos] ? shared : memo;
+      const auto key = std::make_tuple(int64_t(seq.size() - pos), bool(open[p]), r);
+      if (auto it = table.find(key); it != table.end()) return it->second;
+      std::vector<Alt> alts;
+      for (auto& [r2, set] : groups(seq[pos].bytes, r))
+        if (int32_t rest = from(pos + 1, r2); rest >= 0) alts.push_back(Alt{Symbol::set(set), Symbol::ref(rest)});
+      int32_t res = alts.empty() ? -1 : g.add_rule("int_mod", std::move(alts));
+      budget();
+      return table[key] = res;
+    };
+    if (int32_t s0 = from(0, 0); s0 >= 0) out.push_back(Alt{Symbol::ref(s0)});
   }
 }
 

@@ -51,6 +51,13 @@ ByteSet digit_set(int lo, int hi);
 // most `max_digits` digits when max_digits > 0). Appends alternatives to `out`.
 void natural_range(Grammar& g, int64_t lo, int64_t hi, std::vector<Alt>& out, int max_digits = -1);
 
+// The same numbers restricted to multiples of `m` (1 <= m <= 10000), for `multipleOf` on
+// integers: each range piece (a fixed-width digit-class sequence, or the unbounded "more
+// digits" one) is run in product with the remainder automaton r -> (10 r + d) mod m, so a
+// number is accepted exactly when its remainder is 0 at its end; all-digit piece suffixes are
+// shared, so rules are about m x digits. More than 60000 rules is a GrammarError.
+void natural_multiples(Grammar& g, int64_t lo, int64_t hi, int64_t m, std::vector<Alt>& out);
+
 // The JSON numbers between the bounds (absent = unbounded). Throws GrammarError when the
 // bounds admit no value.
 std::vector<Alt> number_range_alts(Grammar& g, const std::optional<NumberBound>& lo,

@@ -23,7 +23,7 @@ const std::set<std::string> kKnown = {"type", "properties", "required", "additio
                                        "anyOf", "oneOf", "allOf", "items", "prefixItems", "minItems", "maxItems",
                                        "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
                                        "exclusiveMinimum", "exclusiveMaximum", "$ref", "nullable", "uniqueItems",
-                                       "minProperties", "maxProperties"};
+                                       "minProperties", "maxProperties", "multipleOf"};
 
 const std::map<std::string, std::string> kFormats = {
     {"date", R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))"},
@@ -230,8 +230,13 @@ class SchemaCompiler {
     get("maximum", false, draft4_flag(s, "exclusiveMaximum"));
     get("exclusiveMinimum", true, true);
     get("exclusiveMaximum", false, true);
-    if (!has_lo && !has_hi) return {Alt{Symbol::ref(integer())}};
+    const int64_t mult = multiple_of(s);
+    if (!has_lo && !has_hi && mult == 1) return {Alt{Symbol::ref(integer())}};
     if (has_lo && has_hi && lo > hi) throw GrammarError("integer bounds admit no value (minimum > maximum)");
+    auto naturals = [&](int64_t a, int64_t b, std::vector<Alt>& into) {
+      if (mult == 1) natural_range(g_, a, b, into);
+      else natural_multiples(g_, a, b, mult, into);
+    };
     std::vector<Alt> out;
     // Negative part: -n for n in [max(1, -hi), -lo].
     if (!has_lo || lo < 0) {
@@ -239,17 +244,31 @@ class SchemaCompiler {
       int64_t nhi = has_lo ? -lo : -1;
       if (nhi < 0 || nlo <= nhi) {
         std::vector<Alt> nat;
-        natural_range(g_, nlo, nhi, nat);
+        naturals(nlo, nhi, nat);
         for (auto& a : nat) { Alt x = lit("-"); x.insert(x.end(), a.begin(), a.end()); out.push_back(std::move(x)); }
       }
     }
-    if (!has_hi || hi >= 0) natural_range(g_, has_lo ? std::max<int64_t>(0, lo) : 0, has_hi ? hi : -1, out);
+    if (!has_hi || hi >= 0) naturals(has_lo ? std::max<int64_t>(0, lo) : 0, has_hi ? hi : -1, out);
+    if (out.empty()) throw GrammarError("integer bounds and 'multipleOf' admit no value");
     return out;
+  }
+
+  // multipleOf on integers: a positive whole number (1 when absent).
+  static int64_t multiple_of(const json& s) {
+    if (!s.contains("multipleOf")) return 1;
+    const json& v = s["multipleOf"];
+    double d = v.is_number() ? v.get<double>() : 0;
+    if (!(d > 0) || std::floor(d) != d)
+      throw GrammarError("'multipleOf' must be a positive whole number for type 'integer' (fractional multipleOf is not supported)");
+    if (d > 10000) throw GrammarError("'multipleOf' above the supported limit of 10000");
+    return static_cast<int64_t>(d);
   }
 
   // Numbers with bounds: exactly the plain decimals in range (json_numbers.h); no bounds:
   // any JSON number.
   std::vector<Alt> number_alts(const json& s) {
+    if (s.contains("multipleOf"))
+      throw GrammarError("JSON schema keyword 'multipleOf' is supported only for type 'integer', not 'number'");
     std::optional<NumberBound> lo, hi;
     auto get = [&](const char* key, bool is_min, bool exclusive) {
       if (!s.contains(key) || s[key].is_boolean()) return;
@@ -644,7 +663,8 @@ class SchemaCompiler {
       types = {"array"};
     } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
       types = {"string"};
-    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) {
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum") ||
+               s.contains("multipleOf")) {
       types = {"number"};
     } else {
       return {Alt{Symbol::ref(any_value())}};

@@ -395,7 +395,7 @@ def test_forced_tool_call_errors(base):
                                             "tool_choice": "required", "response_format": {"type": "json_object"}})
     assert r.status_code == 400
     bad_tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "x": {"type": "integer", "multipleOf": 3}}}}}]
+        "x": {"type": "number", "multipleOf": 0.5}}}}}]
     r = post(base, "/v1/chat/completions", {"model": NAME, "messages": MSG, "max_tokens": 5, "tools": bad_tools,
                                             "tool_choice": "required"})
     assert r.status_code == 400 and "multipleOf" in r.text

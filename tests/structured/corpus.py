@@ -106,6 +106,19 @@ COUNTED_OBJECTS = {
     "required": ["fixed", "open", "few"],
 }
 
+# multipleOf without bounds only: xgrammar 0.2.8 ignores multipleOf next to a range (it warns
+# "range + multipleOf combination not yet supported"), we enforce both (JsonNumbers.IntegerMultipleOfIsExact).
+MULTIPLES = {
+    "type": "array",
+    "prefixItems": [
+        {"type": "integer", "multipleOf": 7},
+        {"type": "integer", "multipleOf": 12},
+        {"type": "integer", "multipleOf": 1000},
+    ],
+    "minItems": 3,
+    "items": False,
+}
+
 CORPUS = [
     ("schema_weather_tool", {"kind": "json_schema", "text": json.dumps(WEATHER_TOOL)}),
     ("schema_person_refs", {"kind": "json_schema", "text": json.dumps(PERSON_REFS), "explained": "length_strings"}),
@@ -123,6 +136,8 @@ CORPUS = [
                                 "content_walk": True}),
     ("schema_counted_objects_compact", {"kind": "json_schema", "text": json.dumps(COUNTED_OBJECTS),
                                         "any_whitespace": False, "steps": 80}),
+    ("schema_integer_multiples", {"kind": "json_schema", "text": json.dumps(MULTIPLES), "any_whitespace": False,
+                                  "steps": 40}),
     ("json_object", {"kind": "json_object"}),
     ("regex_phone", {"kind": "regex", "text": r"\(\d{3}\) \d{3}-\d{4}"}),
     ("regex_classes", {"kind": "regex", "text": r"[A-Z][a-z]+( [A-Z][a-z]+)*, [^,\n]{1,20}\.?"}),

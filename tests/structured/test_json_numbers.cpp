@@ -168,3 +168,48 @@ TEST(JsonNumbers, DecimalsAreWhatTheSchemaWrote) {
   EXPECT_EQ(compare(dec("0.50"), dec("0.5")), 0);
   EXPECT_GT(compare(dec("0.05"), dec("0.049999")), 0);
 }
+
+// multipleOf on integers: exactly the multiples in range, checked for every integer in
+// [-1200, 1200] (and a few large ones against unbounded sides); fractional multipleOf and
+// multipleOf on numbers stay a 400 naming the keyword.
+TEST(JsonNumbers, IntegerMultipleOfIsExact) {
+  struct Case { const char* extra; int m; std::optional<int64_t> lo, hi; };
+  const std::vector<Case> cases = {
+      {"", 3, std::nullopt, std::nullopt},      {"", 7, std::nullopt, std::nullopt},
+      {"", 12, std::nullopt, std::nullopt},     {R"(,"minimum":0,"maximum":1000)", 25, 0, 1000},
+      {R"(,"exclusiveMinimum":-50,"maximum":7)", 4, -49, 7},   {R"(,"minimum":100)", 13, 100, std::nullopt},
+      {R"(,"maximum":-3)", 6, std::nullopt, -3},              {R"(,"minimum":5,"maximum":5)", 5, 5, 5},
+      {R"(,"minimum":-999,"maximum":999)", 1, -999, 999},      {R"(,"minimum":1)", 1000, 1, std::nullopt},
+  };
+  for (const auto& c : cases) {
+    std::string schema = std::string(R"({"type":"integer","multipleOf":)") + std::to_string(c.m) + c.extra + "}";
+    Lang lang(schema);
+    for (int64_t v = -1200; v <= 1200; ++v) {
+      bool ok = v % c.m == 0 && (!c.lo || v >= *c.lo) && (!c.hi || v <= *c.hi);
+      ASSERT_EQ(lang.has(std::to_string(v)), ok) << schema << " on " << v;
+    }
+    for (int64_t v : {123456789012LL, -98765432101234LL, 1000000000000000000LL}) {
+      bool ok = v % c.m == 0 && (!c.lo || v >= *c.lo) && (!c.hi || v <= *c.hi);
+      EXPECT_EQ(lang.has(std::to_string(v)), ok) << schema << " on " << v;
+    }
+    EXPECT_FALSE(lang.has("-0"));
+    EXPECT_FALSE(lang.has("03"));
+  }
+  Lang two(R"({"type":"integer","multipleOf":2.0})");
+  EXPECT_TRUE(two.has("4"));
+  EXPECT_FALSE(two.has("5"));
+  auto msg = [](const std::string& s) {
+    try {
+      grammar_from_json_schema_text(s);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(R"({"type":"integer","multipleOf":1.5})").find("'multipleOf' must be a positive whole number"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"integer","multipleOf":0})").find("'multipleOf' must be a positive whole number"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"integer","multipleOf":1e9})").find("limit"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"number","multipleOf":0.5})").find("'multipleOf' is supported only for type 'integer'"), std::string::npos);
+  EXPECT_NE(msg(R"({"multipleOf":2})").find("'multipleOf'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"integer","multipleOf":10,"minimum":1,"maximum":9})").find("admit no value"), std::string::npos);
+}
