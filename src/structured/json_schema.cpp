@@ -9,6 +9,7 @@
 #include <set>
 
 #include "structured/json_numbers.h"
+#include "structured/matcher.h"
 #include "structured/regex.h"
 
 namespace moeserve::structured {
@@ -636,23 +637,7 @@ class SchemaCompiler {
       for (auto& part : s[key]) alts.push_back(Alt{sub(part, depth, fmt::format("{}_any{}", name, i++))});
       return alts;
     }
-    // const / enum with `type` (pydantic's Literal: {"const": "cat", "type": "string"}): both
-    // must hold, so values of another type are not in the language.
-    if (s.contains("const")) {
-      only("const", true);
-      if (s.contains("type") && !value_has_type(s["const"], type_list(s)))
-        throw GrammarError(fmt::format("'const' value {} is not of the schema's 'type' {}", s["const"].dump(), s["type"].dump()));
-      return {lit(compact_dump(s["const"]))};
-    }
-    if (s.contains("enum")) {
-      only("enum", true);
-      if (!s["enum"].is_array() || s["enum"].empty()) throw GrammarError("'enum' must be a non-empty array");
-      std::vector<Alt> alts;
-      for (auto& v : s["enum"])
-        if (!s.contains("type") || value_has_type(v, type_list(s))) alts.push_back(lit(compact_dump(v)));
-      if (alts.empty()) throw GrammarError(fmt::format("no 'enum' value is of the schema's 'type' {}", s["type"].dump()));
-      return alts;
-    }
+    if (s.contains("const") || s.contains("enum")) return value_list_alts(s, depth);
     std::vector<std::string> types;
     if (s.contains("type")) {
       types = type_list(s);
@@ -683,6 +668,59 @@ class SchemaCompiler {
       out.insert(out.end(), part.begin(), part.end());
     }
     return out;
+  }
+
+  // const / enum and the keywords next to them: both must hold (pydantic's Literal writes
+  // {"const": "cat", "type": "string"}), so a value outside the other keywords is not in the
+  // language. `type` alone is checked directly; other keywords by matching the value's text
+  // with the schema minus const / enum, compiled on a grammar of its own (so unsupported ones
+  // are still named).
+  std::vector<Alt> value_list_alts(const json& s, int depth) {
+    const bool is_const = s.contains("const");
+    if (is_const && s.contains("enum")) throw GrammarError("keyword 'enum' next to 'const' is not supported");
+    const json values = is_const ? json::array({s["const"]}) : s["enum"];
+    if (!is_const && (!values.is_array() || values.empty())) throw GrammarError("'enum' must be a non-empty array");
+    json rest = json::object();
+    for (auto& [k, v] : s.items())
+      if (k != "const" && k != "enum" && !kAnnotations.count(k) && k != "nullable") rest[k] = v;
+    std::function<bool(const json&)> ok = [](const json&) { return true; };
+    std::shared_ptr<CompiledGrammar> cg;
+    if (rest.size() == 1 && rest.contains("type")) {
+      ok = [types = type_list(rest)](const json& v) { return value_has_type(v, types); };
+    } else if (!rest.empty()) {
+      Grammar check;
+      SchemaCompiler c(check, root_, o_);
+      check.root = c.compile(rest, depth + 1, "value_check");
+      cg = std::make_shared<CompiledGrammar>(check, byte_vocab());
+      ok = [&](const json& v) {
+        int32_t st = cg->step_bytes(cg->initial_state(), compact_dump(v));
+        return st >= 0 && cg->accepting(st);
+      };
+    }
+    std::vector<Alt> alts;
+    for (auto& v : values)
+      if (ok(v)) alts.push_back(lit(compact_dump(v)));
+    if (!alts.empty()) return alts;
+    if (rest.size() == 1 && rest.contains("type")) {
+      if (is_const) throw GrammarError(fmt::format("'const' value {} is not of the schema's 'type' {}", values[0].dump(), rest["type"].dump()));
+      throw GrammarError(fmt::format("no 'enum' value is of the schema's 'type' {}", rest["type"].dump()));
+    }
+    std::string kws;
+    for (auto& [k, v] : rest.items()) kws += (kws.empty() ? "'" : ", '") + k + "'";
+    if (is_const) throw GrammarError(fmt::format("'const' value {} does not satisfy the keywords next to it ({})", values[0].dump(), kws));
+    throw GrammarError(fmt::format("no 'enum' value satisfies the keywords next to it ({})", kws));
+  }
+
+  // One token per byte: for matching a const / enum value's text.
+  static std::shared_ptr<const TokenVocab> byte_vocab() {
+    static const std::shared_ptr<const TokenVocab> v = [] {
+      auto voc = std::make_shared<TokenVocab>();
+      for (int b = 0; b < 256; ++b) voc->token_bytes.push_back(std::string(1, char(b)));
+      voc->special.assign(256, false);
+      voc->build();
+      return voc;
+    }();
+    return v;
   }
 
   static std::vector<std::string> type_list(const json& s) {

@@ -1,7 +1,7 @@
 // JSON Schema -> Grammar, with xgrammar's coverage and defaults (so masks can be compared
 // with it): properties in declared order, `required`, `additionalProperties` (absent = false
-// when `properties` is given, as xgrammar's strict mode), enum / const (with `type` next to
-// them: values must be of the type), anyOf / oneOf (as anyOf), allOf of object schemas
+// when `properties` is given, as xgrammar's strict mode), enum / const (values must also
+// satisfy the keywords next to them, e.g. pydantic's {"const": "cat", "type": "string"}), anyOf / oneOf (as anyOf), allOf of object schemas
 // (merged), type lists, items / prefixItems, min/maxItems, min/maxLength, pattern, format
 // (date, time, date-time, uuid, email, uri, ipv4), integer and number minimum / maximum /
 // exclusive bounds (json_numbers.h), multipleOf on integers, min/maxProperties, $ref into

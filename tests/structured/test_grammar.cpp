@@ -242,7 +242,23 @@ TEST(JsonSchema, ConstAndEnumWithTypeAsPydanticWrites) {
   EXPECT_EQ(msg(R"({"const": 2.0, "type": "integer"})"), "no error");
   EXPECT_NE(msg(R"({"const": "cat", "type": "integer"})").find("'const' value \"cat\""), std::string::npos);
   EXPECT_NE(msg(R"({"enum": [1, 2], "type": "string"})").find("no 'enum' value"), std::string::npos);
-  EXPECT_NE(msg(R"({"enum": ["a"], "type": "string", "minLength": 3})").find("'minLength' next to 'enum'"), std::string::npos);
+  EXPECT_NE(msg(R"({"enum": ["a"], "type": "string", "minLength": 3})").find("no 'enum' value satisfies the keywords next to it ('type', 'minLength')"),
+            std::string::npos);
+  EXPECT_NE(msg(R"({"const": 7, "maximum": 5})").find("'const' value 7 does not satisfy"), std::string::npos);
+  EXPECT_NE(msg(R"({"enum": ["a"], "not": {}})").find("'not'"), std::string::npos);
+  EXPECT_NE(msg(R"({"const": "a", "enum": ["a"]})").find("'enum' next to 'const'"), std::string::npos);
+  // Other keywords next to enum / const filter the values exactly (the value's text is matched
+  // with the schema minus enum).
+  auto filtered = grammar_from_json_schema_text(R"({"type":"array","prefixItems":[
+      {"type":"string","enum":["a","abcd","xyz"],"minLength":3,"maxLength":3},
+      {"type":"integer","enum":[5,12,-3,7.0],"minimum":0,"maximum":10},
+      {"type":"string","enum":["ab1","abc"],"pattern":"^[a-z]+$"},
+      {"enum":[[1,2],[1],[1,2,3]],"type":"array","minItems":2,"maxItems":2}]})");
+  EXPECT_TRUE(matches(filtered, R"(["xyz",5,"abc",[1,2]])"));
+  EXPECT_FALSE(matches(filtered, R"(["xyz",7.0,"abc",[1,2]])"));  // 7.0 is not integer-spelled
+  for (const char* gone : {R"(["abcd",5,"abc",[1,2]])", R"(["xyz",12,"abc",[1,2]])", R"(["xyz",-3,"abc",[1,2]])",
+                           R"(["xyz",5,"ab1",[1,2]])", R"(["xyz",5,"abc",[1]])", R"(["xyz",5,"abc",[1,2,3]])"})
+    EXPECT_FALSE(matches(filtered, gone)) << gone;
   EXPECT_NE(msg(R"({"const": "a", "type": "strin"})").find("strin"), std::string::npos);
   auto nullable = grammar_from_json_schema_text(R"({"enum": ["a", null], "type": "string", "nullable": true})");
   EXPECT_TRUE(matches(nullable, R"("a")"));
