@@ -132,7 +132,7 @@ const std::vector<DebugFlagSpec>& debug_flag_specs() {
        "CPU backend: worker threads of the global pool (0: one per hardware thread).", {}, 0, 4096},
       {"MOESERVE_P2P_ALLREDUCE", T::Bool, "0",
        "Tensor parallel on one host: small all-reduces by the one-shot peer-to-peer kernel instead of "
-       "NCCL (measured no faster in the step; docs/bench/log.md, "Multi-GPU").",
+       "NCCL (measured no faster in the step; docs/bench/log.md, \"Multi-GPU\").",
        {}},
       {"MOESERVE_TEST_NOW", T::Int, "(unset)",
        "Chat templates: strftime_now() uses this Unix time instead of the clock (tests compare "
