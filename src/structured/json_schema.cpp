@@ -576,6 +576,7 @@ class SchemaCompiler {
     if (s.contains("type")) {
       const json& t = s["type"];
       if (t.is_string()) types.push_back(t.get<std::string>());
+      else if (t.is_array() && t.empty()) throw GrammarError("'type' must not be an empty array");
       else if (t.is_array()) for (auto& x : t) { if (!x.is_string()) throw GrammarError("'type' entries must be strings"); types.push_back(x.get<std::string>()); }
       else throw GrammarError("'type' must be a string or an array of strings");
     } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
@@ -649,6 +650,8 @@ Grammar grammar_from_json_schema_text(std::string_view text, const JsonSchemaOpt
     throw GrammarError(e.what(), 0);
   } catch (const json::parse_error& e) {
     throw GrammarError(std::string("invalid JSON schema: ") + e.what(), e.byte > 0 ? e.byte - 1 : 0);
+  } catch (const json::out_of_range& e) {  // a number beyond a double (1e400)
+    throw GrammarError(std::string("invalid JSON schema: ") + e.what());
   }
   return grammar_from_json_schema(schema, opts);
 }
