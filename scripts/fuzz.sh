@@ -9,7 +9,8 @@
 #   scripts/fuzz.sh --seconds 3600 --target fuzz_jinja   # a developer's long run
 #   scripts/fuzz.sh --build-only | --list
 # The corpus of each target grows in build-fuzz/fuzz/corpus/<target>/ and is kept between
-# runs (seeded from the fixtures listed in build-fuzz/fuzz/<target>.seeds).
+# runs (seeded from the fixtures listed in build-fuzz/fuzz/<target>.seeds). A target with a
+# tests/fuzz/dicts/<target>.dict (field names, keywords) gets it as libFuzzer's -dict.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=45
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
     --target) TARGETS+=("$2"); shift 2 ;;
     --build-only) BUILD_ONLY=1; shift ;;
     --list) LIST=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -57,11 +58,12 @@ run_one() {
       cp -n "$seed" "$corpus/" 2>/dev/null || true
     fi
   done < "$fz/$t.seeds"
-  local rc=0
+  local rc=0 dict=()
+  [ -f "tests/fuzz/dicts/$t.dict" ] && dict=(-dict="tests/fuzz/dicts/$t.dict")
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
     "$fz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
-      -print_final_stats=1 -artifact_prefix="$crashes/" "$corpus" > "$fz/$t.log" 2>&1 || rc=$?
+      -print_final_stats=1 -artifact_prefix="$crashes/" "${dict[@]}" "$corpus" > "$fz/$t.log" 2>&1 || rc=$?
   local execs cov
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$fz/$t.log" | grep -o '[0-9]*$' | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$fz/$t.log" | tail -1 | grep -o '[0-9]*')

@@ -263,7 +263,7 @@ AnthropicTranslation translate_anthropic_request(const ojson& body, bool count_o
     if (!oc->is_object()) invalid("output_config: Input should be a valid dictionary");
     if (const ojson* fm = opt_field(*oc, "format")) {
       // {"type": "json_schema", "schema": {...}}: the chat body's response_format (one engine).
-      if (!fm->is_object() || fm->value("type", std::string()) != "json_schema" || !opt_field(*fm, "schema"))
+      if (!fm->is_object() || !fm->contains("type") || (*fm)["type"] != "json_schema" || !opt_field(*fm, "schema"))
         invalid("output_config.format: expected {\"type\": \"json_schema\", \"schema\": {...}}");
       c["response_format"] = {{"type", "json_schema"},
                                  {"json_schema", {{"name", "output"}, {"schema", (*fm)["schema"]}}}};

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/bounded_json.h"
 #include "core/error.h"
 #include "server/agent_output.h"
 #include "server/api_formatter.h"
@@ -283,7 +284,9 @@ ResponsesTranslation translate_responses_request(const ojson& body, const ojson&
       if (type == "json_schema") {
         const ojson* schema = opt_field(*fm, "schema");
         if (!schema) throw bad_request("text.format: json_schema needs a `schema`", "text");
-        ojson js = {{"name", fm->value("name", std::string("output"))}, {"schema", *schema}};
+        const ojson* name = opt_field(*fm, "name");
+        if (name && !name->is_string()) throw bad_request("text.format.name: Input should be a valid string", "text");
+        ojson js = {{"name", name ? *name : ojson("output")}, {"schema", *schema}};
         if (const ojson* st = opt_field(*fm, "strict")) js["strict"] = *st;
         c["response_format"] = {{"type", "json_schema"}, {"json_schema", js}};
       } else if (type == "json_object") {
@@ -333,7 +336,7 @@ ResponsesTranslation translate_responses_request(const ojson& body, const ojson&
     if (tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required")) {
       if (has_tools) c["tool_choice"] = *tc;
       else if (*tc != "none") throw bad_request("tool_choice: requires `tools`", "tool_choice");
-    } else if (tc->is_object() && (*tc).value("type", "") == "function") {
+    } else if (tc->is_object() && tc->contains("type") && (*tc)["type"] == "function") {
       const std::string& name = need_string(*tc, "name", "tool_choice");
       bool found = false;
       if (has_tools)
@@ -608,7 +611,9 @@ void ResponsesApi::handle(OpenAIService& svc, const std::string& path, const Htt
       if (!store_.cancel(id))
         throw bad_request(fmt::format("Response '{}' is {}: only an in-progress response can be cancelled.", id,
                                       stored->status));
-      ojson r = ojson::parse(stored->json);
+      // The stored Response echoes request fields (tools, text.format, metadata) at the depth
+      // they had in the request body, so the body's nesting limit holds for it too.
+      ojson r = parse_json_bounded<ojson>(stored->json, "stored response");
       r["status"] = "cancelled";
       sink->send(200, kJson, r.dump());
     } else if (http.method == "GET") {

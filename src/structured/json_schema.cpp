@@ -727,6 +727,7 @@ class SchemaCompiler {
     std::vector<std::string> types;
     const json& t = s["type"];
     if (t.is_string()) types.push_back(t.get<std::string>());
+    else if (t.is_array() && t.empty()) throw GrammarError("'type' must not be an empty array");
     else if (t.is_array()) for (auto& x : t) { if (!x.is_string()) throw GrammarError("'type' entries must be strings"); types.push_back(x.get<std::string>()); }
     else throw GrammarError("'type' must be a string or an array of strings");
     return types;

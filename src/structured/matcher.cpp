@@ -147,6 +147,10 @@ CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVo
     }
   }
   analyse_rules(g);
+  // A grammar whose root derives no string (an empty type list, a rule without alternatives,
+  // only endless recursion) is refused here, while compiling (a 400), rather than by the first
+  // Matcher on the engine's sampling path.
+  if (!root_productive_) throw GrammarError("the grammar matches nothing (no string derives from its root rule)");
 }
 
 void CompiledGrammar::analyse_rules(const Grammar& g) {
@@ -176,6 +180,7 @@ void CompiledGrammar::analyse_rules(const Grammar& g) {
     }
   }
   all_productive_ = std::all_of(productive.begin(), productive.end(), [](char c) { return c != 0; });
+  root_productive_ = productive[g.root] != 0;
   // FIRST (bytes) of each rule.
   std::vector<bool> nul = g.nullable();
   std::vector<ByteSet> first(nr);

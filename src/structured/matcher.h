@@ -81,6 +81,7 @@ bool byte_level_decode(std::string_view token, std::string& out);
 
 class CompiledGrammar {
  public:
+  // Throws GrammarError when the grammar is left-recursive or matches no string at all.
   CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab);
   ~CompiledGrammar();
   CompiledGrammar(const CompiledGrammar&) = delete;
@@ -173,6 +174,7 @@ class CompiledGrammar {
   std::vector<int32_t> rule_of_pos_;
   std::vector<ByteSet> follow_;   // per rule: bytes that can follow a completion of it
   bool all_productive_ = true;    // every rule derives some string (completing a rule never dead-ends)
+  bool root_productive_ = true;   // the root derives some string (else the constructor throws)
   int32_t root_ = 0;
 
   std::mutex mu_;

@@ -189,6 +189,9 @@ TEST(AnthropicTranslate, Errors) {
   b = ok;
   b["output_config"] = {{"format", {{"type", "json_schema"}}}};  // no schema
   EXPECT_NE(anthropic_error(b).find("output_config.format: expected"), std::string::npos);
+  // A wrongly typed format type is the same 400, not nlohmann's type_error (a 500; fuzz_requests).
+  b["output_config"] = {{"format", {{"type", 1}, {"schema", {{"type", "object"}}}}}};
+  EXPECT_NE(anthropic_error(b).find("output_config.format: expected"), std::string::npos);
   b = ok;
   b["output_config"] = {{"format", {{"type", "json_schema"}, {"schema", {{"type", "object"}}}}}};
   EXPECT_EQ(translate_anthropic_request(b, false).chat_body["response_format"]["json_schema"]["schema"]["type"],
@@ -254,6 +257,17 @@ TEST(ResponsesTranslate, Refusals) {
   b = ok;
   b["parallel_tool_calls"] = false;
   EXPECT_EQ(translate_responses_request(b, ojson()).max_tool_calls, 1);
+  // Wrongly typed fields are 400s naming the field, not nlohmann's type_error (a 500; found
+  // by fuzz_requests, inputs in tests/fuzz/regressions/fuzz_requests/).
+  b = ok;
+  b["text"] = {{"format", {{"type", "json_schema"}, {"name", 1}, {"schema", {{"type", "object"}}}}}};
+  EXPECT_EQ(err(b), "text.format.name: Input should be a valid string");
+  b["text"]["format"].erase("name");
+  EXPECT_EQ(translate_responses_request(b, ojson()).chat_body["response_format"]["json_schema"]["name"], "output");
+  b = ok;
+  b["tools"] = {{{"type", "function"}, {"name", "f"}}};
+  b["tool_choice"] = {{"type", 1}, {"name", "f"}};
+  EXPECT_NE(err(b).find("tool_choice: only 'none', 'auto', 'required'"), std::string::npos);
 }
 
 struct Recorder : BlockListener {

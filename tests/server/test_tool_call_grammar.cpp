@@ -74,5 +74,20 @@ TEST(ToolCallGrammar, ErrorsAreGrammarErrors) {
   EXPECT_FALSE(has_tool_call_grammar("no_such_parser"));
 }
 
+// A string parameter's minLength / maxLength of the wrong type or range is a GrammarError
+// (a 400), as in the JSON Schema compiler: it was nlohmann's type_error (a 500; fuzz_requests).
+TEST(ToolCallGrammar, MinimaxStringLengthsAreChecked) {
+  auto tools = [](const std::string& len) {
+    return ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"s": {"type": "string", )" + len + "}}}}}]");
+  };
+  for (const char* bad : {R"("maxLength": "x")", R"("minLength": -1)", R"("minLength": 1.5)", R"("maxLength": 20000)",
+                          R"("minLength": 5, "maxLength": 2)"}) {
+    EXPECT_THROW(tool_call_grammar("minimax_m2", ToolCallGrammarRequest{tools(bad), {}, false}), structured::GrammarError)
+        << bad;
+  }
+  EXPECT_NO_THROW(tool_call_grammar("minimax_m2", ToolCallGrammarRequest{tools(R"("minLength": 1, "maxLength": 4)"), {}, false}));
+}
+
 }  // namespace
 }  // namespace moeserve::server

@@ -145,6 +145,14 @@ TEST(JsonSchema, DeeplyNestedSchemaTextIsAGrammarErrorNamingTheLimit) {
   }
 }
 
+// A number beyond a double in the schema text is a GrammarError like any invalid JSON, not
+// nlohmann's out_of_range escaping the compiler (fuzz_structured; regression
+// tests/fuzz/regressions/fuzz_structured/schema-number-overflow).
+TEST(JsonSchema, NumberOverflowInSchemaTextIsAGrammarError) {
+  EXPECT_THROW(grammar_from_json_schema_text(R"({"type":"integer","maximum":4e746})"), GrammarError);
+  EXPECT_THROW(grammar_from_json_schema_text("4e746"), GrammarError);
+}
+
 TEST(JsonSchema, ArraysEnumsRefs) {
   auto g = grammar_from_json_schema_text(R"({
     "$defs": {"node": {"type":"object","properties":{"v":{"enum":["x",1,null]},

@@ -204,3 +204,19 @@ TEST(Matcher, FastMaskEqualsFullTrieWalk) {
     EXPECT_LT(s.uncertain_checked, static_cast<uint64_t>(vocab->token_bytes.size()) * (c.doc.size() + 1));
   }
 }
+
+// A grammar that matches no string is a compile error (GrammarError, the server's 400), not an
+// error of the first Matcher on the engine's sampling path (fuzz_structured found
+// {"type": []} compiling and then throwing there; regression
+// tests/fuzz/regressions/fuzz_structured/schema-empty-type-list).
+TEST(CompiledGrammar, GrammarMatchingNothingIsACompileError) {
+  auto vocab = random_vocab(3, 10);
+  Grammar endless = parse_ebnf("root ::= \"a\" root");  // only endless recursion: no string
+  EXPECT_THROW(std::make_shared<CompiledGrammar>(endless, vocab), GrammarError);
+  Grammar empty_rule;
+  empty_rule.root = empty_rule.add_rule("root");  // no alternatives
+  EXPECT_THROW(std::make_shared<CompiledGrammar>(empty_rule, vocab), GrammarError);
+  EXPECT_THROW(grammar_from_json_schema_text(R"({"type": []})"), GrammarError);
+  Grammar ok = parse_ebnf("root ::= \"a\" root | \"b\"");
+  EXPECT_NO_THROW(std::make_shared<CompiledGrammar>(ok, vocab));
+}

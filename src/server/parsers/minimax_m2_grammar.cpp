@@ -38,6 +38,16 @@ int32_t raw_text_rule(Grammar& g) {
   return g.star(Alt{Symbol::ref(unit)}, "raw_text");
 }
 
+// minLength / maxLength as the JSON Schema compiler reads them: a non-negative integer up to
+// 10000 (GrammarError otherwise, a 400), `dflt` when absent.
+int length_field(const ojson& schema, const char* key, int dflt) {
+  if (!schema.contains(key)) return dflt;
+  const ojson& v = schema[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) throw GrammarError(fmt::format("'{}' must be a non-negative integer", key));
+  if (v.get<int64_t>() > 10000) throw GrammarError(fmt::format("'{}' above the supported limit of 10000", key));
+  return static_cast<int>(v.get<int64_t>());
+}
+
 // A string parameter with constraints, as raw text: pattern / format through the regex
 // compiler, lengths as counts of characters other than '<'.
 int32_t raw_string_rule(Grammar& g, const ojson& schema) {
@@ -53,7 +63,8 @@ int32_t raw_string_rule(Grammar& g, const ojson& schema) {
     if (a.size() != 3 || !a[1].is_rule()) throw GrammarError("unsupported string parameter schema");
     return a[1].rule;
   }
-  int lo = schema.value("minLength", 0), hi = schema.contains("maxLength") ? schema.value("maxLength", 0) : -1;
+  int lo = length_field(schema, "minLength", 0), hi = length_field(schema, "maxLength", -1);
+  if (hi >= 0 && hi < lo) throw GrammarError("maxLength < minLength: no string matches");
   Alt ch, out;
   g.codepoints({{'<', '<'}}, true, ch);
   g.repeat(ch, lo, hi, "raw_len", out);
