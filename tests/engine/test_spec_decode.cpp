@@ -425,6 +425,7 @@ TEST(SpecEngine, GreedyIdenticalWithMixedPrefillDecodeBatches) {
   EngineConfig off = engine_cfg(6, 16);
   EngineConfig on = off;
   on.speculative = ngram(4, 1, 3);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
   const RunResult b = run(std::make_unique<ToyExecutor>(kToy), on, jobs);
   expect_same(a, b);
@@ -460,6 +461,7 @@ TEST(SpecEngine, SeededSamplingWithEveryLogitsStageIsIdentical) {
   EngineConfig off = engine_cfg(4, 24, {0});
   EngineConfig on = off;
   on.speculative = ngram(3, 1, 2);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
   const RunResult b = run(std::make_unique<ToyExecutor>(kToy), on, jobs);
   expect_same(a, b);
@@ -485,6 +487,7 @@ TEST(SpecEngine, AllowedTokensAndThinkingBudgetIdentical) {
   EngineConfig off = engine_cfg(8, 64);
   EngineConfig on = off;
   on.speculative = ngram(5, 1, 4);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
   const RunResult b = run(std::make_unique<ToyExecutor>(kToy), on, jobs);
   expect_same(a, b);
@@ -530,6 +533,7 @@ TEST(SpecEngine, StopsAndMaxTokensInsideAcceptedRuns) {
   EngineConfig off = engine_cfg(16, 64, {31});
   EngineConfig on = off;
   on.speculative = ngram(4, 2, 3);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ReplayExecutor>(periodic_replay(20)), off, jobs);
   const RunResult b = run(std::make_unique<ReplayExecutor>(periodic_replay(20)), on, jobs);
   expect_same(a, b);
@@ -557,6 +561,7 @@ TEST(SpecEngine, AbortsMidVerifyLeaveNoKv) {
   rc.step_sleep = 2ms;
   EngineConfig cfg = engine_cfg(8, 64);
   cfg.speculative = ngram(4, 2, 3);
+  cfg.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   auto engine = make_engine(cfg, std::make_unique<ReplayExecutor>(rc));
   Collector c;
   for (int i = 0; i < 6; ++i) {
@@ -596,6 +601,7 @@ TEST(SpecEngine, PreemptionAndPrefixCachingStayExact) {
   EngineConfig off = engine_cfg(8, 32);
   EngineConfig on = off;
   on.speculative = ngram(6, 1, 2);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ToyExecutor>(small), off, jobs);
   const RunResult b = run(std::make_unique<ToyExecutor>(small), on, jobs);
   expect_same(a, b);

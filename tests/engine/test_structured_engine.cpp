@@ -280,6 +280,7 @@ TEST(StructuredEngine, SpeculativeDecodingGivesTheSameOutputs) {
       cfg.speculative.num_speculative_tokens = 4;
       cfg.speculative.prompt_lookup_min = 1;
       cfg.speculative.prompt_lookup_max = 3;
+      cfg.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
     }
     auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(ToyExecutorConfig{.vocab_size = 64, .peak = 0.5f}));
     Collector c;
