@@ -68,7 +68,7 @@ struct SpecPolicyOptions {
   // --no-speculative-adaptive pins num_speculative_tokens, vLLM's behaviour; tests).
   int pinned_k = -1;
   int explore_interval = 8;   // at most one exploration per this many choices in a bucket
-  int reexplore_after = 64;   // a k unmeasured for this many choices of its bucket is measured again
+  int reexplore_after = 256;  // a k unmeasured for this many choices of its bucket is measured again
   double cost_weight = 0.125;          // EWMA weight of a new time (a running mean until 1/n < it)
   double acceptance_weight = 1.0 / 64;  // EWMA weight of a new acceptance observation (likewise)
   double acceptance_prior = 0.5;        // a_j before any observation (one pseudo-observation)
