@@ -64,7 +64,12 @@ std::pair<int, int> SpecPolicy::bucket_of(const SpecStepShape& shape) {
 
 SpecPolicy::Bucket& SpecPolicy::bucket(const SpecStepShape& shape) {
   Bucket& b = buckets_[bucket_of(shape)];
-  if (b.cells.empty()) b.cells.resize(size_t(max_k_) + 1);
+  if (b.cells.empty()) {
+    b.cells.resize(size_t(max_k_) + 1);
+    // As if the last exploration were explore_interval choices ago (modulo 2^64): a new bucket
+    // explores as soon as its first k is measured, then at most once per interval.
+    b.last_explore = uint64_t(0) - uint64_t(opt_.explore_interval);
+  }
   return b;
 }
 
