@@ -214,7 +214,9 @@ bool spec_keeps_row_on_host(const SpecConfig& cfg, const SpecPolicyOptions& opt,
 // ---------------------------------------------------------------------------------------------
 
 SpecController::SpecController(const SpecConfig& cfg, SpecPolicyOptions options, int max_model_len)
-    : cfg_(cfg), max_model_len_(max_model_len), policy_(cfg.enabled() ? cfg.num_speculative_tokens : 0, std::move(options)) {}
+    : cfg_(cfg),
+      max_model_len_(max_model_len),
+      policy_(cfg.enabled() ? cfg.num_speculative_tokens : 0, std::move(options)) {}
 
 double SpecController::seconds(SpecPhase phase, const SpecStepShape& shape, int k, Clock::time_point from) const {
   const double measured = std::chrono::duration<double>(Clock::now() - from).count();
@@ -253,7 +255,10 @@ std::vector<int> SpecController::choose_and_propose_ngram(const std::vector<Sequ
   std::vector<int> ks(going_on.size(), 0);
   if (!enabled()) return ks;
   t_draft_ = Clock::now();
-  if (pure_decode_ && step_k_) policy_.observe_time(SpecPhase::Verify, step_shape_, *step_k_, seconds(SpecPhase::Verify, step_shape_, *step_k_, t_step_));
+  // This step's verify part (schedule .. delivery), under the k chosen for it.
+  if (pure_decode_ && step_k_)
+    policy_.observe_time(SpecPhase::Verify, step_shape_, *step_k_,
+                         seconds(SpecPhase::Verify, step_shape_, *step_k_, t_step_));
   if (going_on.empty()) return ks;
   int max_budget = 0;
   int64_t ctx = 0;
@@ -284,7 +289,8 @@ std::vector<int> SpecController::choose_and_propose_ngram(const std::vector<Sequ
 
 void SpecController::end_draft() {
   if (!enabled() || !pure_decode_ || !next_k_) return;
-  policy_.observe_time(SpecPhase::Draft, next_shape_, *next_k_, seconds(SpecPhase::Draft, next_shape_, *next_k_, t_draft_));
+  policy_.observe_time(SpecPhase::Draft, next_shape_, *next_k_,
+                       seconds(SpecPhase::Draft, next_shape_, *next_k_, t_draft_));
 }
 
 void SpecController::fill_stats(EngineStats& s) const {
