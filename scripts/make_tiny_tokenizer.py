@@ -3,7 +3,7 @@
 tokens trained with HF `tokenizers` on assets/tiny-tokenizer/train_corpus.json (a JSON list of
 texts), using MiniMax-M2's o200k pre-tokenizer regex, the ByteLevel decoder, and the MiniMax-M2
 added tokens after the base vocab (ids 2000-2008): the role markers are special, the think and
-tool-call tags are not (see docs/architecture.md, "tokenizer"). Total ids: 2009, so a tiny
+tool-call tags are not (see src/tokenizer/README.md, "Tiny model tokenizer"). Total ids: 2009, so a tiny
 model needs vocab_size >= 2009 (2048 recommended: padded rows, as MiniMax-M2 pads to 200064).
 
 Usage: python3 scripts/make_tiny_tokenizer.py [--out assets/tiny-tokenizer]

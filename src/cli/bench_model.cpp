@@ -1,19 +1,18 @@
-// `moeserve bench-model`: model-level decode / prefill benchmark on the CUDA backend
-// (src/tools/bench_model.h). Without CUDA support in the build it reports that and fails.
+// `moeserve bench-model`: model-level decode / prefill / verify benchmark on the CUDA backend
+// (src/tools/bench_model.h), or decode / verify rows on the CPU reference (--device cpu,
+// src/tools/bench_verify.h). Without CUDA support in the build only --device cpu runs.
 #include "cli/registry.h"
 #include "core/error.h"
-
-#ifdef MOESERVE_WITH_CUDA
 #include "tools/bench_model.h"
-#endif
 
 namespace {
 moeserve::cli::RegisterSubcommand reg(
     "bench-model", "Benchmark decode/prefill throughput against the GPU roofline", [](CLI::App* sub) {
-#ifdef MOESERVE_WITH_CUDA
       auto opt = std::make_shared<moeserve::tools::BenchModelOptions>();
       sub->option_defaults()->group("Model");
-      sub->add_option("--synthetic", opt->synthetic, "Random weights with a known model's shapes (minimax-m2.5, qwen3-30b-a3b; -tp: minimax-m2.5)");
+      sub->add_option("--synthetic", opt->synthetic,
+                      "Random weights with a known model's shapes (minimax-m2.5, qwen3-30b-a3b, minimax-m2-tiny; -tp: "
+                      "minimax-m2.5)");
       sub->add_option("model", opt->checkpoint, "Checkpoint directory (instead of --synthetic)");
       sub->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (same as the positional argument)");
       sub->add_option("--layers", opt->layers, "Decoder layers (0: 4 synthetic / all of a checkpoint)")
@@ -26,7 +25,22 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_option("--iters", opt->iters, "Timed repetitions (median)")->capture_default_str();
       sub->add_option("--warmup-ms", opt->warmup_ms, "Replay each decode graph ~this long before timing (GPU clocks)")
           ->capture_default_str();
+      sub->add_option("--verify-tokens", opt->verify_tokens,
+                      "Speculative verify rows: for each k, every sequence has 1 + k query tokens at its context "
+                      "(0 = the decode row; replaces the decode table)");
+      sub->add_option("--routing-overlap", opt->routing_overlap,
+                      "Synthetic routing of verify rows: each token keeps this fraction of the previous token's "
+                      "top-k experts per layer, the rest random distinct (default: the router's)");
+      sub->add_option("--routing-seed", opt->routing_seed, "Seed of the synthetic routing")->capture_default_str();
+      sub->add_option("--measure-routing-overlap", opt->measure_routing_overlap,
+                      "Instead of timing: run these prompts (JSON token-id lists) through a checkpoint on the CPU "
+                      "and report the router's overlap between consecutive tokens");
+      sub->add_option("--overlap-decode-tokens", opt->overlap_decode_tokens,
+                      "Greedy tokens per prompt for --measure-routing-overlap")
+          ->capture_default_str();
       sub->option_defaults()->group("Engine");
+      sub->add_option("--device", opt->device, "cuda, or cpu (the reference backend: decode / verify rows only)")
+          ->capture_default_str();
       sub->add_option("--block-size", opt->block_size, "KV block size")->capture_default_str();
       sub->add_option("--kv-cache-dtype", opt->kv_cache_dtype,
                       "auto (bf16) | fp8 | fp8_e4m3: the KV cache's dtype (FP8: e4m3, scales 1.0)")
@@ -53,11 +67,14 @@ moeserve::cli::RegisterSubcommand reg(
             for (const auto& r : o->results()) cmd += " " + r;
           }
         opt->command_line = cmd;
+#ifdef MOESERVE_WITH_CUDA
         return moeserve::tools::run_bench_model(*opt);
-      };
 #else
-      (void)sub;
-      return []() -> int { moeserve::fail("bench-model needs a build with the CUDA backend (MOESERVE_CUDA=ON)"); };
+        moeserve::tools::check_verify_options(*opt);
+        if (opt->device == "cpu") return moeserve::tools::run_bench_model_cpu(*opt);
+        moeserve::fail("bench-model --device cuda needs a build with the CUDA backend (MOESERVE_CUDA=ON); --device cpu "
+                       "runs on the CPU reference");
 #endif
+      };
     });
 }  // namespace

@@ -109,7 +109,7 @@ const std::vector<DebugFlagSpec>& debug_flag_specs() {
        {"router", "moe", "qkv", "qk_kv", "attn_decode", "dense_gemv", "dense_norm", "route_dense", "all"}},
       {"MOESERVE_DECODE_MEGA", T::Bool, "0",
        "CUDA: decode_layer as the persistent one-kernel layer (batch 1, FP8, one rank). Measured faster "
-       "than the separate ops at 8k context and slower at 1k (docs/benchmarks.md); opt-in until a "
+       "than the separate ops at 8k context and slower at 1k (docs/bench/log.md); opt-in until a "
        "selector picks it by context.",
        {}},
       {"MOESERVE_MEGA_TIMING", T::Bool, "0",
@@ -132,7 +132,7 @@ const std::vector<DebugFlagSpec>& debug_flag_specs() {
        "CPU backend: worker threads of the global pool (0: one per hardware thread).", {}, 0, 4096},
       {"MOESERVE_P2P_ALLREDUCE", T::Bool, "0",
        "Tensor parallel on one host: small all-reduces by the one-shot peer-to-peer kernel instead of "
-       "NCCL (measured no faster in the step; docs/benchmarks.md).",
+       "NCCL (measured no faster in the step; docs/bench/log.md, \"Multi-GPU\").",
        {}},
       {"MOESERVE_TEST_NOW", T::Int, "(unset)",
        "Chat templates: strftime_now() uses this Unix time instead of the clock (tests compare "

@@ -17,7 +17,7 @@
 // A linear over a concatenation is the sum of linears over its column blocks, so the [2H] and
 // [3 Ht] inputs are never materialised.
 //
-// Tap convention (docs/architecture.md, speculative decoding): the config's
+// Tap convention (src/engine/README.md, "Draft heads"): the config's
 // `eagle_aux_hidden_state_layer_ids` (top level or in `eagle_config`) are read with the
 // convention named by `eagle_aux_hidden_state_convention` (same places):
 //   "input_of_layer":  id b = the residual stream entering layer b (vLLM's reading, HF

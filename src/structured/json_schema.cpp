@@ -4,9 +4,12 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 
+#include "structured/json_numbers.h"
+#include "structured/matcher.h"
 #include "structured/regex.h"
 
 namespace moeserve::structured {
@@ -20,7 +23,8 @@ const std::set<std::string> kAnnotations = {"title", "description", "default", "
 const std::set<std::string> kKnown = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                        "anyOf", "oneOf", "allOf", "items", "prefixItems", "minItems", "maxItems",
                                        "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-                                       "exclusiveMinimum", "exclusiveMaximum", "$ref", "nullable", "uniqueItems"};
+                                       "exclusiveMinimum", "exclusiveMaximum", "$ref", "nullable", "uniqueItems",
+                                       "minProperties", "maxProperties", "multipleOf"};
 
 const std::map<std::string, std::string> kFormats = {
     {"date", R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))"},
@@ -33,58 +37,6 @@ const std::map<std::string, std::string> kFormats = {
     {"uri", R"([a-zA-Z][a-zA-Z0-9+.\-]*:[^\x00-\x20"\\<>^`{|}\x7f]*)"},
     {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
 };
-
-ByteSet digits(int lo, int hi) {
-  ByteSet b;
-  for (int d = lo; d <= hi; ++d) b.set('0' + d);
-  return b;
-}
-
-int num_digits(int64_t v) {
-  int n = 1;
-  while (v >= 10) { v /= 10; ++n; }
-  return n;
-}
-
-int64_t pow10(int w) {
-  int64_t p = 1;
-  while (w-- > 0) p *= 10;
-  return p;
-}
-
-// Fixed-width decimal strings in [lo, hi] (leading zeros allowed) as digit-class sequences.
-void range_fixed(int64_t lo, int64_t hi, int w, Alt prefix, std::vector<Alt>& out) {
-  if (w == 0) { out.push_back(std::move(prefix)); return; }
-  int64_t p = pow10(w - 1);
-  int64_t dl = lo / p, dh = hi / p;
-  auto with = [&](int a, int b) { Alt x = prefix; x.push_back(Symbol::set(digits(a, b))); return x; };
-  if (dl == dh) { range_fixed(lo % p, hi % p, w - 1, with(int(dl), int(dl)), out); return; }
-  if (lo % p != 0) { range_fixed(lo % p, p - 1, w - 1, with(int(dl), int(dl)), out); ++dl; }
-  bool tail = hi % p != p - 1;
-  if (tail) --dh;
-  if (dl <= dh) {
-    Alt x = with(int(dl), int(dh));
-    for (int k = 1; k < w; ++k) x.push_back(Symbol::set(digits(0, 9)));
-    out.push_back(std::move(x));
-  }
-  if (tail) range_fixed(0, hi % p, w - 1, with(int(hi / p), int(hi / p)), out);
-}
-
-// Natural numbers in [lo, hi] written without leading zeros; hi < 0 means unbounded.
-void natural_range(Grammar& g, int64_t lo, int64_t hi, std::vector<Alt>& out) {
-  int dlo = num_digits(lo);
-  int dhi = hi < 0 ? dlo : num_digits(hi);
-  for (int d = dlo; d <= dhi; ++d) {
-    int64_t a = std::max<int64_t>(lo, d == 1 ? 0 : pow10(d - 1));
-    int64_t b = (hi < 0 || d < dhi) ? pow10(d) - 1 : std::min<int64_t>(hi, pow10(d) - 1);
-    if (a <= b) range_fixed(a, b, d, {}, out);
-  }
-  if (hi < 0) {  // any number with more than dhi digits
-    Alt x{Symbol::set(digits(1, 9))};
-    g.repeat(Alt{Symbol::set(digits(0, 9))}, dhi, -1, "int_digits", x);
-    out.push_back(std::move(x));
-  }
-}
 
 class SchemaCompiler {
  public:
@@ -158,23 +110,23 @@ class SchemaCompiler {
   int32_t integer() {
     if (integer_ >= 0) return integer_;
     Alt nz{Symbol::byte('-')};
-    Alt pos{Symbol::set(digits(1, 9))};
-    if (o_.bounded_numbers) g_.repeat(Alt{Symbol::set(digits(0, 9))}, 0, 17, "json_digits", pos);
-    else pos.push_back(Symbol::ref(g_.star(Alt{Symbol::set(digits(0, 9))}, "json_digits")));
+    Alt pos{Symbol::set(digit_set(1, 9))};
+    if (o_.bounded_numbers) g_.repeat(Alt{Symbol::set(digit_set(0, 9))}, 0, 17, "json_digits", pos);
+    else pos.push_back(Symbol::ref(g_.star(Alt{Symbol::set(digit_set(0, 9))}, "json_digits")));
     nz.insert(nz.end(), pos.begin(), pos.end());
     integer_ = g_.add_rule("json_integer", {lit("0"), pos, nz});
     return integer_;
   }
   int32_t number() {
     if (number_ >= 0) return number_;
-    Alt d1{Symbol::set(digits(0, 9))};
+    Alt d1{Symbol::set(digit_set(0, 9))};
     const bool b = o_.bounded_numbers;
     auto digits_rule = [&](int lo, int hi) {  // [0-9]{lo,hi} (hi < 0: unbounded)
       Alt a;
       g_.repeat(d1, lo, hi, "json_digits", a);
       return g_.add_rule("json_digits", {a});
     };
-    Alt nonzero{Symbol::set(digits(1, 9)), Symbol::ref(digits_rule(0, b ? 17 : -1))};
+    Alt nonzero{Symbol::set(digit_set(1, 9)), Symbol::ref(digits_rule(0, b ? 17 : -1))};
     int32_t intpart = g_.add_rule("json_int_part", {lit("0"), nonzero});
     Alt frac = lit(".");
     frac.push_back(Symbol::ref(digits_rule(1, b ? 16 : -1)));
@@ -256,6 +208,11 @@ class SchemaCompiler {
     return 0;
   }
 
+  // Draft-4 style `"exclusiveMinimum": true` next to `minimum`.
+  static bool draft4_flag(const json& s, const char* key) {
+    return s.contains(key) && s[key].is_boolean() && s[key].get<bool>();
+  }
+
   std::vector<Alt> integer_alts(const json& s) {
     bool has_lo = false, has_hi = false;
     int64_t lo = 0, hi = 0;
@@ -270,14 +227,17 @@ class SchemaCompiler {
       if (is_min) { lo = has_lo ? std::max(lo, b) : b; has_lo = true; }
       else { hi = has_hi ? std::min(hi, b) : b; has_hi = true; }
     };
-    bool excl_min4 = s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_boolean() && s["exclusiveMinimum"].get<bool>();
-    bool excl_max4 = s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_boolean() && s["exclusiveMaximum"].get<bool>();
-    get("minimum", true, excl_min4);
-    get("maximum", false, excl_max4);
+    get("minimum", true, draft4_flag(s, "exclusiveMinimum"));
+    get("maximum", false, draft4_flag(s, "exclusiveMaximum"));
     get("exclusiveMinimum", true, true);
     get("exclusiveMaximum", false, true);
-    if (!has_lo && !has_hi) return {Alt{Symbol::ref(integer())}};
+    const int64_t mult = multiple_of(s);
+    if (!has_lo && !has_hi && mult == 1) return {Alt{Symbol::ref(integer())}};
     if (has_lo && has_hi && lo > hi) throw GrammarError("integer bounds admit no value (minimum > maximum)");
+    auto naturals = [&](int64_t a, int64_t b, std::vector<Alt>& into) {
+      if (mult == 1) natural_range(g_, a, b, into);
+      else natural_multiples(g_, a, b, mult, into);
+    };
     std::vector<Alt> out;
     // Negative part: -n for n in [max(1, -hi), -lo].
     if (!has_lo || lo < 0) {
@@ -285,12 +245,47 @@ class SchemaCompiler {
       int64_t nhi = has_lo ? -lo : -1;
       if (nhi < 0 || nlo <= nhi) {
         std::vector<Alt> nat;
-        natural_range(g_, nlo, nhi, nat);
+        naturals(nlo, nhi, nat);
         for (auto& a : nat) { Alt x = lit("-"); x.insert(x.end(), a.begin(), a.end()); out.push_back(std::move(x)); }
       }
     }
-    if (!has_hi || hi >= 0) natural_range(g_, has_lo ? std::max<int64_t>(0, lo) : 0, has_hi ? hi : -1, out);
+    if (!has_hi || hi >= 0) naturals(has_lo ? std::max<int64_t>(0, lo) : 0, has_hi ? hi : -1, out);
+    if (out.empty()) throw GrammarError("integer bounds and 'multipleOf' admit no value");
     return out;
+  }
+
+  // multipleOf on integers: a positive whole number (1 when absent).
+  static int64_t multiple_of(const json& s) {
+    if (!s.contains("multipleOf")) return 1;
+    const json& v = s["multipleOf"];
+    double d = v.is_number() ? v.get<double>() : 0;
+    if (!(d > 0) || std::floor(d) != d)
+      throw GrammarError("'multipleOf' must be a positive whole number for type 'integer' (fractional multipleOf is not supported)");
+    if (d > 10000) throw GrammarError("'multipleOf' above the supported limit of 10000");
+    return static_cast<int64_t>(d);
+  }
+
+  // Numbers with bounds: exactly the plain decimals in range (json_numbers.h); no bounds:
+  // any JSON number.
+  std::vector<Alt> number_alts(const json& s) {
+    if (s.contains("multipleOf"))
+      throw GrammarError("JSON schema keyword 'multipleOf' is supported only for type 'integer', not 'number'");
+    std::optional<NumberBound> lo, hi;
+    auto get = [&](const char* key, bool is_min, bool exclusive) {
+      if (!s.contains(key) || s[key].is_boolean()) return;
+      NumberBound b{parse_decimal(s[key], key), !exclusive};
+      std::optional<NumberBound>& cur = is_min ? lo : hi;
+      int c = cur ? compare(b.value, cur->value) : 0;
+      if (!cur || (is_min ? c > 0 : c < 0) || (c == 0 && !b.inclusive)) cur = b;
+    };
+    get("minimum", true, draft4_flag(s, "exclusiveMinimum"));
+    get("maximum", false, draft4_flag(s, "exclusiveMaximum"));
+    get("exclusiveMinimum", true, true);
+    get("exclusiveMaximum", false, true);
+    if (!lo && !hi) return {Alt{Symbol::ref(number())}};
+    NumberCaps caps;
+    if (o_.bounded_numbers) caps = NumberCaps{18, 16};  // as number()'s bounded form
+    return number_range_alts(g_, lo, hi, caps);
   }
 
   std::vector<Alt> string_alts(const json& s) {
@@ -403,8 +398,8 @@ class SchemaCompiler {
   }
 
   std::vector<Alt> object_alts(const json& s, int depth, const std::string& name) {
-    for (const char* k : {"patternProperties", "minProperties", "maxProperties", "propertyNames", "dependentRequired",
-                          "dependentSchemas", "unevaluatedProperties"})
+    for (const char* k : {"patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+                          "unevaluatedProperties"})
       if (s.contains(k)) throw GrammarError(fmt::format("unsupported JSON schema keyword '{}'", k));
     json props = s.value("properties", json::object());
     if (!props.is_object()) throw GrammarError("'properties' must be an object");
@@ -426,6 +421,21 @@ class SchemaCompiler {
       else throw GrammarError("'additionalProperties' must be a boolean or a schema");
     } else if (props.empty()) {
       extra = Symbol::ref(any_value());
+    }
+    if (s.contains("minProperties") || s.contains("maxProperties")) {
+      int minp = int_field(s, "minProperties", 0), maxp = int_field(s, "maxProperties", -1);
+      if (maxp >= 0 && maxp < minp) throw GrammarError("maxProperties < minProperties: no object matches");
+      std::vector<Alt> kvs;
+      std::vector<bool> req;
+      int i = 0;
+      for (auto& [key, ps] : props.items()) {
+        Alt kv = lit(json(key).dump());
+        kv_sep(kv);
+        kv.push_back(sub(ps, depth, fmt::format("{}_{}", name, i++)));
+        kvs.push_back(std::move(kv));
+        req.push_back(required.count(key) > 0);
+      }
+      return counted_object_alts(kvs, req, extra, minp, maxp);
     }
     if (props.empty()) {
       if (extra) return generic_object_alts(*extra);
@@ -494,6 +504,71 @@ class SchemaCompiler {
     return out;
   }
 
+  // minProperties / maxProperties: the declared-order member chain of object_alts with the
+  // count of members written so far in the rule key. tail(k, c): c >= 1 members written,
+  // declared members k.. may follow (required ones must), then additional members. Counts
+  // saturate at minProperties when there is no maximum, so rules are O(members x count).
+  std::vector<Alt> counted_object_alts(const std::vector<Alt>& kvs, const std::vector<bool>& req,
+                                       const std::optional<Symbol>& extra, int minp, int maxp) {
+    const int n = static_cast<int>(kvs.size());
+    auto sat = [&](int c) { return maxp >= 0 ? c : std::min(c, minp); };
+    auto room = [&](int c) { return maxp < 0 || c + 1 <= maxp; };
+    Alt xkv;
+    if (extra) { xkv = {Symbol::ref(string())}; kv_sep(xkv); xkv.push_back(*extra); }
+    auto member = [&](const Alt& kv, Symbol next, bool sep) {
+      Alt a;
+      if (sep) item_sep(a);
+      a.insert(a.end(), kv.begin(), kv.end());
+      a.push_back(next);
+      return a;
+    };
+    std::map<std::pair<int, int>, std::optional<Symbol>> memo;
+    std::function<std::optional<Symbol>(int, int)> tail = [&](int k, int c) -> std::optional<Symbol> {
+      auto key = std::make_pair(k, c);
+      if (auto it = memo.find(key); it != memo.end()) return it->second;
+      std::vector<Alt> alts;
+      if (k == n && extra && maxp < 0 && c == minp) {  // saturated: any number of extras more
+        int32_t r = g_.add_rule("json_obj_count");
+        g_.rules[r].alts = {Alt{}, member(xkv, Symbol::ref(r), true)};
+        return memo[key] = Symbol::ref(r);
+      }
+      if (k == n) {
+        if (c >= minp) alts.push_back(Alt{});
+        if (extra && room(c))
+          if (auto t = tail(n, sat(c + 1))) alts.push_back(member(xkv, *t, true));
+      } else {
+        if (room(c))
+          if (auto t = tail(k + 1, sat(c + 1))) alts.push_back(member(kvs[k], *t, true));
+        if (!req[k])
+          if (auto t = tail(k + 1, c)) alts.push_back(Alt{*t});
+      }
+      std::optional<Symbol> out;
+      if (!alts.empty()) out = Symbol::ref(g_.add_rule("json_obj_count", std::move(alts)));
+      return memo[key] = out;
+    };
+    std::vector<Alt> firsts;
+    bool all_optional = true;
+    for (int k = 0; k < n; ++k) {
+      if (maxp != 0)
+        if (auto t = tail(k + 1, sat(1))) firsts.push_back(member(kvs[k], *t, false));
+      if (req[k]) { all_optional = false; break; }
+    }
+    if (all_optional && extra && maxp != 0)
+      if (auto t = tail(n, sat(1))) firsts.push_back(member(xkv, *t, false));
+    std::vector<Alt> out;
+    if (!firsts.empty()) {
+      Alt a = lit("{");
+      ws(a);
+      a.push_back(Symbol::ref(g_.add_rule("json_members", std::move(firsts))));
+      ws(a);
+      Grammar::literal("}", a);
+      out.push_back(std::move(a));
+    }
+    if (all_optional && minp == 0) { Alt e = lit("{"); ws(e); Grammar::literal("}", e); out.push_back(std::move(e)); }
+    if (out.empty()) throw GrammarError("minProperties / maxProperties admit no object with these properties");
+    return out;
+  }
+
   json merge_all_of(const json& s) {
     json merged = json::object();
     json props = json::object();
@@ -538,9 +613,9 @@ class SchemaCompiler {
       alts.push_back(lit("null"));
       return alts;
     }
-    auto only = [&](const char* key) {
+    auto only = [&](const char* key, bool type_ok = false) {
       for (auto& [k, v] : s.items())
-        if (k != key && !kAnnotations.count(k) && k != "nullable")
+        if (k != key && !kAnnotations.count(k) && k != "nullable" && !(type_ok && k == "type"))
           throw GrammarError(fmt::format("keyword '{}' next to '{}' is not supported", k, key));
     };
     if (s.contains("$ref")) {
@@ -562,29 +637,19 @@ class SchemaCompiler {
       for (auto& part : s[key]) alts.push_back(Alt{sub(part, depth, fmt::format("{}_any{}", name, i++))});
       return alts;
     }
-    if (s.contains("const")) {
-      only("const");
-      return {lit(compact_dump(s["const"]))};
-    }
-    if (s.contains("enum")) {
-      if (!s["enum"].is_array() || s["enum"].empty()) throw GrammarError("'enum' must be a non-empty array");
-      std::vector<Alt> alts;
-      for (auto& v : s["enum"]) alts.push_back(lit(compact_dump(v)));
-      return alts;
-    }
+    if (s.contains("const") || s.contains("enum")) return value_list_alts(s, depth);
     std::vector<std::string> types;
     if (s.contains("type")) {
-      const json& t = s["type"];
-      if (t.is_string()) types.push_back(t.get<std::string>());
-      else if (t.is_array()) for (auto& x : t) { if (!x.is_string()) throw GrammarError("'type' entries must be strings"); types.push_back(x.get<std::string>()); }
-      else throw GrammarError("'type' must be a string or an array of strings");
-    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+      types = type_list(s);
+    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties") ||
+               s.contains("minProperties") || s.contains("maxProperties")) {
       types = {"object"};
     } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
       types = {"array"};
     } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
       types = {"string"};
-    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) {
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum") ||
+               s.contains("multipleOf")) {
       types = {"number"};
     } else {
       return {Alt{Symbol::ref(any_value())}};
@@ -594,11 +659,8 @@ class SchemaCompiler {
       std::vector<Alt> part;
       if (t == "string") part = string_alts(s);
       else if (t == "integer") part = integer_alts(s);
-      else if (t == "number") {
-        for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-          if (s.contains(k)) throw GrammarError(fmt::format("JSON schema keyword '{}' is supported only for type 'integer', not 'number'", k));
-        part = {Alt{Symbol::ref(number())}};
-      } else if (t == "boolean") part = {lit("true"), lit("false")};
+      else if (t == "number") part = number_alts(s);
+      else if (t == "boolean") part = {lit("true"), lit("false")};
       else if (t == "null") part = {lit("null")};
       else if (t == "array") part = array_schema_alts(s, depth, name);
       else if (t == "object") part = object_alts(s, depth, name);
@@ -606,6 +668,84 @@ class SchemaCompiler {
       out.insert(out.end(), part.begin(), part.end());
     }
     return out;
+  }
+
+  // const / enum and the keywords next to them: both must hold (pydantic's Literal writes
+  // {"const": "cat", "type": "string"}), so a value outside the other keywords is not in the
+  // language. `type` alone is checked directly; other keywords by matching the value's text
+  // with the schema minus const / enum, compiled on a grammar of its own (so unsupported ones
+  // are still named).
+  std::vector<Alt> value_list_alts(const json& s, int depth) {
+    const bool is_const = s.contains("const");
+    if (is_const && s.contains("enum")) throw GrammarError("keyword 'enum' next to 'const' is not supported");
+    const json values = is_const ? json::array({s["const"]}) : s["enum"];
+    if (!is_const && (!values.is_array() || values.empty())) throw GrammarError("'enum' must be a non-empty array");
+    json rest = json::object();
+    for (auto& [k, v] : s.items())
+      if (k != "const" && k != "enum" && !kAnnotations.count(k) && k != "nullable") rest[k] = v;
+    std::function<bool(const json&)> ok = [](const json&) { return true; };
+    std::shared_ptr<CompiledGrammar> cg;
+    if (rest.size() == 1 && rest.contains("type")) {
+      ok = [types = type_list(rest)](const json& v) { return value_has_type(v, types); };
+    } else if (!rest.empty()) {
+      Grammar check;
+      SchemaCompiler c(check, root_, o_);
+      check.root = c.compile(rest, depth + 1, "value_check");
+      cg = std::make_shared<CompiledGrammar>(check, byte_vocab());
+      ok = [&](const json& v) {
+        int32_t st = cg->step_bytes(cg->initial_state(), compact_dump(v));
+        return st >= 0 && cg->accepting(st);
+      };
+    }
+    std::vector<Alt> alts;
+    for (auto& v : values)
+      if (ok(v)) alts.push_back(lit(compact_dump(v)));
+    if (!alts.empty()) return alts;
+    if (rest.size() == 1 && rest.contains("type")) {
+      if (is_const) throw GrammarError(fmt::format("'const' value {} is not of the schema's 'type' {}", values[0].dump(), rest["type"].dump()));
+      throw GrammarError(fmt::format("no 'enum' value is of the schema's 'type' {}", rest["type"].dump()));
+    }
+    std::string kws;
+    for (auto& [k, v] : rest.items()) kws += (kws.empty() ? "'" : ", '") + k + "'";
+    if (is_const) throw GrammarError(fmt::format("'const' value {} does not satisfy the keywords next to it ({})", values[0].dump(), kws));
+    throw GrammarError(fmt::format("no 'enum' value satisfies the keywords next to it ({})", kws));
+  }
+
+  // One token per byte: for matching a const / enum value's text.
+  static std::shared_ptr<const TokenVocab> byte_vocab() {
+    static const std::shared_ptr<const TokenVocab> v = [] {
+      auto voc = std::make_shared<TokenVocab>();
+      for (int b = 0; b < 256; ++b) voc->token_bytes.push_back(std::string(1, char(b)));
+      voc->special.assign(256, false);
+      voc->build();
+      return voc;
+    }();
+    return v;
+  }
+
+  static std::vector<std::string> type_list(const json& s) {
+    std::vector<std::string> types;
+    const json& t = s["type"];
+    if (t.is_string()) types.push_back(t.get<std::string>());
+    else if (t.is_array()) for (auto& x : t) { if (!x.is_string()) throw GrammarError("'type' entries must be strings"); types.push_back(x.get<std::string>()); }
+    else throw GrammarError("'type' must be a string or an array of strings");
+    return types;
+  }
+
+  // JSON Schema's type test; an integer is a number with no fraction (1.0 is an integer).
+  static bool value_has_type(const json& v, const std::vector<std::string>& types) {
+    for (const auto& t : types) {
+      if (t == "string" ? v.is_string()
+          : t == "number" ? v.is_number()
+          : t == "integer" ? (v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
+          : t == "boolean" ? v.is_boolean()
+          : t == "null" ? v.is_null()
+          : t == "array" ? v.is_array()
+          : t == "object" ? v.is_object()
+          : throw GrammarError("unknown JSON schema type '" + t + "'"))
+        return true;
+    }
+    return false;
   }
 
   std::string compact_dump(const json& v) const {

@@ -1,12 +1,14 @@
 // JSON Schema -> Grammar, with xgrammar's coverage and defaults (so masks can be compared
 // with it): properties in declared order, `required`, `additionalProperties` (absent = false
-// when `properties` is given, as xgrammar's strict mode), enum / const, anyOf / oneOf (as
-// anyOf), allOf of object schemas (merged), type lists, items / prefixItems, min/maxItems,
-// min/maxLength, pattern, format (date, time, date-time, uuid, email, uri, ipv4), integer
-// minimum / maximum / exclusive bounds, $ref into $defs / definitions / the root (recursive),
-// OpenAPI `nullable`. Annotations (title, description, default, examples, ...) are ignored;
-// any other keyword throws GrammarError naming it (a 400), never silently dropped.
-// Nesting deeper than `max_depth` is refused.
+// when `properties` is given, as xgrammar's strict mode), enum / const (values must also
+// satisfy the keywords next to them, e.g. pydantic's {"const": "cat", "type": "string"}),
+// anyOf / oneOf (as anyOf), allOf of object schemas (merged), type lists, items /
+// prefixItems, min/maxItems, min/maxLength, pattern, format (date, time, date-time, uuid,
+// email, uri, ipv4), integer and number minimum / maximum / exclusive bounds
+// (json_numbers.h), multipleOf on integers, min/maxProperties, $ref into $defs / definitions
+// / the root (recursive), OpenAPI `nullable`. Annotations (title, description, default,
+// examples, discriminator, ...) are ignored; any other keyword throws GrammarError naming it
+// (a 400), never silently dropped. Nesting deeper than `max_depth` is refused.
 #pragma once
 #include <nlohmann/json.hpp>
 

@@ -1,7 +1,7 @@
 // moeserve::Tokenizer: loads a Hugging Face tokenizer.json (BPE model) and encodes /
 // decodes exactly like HF `tokenizers` (`Tokenizer.encode(text, add_special_tokens)`,
 // `Tokenizer.decode(ids, skip_special_tokens)`). Thread-safe: all methods are const and
-// may run concurrently. See docs/architecture.md ("tokenizer") for the pipeline.
+// may run concurrently. See src/tokenizer/README.md for the pipeline.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "tools/bench_synth.h"
+#include "tools/bench_verify.h"
 #ifdef MOESERVE_KTRACE
 #include "backend/cuda/ktrace.h"
 #endif
@@ -100,6 +101,8 @@ nlohmann::json print_profile(const char* title, const std::vector<std::pair<std:
 }  // namespace
 
 int run_bench_model(const BenchModelOptions& opt) {
+  check_verify_options(opt);
+  if (opt.device == "cpu") return run_bench_model_cpu(opt);
   MS_CHECK(opt.checkpoint.empty() != opt.synthetic.empty(),
            "bench-model: give either a checkpoint directory or --synthetic NAME ({})", synthetic_model_names());
   if (!opt.synthetic.empty()) (void)synthetic_model(opt.synthetic, 1);  // an unknown name fails here, listing them
@@ -162,11 +165,13 @@ int run_bench_model(const BenchModelOptions& opt) {
                      {"note", roof.fp8_note}};
 
   const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
-  const int max_ctx = std::max(*std::max_element(opt.contexts.begin(), opt.contexts.end()), opt.prefill_tokens);
+  // Verify rows: B sequences of 1 + k tokens, contexts up to C + k, logits of every token.
+  const int kmax = opt.verify_tokens.empty() ? 0 : *std::max_element(opt.verify_tokens.begin(), opt.verify_tokens.end());
+  const int max_ctx = std::max(*std::max_element(opt.contexts.begin(), opt.contexts.end()) + kmax, opt.prefill_tokens);
   const int bs = opt.block_size;
   const int max_blocks = (max_ctx + bs - 1) / bs + 1;
-  const int max_tokens = std::max(max_batch, opt.prefill_tokens);
-  BenchStep step(b, model, max_tokens, std::max(max_batch, 1), max_blocks);
+  const int max_tokens = std::max(max_batch * (1 + kmax), opt.prefill_tokens);
+  BenchStep step(b, model, max_tokens, std::max(max_batch * (1 + kmax), 1), max_blocks);
   b.synchronize();
 
   // KV pool from --gpu-memory-utilization, after weights and workspaces (plus 2 GB headroom
@@ -181,7 +186,7 @@ int run_bench_model(const BenchModelOptions& opt) {
   const int64_t blocks_per_layer =
       std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * layers)));
   int64_t need_blocks = int64_t(max_blocks);  // one prefill sequence
-  for (int C : opt.contexts) need_blocks = std::max(need_blocks, int64_t(max_batch) * ((C + bs - 1) / bs));
+  for (int C : opt.contexts) need_blocks = std::max(need_blocks, int64_t(max_batch) * ((C + kmax + bs - 1) / bs));
   const int64_t pool = std::min(blocks_per_layer, need_blocks);
   MS_CHECK(pool >= max_blocks, "bench-model: not enough memory for the KV cache of one sequence");
   spdlog::info("KV cache: {} tokens fit per layer at --gpu-memory-utilization {} ({} layers; a {}-layer model "
@@ -190,7 +195,7 @@ int run_bench_model(const BenchModelOptions& opt) {
                int64_t(budget / (kv_token_layer * s.total_layers)), pool, bs);
   out["kv_tokens_fit_per_layer"] = blocks_per_layer * bs;
   out["kv_tokens_fit_62_layers"] = int64_t(budget / (kv_token_layer * s.total_layers));
-  step.alloc_kv(int(pool), bs, kv_dtype);
+  step.alloc_kv(int(pool), bs, kv_dtype, [&](Tensor& t, uint64_t seed) { b.fill_random(t, seed, 1.f); });
   b.synchronize();
 
   Timer timer(b.stream());
@@ -211,10 +216,69 @@ int run_bench_model(const BenchModelOptions& opt) {
     prof.push_back({{"what", title}, {"ms", print_profile(title.c_str(), profile_step(b, model, step, 1))}});
   }
   if (!prof.empty()) out["profile"] = prof;
+  // The planned step's time: eager once (sizes workspaces, builds expert tables), then one
+  // CUDA graph replayed (or eager steps with --no-graphs); the median of --iters.
+  auto time_planned = [&](const std::string& label, bool eager_first) -> double {
+    if (eager_first) {
+      step.forward();
+      b.synchronize();
+    }
+    double ms;
+    if (opt.graphs) {
+#ifdef MOESERVE_KTRACE
+      const char* ktrace_out = debug_flags().ktrace_out.empty() ? nullptr : debug_flags().ktrace_out.c_str();
+      if (ktrace_out) {
+        cuda::ktrace_enable(1u << 20);
+        cuda::ktrace_notes(true);
+      }
+#endif
+      b.begin_capture();
+      step.forward();
+      CudaGraph g = b.end_capture();
+#ifdef MOESERVE_KTRACE
+      cuda::ktrace_notes(false);
+#endif
+      g.replay(b.stream());
+      // Optional warm-up: an idle GPU sits at low clocks and ramps up over ~100 ms of work;
+      // a serving GPU under load is warm.
+      for (auto t0 = std::chrono::steady_clock::now();
+           std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(opt.warmup_ms);) {
+        g.replay(b.stream());
+        b.synchronize();
+      }
+      ms = timer.median_ms(opt.iters, [&] { g.replay(b.stream()); });
+#ifdef MOESERVE_KTRACE
+      if (ktrace_out) {  // one more replay, traced (after the timed ones: same warm state)
+        b.synchronize();
+        cuda::ktrace_reset();
+        g.replay(b.stream());
+        b.synchronize();
+        cuda::ktrace_dump(fmt::format("{}_{}", ktrace_out, label));
+      }
+#endif
+    } else {
+      ms = timer.median_ms(opt.iters, [&] { step.forward(); });
+    }
+    (void)label;
+    return ms;
+  };
+  const double lm_ms = double(s.vocab) * s.hidden * 2 / roof.copy_bytes_per_s * 1e3;
+  if (!opt.verify_tokens.empty()) {
+    // ---- decode vs verify rows (bench_verify.h) ----
+    VerifySweepOptions vo;
+    vo.batches = opt.batches, vo.contexts = opt.contexts, vo.verify_tokens = opt.verify_tokens;
+    vo.routing_overlap = opt.routing_overlap, vo.routing_seed = opt.routing_seed;
+    vo.lm_head_ms = lm_ms, vo.layers = layers, vo.total_layers = s.total_layers;
+    auto fits = [&](int B, int C, int k) { return int64_t(B) * ((C + k + bs - 1) / bs) <= pool; };
+    out["verify"] = run_verify_sweep(b, model, step, vo, [&] { return time_planned("verify", true); }, fits);
+    out["verify"]["graph"] = opt.graphs;
+    out["verify"]["kv_cache_dtype"] = dtype_name(kv_dtype);
+  }
   // ---- decode ----
   nlohmann::json dec = nlohmann::json::array();
-  std::printf("%-6s %-7s %10s %12s %12s %9s\n", "batch", "context", "step_ms", "tok/s", "floor_ms", "roofline");
-  for (int C : opt.contexts) {
+  if (opt.verify_tokens.empty())
+    std::printf("%-6s %-7s %10s %12s %12s %9s\n", "batch", "context", "step_ms", "tok/s", "floor_ms", "roofline");
+  for (int C : opt.verify_tokens.empty() ? opt.contexts : std::vector<int>{}) {  // verify rows replace it
     for (int B : opt.batches) {
       if (int64_t(B) * ((C + bs - 1) / bs) > pool) {
         spdlog::warn("decode B={} C={}: skipped (KV pool of {} blocks too small)", B, C, pool);
@@ -225,42 +289,7 @@ int run_bench_model(const BenchModelOptions& opt) {
       b.synchronize();
       auto ids = step.routing_ids();
       std::set<int> distinct(ids.begin(), ids.end());
-      double ms;
-      if (opt.graphs) {
-#ifdef MOESERVE_KTRACE
-        const char* ktrace_out = debug_flags().ktrace_out.empty() ? nullptr : debug_flags().ktrace_out.c_str();
-        if (ktrace_out) {
-          cuda::ktrace_enable(1u << 20);
-          cuda::ktrace_notes(true);
-        }
-#endif
-        b.begin_capture();
-        step.forward();
-        CudaGraph g = b.end_capture();
-#ifdef MOESERVE_KTRACE
-        cuda::ktrace_notes(false);
-#endif
-        g.replay(b.stream());
-        // Optional warm-up: an idle GPU sits at low clocks and ramps up over ~100 ms of work;
-        // a serving GPU under load is warm.
-        for (auto t0 = std::chrono::steady_clock::now();
-             std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(opt.warmup_ms);) {
-          g.replay(b.stream());
-          b.synchronize();
-        }
-        ms = timer.median_ms(opt.iters, [&] { g.replay(b.stream()); });
-#ifdef MOESERVE_KTRACE
-        if (ktrace_out) {  // one more replay, traced (after the timed ones: same warm state)
-          b.synchronize();
-          cuda::ktrace_reset();
-          g.replay(b.stream());
-          b.synchronize();
-          cuda::ktrace_dump(fmt::format("{}_b{}_c{}", ktrace_out, B, C));
-        }
-#endif
-      } else {
-        ms = timer.median_ms(opt.iters, [&] { step.forward(); });
-      }
+      const double ms = time_planned(fmt::format("b{}_c{}", B, C), false);
       const DecodeBytes d = decode_bytes(s, model.shard(), 1, false, B, C, kv_elem);
       const double lm = double(s.vocab) * s.hidden * 2;
       const double bytes = layers * d.per_layer() + lm;
@@ -283,7 +312,7 @@ int run_bench_model(const BenchModelOptions& opt) {
                      {"kv_cache_dtype", dtype_name(kv_dtype)}});
     }
   }
-  out["decode"] = dec;
+  if (opt.verify_tokens.empty()) out["decode"] = dec;
 
   // ---- prefill ----
   if (opt.prefill_tokens > 0) {
@@ -315,17 +344,6 @@ int run_bench_model(const BenchModelOptions& opt) {
   }
   write_report(out, opt.json_out);
   return 0;
-}
-
-void write_report(const nlohmann::json& report, const std::string& path) {
-  const std::string js = report.dump(2);
-  if (!path.empty()) {
-    std::ofstream f(path);
-    MS_CHECK(f.good(), "bench-model: cannot write {}", path);
-    f << js << "\n";
-  } else {
-    std::printf("%s\n", js.c_str());
-  }
 }
 
 }  // namespace moeserve::tools

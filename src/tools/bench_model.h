@@ -33,12 +33,33 @@ struct BenchModelOptions {
   int tensor_parallel = 1;
   bool expert_parallel = false;
   int data_parallel = 1;
+  // --device: cuda (bench_model.cpp) or cpu (bench_verify.cpp: the CPU reference backend, wall
+  // clock, decode / verify rows only).
+  std::string device = "cuda";
+  // --verify-tokens K...: per (batch, context) a row for each k, every sequence with 1 + k query
+  // tokens at its context (positions C - 1 .. C + k - 1, logits of all of them); 0 = the plain
+  // decode row. Empty: the plain decode table (CUDA) / k = 0 only (CPU).
+  std::vector<int> verify_tokens;
+  // --routing-overlap P: synthetic routing of verify rows (bench_verify.h synth_verify_routing);
+  // < 0: the router's own (random weights: near-uniform, independent between tokens).
+  double routing_overlap = -1;
+  uint64_t routing_seed = 1;
+  // --measure-routing-overlap PROMPTS (CPU, a checkpoint): the routing overlap measurement
+  // instead of timing, with this many greedy tokens per prompt.
+  std::string measure_routing_overlap;
+  int overlap_decode_tokens = 64;
   std::string json_out;  // also printed to stdout when empty
   std::string command_line;
 };
 
-int run_bench_model(const BenchModelOptions& opt);
+int run_bench_model(const BenchModelOptions& opt);  // CUDA builds; --device cpu goes to:
+// The CPU reference backend (bench_model_cpu.cpp, every build): --synthetic NAME (random weights
+// from the declarations) or a checkpoint, decode / verify rows timed by the wall clock (no
+// roofline, prefill or graphs); with --measure-routing-overlap that measurement instead.
+int run_bench_model_cpu(const BenchModelOptions& opt);
 int run_bench_model_parallel(const BenchModelOptions& opt);  // tensor_parallel > 1
+// Refuses bad --verify-tokens / --routing-overlap / --device values (before anything loads).
+void check_verify_options(const BenchModelOptions& opt);
 // The JSON report to `path`, or to stdout when empty.
 void write_report(const nlohmann::json& report, const std::string& path);
 

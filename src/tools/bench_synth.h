@@ -1,64 +1,21 @@
-// bench-model's model: a registry model (any DecoderModel architecture) with either random
-// weights (--synthetic NAME: MiniMax-M2.5's generated on the GPU in its shapes, FP8 128x128
-// block-scaled projections and experts, f32 router, bf16 norms / embedding / lm_head, each
-// layer's experts carved from one slab allocation; other models from their declarations,
-// tools/random_weights.h) or a checkpoint loaded through Model::load, plus a step planner that
-// writes batch metadata into fixed device buffers (plan/run), so a planned decode step can be
-// captured as one CUDA graph and replayed.
+// bench-model's CUDA weights: a registry model (any DecoderModel architecture, bench_step.h)
+// with either random weights (--synthetic NAME: MiniMax-M2.5's generated on the GPU in its
+// shapes, FP8 128x128 block-scaled projections and experts, f32 router, bf16 norms / embedding /
+// lm_head, each layer's experts carved from one slab allocation; other models from their
+// declarations, tools/random_weights.h) or a checkpoint loaded through Model::load.
 #pragma once
 #include <cstdint>
-#include <functional>
-#include <memory>
-#include <vector>
-
-#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "model/arch/minimax_m2.h"
+#include "tools/bench_step.h"
 
 namespace moeserve::tools {
 
-struct SynthShapes {  // MiniMax-M2.5 (shared/reference/minimax-m2.md §3-4)
-  int hidden = 3072, q_heads = 48, kv_heads = 8, head_dim = 128, rotary_dim = 64;
-  int experts = 256, top_k = 8, intermediate = 1536, vocab = 200064;
-  float theta = 5e6f, eps = 1e-6f;
-  int total_layers = 62;  // of the real model, for extrapolation
-};
-// The shapes of a config (total_layers = its layer count; rotary_dim / theta / eps are only
-// read by synth_config and keep their defaults here).
-SynthShapes shapes_of(const ModelDesc& d);
-// A MiniMax-M2.5 config with `layers` layers and FP8 128x128 block quantisation.
-MiniMaxM2Config synth_config(const SynthShapes& s, int layers);
-
-// --synthetic NAME: a known model's config with `layers` layers (FP8 128x128 blocks, as the
-// FP8 checkpoints are published) and its shapes (total_layers = the real model's).
-//   minimax-m2.5    synth_config(SynthShapes{}, layers), 62 layers
-//   qwen3-30b-a3b   Qwen/Qwen3-30B-A3B(-FP8)'s config.json, 48 layers
-struct SyntheticModel {
-  std::unique_ptr<ArchConfig> config;
-  SynthShapes shapes;
-};
-SyntheticModel synthetic_model(const std::string& name, int layers);
-std::string synthetic_model_names();  // "minimax-m2.5, qwen3-30b-a3b"
-// The registry's model for `cfg` on `b` (one rank, no communicator); throws unless the
-// architecture is built on the shared decoder layers (BenchStep reads their workspace).
-std::unique_ptr<DecoderModel> make_bench_model(const ArchConfig& cfg, CudaBackend& b);
 // Random weights for `model`: the GPU generator where it applies (MiniMax-M2 FP8 128x128),
 // else tools/random_weights.h on the host. Returns bytes.
 int64_t make_bench_weights(CudaBackend& b, Model& model, uint64_t seed = 1000, bool lm_head = true);
 
-// Bytes all `world` ranks must read per layer for one decode step of batch B at context C:
-// attention weights (FP8, 128x128 f32 scales), the f32 router, the expected distinct experts
-// of B tokens under uniform routing (whole experts under EP, each rank's slices otherwise) and
-// the KV. `shard` is one rank's part (alike on every rank); world 1 with the whole model's
-// shard is one GPU.
-struct DecodeBytes {
-  double attn_w = 0, router = 0, experts = 0, kv = 0, distinct = 0;
-  double per_layer() const { return attn_w + router + experts + kv; }
-};
-// kv_elem_bytes: 2 for a bf16 cache, 1 for FP8.
-DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int world, bool expert_parallel, int B,
-                         int C, int kv_elem_bytes = 2);
 // Random weights for `model` (built from synth_config), generated on the GPU: this rank's
 // slices per model.shard() (local q/KV heads, local experts or expert-intermediate slices;
 // router, norms and embedding replicated). Seeds do not depend on the rank, so replicated
@@ -67,32 +24,5 @@ DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int 
 int64_t make_synthetic_weights(CudaBackend& b, MiniMaxM2Model& model, uint64_t seed = 1000, bool lm_head = true);
 // Bytes of a model's weights (each tensor counted once).
 int64_t weight_bytes(const MiniMaxM2Weights& w);
-
-class BenchStep {
- public:
-  BenchStep(CudaBackend& b, DecoderModel& model, int max_tokens, int max_seqs, int max_blocks_per_seq);
-  // Allocates `blocks` KV blocks per layer of `dtype` (BF16 or F8_E4M3), filled with random values.
-  void alloc_kv(int blocks, int block_size, DType dtype = DType::BF16);
-  int kv_blocks() const { return kv_.empty() ? 0 : int(kv_[0].k.dim(0)); }
-  // Plans one step: sequence s has query_lens[s] new tokens and context_lens[s] tokens after
-  // the step; its KV blocks are consecutive runs of the pool.
-  void plan(const std::vector<int>& query_lens, const std::vector<int>& context_lens);
-  // The planned step through the model's forward (logits of each sequence's last token).
-  // Capture-safe after one eager run of the same plan.
-  void forward();
-  // Off: forward asks the model for no logits rows (no lm_head; bench-model -tp ranks != 0).
-  void set_logits(bool on) { logits_ = on; }
-  std::vector<float> routing_ids();  // expert ids of the last layer, last step (host copy)
-
- private:
-  CudaBackend& b_;
-  DecoderModel& model_;
-  int max_tokens_, max_seqs_, max_blocks_;
-  std::vector<KVCacheLayer> kv_;
-  Tensor ids_, last_rows_;
-  AttentionMeta meta_;
-  int T_ = 0, S_ = 0;
-  bool logits_ = true;
-};
 
 }  // namespace moeserve::tools

@@ -100,7 +100,7 @@ struct Layout {
 };
 std::vector<Layout> candidate_layouts(int gpus);
 
-// The whole report (schema in docs/architecture.md "plan"). `index` may be null.
+// The whole report (described in src/tools/README.md, "tools: plan and service"). `index` may be null.
 nlohmann::json make_plan(const nlohmann::json& config, const nlohmann::json* index, const PlanOptions& opt);
 std::string format_plan(const nlohmann::json& plan);
 // The recommended `moeserve serve MODEL ...` command line for a plan (empty when none is

@@ -197,7 +197,7 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
 
 // (ExpertBreakdown8k, the per-kernel A/B of the fused quantisation, 4 groups per warp, bf16
 // pair rows and the combine variants, left the tree with those paths; its last figures are in
-// docs/benchmarks.md and docs/bench/cuda_switch_inventory.md.)
+// docs/bench/log.md and docs/bench/cuda_switch_inventory.md.)
 
 // Prefill attention at M2.5 shapes (48 q / 8 kv heads x 128, 16-token blocks, shuffled block
 // table): whole causal prompts and a chunk after a cached prefix. TF/s count causal FLOPs

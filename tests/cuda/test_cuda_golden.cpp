@@ -1,4 +1,5 @@
-// Golden fixtures on the CUDA backend (label gpu): the registry's model (MiniMax-M2, Qwen3-MoE)
+// Golden fixtures on the CUDA backend (label gpu): the registry's model (MiniMax-M2, Qwen3-MoE,
+// DeepSeek-V3 / Kimi-K2 except the INT4 fixture, which CUDA refuses until its W4A16 kernels exist)
 // in the RankExecutor on CudaBackend
 // against the Hugging Face transformers float32 reference logits of tests/fixtures/golden/.
 //
@@ -28,11 +29,31 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr double kBound = 2e-2;
+// The DeepSeek-V3 family's MLA path rounds two more RMSNorm outputs to bf16 per layer (q_a and
+// the latent) than MiniMax's attention; measured worst 0.0224 on a step without a routing
+// near-tie (kimi_tiny_yarn step 3, session 15).
+constexpr double kBoundMla = 3e-2;
+// Routing near-ties: a step whose reference routing margin (scripts/golden_route_margins.py:
+// the smallest gap between a chosen and an unchosen group / expert score over its tokens and
+// layers, in the fixture's route_margins.json) is below kRouteTie may choose other experts under
+// a bf16-sized error, which changes its logits by far more than a bf16 error: such a step is
+// reported, not checked, and the steps after it (whose context holds that token's changed K/V)
+// are checked against kBoundAfterTie.
+constexpr double kRouteTie = 1e-2;
+constexpr double kBoundAfterTie = 5e-2;
 
 struct Case {
   std::string name;
   int block_size;
+  bool mla = false;
 };
+
+// route_margins.json's per-step margins, or empty when the fixture has none.
+std::vector<double> route_margins(const fs::path& d) {
+  std::ifstream f(d / "route_margins.json");
+  if (!f) return {};
+  return nlohmann::json::parse(f).at("route_margin_per_step").get<std::vector<double>>();
+}
 
 class CudaGolden : public ::testing::TestWithParam<Case> {};
 
@@ -58,7 +79,10 @@ TEST_P(CudaGolden, TeacherForcedMatchesReference) {
   s.seq_id = 1;
   for (int b = 0; b < (total + c.block_size - 1) / c.block_size; ++b) s.block_table.push_back(63 - b);  // not 0..n
   int flips = 0;
+  const std::vector<double> margins = route_margins(d);
+  bool after_tie = false;
   for (size_t k = 0; k < gen.size(); ++k) {
+    const bool tie = k < margins.size() && margins[k] < kRouteTie;
     s.tokens = k == 0 ? prompt : std::vector<int32_t>{gen[k - 1]};
     s.start_pos = k == 0 ? 0 : int32_t(prompt.size() + k - 1);
     StepBatch batch;
@@ -73,7 +97,10 @@ TEST_P(CudaGolden, TeacherForcedMatchesReference) {
       den = std::max(den, double(std::fabs(want[v])));
     }
     const double err = num / den;
-    EXPECT_LE(err, kBound) << c.name << " step " << k;
+    const double bound = after_tie ? kBoundAfterTie : (c.mla ? kBoundMla : kBound);
+    if (!tie) {
+      EXPECT_LE(err, bound) << c.name << " step " << k;
+    }
     // Reference top-2 margin at this step.
     std::vector<float> sorted(want, want + V);
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
@@ -81,11 +108,15 @@ TEST_P(CudaGolden, TeacherForcedMatchesReference) {
     const int32_t got = argmax_lowest(r.logits.data(), int(V));
     if (got != gen[k]) {
       ++flips;
-      EXPECT_LT(margin, 2 * kBound * den) << c.name << " step " << k << ": greedy id " << got << " vs reference "
+      if (!tie) {
+        EXPECT_LT(margin, 2 * bound * den) << c.name << " step " << k << ": greedy id " << got << " vs reference "
                                           << gen[k] << " with top-2 margin " << margin << " (err " << err << ")";
+      }
     }
-    std::printf("[golden cuda] %s step %zu: rel err %.3g, ref top-2 margin %.3g, greedy %s\n", c.name.c_str(), k, err,
-                margin / den, got == gen[k] ? "same" : "FLIPPED");
+    std::printf("[golden cuda] %s step %zu: rel err %.3g (bound %.0e), ref top-2 margin %.3g, greedy %s%s\n",
+                c.name.c_str(), k, err, bound, margin / den, got == gen[k] ? "same" : "FLIPPED",
+                tie ? ", routing near-tie (margin below 1e-2): not checked" : "");
+    after_tie = after_tie || tie;
   }
   std::printf("[golden cuda] %s: %d greedy flips in %zu steps (bound %.0e)\n", c.name.c_str(), flips, gen.size(), kBound);
 }
@@ -95,7 +126,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
                                            // Qwen3-MoE: the generic routing / per-head QK-norm / YaRN
                                            // kernels and the dense SwiGLU layers on CUDA.
                                            Case{"qwen3_tiny_bf16", 16}, Case{"qwen3_tiny_fp8", 4},
-                                           Case{"qwen3_tiny_yarn", 16}),
+                                           Case{"qwen3_tiny_yarn", 16},
+                                           // DeepSeek-V3 / Kimi-K2: MLA (k_mla.cu), shared experts,
+                                           // grouped sigmoid routing, dense first layers, YaRN.
+                                           Case{"dsv3_tiny_bf16", 16, true}, Case{"dsv3_tiny_fp8", 4, true},
+                                           Case{"dsv3_tiny_yarn", 16, true}, Case{"kimi_tiny_yarn", 16, true}),
                          [](const auto& info) { return info.param.name; });
 
 // Two sequences in one batch (prefill of one while the other decodes) give each sequence the

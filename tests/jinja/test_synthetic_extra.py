@@ -156,7 +156,7 @@ CASES = [
 
 
 # jinja2 features the engine does not implement: it must fail cleanly ("line N: ...") where
-# jinja2 renders them. Keep this list short and documented in docs/architecture.md.
+# jinja2 renders them. Keep this list short and documented in src/tokenizer/README.md ("Chat templates").
 UNSUPPORTED = [
     "{% for a, (b, c) in [(1, (2, 3))] %}{{ a }}{{ b }}{{ c }}{% endfor %}",  # nested tuple targets
     "{% for i in [{'c': [{'c': []}]}] recursive %}({{ loop(i.c) }}){% endfor %}",  # recursive loop() calls

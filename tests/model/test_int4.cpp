@@ -18,6 +18,7 @@
 #include "model/int4.h"
 #include "model/registry.h"
 #include "golden_fixture.h"
+#include "load_error.h"
 
 using namespace moeserve;
 using json = nlohmann::json;
@@ -97,15 +98,6 @@ QuantizationConfig quant(int group) {
   json q = kimi_quant();
   q["config_groups"]["group_0"]["weights"]["group_size"] = group;
   return config_json::parse_quantization(q);
-}
-
-std::string load_error(const Checkpoint& ck, const WeightDecl& d, const QuantizationConfig& q) {
-  try {
-    load_weight(ck, d, q);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 const char* kExpert = "model.layers.1.mlp.experts.3.down_proj";

@@ -11,6 +11,8 @@
 #include "model/arch/minimax_m2.h"
 #include "model/weights.h"
 
+#include "load_error.h"
+
 using namespace moeserve;
 namespace fs = std::filesystem;
 
@@ -74,15 +76,6 @@ QuantizationConfig fp8_quant(int bo, int bi) {
   q.block_out = bo;
   q.block_in = bi;
   return q;
-}
-
-std::string load_error(const Checkpoint& ck, const WeightDecl& d, const QuantizationConfig& q) {
-  try {
-    load_weight(ck, d, q);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 const std::vector<DType> kLin{DType::BF16, DType::F32, DType::F8_E4M3};

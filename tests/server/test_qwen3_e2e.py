@@ -118,7 +118,7 @@ def test_forced_tool_call_grammar_compiles(srv):
     # The request path only (generation under the grammar is tested on the tiny model in
     # test_structured_outputs.py): the hermes grammar is compiled, a bad schema is a 400 naming the tool.
     bad = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "integer", "multipleOf": 2}}}}}]
+        "type": "object", "properties": {"x": {"type": "integer", "not": {"const": 2}}}}}}]
     r = httpx.post(srv.base + "/v1/chat/completions", timeout=60, json={
         "model": "replay", "messages": ask(" QCALLS"), "tools": bad, "tool_choice": "required"})
     assert r.status_code == 400 and "parameters of tool 'f'" in r.text, r.text

@@ -320,7 +320,7 @@ TEST(HermesToolCallGrammar, NamedTool) { check_grammar(false, {"add \"x\""}); }
 
 TEST(HermesToolCallGrammar, Errors) {
   const ojson bad = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-      "properties": {"x": {"type": "integer", "multipleOf": 2}}}}}])");
+      "properties": {"x": {"type": "integer", "not": {"const": 2}}}}}}])");
   EXPECT_THROW(tool_call_grammar("hermes", ToolCallGrammarRequest{bad, {}, true}), structured::GrammarError);
   EXPECT_THROW(tool_call_grammar("hermes", ToolCallGrammarRequest{kGrammarTools, {"nope"}, true}),
                structured::GrammarError);

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Union
 
 import httpx
 import jsonschema
@@ -89,6 +89,43 @@ def test_sdk_parse_with_pydantic(base):
         assert ch.finish_reason == "stop"
         assert isinstance(ch.message.parsed, Person), ch.message.content
         jsonschema.validate(json.loads(ch.message.content), Person.model_json_schema())
+
+
+class Cat(pydantic.BaseModel):
+    pet_type: Literal["cat"]
+    lives: int = pydantic.Field(ge=1, le=9)
+
+
+class Dog(pydantic.BaseModel):
+    pet_type: Literal["dog"]
+    bark: float = pydantic.Field(ge=0, lt=1)
+
+
+class Owner(pydantic.BaseModel):
+    """What pydantic v2 writes for these: {"const": "cat", "type": "string"}, a oneOf with a
+    "discriminator", {"enum": [...], "type": "string"} and number bounds (minimum /
+    exclusiveMaximum / exclusiveMinimum on floats)."""
+    pet: Union[Cat, Dog] = pydantic.Field(discriminator="pet_type")
+    mood: Literal["happy", "sad"]
+    confidence: float = pydantic.Field(ge=0, le=1)
+    offset: float = pydantic.Field(gt=-2.5, le=3.75)
+
+
+def test_sdk_parse_with_literals_discriminated_union_and_float_bounds(base):
+    c = client(base)
+    pets = set()
+    for seed in range(6):
+        r = c.chat.completions.parse(model=NAME, messages=MSG, response_format=Owner, seed=seed, max_tokens=400,
+                                     temperature=1.0)
+        ch = r.choices[0]
+        assert ch.finish_reason == "stop", ch.message.content
+        assert isinstance(ch.message.parsed, Owner), ch.message.content
+        doc = json.loads(ch.message.content)
+        jsonschema.validate(doc, Owner.model_json_schema())
+        assert 0 <= doc["confidence"] <= 1 and -2.5 < doc["offset"] <= 3.75
+        assert "e" not in ch.message.content.lower().split('"offset"')[1]  # no exponent in a bounded number
+        pets.add(doc["pet"]["pet_type"])
+    assert pets == {"cat", "dog"}, pets
 
 
 SCHEMA = {
@@ -310,6 +347,10 @@ BAD = [
     ({"response_format": {"type": "yaml"}}, "yaml"),
     ({"guided_json": {"type": "array", "items": {"$ref": "#/$defs/nope"}}}, "does not resolve"),
     ({"structured_outputs": {"json": {"type": "string", "minLength": 10, "maxLength": 2}}}, "max"),
+    ({"structured_outputs": {"json": {"type": "number", "minimum": 1, "exclusiveMaximum": 1}}}, "no value"),
+    ({"structured_outputs": {"json": {"const": "cat", "type": "integer"}}}, "'const' value"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array",
+      "uniqueItems": True}}}}, "uniqueItems"),
 ]
 
 
@@ -354,7 +395,7 @@ def test_forced_tool_call_errors(base):
                                             "tool_choice": "required", "response_format": {"type": "json_object"}})
     assert r.status_code == 400
     bad_tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "x": {"type": "integer", "multipleOf": 3}}}}}]
+        "x": {"type": "number", "multipleOf": 0.5}}}}}]
     r = post(base, "/v1/chat/completions", {"model": NAME, "messages": MSG, "max_tokens": 5, "tools": bad_tools,
                                             "tool_choice": "required"})
     assert r.status_code == 400 and "multipleOf" in r.text

@@ -68,7 +68,7 @@ TEST(ToolCallGrammar, NamedTool) { check(false, {"add"}); }
 
 TEST(ToolCallGrammar, ErrorsAreGrammarErrors) {
   const ojson bad = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-      "properties": {"x": {"type": "integer", "multipleOf": 2}}}}}])");
+      "properties": {"x": {"type": "integer", "not": {"const": 2}}}}}}])");
   EXPECT_THROW(tool_call_grammar("minimax_m2", ToolCallGrammarRequest{bad, {}, true}), structured::GrammarError);
   EXPECT_THROW(tool_call_grammar("minimax_m2", ToolCallGrammarRequest{kTools, {"nope"}, true}), structured::GrammarError);
   EXPECT_FALSE(has_tool_call_grammar("no_such_parser"));

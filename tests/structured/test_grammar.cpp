@@ -193,7 +193,8 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   EXPECT_NE(msg(R"({"type":"object","patternProperties":{}})").find("'patternProperties'"), std::string::npos);
   EXPECT_NE(msg(R"({"not":{}})").find("'not'"), std::string::npos);
   EXPECT_NE(msg(R"({"type":"number","multipleOf":2})").find("'multipleOf'"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","minimum":2})").find("'minimum'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"array","uniqueItems":true})").find("'uniqueItems'"), std::string::npos);
+  EXPECT_NE(msg(R"({"if":{"type":"string"},"then":{}})").find("'if'"), std::string::npos);
   EXPECT_NE(msg(R"({"type":"string","format":"hostname"})").find("hostname"), std::string::npos);
   EXPECT_NE(msg(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
   EXPECT_NE(msg(R"({"type":"objec"})").find("objec"), std::string::npos);
@@ -204,6 +205,112 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   deep += "{}";
   for (int i = 0; i < 5000; ++i) deep += "}";
   EXPECT_NE(msg(deep).find("deeper"), std::string::npos);
+}
+
+// pydantic v2: Literal["cat"] is {"const": "cat", "type": "string"}, a str Enum is
+// {"enum": [...], "type": "string"}, a discriminated union is oneOf + "discriminator" (an
+// OpenAPI annotation: it does not change the language).
+TEST(JsonSchema, ConstAndEnumWithTypeAsPydanticWrites) {
+  auto g = grammar_from_json_schema_text(R"({
+    "$defs": {
+      "Cat": {"type": "object", "title": "Cat", "required": ["pet_type", "meows"],
+              "properties": {"pet_type": {"const": "cat", "title": "Pet Type", "type": "string"},
+                             "meows": {"type": "integer"}}},
+      "Dog": {"type": "object", "title": "Dog", "required": ["pet_type", "barks"],
+              "properties": {"pet_type": {"const": "dog", "type": "string"},
+                             "barks": {"type": "number", "minimum": 0, "maximum": 1}}}},
+    "type": "object", "required": ["pet", "color"],
+    "properties": {
+      "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+              "discriminator": {"propertyName": "pet_type", "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}}},
+      "color": {"enum": ["red", "green", 3], "type": "string"}}})");
+  EXPECT_TRUE(matches(g, R"({"pet":{"pet_type":"cat","meows":3},"color":"red"})"));
+  EXPECT_TRUE(matches(g, R"({"pet":{"pet_type":"dog","barks":0.25},"color":"green"})"));
+  EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"dog","meows":3},"color":"red"})"));
+  EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"dog","barks":1.5},"color":"red"})"));
+  EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"cow","meows":3},"color":"red"})"));
+  EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"cat","meows":3},"color":3})"));  // not a string
+  auto msg = [](const std::string& s) {
+    try {
+      grammar_from_json_schema_text(s);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(msg(R"({"const": 2, "type": ["integer", "null"]})"), "no error");
+  EXPECT_EQ(msg(R"({"const": 2.0, "type": "integer"})"), "no error");
+  EXPECT_NE(msg(R"({"const": "cat", "type": "integer"})").find("'const' value \"cat\""), std::string::npos);
+  EXPECT_NE(msg(R"({"enum": [1, 2], "type": "string"})").find("no 'enum' value"), std::string::npos);
+  EXPECT_NE(msg(R"({"enum": ["a"], "type": "string", "minLength": 3})").find("no 'enum' value satisfies the keywords next to it ('type', 'minLength')"),
+            std::string::npos);
+  EXPECT_NE(msg(R"({"const": 7, "maximum": 5})").find("'const' value 7 does not satisfy"), std::string::npos);
+  EXPECT_NE(msg(R"({"enum": ["a"], "not": {}})").find("'not'"), std::string::npos);
+  EXPECT_NE(msg(R"({"const": "a", "enum": ["a"]})").find("'enum' next to 'const'"), std::string::npos);
+  // Other keywords next to enum / const filter the values exactly (the value's text is matched
+  // with the schema minus enum).
+  auto filtered = grammar_from_json_schema_text(R"({"type":"array","prefixItems":[
+      {"type":"string","enum":["a","abcd","xyz"],"minLength":3,"maxLength":3},
+      {"type":"integer","enum":[5,12,-3,7.0],"minimum":0,"maximum":10},
+      {"type":"string","enum":["ab1","abc"],"pattern":"^[a-z]+$"},
+      {"enum":[[1,2],[1],[1,2,3]],"type":"array","minItems":2,"maxItems":2}]})");
+  EXPECT_TRUE(matches(filtered, R"(["xyz",5,"abc",[1,2]])"));
+  EXPECT_FALSE(matches(filtered, R"(["xyz",7.0,"abc",[1,2]])"));  // 7.0 is not integer-spelled
+  for (const char* gone : {R"(["abcd",5,"abc",[1,2]])", R"(["xyz",12,"abc",[1,2]])", R"(["xyz",-3,"abc",[1,2]])",
+                           R"(["xyz",5,"ab1",[1,2]])", R"(["xyz",5,"abc",[1]])", R"(["xyz",5,"abc",[1,2,3]])"})
+    EXPECT_FALSE(matches(filtered, gone)) << gone;
+  EXPECT_NE(msg(R"({"const": "a", "type": "strin"})").find("strin"), std::string::npos);
+  auto nullable = grammar_from_json_schema_text(R"({"enum": ["a", null], "type": "string", "nullable": true})");
+  EXPECT_TRUE(matches(nullable, R"("a")"));
+  EXPECT_TRUE(matches(nullable, "null"));
+}
+
+// minProperties / maxProperties count declared and additional members alike: every object of
+// declared members (in order, any subset, "b" required when asked) followed by 0..3
+// additional ones is accepted exactly when its member count is within the bounds.
+TEST(JsonSchema, MinAndMaxPropertiesCountMembers) {
+  struct Case { int minp, maxp; bool extra, b_required; };
+  const std::vector<Case> cases = {{1, -1, true, false}, {2, -1, true, false}, {0, 2, true, false}, {2, 3, true, false},
+                                   {1, 1, true, false},  {2, -1, false, false}, {0, 1, false, false}, {2, 2, true, true},
+                                   {0, 0, true, false},  {3, 5, true, true}};
+  for (const auto& c : cases) {
+    std::string schema = R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}})";
+    schema += c.extra ? R"(,"additionalProperties":{"type":"integer"})" : R"(,"additionalProperties":false)";
+    if (c.b_required) schema += R"(,"required":["b"])";
+    schema += ",\"minProperties\":" + std::to_string(c.minp);
+    if (c.maxp >= 0) schema += ",\"maxProperties\":" + std::to_string(c.maxp);
+    auto g = grammar_from_json_schema_text(schema + "}");
+    for (int mask = 0; mask < 8; ++mask)
+      for (int extras = 0; extras <= 3; ++extras) {
+        std::vector<std::string> members;
+        for (int k = 0; k < 3; ++k)
+          if (mask >> k & 1) members.push_back(std::string("\"") + char('a' + k) + "\": 1");
+        for (int x = 0; x < extras; ++x) members.push_back(std::string("\"") + char('x' + x) + "\": 2");
+        std::string doc = "{";
+        for (size_t i = 0; i < members.size(); ++i) doc += (i ? ", " : "") + members[i];
+        doc += "}";
+        int n = static_cast<int>(members.size());
+        bool ok = n >= c.minp && (c.maxp < 0 || n <= c.maxp) && (c.extra || extras == 0) && (!c.b_required || (mask & 2));
+        EXPECT_EQ(matches(g, doc), ok) << schema << " on " << doc;
+      }
+  }
+  auto any = grammar_from_json_schema_text(R"({"minProperties":1,"maxProperties":2})");  // type object implied
+  EXPECT_FALSE(matches(any, "{}"));
+  EXPECT_TRUE(matches(any, R"({"k": [1, {"z": null}]})"));
+  EXPECT_TRUE(matches(any, R"({"k": 1, "j": "s"})"));
+  EXPECT_FALSE(matches(any, R"({"k": 1, "j": "s", "i": true})"));
+  auto msg = [](const std::string& s) {
+    try {
+      grammar_from_json_schema_text(s);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(R"({"type":"object","minProperties":3,"maxProperties":2})").find("maxProperties < minProperties"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"object","properties":{"a":{}},"minProperties":2})").find("admit no object"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"object","properties":{"a":{}},"required":["a"],"maxProperties":0})").find("admit no object"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"object","minProperties":-1})").find("non-negative"), std::string::npos);
 }
 
 TEST(Choice, ExactStrings) {

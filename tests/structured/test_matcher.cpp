@@ -68,6 +68,36 @@ TEST(Matcher, MaskEqualsBruteForceAlongADocument) {
   EXPECT_FALSE(m.accepting());
 }
 
+// Bounded numbers (json_numbers.h) through multi-byte tokens: the mask equals brute force at
+// every prefix, so a token like "5," or ".25" is allowed exactly when its bytes stay in range.
+TEST(Matcher, NumberRangeMaskEqualsBruteForce) {
+  auto vocab = random_vocab(5, 3000);
+  Grammar g = grammar_from_json_schema_text(R"({"type":"object","properties":{
+      "p":{"type":"number","minimum":-2.5,"exclusiveMaximum":3.75},"q":{"type":"number","exclusiveMinimum":0},
+      "r":{"const":"x","type":"string"}},"required":["p","q","r"]})");
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  const std::string doc = R"({"p": -2.4999, "q": 0.0010, "r": "x"})";
+  Matcher m(cg);
+  std::vector<uint32_t> mask(vocab->mask_words());
+  for (size_t i = 0; i <= doc.size(); ++i) {
+    m.fill_mask(mask);
+    int32_t st = cg->step_bytes(cg->initial_state(), doc.substr(0, i));
+    ASSERT_GE(st, 0) << i;
+    for (int id = 0; id < vocab->mask_size; ++id) {
+      bool expect = false;
+      if (id < static_cast<int>(vocab->token_bytes.size()) && !vocab->special[id])
+        expect = cg->step_bytes(st, vocab->token_bytes[id]) >= 0;
+      if (id == vocab->stop_ids[0]) expect = cg->accepting(st);
+      ASSERT_EQ(bit(mask, id), expect) << "prefix " << i << " token " << id;
+    }
+    if (i < doc.size()) ASSERT_TRUE(m.accept_token(static_cast<unsigned char>(doc[i])));
+  }
+  EXPECT_TRUE(m.accepting());
+  for (const char* bad : {R"({"p": 3.75, "q": 1, "r": "x"})", R"({"p": 0, "q": 0.000, "r": "x"})",
+                          R"({"p": -2.51, "q": 1, "r": "x"})", R"({"p": 1e0, "q": 1, "r": "x"})"})
+    EXPECT_LT(cg->step_bytes(cg->initial_state(), bad), 0) << bad;
+}
+
 TEST(Matcher, RejectsDisallowedTokensAndKeepsState) {
   auto vocab = random_vocab(1, 100);
   auto cg = std::make_shared<CompiledGrammar>(parse_ebnf(R"(root ::= "ab" "c"*)"), vocab);
@@ -150,6 +180,8 @@ TEST(Matcher, FastMaskEqualsFullTrieWalk) {
       item ::= "[" [a-z]+ "]" | "{" root "}")"),
                    "x[ab]{x[c].}[d]."});
   cases.push_back({grammar_from_choices({"alpha", "alpine", "beta", "be"}), "alpine"});
+  cases.push_back({grammar_from_json_schema_text(R"({"type":"array","items":{"type":"number","minimum":-13.001,
+      "exclusiveMaximum":120.5}})"), "[-13.0009, 0, 120.49999, -0.0, 7.5]"});
   for (auto& c : cases) {
     auto cg = std::make_shared<CompiledGrammar>(c.g, vocab);
     std::vector<uint32_t> fast(vocab->mask_words()), ref(vocab->mask_words());

@@ -101,7 +101,7 @@ class CudaBackend final : public Backend {
   void qk_norm_rope(const QkNormRopeArgs& args) override;
   void write_kv(const Tensor& k, const Tensor& v, KVCacheLayer& kv, const AttentionMeta& meta) override;
   void attention(const AttentionArgs& args) override;
-  // MLA (DeepSeek-V3 family) is not implemented on CUDA yet: both refuse with a clear error.
+  // MLA (DeepSeek-V3 family): k_mla.cu (latent norm / RoPE / cache write; absorbed attention).
   void mla_rope_write_kv(const MlaArgs& args) override;
   void mla_attention(const MlaArgs& args) override;
   void moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) override;
@@ -187,7 +187,7 @@ class CudaBackend final : public Backend {
   // before the PDL wait) for linear_multi / add_rms_norm_linear_multi (q/k/v) up to this many
   // tokens; 0: off (the k_gemv_tc.cu path; MOESERVE_DECODE_OFF=dense_gemv).
   // Batch 1 only: at 2-8 tokens the dense q/k/v measured slower than the old path
-  // (docs/benchmarks.md, "Batch-1 dense decode").
+  // (docs/bench/log.md, "Batch-1 dense decode").
   int gemv_dense_max_tokens = 1;
   // add_rms_norm_linear_multi with the norm inside that kernel (false: the separate norm
   // kernel, then the dense GEMV; MOESERVE_DECODE_OFF=dense_norm).
@@ -212,7 +212,7 @@ class CudaBackend final : public Backend {
   int attn_decode_max_splits = 8;
   // decode_layer as the persistent one-kernel layer where it applies (MOESERVE_DECODE_MEGA=1).
   // Off by default: on one H200 it is faster than the separate ops at 8192 context (5.45 vs
-  // 5.73 ms, 30 layers) but slower at 1024 (4.21 vs 3.26 ms); docs/benchmarks.md. Kept for
+  // 5.73 ms, 30 layers) but slower at 1024 (4.21 vs 3.26 ms); docs/bench/log.md. Kept for
   // a selector that picks it by context (issue 23 item 2).
   bool decode_mega = false;
   // Layers run by that kernel / refused (default body), and why the last refusal (tests, logs).
@@ -232,7 +232,7 @@ class CudaBackend final : public Backend {
   // experts quantise their bf16 activations per (token, 128 columns) to FP8 and run FP8 x FP8
   // tensor-core GEMMs (cuBLASLt block-scaled on sm_90 for linears, k_gemm_fp8.cu otherwise
   // and for the grouped expert GEMM). Adds the activation rounding (<= 2^-4 relative per
-  // element) that the bf16 GEMM does not have; see docs/architecture.md.
+  // element) that the bf16 GEMM does not have; see src/backend/cuda/README.md, "Prefill numerics".
   bool use_fp8_act_gemm = true;
   int fp8_act_min_tokens = 128;
   bool use_lt_fp8 = true;  // cuBLASLt for the dense linears (else k_gemm_fp8.cu)

@@ -6,8 +6,8 @@
 // shared memory once for all G heads (decode: the 6 heads of M2.5 read their kv head once).
 // 4 warps x 4 rows; per 64-key tile a lane scores 2 keys per row, the warp runs the online
 // softmax (base-2, scale folded into q), then accumulates P V with a lane owning dims
-// lane + 32 i. Scalar f32 math: simple and exact enough; a tensor-core prefill kernel is
-// the next step (see docs/architecture.md).
+// lane + 32 i. Scalar f32 math: simple and exact enough; the tensor-core kernels take the
+// shapes they support (kernel table in src/backend/cuda/README.md).
 // FP8 KV cache (AttnParams::kv_fp8): the kernel is instantiated for e4m3 caches too; the tile
 // staging loads 8 e4m3 bytes per 8 elements and widens them to bf16 in registers (exact: e4m3
 // fits bf16), so the shared-memory tiles and the inner loops are the bf16 kernel's. k_scale is

@@ -2,8 +2,9 @@
 // Tile 64 (rows) x 128 (output columns) x 32 (k), 8 warps in a 2 x 4 grid, each warp 32 x 32
 // with mma.sync m16n8k16 bf16 -> f32. Weights are dequantised while being staged into shared
 // memory: bf16(fp8 * block_scale) (relative error <= 2^-9 per weight, well under the bf16
-// activation rounding already present). Runs on sm_80+; the FP8-native paths (wgmma /
-// cuBLASLt block-scaled FP8) are future work, see docs/architecture.md.
+// activation rounding already present). Runs on sm_80+; the FP8-native paths (cuBLASLt
+// block-scaled FP8, k_gemm_fp8*.cu) take FP8 linears from fp8_act_min_tokens rows: see the
+// kernel table in src/backend/cuda/README.md.
 //
 // Modes: kStore (plain linear), kSwiglu (the block's 128 staged rows are 64 rows of W1 and the
 // same 64 rows of W3, so each thread holds matching gate/up accumulators and writes

@@ -3,7 +3,7 @@
 // One warp per group: each lane loads 4 bf16 (8 bytes), the warp max gives the scale, each
 // lane writes 4 e4m3 bytes. Error: e4m3 keeps 3 mantissa bits, so each quantised element is
 // within 2^-4 of its value relatively (round to nearest), subnormals (|x| < 2^-6 s) within
-// 2^-10 s absolutely; see docs/architecture.md for the resulting GEMM bound.
+// 2^-10 s absolutely; see src/backend/cuda/README.md ("Prefill numerics") for the GEMM bound.
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"

@@ -130,8 +130,9 @@ Tensor MiniMaxM2Model::forward(const Tensor& ids, const AttentionMeta& meta, std
   // per-op profile (op hook) and tensor parallelism (all-reduces between the ops) keep the
   // separate ops.
   static const bool any_repeat = !debug_flags().op_repeat.empty();
-  // Capturing hidden states for a draft head needs the layer boundaries: separate ops too.
-  const bool single_layer_op = par_.world == 1 && !any_repeat && !op_hook_ && !capturing();
+  // Capturing hidden states for a draft head needs the layer boundaries, and bench-model's
+  // routing override the MoE block's own experts call: separate ops too.
+  const bool single_layer_op = par_.world == 1 && !any_repeat && !op_hook_ && !capturing() && !routing_overridden();
   if (single_layer_op) {
     std::vector<DecodeLayerArgs> layer_ops;  // all layers, handed over at once (one kernel on CUDA at batch 1)
     layer_ops.reserve(size_t(desc_.num_layers));

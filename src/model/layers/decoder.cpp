@@ -578,7 +578,9 @@ void DecoderModel::moe_block(int l, StepViews& s, const Repeat& rep) {
   for (int r = 0; r < rep.route; ++r)
     be_.add_rms_norm_route(s.residual, s.o, L.post_attention_norm, spec_.rms_norm_eps, s.x, L.moe, s.routing);
   mark("norm_route");
-  for (int r = 0; r < rep.experts; ++r) be_.moe_experts(s.x, L.moe, s.routing, s.moe_out);  // this rank's experts
+  MoeRouting routing = s.routing;
+  if (size_t(l) < routing_override_.size()) routing.expert_ids = routing_override_[size_t(l)].slice_rows(0, s.T);
+  for (int r = 0; r < rep.experts; ++r) be_.moe_experts(s.x, L.moe, routing, s.moe_out);  // this rank's experts
   mark("moe_experts");
   if (spec_.shared_experts) {
     be_.dense_mlp(s.x, L.shared, s.sh_gate, s.sh_up, s.sh_out);  // this rank's slice of the shared expert

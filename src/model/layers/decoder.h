@@ -163,6 +163,12 @@ class DecoderModel : public Model {
   const DecoderWorkspace& workspace() const { return ws_; }
   // Weights made elsewhere (bench-model's synthetic weights); shapes as declared.
   void set_weights(DecoderWeights w) { w_ = std::move(w); }
+  // bench-model's synthetic routing (tools/bench_verify.h): when set, MoE layer l (l <
+  // ids.size()) runs its experts on ids[l]'s first T rows ([>= T, top_k] I32 on the backend's
+  // device) instead of the router's choice; the router still runs, so its cost and its weights
+  // stay in the step. Forces the separate ops (no fused decode_layers). Empty: the router's.
+  void set_routing_override(std::vector<Tensor> ids) { routing_override_ = std::move(ids); }
+  bool routing_overridden() const { return !routing_override_.empty(); }
   // Every declaration of config().weights(this rank) from `source` (Model::load_from).
   void load_from(const WeightSource& source) override;
 
@@ -239,6 +245,7 @@ class DecoderModel : public Model {
   DecoderWorkspace ws_;
   int64_t ws_epoch_ = 0;
   std::function<void(const char*)> op_hook_;
+  std::vector<Tensor> routing_override_;  // set_routing_override
   // MTP module k: its norms and eh_proj split into the embedding half and the hidden half
   // (eh_proj(cat(e, h)) = eh_e e + eh_h h); its decoder layer is w_.layers[num_layers + k].
   struct MtpModule {

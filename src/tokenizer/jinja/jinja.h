@@ -1,7 +1,7 @@
 // A Jinja template engine covering what Hugging Face chat templates use, with the
 // semantics of jinja2's ImmutableSandboxedEnvironment(trim_blocks=True,
 // lstrip_blocks=True, extensions=[loopcontrols]) plus transformers' globals
-// (raise_exception, strftime_now) and its tojson filter. See docs/architecture.md.
+// (raise_exception, strftime_now) and its tojson filter. See src/tokenizer/README.md, "Chat templates".
 #pragma once
 #include <nlohmann/json.hpp>
 

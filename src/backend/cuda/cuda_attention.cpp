@@ -1,0 +1,218 @@
+// CudaBackend attention: argument checks and the kernel choice for paged attention (decode,
+// prefill, mixed steps) over a bf16 or FP8 (e4m3) KV cache, the layout/format refusals
+// (V head dim != K head dim, INT4 weights), and MLA's two ops (k_mla.cu).
+//   q [T, Hq, D] bf16, KV cache [blocks, block_size, Hkv, D] (bf16 or e4m3 with per-layer
+//   k_scale / v_scale), out [T, Hq, D] bf16; sequences by query_start / context_lens /
+//   block_tables (AttentionMeta).
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_mla.h"
+#include "core/error.h"
+
+namespace moeserve {
+using namespace cuda;
+
+namespace {
+
+void check_dev(const Tensor& t, const char* op, const char* what) {
+  MS_CHECK(t.defined(), "{}: {} is empty", op, what);
+  MS_CHECK(t.device == Device::CUDA, "{}: {} is not a CUDA tensor", op, what);
+}
+
+}  // namespace
+
+std::string CudaBackend::attention_layout_problem(const KvLayout& l) const {
+  if (l.v_head_dim == l.k_head_dim || l.v_head_dim == 0) return {};
+  return fmt::format("V head dim {} != K head dim {} is not implemented by the CUDA attention kernels (they read K "
+                     "and V with one head dim); run it with --device cpu",
+                     l.v_head_dim, l.k_head_dim);
+}
+
+// No W4A16 GEMV / grouped GEMM yet: serving the dequantised weights in bf16 would neither be
+// exact nor fast, so INT4 checkpoints are refused rather than silently widened.
+std::string CudaBackend::int4_weights_problem(const std::string& tensor) const {
+  return fmt::format("INT4 tensor '{}' (compressed-tensors pack-quantized): the CUDA backend has no W4A16 kernels "
+                     "yet; run this checkpoint with --device cpu (the CPU reference dequantises INT4 exactly)",
+                     tensor);
+}
+
+AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
+  MS_CHECK(a.q && a.kv && a.meta && a.out, "attention: missing argument");
+  MS_CHECK(a.v_head_dim == 0 || a.v_head_dim == a.head_dim,
+           "attention: V head dim {} != K head dim {} is not implemented on CUDA", a.v_head_dim, a.head_dim);
+  const AttentionMeta& m = *a.meta;
+  check_dev(*a.q, "attention", "q");
+  check_dev(*a.out, "attention", "out");
+  check_dev(a.kv->k, "attention", "k cache");
+  const DType kvt = a.kv->k.dtype;
+  MS_CHECK(a.q->dtype == DType::BF16 && a.out->dtype == DType::BF16 &&
+               (kvt == DType::BF16 || kvt == DType::F8_E4M3) && a.kv->v.dtype == kvt,
+           "attention: q and out must be BF16, the KV cache BF16 or F8_E4M3 (got {} / {})", dtype_name(kvt),
+           dtype_name(a.kv->v.dtype));
+  MS_CHECK(a.kv->k.rank() == 4 && a.kv->k.dim(2) == a.num_kv_heads && a.kv->k.dim(3) == a.head_dim &&
+               a.kv->k.dim(1) == m.block_size,
+           "attention: cache {} vs kv heads {} head_dim {} block_size {}", shape_str(a.kv->k.shape), a.num_kv_heads,
+           a.head_dim, m.block_size);
+  MS_CHECK(a.q->numel() == int64_t(m.num_tokens) * a.num_q_heads * a.head_dim && a.out->numel() == a.q->numel(),
+           "attention: q {} for {} tokens x {} heads x {}", shape_str(a.q->shape), m.num_tokens, a.num_q_heads,
+           a.head_dim);
+  AttnParams p;
+  p.q = a.q->data, p.k_cache = a.kv->k.data, p.v_cache = a.kv->v.data, p.out = a.out->data;
+  p.query_start = m.query_start.ptr<int32_t>();
+  p.context_lens = m.context_lens.ptr<int32_t>();
+  p.block_tables = m.block_tables.ptr<int32_t>();
+  p.num_seqs = m.num_seqs, p.T = m.num_tokens, p.max_query_len = m.max_query_len;
+  p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = m.block_size;
+  p.Hq = a.num_q_heads, p.Hkv = a.num_kv_heads, p.D = a.head_dim, p.scale = a.scale;
+  p.kv_rows = a.kv->v.numel() == a.kv->k.numel() ? a.kv->k.dim(0) * a.kv->k.dim(1) : 0;
+  p.kv_fp8 = kvt == DType::F8_E4M3;
+  p.k_scale = a.kv->k_scale, p.v_scale = a.kv->v_scale;
+  return p;
+}
+
+namespace {
+
+// The shape and dtype checks shared by both MLA ops; returns T.
+int64_t check_mla(const MlaArgs& a, const char* op) {
+  MS_CHECK(a.q && a.latent && a.positions && a.kv && a.meta, "{}: null argument", op);
+  MS_CHECK(a.num_heads > 0 && a.qk_nope_head_dim >= 0 && a.qk_rope_head_dim > 0 && a.qk_rope_head_dim % 2 == 0 &&
+               a.qk_rope_head_dim <= 128 && a.v_head_dim > 0 && a.kv_lora_rank > 0 && a.kv_lora_rank <= 2048,
+           "{}: MLA dims heads={} nope={} rope={} v={} kv_lora={} are outside what the CUDA kernels take "
+           "(rope even and <= 128, kv_lora_rank <= 2048)",
+           op, a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim, a.kv_lora_rank);
+  check_dev(*a.q, op, "q");
+  check_dev(*a.latent, op, "latent");
+  check_dev(*a.positions, op, "positions");
+  check_dev(a.kv->k, op, "latent cache");
+  MS_CHECK(a.q->dtype == DType::BF16 && a.latent->dtype == DType::BF16, "{}: q and latent must be BF16 (got {} / {})",
+           op, dtype_name(a.q->dtype), dtype_name(a.latent->dtype));
+  const int64_t T = a.positions->numel();
+  const int64_t qk = a.qk_nope_head_dim + a.qk_rope_head_dim, L = a.kv_lora_rank + a.qk_rope_head_dim;
+  MS_CHECK(a.q->numel() == T * a.num_heads * qk, "{}: q {} must be [{}, {} heads x {}]", op, shape_str(a.q->shape), T,
+           a.num_heads, qk);
+  MS_CHECK(a.latent->numel() == T * L, "{}: latent {} must be [{}, {}]", op, shape_str(a.latent->shape), T, L);
+  const Tensor& c = a.kv->k;
+  MS_CHECK(c.dtype == DType::BF16 || c.dtype == DType::F8_E4M3,
+           "{}: the latent cache must be BF16 or F8_E4M3 (--kv-cache-dtype fp8) on CUDA, got {}", op,
+           dtype_name(c.dtype));
+  MS_CHECK(c.rank() == 4 && c.dim(2) == 1 && c.dim(3) == L,
+           "{}: the latent cache {} must be [blocks, block_size, 1, {}] (kv_lora_rank + qk_rope_head_dim)", op,
+           shape_str(c.shape), L);
+  MS_CHECK(a.meta->block_size == 0 || a.meta->block_size == c.dim(1),
+           "{}: meta.block_size {} but the cache has blocks of {}", op, a.meta->block_size, c.dim(1));
+  MS_CHECK(a.rope.rotary_dim == a.qk_rope_head_dim, "{}: RoPE rotary_dim {} must equal qk_rope_head_dim {}", op,
+           a.rope.rotary_dim, a.qk_rope_head_dim);
+  return T;
+}
+
+}  // namespace
+
+void CudaBackend::mla_rope_write_kv(const MlaArgs& a) {
+  const char* op = "mla_rope_write_kv";
+  prequant_ = {};
+  const int64_t T = check_mla(a, op);
+  MS_CHECK(a.latent_norm_weight != nullptr, "{}: kv_a_layernorm weight is null", op);
+  check_dev(*a.latent_norm_weight, op, "kv_a_layernorm weight");
+  MS_CHECK(a.latent_norm_weight->numel() == a.kv_lora_rank &&
+               (a.latent_norm_weight->dtype == DType::BF16 || a.latent_norm_weight->dtype == DType::F32),
+           "{}: kv_a_layernorm weight {} {} must be BF16 or F32 with {} elements", op,
+           dtype_name(a.latent_norm_weight->dtype), shape_str(a.latent_norm_weight->shape), a.kv_lora_rank);
+  const AttentionMeta& m = *a.meta;
+  check_dev(m.slot_mapping, op, "slot_mapping");
+  MS_CHECK(m.slot_mapping.numel() == T, "{}: slot_mapping has {} entries for {} tokens", op, m.slot_mapping.numel(), T);
+  MlaRopeKvParams p;
+  p.q = a.q->data, p.latent = a.latent->data;
+  p.norm_w = a.latent_norm_weight->data, p.norm_w_bf16 = a.latent_norm_weight->dtype == DType::BF16;
+  p.eps = a.eps;
+  p.positions = a.positions->ptr<int32_t>();
+  p.slot_mapping = m.slot_mapping.ptr<int32_t>();
+  p.cache = a.kv->k.data, p.cache_fp8 = a.kv->fp8(), p.k_scale = a.kv->k_scale;
+  p.rope = a.rope;
+  p.T = int(T), p.H = a.num_heads, p.N = a.qk_nope_head_dim, p.R = a.qk_rope_head_dim, p.C = a.kv_lora_rank;
+  launch_mla_rope_write_kv(p, stream_);
+}
+
+void CudaBackend::mla_attention(const MlaArgs& a) {
+  const char* op = "mla_attention";
+  prequant_ = {};
+  const int64_t T = check_mla(a, op);
+  MS_CHECK(a.kv_b != nullptr && a.out != nullptr, "{}: kv_b or out is null", op);
+  const LinearWeight& w = *a.kv_b;
+  check_dev(w.weight, op, "kv_b_proj");
+  const int64_t kvw = a.qk_nope_head_dim + a.v_head_dim;
+  MS_CHECK(w.weight.rank() == 2 && w.out_features() == a.num_heads * kvw && w.in_features() == a.kv_lora_rank,
+           "{}: kv_b_proj {} must be [{} heads x (nope {} + v {}), kv_lora_rank {}]", op, shape_str(w.weight.shape),
+           a.num_heads, a.qk_nope_head_dim, a.v_head_dim, a.kv_lora_rank);
+  MS_CHECK(w.weight.dtype == DType::BF16 || w.fp8(), "{}: kv_b_proj must be BF16 or FP8 e4m3 (block-scaled), got {}",
+           op, dtype_name(w.weight.dtype));
+  if (w.fp8()) {
+    check_dev(w.scale_inv, op, "kv_b_proj scale_inv");
+    MS_CHECK(w.block_out > 0 && w.block_in > 0 && w.scale_inv.dtype == DType::F32 && w.scale_inv.rank() == 2 &&
+                 w.scale_inv.dim(0) == ceil_div(w.out_features(), w.block_out) &&
+                 w.scale_inv.dim(1) == ceil_div(w.in_features(), w.block_in),
+             "{}: kv_b_proj scale_inv {} does not match blocks {}x{} of {}", op, shape_str(w.scale_inv.shape),
+             w.block_out, w.block_in, shape_str(w.weight.shape));
+  }
+  check_dev(*a.out, op, "out");
+  MS_CHECK(a.out->dtype == DType::BF16 && a.out->numel() == T * a.num_heads * a.v_head_dim,
+           "{}: out {} {} must be BF16 [{}, {}]", op, dtype_name(a.out->dtype), shape_str(a.out->shape), T,
+           a.num_heads * a.v_head_dim);
+  const AttentionMeta& m = *a.meta;
+  MlaAttnParams p;
+  p.q = a.q->data;
+  p.cache = a.kv->k.data, p.cache_fp8 = a.kv->fp8(), p.k_scale = a.kv->k_scale;
+  p.kv_b = w.weight.data, p.kv_b_fp8 = w.fp8();
+  if (w.fp8()) {
+    p.kv_b_scale_inv = w.scale_inv.ptr<float>();
+    p.block_out = w.block_out, p.block_in = w.block_in, p.scale_cols = int(w.scale_inv.dim(1));
+  }
+  p.positions = a.positions->ptr<int32_t>();
+  if (m.num_seqs > 0) {
+    p.query_start = m.query_start.ptr<int32_t>();
+    p.block_tables = m.block_tables.ptr<int32_t>();
+  }
+  p.num_seqs = m.num_seqs, p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = int(a.kv->k.dim(1));
+  p.scale = a.scale;
+  p.out = a.out->data;
+  p.T = int(T), p.H = a.num_heads, p.N = a.qk_nope_head_dim, p.R = a.qk_rope_head_dim, p.C = a.kv_lora_rank,
+  p.V = a.v_head_dim;
+  launch_mla_attention(p, stream_);
+}
+
+void CudaBackend::attention(const AttentionArgs& a) {
+  AttnParams p = attention_params(a);
+  const AttentionMeta& m = *a.meta;
+  // Split the KV range when (kv heads x query tiles) alone would not fill the GPU.
+  const int qtiles = ceil_div(std::max(1, m.max_query_len), attn_query_tile(std::max(1, p.Hq / std::max(1, p.Hkv))));
+  const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;
+  int splits = 1;
+  if (base < 8 * num_sms_ && m.max_context_len > 512) {
+    // Aim at ~8 blocks per SM (about 2 waves at this kernel's occupancy), >= 64 keys (one K/V
+    // tile) per split: batch 1 at 1k context gets 16 splits x 8 kv heads = 128 blocks, batch
+    // 64 (512 blocks of 16 serial tiles, one partial wave) 3 splits.
+    splits = int(std::min<int64_t>((8 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 64)));
+    const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
+    if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
+    splits = std::max(splits, 1);
+    if (splits > 1) {
+      float* ws = static_cast<float*>(workspace(kAttnPart, per_split * splits));
+      p.part_o = ws;
+      p.part_ml = ws + size_t(splits) * p.T * p.Hq * p.D;
+    }
+  }
+  p.splits = splits;
+  if (use_attention_tc && use_attention_wgmma && splits == 1 && attention_wgmma_supported(p)) {
+    launch_attention_wgmma(p, stream_);
+  } else if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
+    launch_attention_prefill(p, stream_);
+  else if (use_attention_tc && splits == 1 && attention_tc_supported(p))
+    launch_attention_tc(p, stream_);
+  else
+    launch_attention(p, stream_);
+}
+
+}  // namespace moeserve
