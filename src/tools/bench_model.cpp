@@ -274,6 +274,7 @@ int run_bench_model(const BenchModelOptions& opt) {
     out["verify"]["graph"] = opt.graphs;
     out["verify"]["kv_cache_dtype"] = dtype_name(kv_dtype);
   }
+  const bool mla = model.desc().kv_lora_rank > 0;
   // ---- decode ----
   nlohmann::json dec = nlohmann::json::array();
   if (opt.verify_tokens.empty())
@@ -290,7 +291,10 @@ int run_bench_model(const BenchModelOptions& opt) {
       auto ids = step.routing_ids();
       std::set<int> distinct(ids.begin(), ids.end());
       const double ms = time_planned(fmt::format("b{}_c{}", B, C), false);
-      const DecodeBytes d = decode_bytes(s, model.shard(), 1, false, B, C, kv_elem);
+      // MLA models (DeepSeek-V3 family): the bytes from the model's own tensors (decode_bytes'
+      // closed form is MiniMax / Qwen3's GQA layout).
+      const DecodeBytes d = mla ? model_decode_bytes(model, B, C, kv_elem)
+                                : decode_bytes(s, model.shard(), 1, false, B, C, kv_elem);
       const double lm = double(s.vocab) * s.hidden * 2;
       const double bytes = layers * d.per_layer() + lm;
       const double floor_ms = bytes / roof.copy_bytes_per_s * 1e3;
@@ -327,7 +331,8 @@ int run_bench_model(const BenchModelOptions& opt) {
     const double experts = 2.0 * P * s.top_k * 3.0 * H * s.intermediate;
     const double attn = 2.0 * 2.0 * s.q_heads * s.head_dim * (double(P) * (P + 1) / 2);
     const double flops = layers * (proj + router + experts + attn) + 2.0 * H * s.vocab;
-    const double floor_ms = roof.fp8_flops > 0 ? flops / roof.fp8_flops * 1e3 : 0;
+    // The FLOP count above is GQA's (MiniMax / Qwen3); for MLA no floor is stated (0).
+    const double floor_ms = roof.fp8_flops > 0 && !mla ? flops / roof.fp8_flops * 1e3 : 0;
     const double per_layer = ms / layers;
     std::printf("prefill %d tokens: %.1f ms (%.0f tok/s), FLOP floor %.1f ms at FP8 rate: %.1f%% ; TTFT %.1f ms "
                 "(%d layers), est. %.0f ms for %d layers\n",

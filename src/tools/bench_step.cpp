@@ -30,9 +30,23 @@ constexpr const char* kQwen3_30B_A3B = R"({
   "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936,
   "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                           "weight_block_size": [128, 128]}})";
+// deepseek-ai/DeepSeek-V3's config.json (tests/fixtures/models/deepseek-v3), FP8 128x128 blocks.
+constexpr const char* kDeepseekV3 = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": false,
+  "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+  "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840, "moe_intermediate_size": 2048,
+  "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+  "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+  "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                          "weight_block_size": [128, 128]},
+  "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+  "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000,
+  "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_group": 4,
+  "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 129280})";
 }  // namespace
 
-std::string synthetic_model_names() { return "minimax-m2.5, qwen3-30b-a3b, minimax-m2-tiny"; }
+std::string synthetic_model_names() { return "minimax-m2.5, qwen3-30b-a3b, deepseek-v3, minimax-m2-tiny"; }
 
 SyntheticModel synthetic_model(const std::string& name, int layers) {
   SyntheticModel m;
@@ -52,9 +66,9 @@ SyntheticModel synthetic_model(const std::string& name, int layers) {
     m.config = std::make_unique<MiniMaxM2Config>(std::move(c));
     return m;
   }
-  MS_CHECK(name == "qwen3-30b-a3b", "bench-model: unknown --synthetic '{}' (known: {})", name,
+  MS_CHECK(name == "qwen3-30b-a3b" || name == "deepseek-v3", "bench-model: unknown --synthetic '{}' (known: {})", name,
            synthetic_model_names());
-  nlohmann::json j = nlohmann::json::parse(kQwen3_30B_A3B);
+  nlohmann::json j = nlohmann::json::parse(name == "deepseek-v3" ? kDeepseekV3 : kQwen3_30B_A3B);
   m.shapes = shapes_of(parse_config(j).config->desc());  // total_layers: the real 48
   j["num_hidden_layers"] = layers;
   m.config = parse_config(j).config;
@@ -83,6 +97,35 @@ DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int 
   d.distinct = s.experts * (1.0 - std::pow(1.0 - double(s.top_k) / s.experts, B));
   d.experts = expert_parallel ? d.distinct * expert(s.intermediate) : W * d.distinct * expert(shard.expert_inter);
   d.kv = W * double(B) * C * KW * 2 /*K,V*/ * kv_elem_bytes;
+  return d;
+}
+
+DecodeBytes model_decode_bytes(const DecoderModel& model, int B, int C, int kv_elem_bytes) {
+  const DecoderWeights& w = model.weights();
+  auto t = [](const Tensor& x) { return x.defined() ? double(x.nbytes()) : 0.0; };
+  auto lin = [&](const LinearWeight& l) { return t(l.weight) + t(l.scale_inv); };
+  auto mlp = [&](const ExpertWeights& e) { return lin(e.w1) + lin(e.w2) + lin(e.w3); };
+  DecodeBytes d;
+  for (const DecoderLayer& L : w.layers) {
+    d.attn_w += t(L.input_norm) + t(L.post_attention_norm) + t(L.q_norm) + t(L.k_norm);
+    d.attn_w += lin(L.q) + lin(L.k) + lin(L.v) + lin(L.o);
+    d.attn_w += lin(L.mla.q_a) + lin(L.mla.q_b) + lin(L.mla.kv_a) + lin(L.mla.kv_b) + t(L.mla.q_a_norm) +
+                t(L.mla.kv_a_norm);
+    if (L.dense) {
+      d.attn_w += mlp(L.mlp);  // the dense MLP is read whole, like the projections
+      continue;
+    }
+    d.router += t(L.moe.gate) + t(L.moe.score_bias);
+    d.attn_w += mlp(L.shared);
+    const double E = double(L.moe.experts.size()), K = L.moe.top_k;
+    const double distinct = E > 0 ? E * (1.0 - std::pow(1.0 - K / E, B)) : 0.0;
+    d.distinct = distinct;
+    if (!L.moe.experts.empty()) d.experts += distinct * mlp(L.moe.experts.front());
+  }
+  const KvLayout kl = model.kv_layout();
+  d.kv = double(kl.num_layers) * B * C * double(kl.kv_heads) * (kl.k_head_dim + kl.v_head_dim) * kv_elem_bytes;
+  const double n = std::max<size_t>(1, w.layers.size());
+  d.attn_w /= n, d.router /= n, d.experts /= n, d.kv /= n;  // per layer, as decode_bytes
   return d;
 }
 

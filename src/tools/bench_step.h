@@ -31,6 +31,8 @@ MiniMaxM2Config synth_config(const SynthShapes& s, int layers);
 // FP8 checkpoints are published) and its shapes (total_layers = the real model's).
 //   minimax-m2.5    synth_config(SynthShapes{}, layers), 62 layers
 //   qwen3-30b-a3b   Qwen/Qwen3-30B-A3B(-FP8)'s config.json, 48 layers
+//   deepseek-v3     deepseek-ai/DeepSeek-V3's config.json (FP8 128x128 as published), 61 layers
+//                   (the first 3 dense; MLA, 1 shared + 256 routed experts top-8 in 8 groups)
 struct SyntheticModel {
   std::unique_ptr<ArchConfig> config;
   SynthShapes shapes;
@@ -52,6 +54,14 @@ struct DecodeBytes {
 // kv_elem_bytes: 2 for a bf16 cache, 1 for FP8.
 DecodeBytes decode_bytes(const SynthShapes& s, const MiniMaxM2Shard& shard, int world, bool expert_parallel, int B,
                          int C, int kv_elem_bytes = 2);
+// The same from a loaded model's own tensors (any architecture on the shared decoder layers:
+// MLA, shared experts and dense layers included): per layer every non-expert tensor it reads
+// (norms, attention / MLA projections with their FP8 scales, router, shared expert, dense MLP)
+// plus the expected distinct routed experts of B tokens under uniform routing times one expert's
+// bytes, plus B x C cached tokens of its KV layout (MLA: the latent). Averaged over the layers;
+// `distinct` is per MoE layer. Excludes the embedding rows and the lm_head.
+DecodeBytes model_decode_bytes(const DecoderModel& model, int B, int C, int kv_elem_bytes = 2);
+
 class BenchStep {
  public:
   BenchStep(Backend& b, DecoderModel& model, int max_tokens, int max_seqs, int max_blocks_per_seq);

@@ -1,5 +1,6 @@
 // bench-model --measure-routing-overlap on the trained demo model (assets/demo-model, 8 experts
-// top-2): the router's overlap between consecutive tokens, measured on the CPU reference.
+// top-2): the router's overlap between consecutive tokens, measured on the CPU reference; and
+// bench-model's decode bytes of an MLA model (model_decode_bytes) on a DeepSeek-V3 fixture.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -7,8 +8,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "io/safetensors.h"
+#include "model/registry.h"
 #include "tools/bench_model.h"
+#include "tools/bench_step.h"
 
 using namespace moeserve;
 using namespace moeserve::tools;
@@ -71,4 +78,34 @@ TEST(BenchOverlap, BadPromptFilesAreClearErrors) {
   std::ofstream(bad) << "not json";
   EXPECT_THROW(run(bad, 4), Error);
   EXPECT_THROW(run(::testing::TempDir() + "no_such_file.json", 4), Error);
+}
+
+// model_decode_bytes (bench-model's roofline for MLA models) on the DeepSeek-V3 fixture
+// dsv3_tiny_bf16 (H 128, 3 layers with layer 0 dense (I 160), MLA 4 heads q_lora 48 kv_lora 32
+// nope 32 rope 16 v 24, 8 experts top-2 of I 64, 1 shared of I 64), loaded on the CPU backend:
+// against the arithmetic of its config, in the loaded tensors' element size.
+TEST(BenchBytes, DeepseekV3FixtureMatchesHandArithmetic) {
+  const std::string dir = source_dir() + "/tests/fixtures/golden/dsv3_tiny_bf16";
+  auto cpu = make_cpu_backend();
+  LoadedConfig lc = load_model_config(dir);
+  std::unique_ptr<DecoderModel> m = make_bench_model(*lc.config, *cpu);
+  m->load(Checkpoint::open(dir));
+  const double es = double(dtype_size(m->weights().layers[1].mla.q_b.weight.dtype));
+  const double H = 128, QL = 48, KL = 32, R = 16, N = 32, V = 24, Hq = 4, I = 64, Id = 160, E = 8;
+  const double norms = 2 * H + QL + KL;  // input + post-attention, q_a_layernorm, kv_a_layernorm
+  const double mla = H * QL + QL * Hq * (N + R) + H * (KL + R) + KL * Hq * (N + V) + Hq * V * H;
+  const double expert = 3 * H * I;
+  const double dense_layer = (norms + mla + 3 * H * Id) * es;
+  const double moe_attn = (norms + mla + expert) * es;  // + the shared expert
+  const double router = E * H * dtype_size(m->weights().layers[1].moe.gate.dtype) +
+                        E * dtype_size(m->weights().layers[1].moe.score_bias.dtype);
+  for (int B : {1, 3}) {
+    const DecodeBytes d = model_decode_bytes(*m, B, 40, 2);
+    const double distinct = E * (1 - std::pow(1 - 2 / E, B));
+    EXPECT_NEAR(d.distinct, distinct, 1e-9);
+    EXPECT_NEAR(d.attn_w * 3, dense_layer + 2 * moe_attn, 1e-6) << B;
+    EXPECT_NEAR(d.router * 3, 2 * router, 1e-6);
+    EXPECT_NEAR(d.experts * 3, 2 * distinct * expert * es, 1e-6);
+    EXPECT_NEAR(d.kv, double(B) * 40 * (KL + R) * 2, 1e-6);  // per layer: the latent, bf16
+  }
 }
