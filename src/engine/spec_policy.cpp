@@ -36,6 +36,23 @@ void update(double& value, int& n, double x, double w) {
   value += std::max(1.0 / n, w) * (x - value);
 }
 
+// A step time: interference (other threads on the cores, a page fault, the OS) only ever adds
+// time, and one such sample of a k that is seldom measured would otherwise decide the choice
+// for long. So the estimate goes down fast (weight at least 1/2) and up slowly: a sample above
+// 1.5 x the estimate counts as 1.5 x.
+void update_time(double& value, int& n, double x, double w) {
+  if (n == 0) {
+    value = x, n = 1;
+    return;
+  }
+  ++n;
+  if (x < value) {
+    value += std::max({1.0 / n, w, 0.5}) * (x - value);
+  } else {
+    value += std::max(1.0 / n, w) * (std::min(x, 1.5 * value) - value);
+  }
+}
+
 int log2_floor(int x) { return x <= 1 ? 0 : std::bit_width(unsigned(x)) - 1; }
 
 std::string bucket_name(std::pair<int, int> b) {
@@ -99,10 +116,10 @@ void SpecPolicy::observe_time(SpecPhase phase, const SpecStepShape& shape, int k
   Bucket& b = bucket(shape);
   Cell& c = b.cells[size_t(k)];
   if (phase == SpecPhase::Verify) {
-    update(c.verify.value, c.verify.n, seconds, opt_.cost_weight);
+    update_time(c.verify.value, c.verify.n, seconds, opt_.cost_weight);
     c.measured_at = b.choices;
   } else {
-    update(c.draft.value, c.draft.n, seconds, opt_.cost_weight);
+    update_time(c.draft.value, c.draft.n, seconds, opt_.cost_weight);
   }
 }
 
@@ -190,10 +207,16 @@ SpecChoice SpecPolicy::choose(const SpecStepShape& shape, int max_budget) {
       if (b.cells[size_t(k)].verify.n == 0) cand = k;
     }
     if (!cand) {
+      // A k's measurement goes stale after 2^n explore intervals (n: its samples), capped at
+      // reexplore_after: one unlucky sample of a k that is not chosen is re-measured soon, a
+      // well-measured one rarely, so exploration falls to ~K per reexplore_after choices.
       uint64_t oldest = b.choices;
       for (int k = 0; k <= K; ++k) {
-        const uint64_t at = b.cells[size_t(k)].measured_at;
-        if (k != *best_k && b.choices - at >= uint64_t(opt_.reexplore_after) && at < oldest) oldest = at, cand = k;
+        const Cell& cell = b.cells[size_t(k)];
+        const uint64_t stale_after = std::min<uint64_t>(uint64_t(opt_.reexplore_after),
+                                                        uint64_t(opt_.explore_interval) << std::min(cell.verify.n, 20));
+        if (k != *best_k && b.choices - cell.measured_at >= stale_after && cell.measured_at < oldest)
+          oldest = cell.measured_at, cand = k;
       }
     }
     if (cand) {

@@ -64,9 +64,9 @@ TEST(SpecPolicy, ChoosesZeroWhenVerifyCostExceedsTheGain) {
       EXPECT_EQ(cs[i].k, 0) << "step " << i << ": " << cs[i].reason;
     }
   }
-  EXPECT_GE(zeros, 570);
-  EXPECT_GT(explores, 0);  // measured k are measured again now and then (after 256 choices)
-  EXPECT_LE(explores, 10);
+  EXPECT_GE(zeros, 550);
+  EXPECT_GT(explores, 0);  // measured k are measured again now and then (after 16, 32, ... 256 choices)
+  EXPECT_LE(explores, 20);
   EXPECT_NEAR(p.acceptance(0), 0.5, 0.2);
   ASSERT_TRUE(p.predicted_seconds({8, 1000}, 0));
   EXPECT_DOUBLE_EQ(*p.predicted_seconds({8, 1000}, 0), 0.010);
@@ -167,6 +167,23 @@ TEST(SpecPolicy, PinnedNoBudgetAndColdBucketsFromTheNearestMeasured) {
   EXPECT_EQ(SpecPolicy::bucket_of({4, 500}), std::make_pair(2, 1));
   EXPECT_EQ(SpecPolicy::bucket_of({1, 100}), std::make_pair(0, 0));
   EXPECT_EQ(SpecPolicy::bucket_of({33, 70000}), std::make_pair(5, 9));
+}
+
+// Interference only adds time: one slow sample of a k barely moves its estimate, a fast one
+// brings it down at once, so a seldom-measured k is not shut out by one unlucky step.
+TEST(SpecPolicy, StepTimesGoDownFastAndUpSlowly) {
+  SpecPolicy p(1, {});
+  const SpecStepShape s{8, 100};
+  p.observe_time(SpecPhase::Verify, s, 0, 0.010);
+  p.observe_time(SpecPhase::Verify, s, 0, 0.100);  // a 10x outlier counts as 1.5x
+  EXPECT_NEAR(*p.predicted_seconds(s, 0), 0.0125, 1e-12);
+  p.observe_time(SpecPhase::Verify, s, 0, 0.010);  // down with weight 1/2
+  EXPECT_NEAR(*p.predicted_seconds(s, 0), 0.01125, 1e-12);
+  // A first sample that was an outlier is undone by the next normal ones.
+  SpecPolicy q(1, {});
+  q.observe_time(SpecPhase::Verify, s, 1, 0.100);
+  for (int i = 0; i < 6; ++i) q.observe_time(SpecPhase::Verify, s, 1, 0.010);
+  EXPECT_LT(*q.predicted_seconds(s, 1), 0.012);
 }
 
 TEST(SpecPolicy, DraftTimeAddsToTheVerifyTime) {
