@@ -15,13 +15,15 @@
 //       as a rejection at the first missing position, not as no sample;
 //   (b) the cost model: per (decode sequences bucket, mean context bucket) a cell per k with
 //       the step's verify time (schedule .. delivery) and draft time (the proposer / draft
-//       forward for the next step), exponentially weighted; only pure-decode steps (no prefill
-//       chunk in the batch) update it, so prefills never pollute it;
+//       forward for the next step), each estimated down fast and up slowly (interference only
+//       adds time); only pure-decode steps (no prefill chunk in the batch) update it, so
+//       prefills never pollute it;
 //   (c) the choice, with a deterministic exploration schedule (no RNG, nothing that could
-//       change sampling): in a bucket at most one step in `explore_interval` measures a k that
-//       is unmeasured (order 0, k_max, k_max - 1, ..., 1) or whose measurement is older than
-//       `reexplore_after` choices of the bucket; a bucket with nothing measured takes the best
-//       k of the nearest measured bucket (else k_max, vLLM's behaviour).
+//       change sampling): in a bucket the first exploration follows its first measurement, then
+//       at most one step in `explore_interval` measures a k that is unmeasured (order 0, k_max,
+//       k_max - 1, ..., 1) or stale (older than explore_interval x 2^samples choices of the
+//       bucket, at most `reexplore_after`); a bucket with nothing measured takes the best k of
+//       the nearest measured bucket (else k_max, vLLM's behaviour).
 // Buckets: sequences 1, 2-3, 4-7, ...; mean context < 256, 256-511, ... (powers of two).
 //
 // SpecController is the engine's glue (engine.cpp calls it at four points of a step): it
@@ -68,8 +70,8 @@ struct SpecPolicyOptions {
   // --no-speculative-adaptive pins num_speculative_tokens, vLLM's behaviour; tests).
   int pinned_k = -1;
   int explore_interval = 8;   // at most one exploration per this many choices in a bucket
-  int reexplore_after = 256;  // a k unmeasured for this many choices of its bucket is measured again
-  double cost_weight = 0.125;          // EWMA weight of a new time (a running mean until 1/n < it)
+  int reexplore_after = 256;  // a k unmeasured for this many choices of its bucket is measured again (the cap)
+  double cost_weight = 0.125;  // weight of a slower new time (a running mean until 1/n < it); faster: >= 1/2
   double acceptance_weight = 1.0 / 64;  // EWMA weight of a new acceptance observation (likewise)
   double acceptance_prior = 0.5;        // a_j before any observation (one pseudo-observation)
   // Test hook (fake clock): returns the seconds to record for a phase of shape / k instead of
