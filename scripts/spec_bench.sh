@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Speculative decoding on the demo model with `moeserve bench`: spec off, MTP (k=3) and EAGLE-3
-# (k=3) at concurrency 1, 8 and 32, on the held-out prompt set of the acceptance test
+# Speculative decoding on the demo model with `moeserve bench`: spec off, n-gram, MTP (k=3) and
+# EAGLE-3 (k=3), each with k chosen per step (serve's default, engine/spec_policy.h) and pinned to 3
+# (`*_pinned`: --no-speculative-adaptive, vLLM's behaviour), at concurrency 1, 8 and 32, on the held-out prompt set of the acceptance test
 # (tests/fixtures/spec_acceptance/prompts.json, decoded to text, 96 output tokens, EOS ignored).
 # Usage: scripts/spec_bench.sh [BIN] [DEVICE] [OUT_DIR]   (defaults: build/moeserve cpu /tmp/spec_bench)
+# MODES="off mtp mtp_pinned" runs a subset (default: off and every head, adaptive and pinned;
+# ngram / ngram_pinned: n-gram prompt lookup, k=3, lookup up to 4). LOG_LEVEL=debug shows the
+# per-step choices of k in OUT_DIR/serve_MODE.log.
 # On the GPU machine: scripts/spec_bench.sh build/moeserve cuda /tmp/spec_bench_cuda
 # Prints one line per run: method, concurrency, output tok/s, median TPOT, mean acceptance
 # length and per-position acceptance (from /metrics, as vLLM's bench reports them).
@@ -27,12 +31,15 @@ with open(sys.argv[1], "w") as fh:
 PYEOF
 declare -A SPEC=(
   [off]=""
+  [ngram]='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
   [mtp]='{"method": "mtp", "num_speculative_tokens": 3}'
   [eagle3]='{"method": "eagle3", "model": "assets/demo-model/eagle3", "num_speculative_tokens": 3}'
 )
-for m in off mtp eagle3; do
-  args=(serve assets/demo-model --device "$DEVICE" --port "$PORT" --max-num-seqs 32 --no-enable-prefix-caching)
-  [ -n "${SPEC[$m]}" ] && args+=(--speculative-config "${SPEC[$m]}")
+for m in ${MODES:-off ngram ngram_pinned mtp mtp_pinned eagle3 eagle3_pinned}; do
+  args=(serve assets/demo-model --device "$DEVICE" --port "$PORT" --max-num-seqs 32 --no-enable-prefix-caching
+        --log-level "${LOG_LEVEL:-info}")
+  [ -n "${SPEC[${m%_pinned}]}" ] && args+=(--speculative-config "${SPEC[${m%_pinned}]}")
+  [ "$m" != "${m%_pinned}" ] && args+=(--no-speculative-adaptive)
   "$BIN" "${args[@]}" > "$OUT/serve_$m.log" 2>&1 &
   pid=$!
   for _ in $(seq 300); do curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null && break; sleep 1; done
@@ -46,7 +53,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 acc = r.get("spec_decode_acceptance_length")
 pos = r.get("spec_decode_per_position_acceptance_rates")
-print(f"{sys.argv[2]:7s} c={sys.argv[3]:>2s}  output {r['output_throughput']:8.1f} tok/s  median TPOT "
+print(f"{sys.argv[2]:13s} c={sys.argv[3]:>2s}  output {r['output_throughput']:8.1f} tok/s  median TPOT "
       f"{r['median_tpot_ms']:8.2f} ms  acceptance length {acc if acc is None else round(acc, 3)}  per position "
       f"{pos if pos is None else [round(x, 3) for x in pos]}")
 PYEOF

@@ -9,7 +9,8 @@
 // k was chosen from. --speculative-config (serve's flag) runs the request through the engine
 // instead (one sequence, EOS ignored as here), so greedy output is the same; sampled output is
 // then the engine sampler's (as serve with that seed), and the speculative counters are printed
-// on stderr.
+// on stderr. k is pinned to num_speculative_tokens (serve's --no-speculative-adaptive), so the
+// printed acceptance per position is measured at every position, every step.
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -130,6 +131,7 @@ moeserve::GenerateResult generate_in_engine(std::unique_ptr<moeserve::ModelExecu
   ec.max_model_len = info.max_model_len;
   ec.seed = g.seed;
   ec.speculative = spec;
+  ec.spec_policy.pinned_k = kMaxSpecTokens;  // every draft every step: the acceptance printed below
   auto engine = make_engine(ec, std::move(exec));
   std::mutex mu;
   std::condition_variable cv;

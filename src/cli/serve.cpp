@@ -369,6 +369,7 @@ std::unique_ptr<ServeStack> load_serve_stack(ServeArgs& a, const StackProgress& 
   if (!a.speculative_config.empty())
     ec.speculative =
         parse_speculative_config(a.speculative_config, SpecParseContext{.tensor_parallel_size = a.par.tensor_parallel});
+  ec.spec_policy.pinned_k = a.speculative_adaptive ? -1 : kMaxSpecTokens;  // engine/spec_policy.h
   ec.eos_token_ids = read_eos_token_ids(a.model);
   for (int32_t id : st->frontend->eos_token_ids())
     if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())

@@ -152,6 +152,7 @@ void add_serve_options(CLI::App* sub, ServeArgs& a) {
   b("enable-prefix-caching", a.enable_prefix_caching);
   b("enforce-eager", a.enforce_eager);
   b("speculative-config", a.speculative_config);
+  b("speculative-adaptive", a.speculative_adaptive);
   b("capture-graphs-at-startup", a.capture_graphs_at_startup);
   b("device", a.device);
   b("seed", a.seed);

@@ -48,6 +48,7 @@ struct ServeArgs {
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
   std::string speculative_config;  // --speculative-config JSON (engine/spec_config.h); "" = off
+  bool speculative_adaptive = true;  // --no-speculative-adaptive: k = num_speculative_tokens every step
   bool capture_graphs_at_startup = false;
   int max_logprobs = 20;
   int io_threads = 2;

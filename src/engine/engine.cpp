@@ -86,7 +86,10 @@ EngineConfig resolve_config(EngineConfig c, const ExecutorInfo& info) {
              "speculative config: num_speculative_tokens {} (1..{}), prompt_lookup_min {} <= prompt_lookup_max {}",
              c.speculative.num_speculative_tokens, kMaxSpecTokens, c.speculative.prompt_lookup_min,
              c.speculative.prompt_lookup_max);
-    spdlog::info("speculative decoding: {}", describe(c.speculative));
+    spdlog::info("speculative decoding: {}; {}", describe(c.speculative),
+                 c.spec_policy.pinned_k < 0 ? "k chosen per step (adaptive)"
+                                            : "k pinned to " + std::to_string(std::min(c.spec_policy.pinned_k,
+                                                                                       c.speculative.num_speculative_tokens)));
   }
   if (c.max_num_partial_prefills > 0 || c.long_prefill_token_threshold > 0)
     spdlog::info("prefill caps per step: max_num_partial_prefills {}, long_prefill_token_threshold {}",
@@ -110,7 +113,8 @@ class EngineImpl final : public Engine {
                                .max_model_len = config_.max_model_len,
                                .long_prefill_token_threshold = config_.long_prefill_token_threshold,
                                .max_num_partial_prefills = config_.max_num_partial_prefills},
-               blocks_) {
+               blocks_),
+        spec_(config_.speculative, config_.spec_policy, config_.max_model_len) {
     thread_ = std::thread([this] { loop(); });
   }
   ~EngineImpl() override { shutdown(std::chrono::milliseconds(0)); }
@@ -160,6 +164,7 @@ class EngineImpl final : public Engine {
       s.spec_num_draft_tokens = spec_draft_tokens_.load(std::memory_order_relaxed);
       s.spec_num_accepted_tokens = spec_accepted_.load(std::memory_order_relaxed);
       for (int i = 0; i < s.spec_k; ++i) s.spec_accepted_per_pos.push_back(spec_per_pos_[i].load(std::memory_order_relaxed));
+      spec_.fill_stats(s);
     }
     return s;
   }
@@ -330,6 +335,7 @@ class EngineImpl final : public Engine {
       }
       return;
     }
+    spec_.begin_step(out);
     const auto t_sched = std::chrono::steady_clock::now();
     for (const auto& sc : out.scheduled)
       if (sc.seq->scheduled_time == std::chrono::steady_clock::time_point{}) sc.seq->scheduled_time = t_sched;
@@ -351,8 +357,10 @@ class EngineImpl final : public Engine {
       }
       if (!sc.sample) continue;
       std::optional<DeviceSampling> d;
-      // A verify row (drafts) is sampled position by position on the host (spec_decode.h).
-      if (use_device && sc.num_spec == 0) d = device_sampling_params(*sc.seq);
+      // A verify row (drafts) is sampled position by position on the host (spec_decode.h), and
+      // so is a seeded sampled row while k adapts (spec_policy.h).
+      if (use_device && sc.num_spec == 0 && !spec_keeps_row_on_host(config_.speculative, config_.spec_policy, *sc.seq))
+        d = device_sampling_params(*sc.seq);
       if (d) {
         d->seed = sc.seq->sampler.rng();
         // Structured outputs: the row's grammar mask, filled by the mask job below.
@@ -487,12 +495,13 @@ class EngineImpl final : public Engine {
     exec_->recycle(std::move(res));
     const auto t_token = std::chrono::steady_clock::now();
     DraftBatch drafts;                 // model drafts (info_.draft_model): proposed after the loop
-    std::vector<Sequence*> drafting;   // parallel to drafts.seqs
+    std::vector<Sequence*> going_on;   // sequences that continue (parallel to drafts.seqs)
     for (int64_t r = 0; r < n; ++r) {
       Sequence* s = rows[r];
       VerifyOutcome& vo = results[r];
       const ScheduledSeq& sc = *row_sched[r];
       if (sc.num_spec > 0) count_spec(sc.num_spec, vo.num_accepted);
+      spec_.observe_row(sc, vo);
       s->spec_tokens.clear();
       if (!vo.error.empty()) {
         spdlog::warn("request {}: {}", s->request->id, vo.error);
@@ -517,17 +526,20 @@ class EngineImpl final : public Engine {
       }
       // Rejected drafts: K/V is valid up to the last emitted token's position (exclusive).
       if (sc.num_spec > 0) sched_.rollback_rejected(s, s->num_tokens() - 1);
-      if (info_.draft_model) {
-        // The step's rows up to the last emitted token's position are verified.
-        drafts.seqs.push_back(DraftSeq{s->id, &s->tokens, sc.start_pos, s->num_tokens() - 1,
-                                       draft_budget(config_.speculative, *s, config_.max_model_len), s->blocks.table});
-        drafting.push_back(s);
-      } else if (config_.speculative.enabled()) {
-        s->spec_tokens = propose_drafts(config_.speculative, *s, config_.max_model_len);
-      }
+      // The step's rows up to the last emitted token's position are verified; k set below.
+      if (info_.draft_model)
+        drafts.seqs.push_back(DraftSeq{s->id, &s->tokens, sc.start_pos, s->num_tokens() - 1, 0, s->blocks.table});
+      going_on.push_back(s);
       deliver(*s, std::move(o));
     }
-    if (info_.draft_model) run_draft(out, std::move(drafts), drafting);
+    // The next step's k (spec_policy.h), capped per sequence by draft_budget; n-gram drafts are
+    // proposed there, model drafts by the executor's draft.
+    const std::vector<int> ks = spec_.choose_and_propose_ngram(going_on);
+    if (info_.draft_model) {
+      for (size_t i = 0; i < ks.size(); ++i) drafts.seqs[i].k = ks[i];
+      run_draft(out, std::move(drafts), going_on);
+    }
+    spec_.end_draft();
   }
 
   // The executor's draft (EAGLE-3 / MTP): its cache follows every row this step verified
@@ -637,6 +649,7 @@ class EngineImpl final : public Engine {
   std::atomic<uint64_t> steps_{0}, step_ns_{0}, execute_ns_{0}, loop_gap_ns_{0};
   std::atomic<uint64_t> spec_drafts_{0}, spec_draft_tokens_{0}, spec_accepted_{0};
   std::array<std::atomic<uint64_t>, kMaxSpecTokens> spec_per_pos_{};
+  SpecController spec_;  // the per-step k; engine thread, except its counters
   std::mutex join_mu_;
   std::thread thread_;
 };

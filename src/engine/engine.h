@@ -19,6 +19,7 @@
 
 #include "engine/executor.h"
 #include "engine/spec_config.h"
+#include "engine/spec_policy.h"
 
 namespace moeserve {
 namespace structured {
@@ -141,9 +142,13 @@ struct EngineConfig {
   // while the executor runs the step (engine/structured_sampling.h); false computes them
   // after the step, at sampling. Outputs are the same either way.
   bool overlap_structured_masks = true;
-  // Speculative decoding (--speculative-config; engine/spec_decode.h). Only SpecMethod::Ngram
-  // runs here; make_engine refuses other methods.
+  // Speculative decoding (--speculative-config; engine/spec_decode.h). SpecMethod::Ngram runs
+  // on the host; eagle3 / mtp need an executor that loaded the draft (ExecutorInfo::draft_model).
   SpecConfig speculative;
+  // How many of the num_speculative_tokens drafts each step runs (engine/spec_policy.h): by
+  // default chosen per step from measured step costs and the running acceptance (0 included);
+  // pinned_k >= 0 pins it (serve --no-speculative-adaptive: num_speculative_tokens).
+  SpecPolicyOptions spec_policy;
 };
 
 // Live counters for /metrics, read without stopping the engine.
@@ -165,6 +170,13 @@ struct EngineStats {
   uint64_t spec_num_draft_tokens = 0;     // drafts verified
   uint64_t spec_num_accepted_tokens = 0;  // drafts accepted (bonus tokens excluded)
   std::vector<uint64_t> spec_accepted_per_pos;  // [spec_k]: drafts accepted at position i
+  // The per-step k (engine/spec_policy.h): steps whose drafts were proposed with k (the choice
+  // made at the end of a step for the next one), [spec_k + 1]; how many of those choices were
+  // explorations; the latest choice; whether k adapts (false: pinned).
+  bool spec_adaptive = false;
+  std::vector<uint64_t> spec_chosen_k;
+  uint64_t spec_k_explorations = 0;
+  int spec_last_k = 0;
   // Where the engine thread's time goes (moeserve:engine_* on /metrics): steps run, their wall
   // time (schedule, execute, sampling, stop checks, delivery), the part inside the executor
   // (forward, device sampling, downloads), and the loop's time between one step and the next

@@ -123,6 +123,7 @@ SchedulerOutput Scheduler::schedule() {
   for (Sequence* v : out.preempted) {
     v->num_computed_tokens = 0;
     v->spec_tokens.clear();
+    v->spec_asked = 0;
     v->status = SeqStatus::Waiting;
     ++v->num_preemptions;
     ++num_preemptions_;

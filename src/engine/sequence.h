@@ -52,6 +52,9 @@ struct Sequence {
   // `tokens`. The scheduler runs them as extra query tokens after the last sampled token (as
   // many as the budget, max_model_len and the KV blocks allow) and drops them on preemption.
   std::vector<int32_t> spec_tokens;
+  // The k the policy asked the proposer for (engine/spec_policy.h; spec_tokens may be fewer: an
+  // n-gram without a match); 0 when none was asked. Reset with spec_tokens.
+  int spec_asked = 0;
   int num_cached_tokens = 0;  // prompt tokens served from the prefix cache at first admission
   bool admitted_once = false;
   SeqStatus status = SeqStatus::Waiting;

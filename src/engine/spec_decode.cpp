@@ -35,13 +35,6 @@ int draft_budget(const SpecConfig& cfg, const Sequence& seq, int max_model_len) 
   return std::max(k, 0);
 }
 
-std::vector<int32_t> propose_drafts(const SpecConfig& cfg, const Sequence& seq, int max_model_len) {
-  if (cfg.method != SpecMethod::Ngram) return {};
-  const int k = draft_budget(cfg, seq, max_model_len);
-  if (k <= 0) return {};
-  return propose_ngram(seq.tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, k);
-}
-
 VerifyOutcome verify_and_sample(Sequence& seq, const VerifyInput& in) {
   VerifyOutcome out;
   const size_t rows = in.drafts.size() + 1;

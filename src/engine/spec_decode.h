@@ -38,11 +38,10 @@ namespace moeserve {
 // match of at least min_n tokens).
 std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int min_n, int max_n, int k);
 
-// The drafts for `seq`'s next step under `cfg` (empty when it should not speculate): k capped
+// The most drafts `seq`'s next step may take under `cfg` (0: none), for every method: k capped
 // so the step stays inside max_model_len (vLLM's cap) and does not draft past max_tokens (a
-// token after the last allowed one would be dropped anyway).
-std::vector<int32_t> propose_drafts(const SpecConfig& cfg, const Sequence& seq, int max_model_len);
-// The k those caps leave for `seq`'s next step (0: no drafts), for every method.
+// token after the last allowed one would be dropped anyway). The step's k (spec_policy.h) is
+// at most this.
 int draft_budget(const SpecConfig& cfg, const Sequence& seq, int max_model_len);
 
 // What verification of one sequence produced. `emitted` were appended to seq.tokens (and

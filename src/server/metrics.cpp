@@ -201,6 +201,18 @@ std::string Metrics::render(const EngineStats& es) const {
   head("moeserve:engine_loop_gap_seconds", "counter",
        "Engine loop time between a step and the next one while work was waiting.");
   sample("moeserve:engine_loop_gap_seconds_total", static_cast<double>(es.loop_gap_ns) * 1e-9);
+  if (es.spec_k > 0 && !es.spec_chosen_k.empty()) {  // the per-step k (engine/spec_policy.h)
+    head("moeserve:spec_decode_chosen_k", "counter",
+         "Engine steps whose drafts were proposed with k drafts per sequence (0: a plain decode step).");
+    for (size_t k = 0; k < es.spec_chosen_k.size(); ++k)
+      sample("moeserve:spec_decode_chosen_k_total", static_cast<double>(es.spec_chosen_k[k]),
+             fmt::format(",k=\"{}\"", k));
+    head("moeserve:spec_decode_k_explorations", "counter",
+         "Of those choices, the ones made to measure a k's step cost rather than by prediction.");
+    sample("moeserve:spec_decode_k_explorations_total", static_cast<double>(es.spec_k_explorations));
+    head("moeserve:spec_decode_k", "gauge", "The k chosen last (drafts per sequence for the next step).");
+    sample("moeserve:spec_decode_k", es.spec_last_k);
+  }
   return out;
 }
 

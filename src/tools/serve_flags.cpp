@@ -84,6 +84,11 @@ std::vector<FlagSpec> make_table() {
   add("speculative-config", I, O, sched,
       "speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
       "\"prompt_lookup_max\": 4}' (n-gram prompt lookup; eagle3 / eagle / mtp / draft_model are refused)");
+  add("speculative-adaptive", I, F, sched,
+      "moeserve: with --speculative-config, choose per step how many of the num_speculative_tokens drafts to run "
+      "(0 included) from measured step times and the running acceptance, so speculation never slows decoding "
+      "(default on; --no-speculative-adaptive: every step runs num_speculative_tokens drafts, as vLLM)")
+      .negatable = true;
   add("capture-graphs-at-startup", I, F, sched,
       "moeserve: capture every decode graph bucket before serving (default: on first use)");
   add("device", I, O, sched, "cuda or cpu (default: cuda when this build has CUDA and a GPU is visible)");

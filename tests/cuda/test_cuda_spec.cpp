@@ -64,6 +64,7 @@ SpecRun run(bool spec, bool enforce_eager, const SpecConfig* draft = nullptr) {
     cfg.speculative.prompt_lookup_min = 1;
     cfg.speculative.prompt_lookup_max = 3;
   }
+  cfg.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   auto engine = make_engine(cfg, std::make_unique<RankExecutor>(std::move(be), eo));
   std::mutex mu;
   std::condition_variable cv;

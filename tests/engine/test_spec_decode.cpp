@@ -425,6 +425,7 @@ TEST(SpecEngine, GreedyIdenticalWithMixedPrefillDecodeBatches) {
   EngineConfig off = engine_cfg(6, 16);
   EngineConfig on = off;
   on.speculative = ngram(4, 1, 3);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
   const RunResult b = run(std::make_unique<ToyExecutor>(kToy), on, jobs);
   expect_same(a, b);
@@ -460,6 +461,7 @@ TEST(SpecEngine, SeededSamplingWithEveryLogitsStageIsIdentical) {
   EngineConfig off = engine_cfg(4, 24, {0});
   EngineConfig on = off;
   on.speculative = ngram(3, 1, 2);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
   const RunResult b = run(std::make_unique<ToyExecutor>(kToy), on, jobs);
   expect_same(a, b);
@@ -485,6 +487,7 @@ TEST(SpecEngine, AllowedTokensAndThinkingBudgetIdentical) {
   EngineConfig off = engine_cfg(8, 64);
   EngineConfig on = off;
   on.speculative = ngram(5, 1, 4);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ToyExecutor>(kToy), off, jobs);
   const RunResult b = run(std::make_unique<ToyExecutor>(kToy), on, jobs);
   expect_same(a, b);
@@ -530,6 +533,7 @@ TEST(SpecEngine, StopsAndMaxTokensInsideAcceptedRuns) {
   EngineConfig off = engine_cfg(16, 64, {31});
   EngineConfig on = off;
   on.speculative = ngram(4, 2, 3);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const RunResult a = run(std::make_unique<ReplayExecutor>(periodic_replay(20)), off, jobs);
   const RunResult b = run(std::make_unique<ReplayExecutor>(periodic_replay(20)), on, jobs);
   expect_same(a, b);
@@ -552,11 +556,29 @@ TEST(SpecEngine, StopsAndMaxTokensInsideAcceptedRuns) {
   EXPECT_EQ(b.stats.kv_cache_usage, 0.0);
 }
 
-TEST(SpecEngine, AbortsMidVerifyLeaveNoKv) {
+// Adaptive k (engine/spec_policy.h) with a fake clock: a verify step costs 1 + 3k at 4 or more
+// sequences (k = 0 wins there) and 1 below (k_max wins), so k changes as batches shrink.
+SpecPolicyOptions adaptive_by_batch() {
+  SpecPolicyOptions o;
+  o.clock = [](SpecPhase ph, const SpecStepShape& shape, int k, double) {
+    return ph == SpecPhase::Draft ? 0.0 : shape.num_seqs >= 4 ? 0.001 * (1 + 3 * k) : 0.001;
+  };
+  return o;
+}
+
+class SpecEngineK : public ::testing::TestWithParam<bool> {};  // true: adaptive k, false: pinned
+INSTANTIATE_TEST_SUITE_P(PinnedAndAdaptive, SpecEngineK, ::testing::Bool());
+
+TEST_P(SpecEngineK, AbortsMidVerifyLeaveNoKv) {
   ReplayExecutorConfig rc = periodic_replay(200);
   rc.step_sleep = 2ms;
   EngineConfig cfg = engine_cfg(8, 64);
   cfg.speculative = ngram(4, 2, 3);
+  cfg.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
+  if (GetParam()) {  // adaptive, flat cost: mostly k = 4, with explorations of the others
+    cfg.spec_policy = SpecPolicyOptions{};
+    cfg.spec_policy.clock = [](SpecPhase, const SpecStepShape&, int, double) { return 0.001; };
+  }
   auto engine = make_engine(cfg, std::make_unique<ReplayExecutor>(rc));
   Collector c;
   for (int i = 0; i < 6; ++i) {
@@ -584,7 +606,7 @@ TEST(SpecEngine, AbortsMidVerifyLeaveNoKv) {
   engine->shutdown(1s);
 }
 
-TEST(SpecEngine, PreemptionAndPrefixCachingStayExact) {
+TEST_P(SpecEngineK, PreemptionAndPrefixCachingStayExact) {
   // A small KV pool forces preemption (recompute) while sequences speculate; shared prompt
   // prefixes hit the cache.
   ToyExecutorConfig small = kToy;
@@ -596,11 +618,19 @@ TEST(SpecEngine, PreemptionAndPrefixCachingStayExact) {
   EngineConfig off = engine_cfg(8, 32);
   EngineConfig on = off;
   on.speculative = ngram(6, 1, 2);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
+  if (GetParam()) on.spec_policy = adaptive_by_batch();
   const RunResult a = run(std::make_unique<ToyExecutor>(small), off, jobs);
   const RunResult b = run(std::make_unique<ToyExecutor>(small), on, jobs);
   expect_same(a, b);
   EXPECT_GT(b.stats.num_preemptions, 0u);
   EXPECT_GT(b.stats.prefix_cache_hits, 0u);
+  EXPECT_EQ(b.stats.kv_cache_usage, 0.0);
+  if (GetParam()) {
+    ASSERT_EQ(b.stats.spec_chosen_k.size(), 7u);
+    EXPECT_GT(b.stats.spec_chosen_k[0], 0u);
+    EXPECT_GT(b.stats.spec_chosen_k[6], 0u);
+  }
 }
 
 TEST(SpecEngine, RefusesUnimplementedMethods) {

@@ -270,7 +270,7 @@ namespace {
 // matcher advanced over the drafts accepted before it, so outputs equal speculation off token
 // for token (greedy and seeded sampling, with and without a reasoning start).
 TEST(StructuredEngine, SpeculativeDecodingGivesTheSameOutputs) {
-  auto run = [](bool spec, uint64_t* drafts) {
+  auto run = [](bool spec, uint64_t* drafts, bool adaptive = false) {
     EngineConfig cfg;
     cfg.max_num_seqs = 8;
     cfg.max_num_batched_tokens = 64;
@@ -280,6 +280,13 @@ TEST(StructuredEngine, SpeculativeDecodingGivesTheSameOutputs) {
       cfg.speculative.num_speculative_tokens = 4;
       cfg.speculative.prompt_lookup_min = 1;
       cfg.speculative.prompt_lookup_max = 3;
+      cfg.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
+      if (adaptive) {  // k per step (fake clock: verifying is dear at 4+ sequences, free below)
+        cfg.spec_policy = SpecPolicyOptions{};
+        cfg.spec_policy.clock = [](SpecPhase ph, const SpecStepShape& shape, int k, double) {
+          return ph == SpecPhase::Draft ? 0.0 : shape.num_seqs >= 4 ? 0.001 * (1 + 3 * k) : 0.001;
+        };
+      }
     }
     auto engine = make_engine(cfg, std::make_unique<ToyExecutor>(ToyExecutorConfig{.vocab_size = 64, .peak = 0.5f}));
     Collector c;
@@ -302,11 +309,13 @@ TEST(StructuredEngine, SpeculativeDecodingGivesTheSameOutputs) {
     engine->shutdown(1s);
     return std::make_pair(c.tokens, c.logprobs.size());
   };
-  uint64_t d_off = 0, d_on = 0;
-  const auto off = run(false, &d_off), on = run(true, &d_on);
+  uint64_t d_off = 0, d_on = 0, d_adaptive = 0;
+  const auto off = run(false, &d_off), on = run(true, &d_on), adaptive = run(true, &d_adaptive, true);
   EXPECT_EQ(on, off);
+  EXPECT_EQ(adaptive, off);
   EXPECT_EQ(d_off, 0u);
   EXPECT_GT(d_on, 20u);
+  EXPECT_GT(d_adaptive, 0u);
 }
 
 }  // namespace

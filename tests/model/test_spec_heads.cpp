@@ -144,6 +144,7 @@ void greedy_identical(const SpecConfig& sc, const char* name, int exec_seqs = 8)
   off.eos_token_ids = read_eos_token_ids(demo());
   EngineConfig on = off;
   on.speculative = sc;
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const auto prompts = golden_prompts();
   const Outcome a = run(off, prompts, p), b = run(on, prompts, p, 0, exec_seqs);
   expect_same(a, b);
@@ -164,6 +165,43 @@ TEST(SpecHeads, Eagle3GreedyIdentical) { greedy_identical(eagle(3), "eagle3"); }
 // More drafting sequences than the executor's max_num_seqs: the chains run in groups.
 TEST(SpecHeads, Eagle3ChainsInGroups) { greedy_identical(eagle(3), "eagle3 (chains in groups of 2)", 2); }
 
+// Adaptive k (engine/spec_policy.h) with a fake clock: verifying is expensive at 4 or more
+// sequences and free of extra cost below, so the engine runs plain (k = 0) steps while the batch
+// is large and speculates as it drains. The draft's cache follows the k = 0 steps too (their
+// verified rows still go to propose with k = 0), so greedy output equals speculation off.
+TEST(SpecHeads, AdaptiveKGreedyIdenticalBothMethods) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 64;
+  EngineConfig off;
+  off.max_num_batched_tokens = 512;  // the prompts in one step, then pure decode steps (measured)
+  off.max_num_seqs = 8;
+  off.eos_token_ids = read_eos_token_ids(demo());
+  const auto prompts = golden_prompts();
+  const Outcome a = run(off, prompts, p);
+  for (const SpecConfig& sc : {mtp(3), eagle(3)}) {
+    EngineConfig on = off;
+    on.speculative = sc;
+    on.spec_policy.clock = [](SpecPhase ph, const SpecStepShape& shape, int k, double) {
+      if (ph == SpecPhase::Draft) return 0.0;
+      return shape.num_seqs >= 4 ? 0.001 * (1 + 3 * k) : 0.001;
+    };
+    const Outcome b = run(on, prompts, p);
+    SCOPED_TRACE(spec_method_name(sc.method));
+    expect_same(a, b);
+    EXPECT_EQ(b.stats.kv_cache_usage, 0.0);
+    ASSERT_EQ(b.stats.spec_chosen_k.size(), 4u);
+    EXPECT_GE(b.stats.spec_chosen_k[0], 4u);
+    EXPECT_GE(b.stats.spec_chosen_k[3], 4u);
+    EXPECT_GT(b.stats.spec_num_accepted_tokens, 0u);
+    std::printf("%s adaptive: chosen k0 %llu k1 %llu k2 %llu k3 %llu, explorations %llu, verify rows %llu\n",
+                spec_method_name(sc.method), (unsigned long long)b.stats.spec_chosen_k[0],
+                (unsigned long long)b.stats.spec_chosen_k[1], (unsigned long long)b.stats.spec_chosen_k[2],
+                (unsigned long long)b.stats.spec_chosen_k[3], (unsigned long long)b.stats.spec_k_explorations,
+                (unsigned long long)b.stats.spec_num_drafts);
+  }
+}
+
 // Temperature > 0: with a seed the host sampler draws the same numbers with speculation on
 // and off (engine/spec_decode.h), so the law is equal in the strongest sense: every sample.
 TEST(SpecHeads, SeededSamplingIdenticalBothMethods) {
@@ -181,6 +219,7 @@ TEST(SpecHeads, SeededSamplingIdenticalBothMethods) {
   for (const SpecConfig& sc : {mtp(2), eagle(3)}) {
     EngineConfig on = off;
     on.speculative = sc;
+    on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
     const Outcome b = run(on, prompts, p);
     SCOPED_TRACE(spec_method_name(sc.method));
     expect_same(a, b);
@@ -197,6 +236,7 @@ TEST(SpecHeads, AbortMidVerifyReturnsKvToZero) {
     EngineConfig on;
     on.max_num_batched_tokens = 32;
     on.speculative = sc;
+    on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
     const Outcome b = run(on, golden_prompts(), p, /*abort_after=*/9);
     SCOPED_TRACE(spec_method_name(sc.method));
     for (const auto& [id, r] : b.reasons) EXPECT_EQ(r, FinishReason::Abort) << id;
@@ -323,6 +363,7 @@ TEST(SpecHeads, AcceptanceOnHeldOutText) {
     on.max_num_batched_tokens = 512;
     on.max_num_seqs = 8;
     on.speculative = sc;
+    on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
     const Outcome b = run(on, prompts, p);
     const Acceptance a = acceptance(b.stats);
     std::printf("acceptance %s: per position %.3f %.3f %.3f (card %.3f %.3f %.3f), mean accepted %.3f of 3, "

@@ -120,6 +120,7 @@ TEST(SpecModel, DemoGreedyIdenticalWithRealAcceptance) {
   off.eos_token_ids = read_eos_token_ids(model);
   EngineConfig on = off;
   on.speculative = ngram(4, 1, 4);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   const Outcome a = run(model, off, prompts, p);
   const Outcome b = run(model, on, prompts, p);
   expect_same(a, b);
@@ -130,6 +131,38 @@ TEST(SpecModel, DemoGreedyIdenticalWithRealAcceptance) {
               (unsigned long long)b.stats.spec_num_drafts, (unsigned long long)b.stats.spec_num_draft_tokens,
               (unsigned long long)b.stats.spec_num_accepted_tokens,
               1.0 + double(b.stats.spec_num_accepted_tokens) / double(std::max<uint64_t>(1, b.stats.spec_num_drafts)));
+}
+
+// Adaptive k with a fake clock (engine/spec_policy.h): plain steps while 4 or more sequences
+// decode (verifying costs 1 + 3k there), k = 4 below; greedy output as speculation off.
+TEST(SpecModel, DemoAdaptiveKGreedyIdentical) {
+  const std::string model = (source_dir() / "assets" / "demo-model").string();
+  const auto prompts = demo_prompts();
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 48;
+  EngineConfig off;
+  off.max_num_batched_tokens = 24;
+  off.max_num_seqs = 8;
+  off.eos_token_ids = read_eos_token_ids(model);
+  EngineConfig on = off;
+  on.speculative = ngram(4, 1, 4);
+  on.spec_policy.clock = [](SpecPhase ph, const SpecStepShape& shape, int k, double) {
+    if (ph == SpecPhase::Draft) return 0.0;
+    return shape.num_seqs >= 4 ? 0.001 * (1 + 3 * k) : 0.001;
+  };
+  const Outcome a = run(model, off, prompts, p);
+  const Outcome b = run(model, on, prompts, p);
+  expect_same(a, b);
+  EXPECT_EQ(b.stats.kv_cache_usage, 0.0);
+  ASSERT_EQ(b.stats.spec_chosen_k.size(), 5u);
+  EXPECT_GT(b.stats.spec_chosen_k[0], 5u);
+  EXPECT_GT(b.stats.spec_chosen_k[4], 5u);
+  EXPECT_GT(b.stats.spec_num_accepted_tokens, 0u);
+  std::printf("demo adaptive: chosen k0 %llu k4 %llu, explorations %llu, verify rows %llu, accepted %llu\n",
+              (unsigned long long)b.stats.spec_chosen_k[0], (unsigned long long)b.stats.spec_chosen_k[4],
+              (unsigned long long)b.stats.spec_k_explorations, (unsigned long long)b.stats.spec_num_drafts,
+              (unsigned long long)b.stats.spec_num_accepted_tokens);
 }
 
 TEST(SpecModel, DemoSeededSamplingIdentical) {
@@ -146,6 +179,7 @@ TEST(SpecModel, DemoSeededSamplingIdentical) {
   off.eos_token_ids = read_eos_token_ids(model);
   EngineConfig on = off;
   on.speculative = ngram(3, 2, 3);
+  on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
   expect_same(run(model, off, prompts, p), run(model, on, prompts, p));
 }
 
@@ -161,6 +195,7 @@ TEST(SpecModel, TinyFixturesGreedyIdentical) {
     off.max_num_batched_tokens = 8;
     EngineConfig on = off;
     on.speculative = ngram(3, 1, 2);
+    on.spec_policy.pinned_k = kMaxSpecTokens;  // every draft, every step (vLLM's behaviour)
     const Outcome a = run(dir, off, prompts, p);
     const Outcome b = run(dir, on, prompts, p);
     SCOPED_TRACE(name);

@@ -50,16 +50,34 @@ def metric(text, name):
     return float(m.group(1)) if m else None
 
 
+def chosen_k(text, k):
+    m = re.search(r'^moeserve:spec_decode_chosen_k_total\{[^}]*k="%d"\} ([0-9.e+]+)$' % k, text, re.M)
+    return float(m.group(1)) if m else None
+
+
 def test_speculation_on_equals_off_and_reports_vllm_metrics(tmp_path, model):
     cases = [{}, {"max_tokens": 7}, {"stop": [" three four one"]}, {"n": 2, "seed": 3, "temperature": 0.5}]
     results = {}
-    for mode in ("off", "on"):
-        args = ["--served-model-name", "m"] + (["--speculative-config", SPEC] if mode == "on" else [])
+    # "on": k pinned to num_speculative_tokens (vLLM's behaviour), so the counters below are
+    # certain; "adaptive" (the default): k chosen per step from measured step times, which on
+    # this backend can be anything, so only its output and metric names are checked.
+    for mode in ("off", "on", "adaptive"):
+        args = ["--served-model-name", "m"]
+        if mode != "off":
+            args += ["--speculative-config", SPEC] + (["--no-speculative-adaptive"] if mode == "on" else [])
         s = Serve(tmp_path, model, *args)
         try:
             results[mode] = [completions(s.base, **c) for c in cases]
             m = httpx.get(s.base + "/metrics").text
-            if mode == "on":
+            if mode == "adaptive":
+                chosen = [chosen_k(m, k) for k in range(4)]
+                assert all(c is not None for c in chosen), m
+                assert sum(chosen) > 5, m
+                assert metric(m, "moeserve:spec_decode_k_explorations_total") is not None, m
+                assert metric(m, "moeserve:spec_decode_k") in (0, 1, 2, 3), m
+            elif mode == "on":
+                assert chosen_k(m, 3) > 5, m
+                assert metric(m, "moeserve:spec_decode_k_explorations_total") == 0, m
                 drafts = metric(m, "vllm:spec_decode_num_drafts_total")
                 assert drafts and drafts > 5, m
                 acc = metric(m, "vllm:spec_decode_num_accepted_tokens_total")
@@ -73,6 +91,7 @@ def test_speculation_on_equals_off_and_reports_vllm_metrics(tmp_path, model):
         finally:
             assert s.stop() == 0
     assert results["on"] == results["off"]
+    assert results["adaptive"] == results["off"]
     for plain, streamed in results["on"]:
         assert [t for t, _ in plain] == streamed
     assert results["on"][1][0][0][1] == "length"

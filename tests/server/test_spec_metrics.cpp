@@ -32,6 +32,27 @@ TEST(SpecMetrics, CountersOnlyWithSpeculation) {
         << out;
 }
 
+TEST(SpecMetrics, ChosenKCountersAndGauge) {
+  Metrics m({"my-model", 1000, 16, 100, true, 0.9});
+  EngineStats s = spec_stats(10, 30, 17, {9, 5, 3});
+  EXPECT_EQ(m.render(s).find("moeserve:spec_decode"), std::string::npos);  // no choices recorded
+  s.spec_adaptive = true;
+  s.spec_chosen_k = {40, 1, 2, 7};
+  s.spec_k_explorations = 3;
+  s.spec_last_k = 3;
+  const std::string out = m.render(s);
+  const std::string labels = "model_name=\"my-model\",engine=\"0\"";
+  EXPECT_NE(out.find("# TYPE moeserve:spec_decode_chosen_k counter"), std::string::npos) << out;
+  for (auto [k, v] : {std::pair{0, 40}, {1, 1}, {2, 2}, {3, 7}})
+    EXPECT_NE(out.find("moeserve:spec_decode_chosen_k_total{" + labels + ",k=\"" + std::to_string(k) + "\"} " +
+                       std::to_string(v)),
+              std::string::npos)
+        << out;
+  EXPECT_NE(out.find("moeserve:spec_decode_k_explorations_total{" + labels + "} 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("# TYPE moeserve:spec_decode_k gauge"), std::string::npos) << out;
+  EXPECT_NE(out.find("moeserve:spec_decode_k{" + labels + "} 3"), std::string::npos) << out;
+}
+
 TEST(SpecMetrics, LogLineAsVllm) {
   const EngineStats prev = spec_stats(10, 30, 17, {9, 5, 3});
   const EngineStats now = spec_stats(110, 330, 245, {95, 85, 65});  // +100 drafts, +300 drafted, +228 accepted
