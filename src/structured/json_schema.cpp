@@ -790,6 +790,8 @@ Grammar grammar_from_json_schema_text(std::string_view text, const JsonSchemaOpt
     throw GrammarError(e.what(), 0);
   } catch (const json::parse_error& e) {
     throw GrammarError(std::string("invalid JSON schema: ") + e.what(), e.byte > 0 ? e.byte - 1 : 0);
+  } catch (const json::out_of_range& e) {  // a number beyond a double (1e400)
+    throw GrammarError(std::string("invalid JSON schema: ") + e.what());
   }
   return grammar_from_json_schema(schema, opts);
 }
