@@ -422,26 +422,7 @@ class SchemaCompiler {
     } else if (props.empty()) {
       extra = Symbol::ref(any_value());
     }
-    if (s.contains("minProperties") || s.contains("maxProperties")) {
-      int minp = int_field(s, "minProperties", 0), maxp = int_field(s, "maxProperties", -1);
-      if (maxp >= 0 && maxp < minp) throw GrammarError("maxProperties < minProperties: no object matches");
-      std::vector<Alt> kvs;
-      std::vector<bool> req;
-      int i = 0;
-      for (auto& [key, ps] : props.items()) {
-        Alt kv = lit(json(key).dump());
-        kv_sep(kv);
-        kv.push_back(sub(ps, depth, fmt::format("{}_{}", name, i++)));
-        kvs.push_back(std::move(kv));
-        req.push_back(required.count(key) > 0);
-      }
-      return counted_object_alts(kvs, req, extra, minp, maxp);
-    }
-    if (props.empty()) {
-      if (extra) return generic_object_alts(*extra);
-      Alt e = lit("{"); ws(e); Grammar::literal("}", e);
-      return {e};
-    }
+    // One "key": value alternative per declared property, in order (with its requiredness).
     std::vector<Alt> kvs;
     std::vector<bool> req;
     int i = 0;
@@ -451,6 +432,16 @@ class SchemaCompiler {
       kv.push_back(sub(ps, depth, fmt::format("{}_{}", name, i++)));
       kvs.push_back(std::move(kv));
       req.push_back(required.count(key) > 0);
+    }
+    if (s.contains("minProperties") || s.contains("maxProperties")) {
+      int minp = int_field(s, "minProperties", 0), maxp = int_field(s, "maxProperties", -1);
+      if (maxp >= 0 && maxp < minp) throw GrammarError("maxProperties < minProperties: no object matches");
+      return counted_object_alts(kvs, req, extra, minp, maxp);
+    }
+    if (props.empty()) {
+      if (extra) return generic_object_alts(*extra);
+      Alt e = lit("{"); ws(e); Grammar::literal("}", e);
+      return {e};
     }
     int n = static_cast<int>(kvs.size());
     // tail[i]: after at least one member, members i.. in order (optional ones skippable),
