@@ -162,6 +162,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   void start_stream(const std::string& content_type) override {
     if (closed_ || !in_flight_ || response_done_) return;
     std::string out = head(200, content_type);
+    streaming_ = true;
     out += "cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
     enqueue(std::move(out));
   }
@@ -207,7 +208,6 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   enum class ReadPhase { Idle, Header, Body };
 
   std::string head(int status, const std::string& content_type) {
-    response_started_ = true;
     std::string h = "HTTP/1.1 " + std::to_string(status) + " " + status_text(status) + "\r\n";
     h += "server: moeserve\r\ncontent-type: " + content_type + "\r\n";
     h += extra_headers_;
@@ -246,13 +246,17 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
       return pump();
     }
     if (ec == asio::error::eof) {
-      // A FIN once the response has begun: the client is gone (it stopped reading a stream);
-      // abort. A FIN before that is a half-close (shutdown(SHUT_WR) after the request): the
-      // pending requests are answered, then the connection closes. A client that vanished
-      // with a FIN before its response began is noticed when the first write draws a reset.
-      if (in_flight_ && response_started_) return close();
+      // A FIN while a stream is being written and no further request has been sent: the
+      // client is gone (it stopped reading the stream); abort. Any other FIN is a half-close
+      // (shutdown(SHUT_WR) after the requests): every request already sent, pipelined ones
+      // included, is answered, then the connection closes. When the FIN is read says nothing
+      // about when it was sent (pipelined requests and their FIN arrive together and the FIN
+      // may be read while an answer is written), so only an open stream with nothing behind
+      // it counts as gone. A client that vanished otherwise is noticed when a write draws
+      // its reset.
+      if (in_flight_ && streaming_ && buffer_.size() == 0) return close();
       peer_eof_ = true;
-      if (in_flight_) watch_for_reset();
+      watch_for_reset();
       return pump();
     }
     if (ec) return close();
@@ -262,7 +266,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
 
   // After a FIN the client may be gone entirely: our next write then draws a reset, which
   // this wait sees at once (one token of a stream, instead of waiting for a second write
-  // to fail) and which aborts the engine request.
+  // to fail) and which aborts the engine request in flight. Armed once (a FIN comes once);
+  // it stays pending across the pipelined requests answered after the FIN.
   void watch_for_reset() {
     socket_.async_wait(tcp::socket::wait_error, [self = shared_from_this()](beast::error_code ec) {
       if (!ec && !self->closed_ && self->in_flight_) self->close();
@@ -477,7 +482,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   void finish_response() {
     in_flight_ = false;
     response_done_ = false;
-    response_started_ = false;
+    streaming_ = false;
     on_disconnect_ = nullptr;
     on_drained_ = nullptr;
     head_only_ = false;
@@ -538,7 +543,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseSin
   bool head_only_ = false;
   std::string extra_headers_;  // for the current response
   bool response_done_ = false;
-  bool response_started_ = false;  // head() written for the current request
+  bool streaming_ = false;  // start_stream() called for the current request
   std::atomic<bool> closed_{false};
   std::atomic<bool> in_flight_{false};
   std::function<void()> on_disconnect_;
