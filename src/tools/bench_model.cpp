@@ -182,7 +182,10 @@ int run_bench_model(const BenchModelOptions& opt) {
   const DType kv_dtype = kv_cache_storage_dtype(parse_kv_cache_dtype(opt.kv_cache_dtype), DType::BF16);
   const int kv_elem = int(dtype_size(kv_dtype));
   out["kv_cache_dtype"] = dtype_name(kv_dtype);
-  const double kv_token_layer = double(s.kv_heads) * s.head_dim * 2 * kv_elem;
+  // Bytes per token and layer: K and V of the GQA heads, or MLA's one latent row (kv_lora + rope).
+  const KvLayout kl = model.kv_layout();
+  const double kv_token_layer = model.desc().kv_lora_rank > 0 ? double(kl.bytes_per_block(1, kv_elem)) / kl.num_layers
+                                                              : double(s.kv_heads) * s.head_dim * 2 * kv_elem;
   const int64_t blocks_per_layer =
       std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * layers)));
   int64_t need_blocks = int64_t(max_blocks);  // one prefill sequence
