@@ -9,7 +9,8 @@
 // - the real head dims (nope 128, rope 64, v 128, kv_lora 512) over random pre-filled caches of
 //   16-token pages in shuffled order: decode at batch 1 / 8 / 64 and contexts 1 .. 4,100 (1 to
 //   65 KV splits), 1 + 3 verify rows, prefill chunks longer than one pass (128 heads), bf16 and
-//   e4m3 caches; and a shape off the vector path (kv_lora 40, rope 6).
+//   e4m3 caches; a captured CUDA graph of the op equal to the eager op; and a shape off the
+//   vector path (kv_lora 40, rope 6).
 // Label gpu: skips without a device.
 #include <gtest/gtest.h>
 
@@ -173,6 +174,7 @@ struct SeqSpec {
 struct BigCase {
   int H = 16, N = 128, R = 64, V = 128, C = 512;
   bool fp8_cache = false, fp8_kv_b = false;
+  bool graph = false;  // also capture the attention op in a CUDA graph: its replay must equal the eager op
   std::vector<SeqSpec> seqs;
   uint32_t seed = 1;
 };
@@ -279,6 +281,19 @@ double run_big(const BigCase& cs, double* gpu_ms = nullptr, bool cpu_ref = true)
       // The padding row is zero (its o_proj input must not be garbage).
       for (int i = 0; i < H * V; ++i) EXPECT_EQ(outs[dev][size_t(T) * H * V + i], 0.f) << "padding row, col " << i;
       outs[dev].resize(size_t(T) * H * V);
+      if (cs.graph) {  // no allocation, no host sync inside: capturable; zero out, replay, compare
+        gpu().begin_capture();
+        gpu().mla_attention(a);
+        CudaGraph graph = gpu().end_capture();
+        gpu().fill_random(out, 3, 1.f);
+        graph.replay(gpu().stream());
+        gpu().synchronize();
+        auto replayed = gpu().download_f32(out);
+        replayed.resize(size_t(T) * H * V);
+        size_t diff = 0;
+        for (size_t i = 0; i < replayed.size(); ++i) diff += replayed[i] != outs[dev][i];
+        EXPECT_EQ(diff, 0u) << "graph replay differs from the eager op";
+      }
       if (gpu_ms) {  // the attention op alone (the cache writes repeat the same values)
         *gpu_ms = event_median_ms([&] { gpu().mla_attention(a); }, 5);
       }
@@ -318,7 +333,7 @@ TEST(CudaMla, DecodeBatch1AcrossContextsAndSplits) {
 
 TEST(CudaMla, DecodeBatch8And64MixedContexts) {
   BigCase b8;
-  b8.H = 64, b8.fp8_kv_b = true;  // Kimi-K2.5's 64 heads: one row tile per token
+  b8.H = 64, b8.fp8_kv_b = true, b8.graph = true;  // Kimi-K2.5's 64 heads: one row tile per token; in a graph
   for (int i = 0; i < 8; ++i) b8.seqs.push_back({(i * 211) % 600 + i, 1});
   expect_big("decode batch 8 (64 heads, FP8 kv_b)", b8);
   BigCase b64;
