@@ -122,19 +122,9 @@ int run_bench_model(const BenchModelOptions& opt) {
   CudaBackend& b = *backend;
   // The model from the registry: a --synthetic config with random weights, or a checkpoint's
   // first --layers layers (any architecture on the shared decoder layers).
-  std::unique_ptr<ArchConfig> cfg;
-  SynthShapes s;
-  if (opt.checkpoint.empty()) {
-    SyntheticModel sm = synthetic_model(opt.synthetic, opt.layers > 0 ? opt.layers : 4);
-    cfg = std::move(sm.config);
-    s = sm.shapes;
-  } else {
-    LoadedConfig lc = load_model_config(opt.checkpoint);
-    s = shapes_of(lc.config->desc());
-    if (opt.layers > 0 && opt.layers < s.total_layers)  // trimmed as --hf-overrides (per-layer lists too)
-      lc = load_model_config(opt.checkpoint, nlohmann::json{{"num_hidden_layers", opt.layers}}.dump());
-    cfg = std::move(lc.config);
-  }
+  SyntheticModel bench = bench_model_config(opt.checkpoint, opt.synthetic, opt.layers);
+  std::unique_ptr<ArchConfig> cfg = std::move(bench.config);
+  const SynthShapes s = bench.shapes;
   const int layers = cfg->desc().num_layers;
   std::unique_ptr<DecoderModel> model_ptr = make_bench_model(*cfg, b);
   DecoderModel& model = *model_ptr;

@@ -220,19 +220,9 @@ int run_bench_model_cpu(const BenchModelOptions& opt) {
   MS_CHECK(opt.layers >= 0 && opt.iters >= 1, "bench-model: --layers must be >= 0 and --iters >= 1");
   std::unique_ptr<Backend> backend = make_backend("cpu");
   Backend& b = *backend;
-  std::unique_ptr<ArchConfig> cfg;
-  SynthShapes s;
-  if (opt.checkpoint.empty()) {
-    SyntheticModel sm = synthetic_model(opt.synthetic, opt.layers > 0 ? opt.layers : 4);
-    cfg = std::move(sm.config);
-    s = sm.shapes;
-  } else {
-    LoadedConfig lc = load_model_config(opt.checkpoint);
-    s = shapes_of(lc.config->desc());
-    if (opt.layers > 0 && opt.layers < s.total_layers)
-      lc = load_model_config(opt.checkpoint, nlohmann::json{{"num_hidden_layers", opt.layers}}.dump());
-    cfg = std::move(lc.config);
-  }
+  SyntheticModel bench = bench_model_config(opt.checkpoint, opt.synthetic, opt.layers);
+  std::unique_ptr<ArchConfig> cfg = std::move(bench.config);
+  const SynthShapes s = bench.shapes;
   std::unique_ptr<DecoderModel> model = make_bench_model(*cfg, b);
   if (opt.checkpoint.empty())
     load_random_weights(*model, RandomWeightOptions{1000, true});

@@ -6,6 +6,8 @@
 #include "core/error.h"
 #include "model/registry.h"
 
+#include <nlohmann/json.hpp>
+
 namespace moeserve::tools {
 
 SynthShapes shapes_of(const ModelDesc& d) {
@@ -259,6 +261,17 @@ Tensor BenchStep::forward() {
 std::vector<float> BenchStep::routing_ids() {
   // The workspace keeps the routing of the last layer of the last step.
   return b_.download_f32(model_.workspace().expert_ids.slice_rows(0, T_));
+}
+
+SyntheticModel bench_model_config(const std::string& checkpoint, const std::string& synthetic, int layers) {
+  if (checkpoint.empty()) return synthetic_model(synthetic, layers > 0 ? layers : 4);
+  SyntheticModel m;
+  LoadedConfig lc = load_model_config(checkpoint);
+  m.shapes = shapes_of(lc.config->desc());
+  if (layers > 0 && layers < m.shapes.total_layers)
+    lc = load_model_config(checkpoint, nlohmann::json{{"num_hidden_layers", layers}}.dump());
+  m.config = std::move(lc.config);
+  return m;
 }
 
 }  // namespace moeserve::tools

@@ -39,6 +39,10 @@ struct SyntheticModel {
 };
 SyntheticModel synthetic_model(const std::string& name, int layers);
 std::string synthetic_model_names();  // "minimax-m2.5, qwen3-30b-a3b"
+// The model bench-model measures: --synthetic NAME's config (layers 0: 4), or the checkpoint's
+// config trimmed to its first `layers` layers as --hf-overrides would (per-layer lists too);
+// shapes.total_layers stays the full model's, for extrapolation.
+SyntheticModel bench_model_config(const std::string& checkpoint, const std::string& synthetic, int layers);
 // The registry's model for `cfg` on `b` (one rank, no communicator); throws unless the
 // architecture is built on the shared decoder layers (BenchStep reads their workspace).
 std::unique_ptr<DecoderModel> make_bench_model(const ArchConfig& cfg, Backend& b);

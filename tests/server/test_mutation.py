@@ -1,5 +1,7 @@
 """Mutation test (issue 25 item 4): thousands of mutated valid requests against every route of
-the real CPU server (the tiny MiniMax-M2 model, tool and reasoning parsers on). Bad input must
+the real CPU server (OpenAI chat / completions with structured-output constraints, /tokenize,
+/detokenize, Anthropic /v1/messages and count_tokens, /v1/responses; the tiny MiniMax-M2 model,
+tool and reasoning parsers on). Bad input must
 get a 4xx in the API's error shape, never a 5xx, and the server must stay up.
 
 Mutations of a valid request: a field (top level or nested: messages, content parts, tools,
@@ -19,7 +21,7 @@ import pytest
 
 from conftest import REPO, free_port
 
-N_REQUESTS = 3000
+N_REQUESTS = 4000
 SEED = 25
 
 EXTREMES = [None, True, False, 0, -1, 1, 2, 7, 0.5, -0.5, 1e-38, 1e-300, 1e308, -1e308, 2 ** 63, -2 ** 63,
@@ -49,8 +51,41 @@ TOKENIZE_CHAT = {"messages": [{"role": "user", "content": "hi"}], "add_generatio
                  "return_token_strs": False, "tools": CHAT["tools"]}
 DETOKENIZE = {"model": "tiny-minimax-m2", "tokens": [10, 20, 30]}
 
+# Structured outputs: every constraint kind goes through the schema / regex / EBNF compilers.
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+          "required": ["name"], "additionalProperties": False}
+CHAT_SCHEMA = {"model": "tiny-minimax-m2", "messages": [{"role": "user", "content": "json"}], "max_tokens": 3,
+               "response_format": {"type": "json_schema", "json_schema": {"name": "rec", "schema": SCHEMA, "strict": True}}}
+CHAT_GUIDED = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
+               "structured_outputs": {"regex": "[a-c]{1,4}", "choice": None}}
+CHAT_FORCED_TOOL = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "tools": CHAT["tools"],
+                    "tool_choice": {"type": "function", "function": {"name": "f"}}}
+COMPLETION_GRAMMAR = {"prompt": "x", "max_tokens": 3, "structured_outputs": {"grammar": 'root ::= "a" [0-9]*'}}
+# The agent APIs (issue 19): Anthropic Messages, its token count, OpenAI Responses.
+ANTH_TOOLS = [{"name": "f", "description": "d", "input_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}]
+MESSAGES = {"model": "tiny-minimax-m2", "max_tokens": 3, "system": [{"type": "text", "text": "be brief"}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "42"}]}],
+            "tools": ANTH_TOOLS, "tool_choice": {"type": "auto"}, "temperature": 0.8, "top_p": 0.9, "top_k": 5,
+            "stop_sequences": ["zz"], "stream": False, "metadata": {"user_id": "u"}}
+COUNT_TOKENS = {"model": "tiny-minimax-m2", "messages": [{"role": "user", "content": "hi"}], "tools": ANTH_TOOLS,
+                "system": "s"}
+RESPONSES = {"model": "tiny-minimax-m2", "instructions": "be brief", "max_output_tokens": 3, "store": False,
+             "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                       {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"x\": 1}"},
+                       {"type": "function_call_output", "call_id": "c1", "output": "42"}],
+             "tools": [{"type": "function", "name": "f", "parameters": CHAT["tools"][0]["function"]["parameters"]}],
+             "tool_choice": "auto", "temperature": 0.8, "top_p": 0.9,
+             "text": {"format": {"type": "json_schema", "name": "rec", "schema": SCHEMA}}}
+
 ROUTES = [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION), ("/v1/completions", COMPLETION_IDS),
-          ("/tokenize", TOKENIZE), ("/tokenize", TOKENIZE_CHAT), ("/detokenize", DETOKENIZE)]
+          ("/tokenize", TOKENIZE), ("/tokenize", TOKENIZE_CHAT), ("/detokenize", DETOKENIZE),
+          ("/v1/chat/completions", CHAT_SCHEMA), ("/v1/chat/completions", CHAT_GUIDED), ("/v1/chat/completions", CHAT_FORCED_TOOL),
+          ("/v1/completions", COMPLETION_GRAMMAR), ("/v1/messages", MESSAGES),
+          ("/v1/messages/count_tokens", COUNT_TOKENS), ("/v1/responses", RESPONSES)]
 
 
 def paths(obj, prefix=()):

@@ -8,34 +8,10 @@
 #include "structured/json_schema.h"
 #include "structured/regex.h"
 
+#include "grammar_test_util.h"
+
 using namespace moeserve::structured;
-
-namespace {
-
-// Vocabulary: one token per byte value (id = byte), plus EOS = 256.
-std::shared_ptr<const TokenVocab> byte_vocab() {
-  static auto v = [] {
-    auto voc = std::make_shared<TokenVocab>();
-    for (int b = 0; b < 256; ++b) voc->token_bytes.push_back(std::string(1, char(b)));
-    voc->token_bytes.push_back("<eos>");
-    voc->special.assign(257, false);
-    voc->special[256] = true;
-    voc->stop_ids = {256};
-    voc->build();
-    return voc;
-  }();
-  return v;
-}
-
-bool matches(const Grammar& g, std::string_view s) {
-  auto cg = std::make_shared<CompiledGrammar>(g, byte_vocab());
-  Matcher m(cg);
-  for (unsigned char c : s)
-    if (!m.accept_token(c)) return false;
-  return m.accepting();
-}
-
-}  // namespace
+using namespace moeserve::structured::testing;
 
 TEST(Ebnf, BasicLanguage) {
   Grammar g = parse_ebnf(R"(
@@ -190,29 +166,21 @@ TEST(JsonSchema, NullableTypeListsAllOfCompact) {
 }
 
 TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
-  auto msg = [](const std::string& s) {
-    try {
-      grammar_from_json_schema_text(s);
-    } catch (const GrammarError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(msg(R"({"type":"object","patternProperties":{}})").find("'patternProperties'"), std::string::npos);
-  EXPECT_NE(msg(R"({"not":{}})").find("'not'"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","multipleOf":2})").find("'multipleOf'"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"array","uniqueItems":true})").find("'uniqueItems'"), std::string::npos);
-  EXPECT_NE(msg(R"({"if":{"type":"string"},"then":{}})").find("'if'"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"string","format":"hostname"})").find("hostname"), std::string::npos);
-  EXPECT_NE(msg(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"objec"})").find("objec"), std::string::npos);
-  EXPECT_NE(msg("{\"type\": ").find("position"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"object","patternProperties":{}})").find("'patternProperties'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"not":{}})").find("'not'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"number","multipleOf":2})").find("'multipleOf'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"array","uniqueItems":true})").find("'uniqueItems'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"if":{"type":"string"},"then":{}})").find("'if'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"string","format":"hostname"})").find("hostname"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"objec"})").find("objec"), std::string::npos);
+  EXPECT_NE(schema_error("{\"type\": ").find("position"), std::string::npos);
   // Deep nesting is refused, not a stack overflow.
   std::string deep;
   for (int i = 0; i < 5000; ++i) deep += R"({"type":"array","items":)";
   deep += "{}";
   for (int i = 0; i < 5000; ++i) deep += "}";
-  EXPECT_NE(msg(deep).find("deeper"), std::string::npos);
+  EXPECT_NE(schema_error(deep).find("deeper"), std::string::npos);
 }
 
 // pydantic v2: Literal["cat"] is {"const": "cat", "type": "string"}, a str Enum is
@@ -238,23 +206,15 @@ TEST(JsonSchema, ConstAndEnumWithTypeAsPydanticWrites) {
   EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"dog","barks":1.5},"color":"red"})"));
   EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"cow","meows":3},"color":"red"})"));
   EXPECT_FALSE(matches(g, R"({"pet":{"pet_type":"cat","meows":3},"color":3})"));  // not a string
-  auto msg = [](const std::string& s) {
-    try {
-      grammar_from_json_schema_text(s);
-    } catch (const GrammarError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_EQ(msg(R"({"const": 2, "type": ["integer", "null"]})"), "no error");
-  EXPECT_EQ(msg(R"({"const": 2.0, "type": "integer"})"), "no error");
-  EXPECT_NE(msg(R"({"const": "cat", "type": "integer"})").find("'const' value \"cat\""), std::string::npos);
-  EXPECT_NE(msg(R"({"enum": [1, 2], "type": "string"})").find("no 'enum' value"), std::string::npos);
-  EXPECT_NE(msg(R"({"enum": ["a"], "type": "string", "minLength": 3})").find("no 'enum' value satisfies the keywords next to it ('type', 'minLength')"),
+  EXPECT_EQ(schema_error(R"({"const": 2, "type": ["integer", "null"]})"), "no error");
+  EXPECT_EQ(schema_error(R"({"const": 2.0, "type": "integer"})"), "no error");
+  EXPECT_NE(schema_error(R"({"const": "cat", "type": "integer"})").find("'const' value \"cat\""), std::string::npos);
+  EXPECT_NE(schema_error(R"({"enum": [1, 2], "type": "string"})").find("no 'enum' value"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"enum": ["a"], "type": "string", "minLength": 3})").find("no 'enum' value satisfies the keywords next to it ('type', 'minLength')"),
             std::string::npos);
-  EXPECT_NE(msg(R"({"const": 7, "maximum": 5})").find("'const' value 7 does not satisfy"), std::string::npos);
-  EXPECT_NE(msg(R"({"enum": ["a"], "not": {}})").find("'not'"), std::string::npos);
-  EXPECT_NE(msg(R"({"const": "a", "enum": ["a"]})").find("'enum' next to 'const'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"const": 7, "maximum": 5})").find("'const' value 7 does not satisfy"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"enum": ["a"], "not": {}})").find("'not'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"const": "a", "enum": ["a"]})").find("'enum' next to 'const'"), std::string::npos);
   // Other keywords next to enum / const filter the values exactly (the value's text is matched
   // with the schema minus enum).
   auto filtered = grammar_from_json_schema_text(R"({"type":"array","prefixItems":[
@@ -267,7 +227,7 @@ TEST(JsonSchema, ConstAndEnumWithTypeAsPydanticWrites) {
   for (const char* gone : {R"(["abcd",5,"abc",[1,2]])", R"(["xyz",12,"abc",[1,2]])", R"(["xyz",-3,"abc",[1,2]])",
                            R"(["xyz",5,"ab1",[1,2]])", R"(["xyz",5,"abc",[1]])", R"(["xyz",5,"abc",[1,2,3]])"})
     EXPECT_FALSE(matches(filtered, gone)) << gone;
-  EXPECT_NE(msg(R"({"const": "a", "type": "strin"})").find("strin"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"const": "a", "type": "strin"})").find("strin"), std::string::npos);
   auto nullable = grammar_from_json_schema_text(R"({"enum": ["a", null], "type": "string", "nullable": true})");
   EXPECT_TRUE(matches(nullable, R"("a")"));
   EXPECT_TRUE(matches(nullable, "null"));
@@ -307,18 +267,10 @@ TEST(JsonSchema, MinAndMaxPropertiesCountMembers) {
   EXPECT_TRUE(matches(any, R"({"k": [1, {"z": null}]})"));
   EXPECT_TRUE(matches(any, R"({"k": 1, "j": "s"})"));
   EXPECT_FALSE(matches(any, R"({"k": 1, "j": "s", "i": true})"));
-  auto msg = [](const std::string& s) {
-    try {
-      grammar_from_json_schema_text(s);
-    } catch (const GrammarError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(msg(R"({"type":"object","minProperties":3,"maxProperties":2})").find("maxProperties < minProperties"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"object","properties":{"a":{}},"minProperties":2})").find("admit no object"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"object","properties":{"a":{}},"required":["a"],"maxProperties":0})").find("admit no object"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"object","minProperties":-1})").find("non-negative"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"object","minProperties":3,"maxProperties":2})").find("maxProperties < minProperties"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"object","properties":{"a":{}},"minProperties":2})").find("admit no object"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"object","properties":{"a":{}},"required":["a"],"maxProperties":0})").find("admit no object"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"object","minProperties":-1})").find("non-negative"), std::string::npos);
 }
 
 TEST(Choice, ExactStrings) {

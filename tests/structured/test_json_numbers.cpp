@@ -10,23 +10,12 @@
 #include "structured/json_schema.h"
 #include "structured/matcher.h"
 
+#include "grammar_test_util.h"
+
 using namespace moeserve::structured;
+using namespace moeserve::structured::testing;
 
 namespace {
-
-std::shared_ptr<const TokenVocab> byte_vocab() {
-  static auto v = [] {
-    auto voc = std::make_shared<TokenVocab>();
-    for (int b = 0; b < 256; ++b) voc->token_bytes.push_back(std::string(1, char(b)));
-    voc->token_bytes.push_back("<eos>");
-    voc->special.assign(257, false);
-    voc->special[256] = true;
-    voc->stop_ids = {256};
-    voc->build();
-    return voc;
-  }();
-  return v;
-}
 
 struct Lang {
   std::shared_ptr<CompiledGrammar> cg;
@@ -137,21 +126,13 @@ TEST(JsonNumbers, ToolArgumentCapsAndTypeLists) {
 }
 
 TEST(JsonNumbers, BoundErrorsAreNamed) {
-  auto msg = [](const std::string& s) {
-    try {
-      grammar_from_json_schema_text(s);
-    } catch (const GrammarError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(msg(R"({"type":"number","minimum":2,"maximum":1})").find("no value"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","minimum":1,"exclusiveMaximum":1})").find("no value"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","exclusiveMinimum":0,"maximum":0})").find("no value"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","maximum":"3"})").find("'maximum' must be a number"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","maximum":1e300})").find("'maximum' is out of the supported range"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","minimum":1e-60})").find("'minimum' is out of the supported range"), std::string::npos);
-  EXPECT_EQ(msg(R"({"type":"number","minimum":0,"maximum":0})"), "no error");
+  EXPECT_NE(schema_error(R"({"type":"number","minimum":2,"maximum":1})").find("no value"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"number","minimum":1,"exclusiveMaximum":1})").find("no value"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"number","exclusiveMinimum":0,"maximum":0})").find("no value"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"number","maximum":"3"})").find("'maximum' must be a number"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"number","maximum":1e300})").find("'maximum' is out of the supported range"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"number","minimum":1e-60})").find("'minimum' is out of the supported range"), std::string::npos);
+  EXPECT_EQ(schema_error(R"({"type":"number","minimum":0,"maximum":0})"), "no error");
 }
 
 TEST(JsonNumbers, DecimalsAreWhatTheSchemaWrote) {
@@ -198,18 +179,10 @@ TEST(JsonNumbers, IntegerMultipleOfIsExact) {
   Lang two(R"({"type":"integer","multipleOf":2.0})");
   EXPECT_TRUE(two.has("4"));
   EXPECT_FALSE(two.has("5"));
-  auto msg = [](const std::string& s) {
-    try {
-      grammar_from_json_schema_text(s);
-    } catch (const GrammarError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(msg(R"({"type":"integer","multipleOf":1.5})").find("'multipleOf' must be a positive whole number"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"integer","multipleOf":0})").find("'multipleOf' must be a positive whole number"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"integer","multipleOf":1e9})").find("limit"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"number","multipleOf":0.5})").find("'multipleOf' is supported only for type 'integer'"), std::string::npos);
-  EXPECT_NE(msg(R"({"multipleOf":2})").find("'multipleOf'"), std::string::npos);
-  EXPECT_NE(msg(R"({"type":"integer","multipleOf":10,"minimum":1,"maximum":9})").find("admit no value"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"integer","multipleOf":1.5})").find("'multipleOf' must be a positive whole number"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"integer","multipleOf":0})").find("'multipleOf' must be a positive whole number"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"integer","multipleOf":1e9})").find("limit"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"number","multipleOf":0.5})").find("'multipleOf' is supported only for type 'integer'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"multipleOf":2})").find("'multipleOf'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"integer","multipleOf":10,"minimum":1,"maximum":9})").find("admit no value"), std::string::npos);
 }
