@@ -108,6 +108,95 @@ __device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* addr) {
 // at decode (each head's rows are read once per 64 tokens) and cheap next to attention at prefill.
 constexpr int kPM = 64, kPN = 64, kPK = 64, kPLd = kPK + 8, kPThreads = 128;
 
+// A tile [64 tokens][64 k] of bf16 by 16-byte loads: 4 chunks of 8 per thread, all in flight.
+__device__ __forceinline__ void stage_a_vec(const MlaProjParams& p, bool absorb, int h, int m0, int k0, int K,
+                                            bf16* As) {
+  const int qk = p.N + p.R;
+  uint4 v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = threadIdx.x + j * kPThreads, r = i >> 3, kc = (i & 7) * 8, t = m0 + r, kk = k0 + kc;
+    v[j] = make_uint4(0, 0, 0, 0);
+    if (t < p.T && kk < K) {
+      const bf16* src = absorb ? static_cast<const bf16*>(p.q) + (int64_t(p.t0 + t) * p.H + h) * qk + kk
+                               : static_cast<const bf16*>(p.o_lat) + (int64_t(t) * p.H + h) * p.C + kk;
+      v[j] = *reinterpret_cast<const uint4*>(src);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = threadIdx.x + j * kPThreads;
+    *reinterpret_cast<uint4*>(As + (i >> 3) * kPLd + (i & 7) * 8) = v[j];
+  }
+}
+
+// B tile as [64 n][64 k] bf16 from a bf16 kv_b: 16-byte chunks of 8 along the weight row
+// (absorb: row k, chunk along n, stored transposed; kVOut: row n, chunk along k).
+__device__ __forceinline__ void stage_b_bf16(const MlaProjParams& p, bool absorb, int64_t wrow0, int n0, int k0,
+                                             int K, int Nout, bf16* Bs) {
+  uint4 v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = threadIdx.x + j * kPThreads, a = i >> 3, c = (i & 7) * 8;  // (row, chunk) of the tile
+    const int kk = absorb ? k0 + a : k0 + c, nn = absorb ? n0 + c : n0 + a;
+    v[j] = make_uint4(0, 0, 0, 0);
+    if (kk < K && nn < Nout) {
+      const int64_t row = absorb ? wrow0 + kk : wrow0 + nn;
+      v[j] = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.kv_b) + row * p.C + (absorb ? nn : kk));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = threadIdx.x + j * kPThreads, a = i >> 3, c = (i & 7) * 8;
+    if (absorb) {
+      const bf16* e = reinterpret_cast<const bf16*>(&v[j]);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) Bs[(c + x) * kPLd + a] = e[x];
+    } else {
+      *reinterpret_cast<uint4*>(Bs + a * kPLd + c) = v[j];
+    }
+  }
+}
+
+// The same from an e4m3 kv_b: 16-byte chunks of 16 weights, one block scale each.
+__device__ __forceinline__ void stage_b_fp8(const MlaProjParams& p, bool absorb, int64_t wrow0, int n0, int k0,
+                                            int K, int Nout, bf16* Bs) {
+  uint4 v[2];
+  float sc[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int i = threadIdx.x + j * kPThreads, a = i >> 2, c = (i & 3) * 16;
+    const int kk = absorb ? k0 + a : k0 + c, nn = absorb ? n0 + c : n0 + a;
+    v[j] = make_uint4(0, 0, 0, 0);
+    sc[j] = 0.f;
+    if (kk < K && nn < Nout) {
+      const int64_t row = absorb ? wrow0 + kk : wrow0 + nn;
+      const int col = absorb ? nn : kk;
+      v[j] = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.kv_b) + row * p.C + col);
+      sc[j] = p.kv_b_scale_inv[(row / p.block_out) * p.scale_cols + col / p.block_in];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int i = threadIdx.x + j * kPThreads, a = i >> 2, c = (i & 3) * 16;
+    const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+    bf16 e[16];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const float2 lo = fp8x2_to_f2(uint16_t(w[x])), hi = fp8x2_to_f2(uint16_t(w[x] >> 16));
+      e[4 * x] = f2bf(lo.x * sc[j]), e[4 * x + 1] = f2bf(lo.y * sc[j]);
+      e[4 * x + 2] = f2bf(hi.x * sc[j]), e[4 * x + 3] = f2bf(hi.y * sc[j]);
+    }
+    if (absorb) {
+#pragma unroll
+      for (int x = 0; x < 16; ++x) Bs[(c + x) * kPLd + a] = e[x];
+    } else {
+#pragma unroll
+      for (int x = 0; x < 16; ++x) Bs[a * kPLd + c + x] = e[x];
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kPThreads) k_mla_proj(MlaProjParams p) {
   __shared__ __align__(16) bf16 As[kPM * kPLd];
   __shared__ __align__(16) bf16 Bs[kPN * kPLd];
@@ -118,24 +207,33 @@ __global__ void __launch_bounds__(kPThreads) k_mla_proj(MlaProjParams p) {
   const int qk = p.N + p.R, L = p.C + p.R, kvw = p.N + p.V;
   const int64_t wrow0 = int64_t(h) * kvw + (absorb ? 0 : p.N);
   float acc[8][4] = {};
+  // 16-byte staging (one round of loads per K step) where the dims allow: N, R % 8, C % 16 and
+  // FP8 scale blocks of whole 16-column chunks (every real checkpoint); else element by element.
+  const bool vec = p.N % 8 == 0 && p.R % 8 == 0 && p.C % 16 == 0 && (!p.kv_b_fp8 || p.block_in % 16 == 0);
   for (int k0 = 0; k0 < K; k0 += kPK) {
+    if (vec) {
+      stage_a_vec(p, absorb, h, m0, k0, K, As);
+      if (p.kv_b_fp8) stage_b_fp8(p, absorb, wrow0, n0, k0, K, Nout, Bs);
+      else stage_b_bf16(p, absorb, wrow0, n0, k0, K, Nout, Bs);
+    } else {
 #pragma unroll 4
-    for (int i = tid; i < kPM * kPK; i += kPThreads) {
-      const int r = i / kPK, k = i % kPK, t = m0 + r, kk = k0 + k;
-      float v = 0.f;
-      if (t < p.T && kk < K)
-        v = absorb ? bf2f(static_cast<const bf16*>(p.q)[(int64_t(p.t0 + t) * p.H + h) * qk + kk])
-                   : bf2f(static_cast<const bf16*>(p.o_lat)[(int64_t(t) * p.H + h) * p.C + kk]);
-      As[r * kPLd + k] = f2bf(v);
-    }
+      for (int i = tid; i < kPM * kPK; i += kPThreads) {
+        const int r = i / kPK, k = i % kPK, t = m0 + r, kk = k0 + k;
+        float v = 0.f;
+        if (t < p.T && kk < K)
+          v = absorb ? bf2f(static_cast<const bf16*>(p.q)[(int64_t(p.t0 + t) * p.H + h) * qk + kk])
+                     : bf2f(static_cast<const bf16*>(p.o_lat)[(int64_t(t) * p.H + h) * p.C + kk]);
+        As[r * kPLd + k] = f2bf(v);
+      }
 #pragma unroll 4
-    for (int i = tid; i < kPN * kPK; i += kPThreads) {
-      // Coalesced along the weight row: W_kb rows are k (n contiguous), W_vb rows are n.
-      const int n = absorb ? i % kPN : i / kPK, k = absorb ? i / kPN : i % kPK;
-      const int nn = n0 + n, kk = k0 + k;
-      float v = 0.f;
-      if (nn < Nout && kk < K) v = absorb ? ld_kvb(p, wrow0 + kk, nn) : ld_kvb(p, wrow0 + nn, kk);
-      Bs[n * kPLd + k] = f2bf(v);
+      for (int i = tid; i < kPN * kPK; i += kPThreads) {
+        // Coalesced along the weight row: W_kb rows are k (n contiguous), W_vb rows are n.
+        const int n = absorb ? i % kPN : i / kPK, k = absorb ? i / kPN : i % kPK;
+        const int nn = n0 + n, kk = k0 + k;
+        float v = 0.f;
+        if (nn < Nout && kk < K) v = absorb ? ld_kvb(p, wrow0 + kk, nn) : ld_kvb(p, wrow0 + nn, kk);
+        Bs[n * kPLd + k] = f2bf(v);
+      }
     }
     __syncthreads();
 #pragma unroll

@@ -8,7 +8,7 @@
 // 8 warps: warp w owns rows 16 (w & 3) .. +16; its half h = w >> 2 computes S for keys
 // 16h .. 16h+16 and O for latent columns 256h .. 256h+256 (128 f32 accumulators per thread),
 // so the S work is not duplicated; the two halves exchange row maxima and P through shared
-// memory. K tiles of 32 keys are double-buffered by cp.async (16-byte copies of bf16 rows, or
+// memory. K tiles of 32 keys are triple-buffered by cp.async (16-byte copies of bf16 rows, or
 // 8-byte copies of e4m3 rows into a byte stage converted exactly to bf16 in shared memory; the
 // per-tensor k_scale is applied to S and O in f32). Shapes below 512 / 64 are zero-padded.
 // Split-KV: split k takes keys [k span, (k+1) span) of its tile's range and writes O / l and
@@ -28,8 +28,9 @@ constexpr int kPLd = kBN + 8;    // P rows
 constexpr int kChunks = kLP / 8; // 8-element chunks per padded row
 constexpr int kOTiles = kCP / 2 / 8;  // n-tiles of 8 columns per warp (256 columns)
 constexpr size_t kQElems = size_t(kBM) * kLd, kKElems = size_t(kBN) * kLd;
-constexpr size_t kSmemBytes = (kQElems + 2 * kKElems + size_t(kBM) * kPLd) * 2 + (4 * kBM + 4) * sizeof(float);
-static_assert(2 * kBN * kLP <= int(kKElems * 2), "two e4m3 stages fit in the second K buffer");
+constexpr int kStages = 3;  // K tiles in flight: two ahead of the one being used
+constexpr size_t kSmemBytes = (kQElems + kStages * kKElems + size_t(kBM) * kPLd) * 2 + (4 * kBM + 4) * sizeof(float);
+static_assert(kStages * kBN * kLP <= int((kStages - 1) * kKElems * 2), "the e4m3 stages fit in K buffers 1..");
 
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -136,8 +137,10 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) k_mla_flash(MlaFlashParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* Ks[2] = {Qs + kQElems, Qs + kQElems + kKElems};
-  bf16* Ps = Ks[1] + kKElems;
+  bf16* Ks[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) Ks[i] = Qs + kQElems + i * kKElems;
+  bf16* Ps = Ks[kStages - 1] + kKElems;
   float* red = reinterpret_cast<float*>(Ps + kBM * kPLd);  // [2 halves][kBM]: row maxima
   float* lsum = red + 2 * kBM;                            // [2 halves][kBM]: row sums
   int* kmax_s = reinterpret_cast<int*>(lsum + 2 * kBM);
@@ -173,14 +176,15 @@ __global__ void __launch_bounds__(kThreads, 1) k_mla_flash(MlaFlashParams p) {
   const int rA = rg * 16 + g, rB = rA + 8;
   const int posA = rA < nrows ? p.positions[ta + (r0 + rA) / H] : -1;
   const int posB = rB < nrows ? p.positions[ta + (r0 + rB) / H] : -1;
-  uint8_t* stage = reinterpret_cast<uint8_t*>(Ks[1]);  // e4m3: two byte stages in the second buffer
+  uint8_t* stage = reinterpret_cast<uint8_t*>(Ks[1]);  // e4m3: kStages byte stages from the second buffer on
   auto load = [&](int it) {
     const int kb = kbeg + it * kBN;
-    if (kFp8) load_k_tile<true>(p, table, kb, kend, stage + (it & 1) * kBN * kLP, vec);
-    else load_k_tile<false>(p, table, kb, kend, Ks[it & 1], vec);
+    if (kFp8) load_k_tile<true>(p, table, kb, kend, stage + (it % kStages) * kBN * kLP, vec);
+    else load_k_tile<false>(p, table, kb, kend, Ks[it % kStages], vec);
     cp_commit();
   };
   if (ntiles > 0) load(0);
+  if (ntiles > 1) load(1);
 
   float o[kOTiles][4];
 #pragma unroll
@@ -188,18 +192,21 @@ __global__ void __launch_bounds__(kThreads, 1) k_mla_flash(MlaFlashParams p) {
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
   const float sl2 = 1.4426950408889634f * (kFp8 ? p.k_scale : 1.f);  // S to base 2 (and the e4m3 scale)
   for (int it = 0; it < ntiles; ++it) {
-    if (it + 1 < ntiles) {
-      load(it + 1);
+    // Tile it + 2 goes to the buffer (stage) tile it - 1 used, free since barrier (D).
+    if (it + 2 < ntiles) {
+      load(it + 2);
+      cp_wait<2>();
+    } else if (it + 1 < ntiles) {
       cp_wait<1>();
     } else {
       cp_wait<0>();
     }
     if (kFp8) {
       __syncthreads();
-      convert_stage(stage + (it & 1) * kBN * kLP, Ks[0]);
+      convert_stage(stage + (it % kStages) * kBN * kLP, Ks[0]);
     }
     __syncthreads();  // (A) tile it (and Q) visible
-    const bf16* Kt = kFp8 ? Ks[0] : Ks[it & 1];
+    const bf16* Kt = kFp8 ? Ks[0] : Ks[it % kStages];
     float sacc[2][4] = {};
 #pragma unroll 4
     for (int ks = 0; ks < kLP; ks += 16) {
