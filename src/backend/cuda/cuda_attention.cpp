@@ -189,7 +189,7 @@ void CudaBackend::mla_attention(const MlaArgs& a) {
   const int chunk = int(std::clamp<int64_t>(int64_t(mla_chunk_bytes / tok_bytes), 16, std::max<int64_t>(T, 16)));
   const int qmax = m.max_query_len > 0 ? std::min<int>(m.max_query_len, chunk) : std::min<int>(int(T), chunk);
   fp.row_tiles = ceil_div(qmax * H, kMlaRowTile);
-  // Split-KV when (sequences x row tiles) is under one CTA per SM (one CTA of ~155 KB fits an
+  // Split-KV when (sequences x row tiles) is under one CTA per SM (one CTA of ~193 KB fits an
   // SM): batch 1 gets up to 128 splits of >= 64 keys, batch 8 (Kimi's 64 heads) 16, batch 64 2.
   int splits = 1;
   const int64_t base = int64_t(std::max(1, m.num_seqs)) * fp.row_tiles;
