@@ -172,7 +172,10 @@ int run_bench_model(const BenchModelOptions& opt) {
   const DType kv_dtype = kv_cache_storage_dtype(parse_kv_cache_dtype(opt.kv_cache_dtype), DType::BF16);
   const int kv_elem = int(dtype_size(kv_dtype));
   out["kv_cache_dtype"] = dtype_name(kv_dtype);
-  const double kv_token_layer = double(s.kv_heads) * s.head_dim * 2 * kv_elem;
+  // Bytes per token and layer: K and V of the GQA heads, or MLA's one latent row (kv_lora + rope).
+  const KvLayout kl = model.kv_layout();
+  const double kv_token_layer = model.desc().kv_lora_rank > 0 ? double(kl.bytes_per_block(1, kv_elem)) / kl.num_layers
+                                                              : double(s.kv_heads) * s.head_dim * 2 * kv_elem;
   const int64_t blocks_per_layer =
       std::max<int64_t>(0, int64_t(budget / (kv_token_layer * bs * layers)));
   int64_t need_blocks = int64_t(max_blocks);  // one prefill sequence
@@ -320,9 +323,18 @@ int run_bench_model(const BenchModelOptions& opt) {
     const double router = 2.0 * P * s.experts * H;
     const double experts = 2.0 * P * s.top_k * 3.0 * H * s.intermediate;
     const double attn = 2.0 * 2.0 * s.q_heads * s.head_dim * (double(P) * (P + 1) / 2);
-    const double flops = layers * (proj + router + experts + attn) + 2.0 * H * s.vocab;
-    // The FLOP count above is GQA's (MiniMax / Qwen3); for MLA no floor is stated (0).
-    const double floor_ms = roof.fp8_flops > 0 && !mla ? flops / roof.fp8_flops * 1e3 : 0;
+    double flops = layers * (proj + router + experts + attn) + 2.0 * H * s.vocab;
+    if (mla) {
+      // MLA (FP8 checkpoints: a weight byte is a parameter): 2 P x the parameters a token uses
+      // per layer (projections with kv_b applied once per token, the dense MLP or shared + top-k
+      // experts, the f32 router), plus causal attention with decompressed K/V (qk = nope + rope,
+      // v dims; the absorbed kernel runs 3.4x these FLOPs at 128 + 64 / 128).
+      const DecodeBytes d1 = model_decode_bytes(model, 1, 0, kv_elem);
+      const ModelDesc& md = model.desc();
+      const double mla_attn = 2.0 * s.q_heads * (md.head_dim + md.v_head_dim) * (double(P) * (P + 1) / 2);
+      flops = layers * (2.0 * P * (d1.attn_w + d1.experts + d1.router / 4) + mla_attn) + 2.0 * H * s.vocab;
+    }
+    const double floor_ms = roof.fp8_flops > 0 ? flops / roof.fp8_flops * 1e3 : 0;
     const double per_layer = ms / layers;
     std::printf("prefill %d tokens: %.1f ms (%.0f tok/s), FLOP floor %.1f ms at FP8 rate: %.1f%% ; TTFT %.1f ms "
                 "(%d layers), est. %.0f ms for %d layers\n",

@@ -46,9 +46,24 @@ constexpr const char* kDeepseekV3 = R"({
   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000,
   "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_group": 4,
   "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 129280})";
+// moonshotai/Kimi-K2.5's text config (tests/fixtures/models/kimi-k2.5: a DeepSeek-V3 backbone
+// with 64 heads, 384 experts, 1 dense layer) with FP8 128x128 blocks in place of its INT4
+// pack-quantized experts (the W4A16 kernels are their own work).
+constexpr const char* kKimiK25 = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 61,
+  "hidden_size": 7168, "first_k_dense_replace": 1, "intermediate_size": 18432, "n_routed_experts": 384,
+  "moe_intermediate_size": 2048, "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1,
+  "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
+  "routed_scaling_factor": 2.827, "moe_layer_freq": 1, "num_attention_heads": 64, "num_key_value_heads": 64,
+  "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+  "rms_norm_eps": 1e-05, "vocab_size": 163840, "max_position_embeddings": 262144, "rope_theta": 50000.0,
+  "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+  "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}, "num_nextn_predict_layers": 0,
+  "attention_bias": false, "hidden_act": "silu", "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "bos_token_id": 163584, "eos_token_id": 163585, "quantization_config": {"activation_scheme": "dynamic",
+  "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}})";
 }  // namespace
 
-std::string synthetic_model_names() { return "minimax-m2.5, qwen3-30b-a3b, deepseek-v3, minimax-m2-tiny"; }
+std::string synthetic_model_names() { return "minimax-m2.5, qwen3-30b-a3b, deepseek-v3, kimi-k2.5, minimax-m2-tiny"; }
 
 SyntheticModel synthetic_model(const std::string& name, int layers) {
   SyntheticModel m;
@@ -68,9 +83,11 @@ SyntheticModel synthetic_model(const std::string& name, int layers) {
     m.config = std::make_unique<MiniMaxM2Config>(std::move(c));
     return m;
   }
-  MS_CHECK(name == "qwen3-30b-a3b" || name == "deepseek-v3", "bench-model: unknown --synthetic '{}' (known: {})", name,
-           synthetic_model_names());
-  nlohmann::json j = nlohmann::json::parse(name == "deepseek-v3" ? kDeepseekV3 : kQwen3_30B_A3B);
+  MS_CHECK(name == "qwen3-30b-a3b" || name == "deepseek-v3" || name == "kimi-k2.5",
+           "bench-model: unknown --synthetic '{}' (known: {})", name, synthetic_model_names());
+  nlohmann::json j = nlohmann::json::parse(name == "deepseek-v3" ? kDeepseekV3
+                                           : name == "kimi-k2.5" ? kKimiK25
+                                                                 : kQwen3_30B_A3B);
   m.shapes = shapes_of(parse_config(j).config->desc());  // total_layers: the real 48
   j["num_hidden_layers"] = layers;
   m.config = parse_config(j).config;

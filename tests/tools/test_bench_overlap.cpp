@@ -1,6 +1,7 @@
 // bench-model --measure-routing-overlap on the trained demo model (assets/demo-model, 8 experts
-// top-2): the router's overlap between consecutive tokens, measured on the CPU reference; and
-// bench-model's decode bytes of an MLA model (model_decode_bytes) on a DeepSeek-V3 fixture.
+// top-2): the router's overlap between consecutive tokens, measured on the CPU reference;
+// bench-model's decode bytes of an MLA model (model_decode_bytes) on a DeepSeek-V3 fixture; and
+// the --synthetic kimi-k2.5 config.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -108,4 +109,29 @@ TEST(BenchBytes, DeepseekV3FixtureMatchesHandArithmetic) {
     EXPECT_NEAR(d.experts * 3, 2 * distinct * expert * es, 1e-6);
     EXPECT_NEAR(d.kv, double(B) * 40 * (KL + R) * 2, 1e-6);  // per layer: the latent, bf16
   }
+}
+
+// bench-model --synthetic kimi-k2.5: Kimi-K2.5's text config (DeepSeek-V3 backbone) with FP8
+// 128x128 experts, trimmed to the layers asked for; listed among the synthetic names.
+TEST(BenchSynthetic, KimiK25IsTheRealConfigWithFp8Blocks) {
+  EXPECT_NE(synthetic_model_names().find("kimi-k2.5"), std::string::npos);
+  const SyntheticModel sm = synthetic_model("kimi-k2.5", 3);
+  const ModelDesc d = sm.config->desc();
+  EXPECT_EQ(d.architecture, "DeepseekV3ForCausalLM");
+  EXPECT_EQ(d.num_layers, 3);
+  EXPECT_EQ(sm.shapes.total_layers, 61);
+  EXPECT_EQ(d.hidden_size, 7168);
+  EXPECT_EQ(d.num_attention_heads, 64);
+  EXPECT_EQ(d.num_experts, 384);
+  EXPECT_EQ(d.experts_per_token, 8);
+  EXPECT_EQ(d.num_dense_layers, 1);
+  EXPECT_EQ(d.kv_lora_rank, 512);
+  EXPECT_EQ(d.q_lora_rank, 1536);
+  EXPECT_EQ(d.head_dim, 128 + 64);
+  EXPECT_EQ(d.v_head_dim, 128);
+  EXPECT_EQ(d.vocab_size, 163840);
+  EXPECT_EQ(d.quantization.quant_method, "fp8");
+  EXPECT_EQ(d.quantization.block_out, 128);
+  EXPECT_EQ(d.quantization.block_in, 128);
+  EXPECT_THROW(synthetic_model("kimi-k3", 3), Error);
 }

@@ -80,9 +80,10 @@ namespace {
 int64_t check_mla(const MlaArgs& a, const char* op) {
   MS_CHECK(a.q && a.latent && a.positions && a.kv && a.meta, "{}: null argument", op);
   MS_CHECK(a.num_heads > 0 && a.qk_nope_head_dim >= 0 && a.qk_rope_head_dim > 0 && a.qk_rope_head_dim % 2 == 0 &&
-               a.qk_rope_head_dim <= 128 && a.v_head_dim > 0 && a.kv_lora_rank > 0 && a.kv_lora_rank <= 2048,
+               a.qk_rope_head_dim <= kMlaMaxR && a.v_head_dim > 0 && a.kv_lora_rank > 0 &&
+               a.kv_lora_rank <= kMlaMaxC,
            "{}: MLA dims heads={} nope={} rope={} v={} kv_lora={} are outside what the CUDA kernels take "
-           "(rope even and <= 128, kv_lora_rank <= 2048)",
+           "(rope even and <= 64, kv_lora_rank <= 512; every DeepSeek-V2/V3 / Kimi-K2 checkpoint has 64 / 512)",
            op, a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim, a.kv_lora_rank);
   check_dev(*a.q, op, "q");
   check_dev(*a.latent, op, "latent");
@@ -162,25 +163,64 @@ void CudaBackend::mla_attention(const MlaArgs& a) {
            "{}: out {} {} must be BF16 [{}, {}]", op, dtype_name(a.out->dtype), shape_str(a.out->shape), T,
            a.num_heads * a.v_head_dim);
   const AttentionMeta& m = *a.meta;
-  MlaAttnParams p;
-  p.q = a.q->data;
-  p.cache = a.kv->k.data, p.cache_fp8 = a.kv->fp8(), p.k_scale = a.kv->k_scale;
-  p.kv_b = w.weight.data, p.kv_b_fp8 = w.fp8();
+  const int H = a.num_heads, C = a.kv_lora_rank, R = a.qk_rope_head_dim, L = C + R;
+  MlaProjParams pp;
+  pp.q = a.q->data, pp.out = a.out->data;
+  pp.kv_b = w.weight.data, pp.kv_b_fp8 = w.fp8();
   if (w.fp8()) {
-    p.kv_b_scale_inv = w.scale_inv.ptr<float>();
-    p.block_out = w.block_out, p.block_in = w.block_in, p.scale_cols = int(w.scale_inv.dim(1));
+    pp.kv_b_scale_inv = w.scale_inv.ptr<float>();
+    pp.block_out = w.block_out, pp.block_in = w.block_in, pp.scale_cols = int(w.scale_inv.dim(1));
   }
-  p.positions = a.positions->ptr<int32_t>();
+  pp.H = H, pp.N = a.qk_nope_head_dim, pp.R = R, pp.C = C, pp.V = a.v_head_dim;
+  MlaFlashParams fp;
+  fp.cache = a.kv->k.data, fp.cache_fp8 = a.kv->fp8(), fp.k_scale = a.kv->k_scale;
+  fp.positions = a.positions->ptr<int32_t>();
   if (m.num_seqs > 0) {
-    p.query_start = m.query_start.ptr<int32_t>();
-    p.block_tables = m.block_tables.ptr<int32_t>();
+    fp.query_start = m.query_start.ptr<int32_t>();
+    fp.block_tables = m.block_tables.ptr<int32_t>();
+    pp.query_start = fp.query_start;
   }
-  p.num_seqs = m.num_seqs, p.max_blocks_per_seq = m.max_blocks_per_seq, p.block_size = int(a.kv->k.dim(1));
-  p.scale = a.scale;
-  p.out = a.out->data;
-  p.T = int(T), p.H = a.num_heads, p.N = a.qk_nope_head_dim, p.R = a.qk_rope_head_dim, p.C = a.kv_lora_rank,
-  p.V = a.v_head_dim;
-  launch_mla_attention(p, stream_);
+  fp.num_seqs = m.num_seqs, fp.max_blocks_per_seq = m.max_blocks_per_seq, fp.block_size = int(a.kv->k.dim(1));
+  fp.H = H, fp.R = R, fp.C = C;
+  pp.num_seqs = m.num_seqs;
+  // Tokens per pass: q_abs [chunk, H, L] and o_lat [chunk, H, C] (bf16) within mla_chunk_bytes, so
+  // a long prefill runs in chunks (a decode step is one pass).
+  const size_t tok_bytes = size_t(H) * (L + C) * 2;
+  const int chunk = int(std::clamp<int64_t>(int64_t(mla_chunk_bytes / tok_bytes), 16, std::max<int64_t>(T, 16)));
+  const int qmax = m.max_query_len > 0 ? std::min<int>(m.max_query_len, chunk) : std::min<int>(int(T), chunk);
+  fp.row_tiles = ceil_div(qmax * H, kMlaRowTile);
+  // Split-KV when (sequences x row tiles) is under one CTA per SM (one CTA of ~193 KB fits an
+  // SM): batch 1 gets up to 128 splits of >= 64 keys, batch 8 (Kimi's 64 heads) 16, batch 64 2.
+  int splits = 1;
+  const int64_t base = int64_t(std::max(1, m.num_seqs)) * fp.row_tiles;
+  if (T <= chunk && base < num_sms_ && m.max_context_len >= 128)
+    splits = int(std::min<int64_t>({num_sms_ / base, ceil_div(m.max_context_len, 64), 128}));
+  const int Tc = int(std::min<int64_t>(T, chunk));
+  const size_t qa_bytes = size_t(Tc) * H * L * 2, ol_bytes = size_t(Tc) * H * C * 2;
+  const size_t head = (qa_bytes + ol_bytes + 255) / 256 * 256;
+  const size_t split_bytes = size_t(Tc) * H * (C + 2) * 4;
+  if (splits > 1 && capturing_ && workspace_capacity(kAttnPart) < head + split_bytes * splits)
+    splits = int(std::max<size_t>(1, (workspace_capacity(kAttnPart) - std::min(head, workspace_capacity(kAttnPart))) /
+                                         split_bytes));
+  splits = std::max(splits, 1);
+  char* ws = static_cast<char*>(workspace(kAttnPart, head + (splits > 1 ? split_bytes * splits : 0)));
+  pp.q_abs = ws, fp.q_abs = ws;
+  pp.o_lat = ws + qa_bytes, fp.o_lat = ws + qa_bytes;
+  if (splits > 1) {
+    fp.part_o = reinterpret_cast<float*>(ws + head);
+    fp.part_ml = fp.part_o + size_t(splits) * Tc * H * C;
+  }
+  fp.splits = splits;
+  for (int t0 = 0; t0 < int(T); t0 += chunk) {
+    const int n = std::min<int>(chunk, int(T) - t0);
+    pp.t0 = t0, pp.T = n;
+    pp.mode = MlaProj::kQAbsorb, pp.alpha = a.scale;
+    launch_mla_proj(pp, stream_);
+    fp.t_lo = t0, fp.t_hi = t0 + n;
+    launch_mla_flash(fp, stream_);
+    pp.mode = MlaProj::kVOut, pp.alpha = 1.f;
+    launch_mla_proj(pp, stream_);
+  }
 }
 
 void CudaBackend::attention(const AttentionArgs& a) {

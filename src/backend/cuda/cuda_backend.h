@@ -226,6 +226,10 @@ class CudaBackend final : public Backend {
   // ... on the Hopper wgmma kernel (k_attn_wgmma.cu) where the device and build allow it
   // (compute capability 9.x, sm_90a code); else the pipelined mma.sync kernel above.
   bool use_attention_wgmma = true;
+  // MLA (k_mla_flash.cu): bf16 q_abs [chunk, H, kv_lora + rope] + o_lat [chunk, H, kv_lora] per
+  // pass stay within this many bytes, so a long prefill runs in token chunks (Kimi-K2.5's 64
+  // heads: 1,927 tokens; tests lower it to cross chunks).
+  size_t mla_chunk_bytes = size_t(256) << 20;
   // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
   bool use_gemv_tc = true;
   // Prefill path (cuda_prefill.cpp): from this many rows, FP8 128x128-block linears and
