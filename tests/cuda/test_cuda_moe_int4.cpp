@@ -11,6 +11,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/kernels_int4.h"
@@ -127,7 +128,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Int4Case{300, 512, 160, 7, 7, 3, 0, 32},        // prefill: GEMM tiles
                       Int4Case{2048, 1024, 352, 9, 9, 4, 0, 32},
                       Int4Case{300, 384, 192, 6, 11, 2, 3, 64},       // group 64, EP
-                      Int4Case{8, 128, 128, 8, 8, 2, 0, 32}));        // dsv3_tiny_int4's shapes
+                      Int4Case{8, 128, 128, 8, 8, 2, 0, 32}),         // dsv3_tiny_int4's shapes
+    [](const auto& info) {
+      const Int4Case& c = info.param;
+      return "T" + std::to_string(c.T) + "_H" + std::to_string(c.H) + "_I" + std::to_string(c.I) + "_E" +
+             std::to_string(c.E_local) + "of" + std::to_string(c.E) + "_k" + std::to_string(c.K) + "_g" +
+             std::to_string(c.group);
+    });
 
 // Capture-safe: a graph of moe_experts at decode and prefill sizes replays to the eager result.
 TEST(CudaMoeInt4Graph, ReplaysEager) {

@@ -19,8 +19,8 @@
 // bytes of weight rows g and g + 8 per chunk: words 4t..4t+3 = the 32 columns of group t of the
 // chunk, i.e. one scale per row. The k order inside the mma is permuted (pairs (e_p, e_p+4) of
 // a word, the order the nibble shifts give), and the activations are staged in the same order,
-// so B fragments are plain 16-byte shared loads. Activations and weights of chunk c + 1 are in
-// flight (registers) while chunk c is multiplied.
+// so B fragments are plain 16-byte shared loads. While chunk c is multiplied, the weights of
+// chunks c + 1 and c + 2 and the activations of chunk c + 1 are in flight (registers).
 #include <cuda_fp16.h>
 
 #include "backend/cuda/common.cuh"
@@ -152,47 +152,49 @@ __global__ void __launch_bounds__(kWarps * 32) moe_int4_kernel(LinParams p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][n][e] = 0.f;
 
-  uint4 xv[kItems], wcur[2][2], wnxt[2][2];
-  bf16 scur[2][2], snxt[2][2];
+  // Weights: a ring of 3 chunks in registers, so chunks c + 1 and c + 2 are in flight while c
+  // is multiplied (the chunk loop is unrolled by 3: the ring index stays static).
+  uint4 xv[kItems], wr[3][2][2];
+  bf16 sr[3][2][2];
+#pragma unroll
+  for (int d = 0; d < 3; ++d)
+    if (d < nchunks) load_w(d, wr[d], sr[d]);
   load_x(0, xv);
-  load_w(0, wcur, scur);
   store_x(0, xv);
   __syncthreads();
-  for (int c = 0; c < nchunks; ++c) {
-    const bool more = c + 1 < nchunks;
-    if (more) {
-      load_x(c + 1, xv);
-      load_w(c + 1, wnxt, snxt);
-    }
-    const unsigned char* xb = xs[c & 1];
+  for (int c0 = 0; c0 < nchunks; c0 += 3) {
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {  // word w of this lane's group: columns 8w..8w+7 of it
-      uint32_t a[2][2][4];         // [m-tile][row g / g + 8][pair]
+    for (int d = 0; d < 3; ++d) {
+      const int c = c0 + d;
+      if (c >= nchunks) break;  // block-uniform
+      const bool more = c + 1 < nchunks;
+      if (more) load_x(c + 1, xv);
+      const unsigned char* xb = xs[c & 1];
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int w = 0; w < 4; ++w) {  // word w of this lane's group: columns 8w..8w+7 of it
+        uint32_t a[2][2][4];         // [m-tile][row g / g + 8][pair]
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t word = w == 0 ? wcur[j][h].x : w == 1 ? wcur[j][h].y : w == 2 ? wcur[j][h].z : wcur[j][h].w;
-          unpack_word(word, __half2half2(__float2half_rn(__bfloat162float(scur[j][h]))), a[j][h]);
-        }
+        for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const uint4 b = *reinterpret_cast<const uint4*>(xb + (n * 8 + g) * kRowBytes + (w * 4 + t) * 16);
+          for (int h = 0; h < 2; ++h) {
+            const uint4& v = wr[d][j][h];
+            const uint32_t word = w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+            unpack_word(word, __half2half2(__float2half_rn(__bfloat162float(sr[d][j][h]))), a[j][h]);
+          }
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          mma16816(acc[j][n], a[j][0][0], a[j][1][0], a[j][0][1], a[j][1][1], b.x, b.y);
-          mma16816(acc[j][n], a[j][0][2], a[j][1][2], a[j][0][3], a[j][1][3], b.z, b.w);
+        for (int n = 0; n < NT; ++n) {
+          const uint4 b = *reinterpret_cast<const uint4*>(xb + (n * 8 + g) * kRowBytes + (w * 4 + t) * 16);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            mma16816(acc[j][n], a[j][0][0], a[j][1][0], a[j][0][1], a[j][1][1], b.x, b.y);
+            mma16816(acc[j][n], a[j][0][2], a[j][1][2], a[j][0][3], a[j][1][3], b.z, b.w);
+          }
         }
       }
+      if (c + 3 < nchunks) load_w(c + 3, wr[d], sr[d]);
+      if (more) store_x((c + 1) & 1, xv);
+      __syncthreads();
     }
-    if (more) {
-      store_x((c + 1) & 1, xv);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) wcur[j][h] = wnxt[j][h], scur[j][h] = snxt[j][h];
-    }
-    __syncthreads();
   }
 
   // Epilogue: acc[j][n] = rows (mrow[j] + g, + 8) x tokens (8n + 2t, + 1).
