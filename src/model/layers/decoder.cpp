@@ -265,8 +265,9 @@ void DecoderModel::load_from(const WeightSource& source) {
       continue;
     }
     const Shape want = local_shape(d);
-    if (t.tensor.dtype == DType::I32) {  // packed INT4 routed expert (random_weight_source's int4_packed)
-      MS_CHECK(d.expert >= 0 && be_.int4_experts_packed() && t.block_out == 1 && t.block_in > 0 &&
+    if (t.tensor.dtype == DType::I32 && d.expert >= 0 && be_.int4_experts_packed()) {
+      // A packed INT4 routed expert (random_weight_source's int4_packed_experts).
+      MS_CHECK(t.block_out == 1 && t.block_in > 0 &&
                    want[1] % t.block_in == 0 && t.tensor.shape == Shape({want[0], want[1] / 8}) &&
                    t.scale_inv.dtype == DType::BF16 && t.scale_inv.shape == Shape({want[0], want[1] / t.block_in}),
                "weight source: packed INT4 '{}' needs I32 [{}, {}] and BF16 scales [{}, {} / group] on a backend that "
