@@ -20,7 +20,8 @@
 // chunk, i.e. one scale per row. The k order inside the mma is permuted (pairs (e_p, e_p+4) of
 // a word, the order the nibble shifts give), and the activations are staged in the same order,
 // so B fragments are plain 16-byte shared loads. While chunk c is multiplied, the weights of
-// chunks c + 1 and c + 2 and the activations of chunk c + 1 are in flight (registers).
+// chunks c + 1 and c + 2 (decode; c + 1 at 64-pair tiles) and the activations of chunk c + 1 are
+// in flight (registers).
 #include <cuda_fp16.h>
 
 #include "backend/cuda/common.cuh"
@@ -152,19 +153,22 @@ __global__ void __launch_bounds__(kWarps * 32) moe_int4_kernel(LinParams p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][n][e] = 0.f;
 
-  // Weights: a ring of 3 chunks in registers, so chunks c + 1 and c + 2 are in flight while c
-  // is multiplied (the chunk loop is unrolled by 3: the ring index stays static).
-  uint4 xv[kItems], wr[3][2][2];
-  bf16 sr[3][2][2];
+  // Weights: a ring of kRing chunks in registers, so chunks c + 1 .. c + kRing - 1 are in flight
+  // while c is multiplied (the chunk loop is unrolled by kRing: the ring index stays static).
+  // Decode tiles are bound by the weight stream (3: two chunks in flight); 64-pair tiles by the
+  // mma work, where a third ring slot only spills (255 registers).
+  constexpr int kRing = TOK <= 8 ? 3 : 2;
+  uint4 xv[kItems], wr[kRing][2][2];
+  bf16 sr[kRing][2][2];
 #pragma unroll
-  for (int d = 0; d < 3; ++d)
+  for (int d = 0; d < kRing; ++d)
     if (d < nchunks) load_w(d, wr[d], sr[d]);
   load_x(0, xv);
   store_x(0, xv);
   __syncthreads();
-  for (int c0 = 0; c0 < nchunks; c0 += 3) {
+  for (int c0 = 0; c0 < nchunks; c0 += kRing) {
 #pragma unroll
-    for (int d = 0; d < 3; ++d) {
+    for (int d = 0; d < kRing; ++d) {
       const int c = c0 + d;
       if (c >= nchunks) break;  // block-uniform
       const bool more = c + 1 < nchunks;
@@ -191,7 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_int4_kernel(LinParams p) {
           }
         }
       }
-      if (c + 3 < nchunks) load_w(c + 3, wr[d], sr[d]);
+      if (c + kRing < nchunks) load_w(c + kRing, wr[d], sr[d]);
       if (more) store_x((c + 1) & 1, xv);
       __syncthreads();
     }
