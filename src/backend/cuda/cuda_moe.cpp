@@ -81,7 +81,7 @@ const CudaBackend::ExpertTable& CudaBackend::expert_table(const MoeWeights& moe)
         MS_CHECK(w->block_out == 1 && w->block_in == t->bi && w->scale_inv.dtype == DType::BF16 &&
                      w->scale_inv.device == Device::CUDA &&
                      w->scale_inv.numel() == w->out_features() * (w->in_features() / t->bi),
-                 "moe_experts: expert {} INT4 group scales {} (group {}) differ from expert 0's layout", i,
+                 "moe_experts: expert {} INT4 group scales {} (group {}) must be BF16 on the GPU in expert 0's layout", i,
                  shape_str(w->scale_inv.shape), w->block_in);
       }
       if (t->fp8) {

@@ -357,7 +357,8 @@ DecoderLayer DecoderModel::upload_layer(int l, const std::map<std::string, Loade
       if (!w.fp8()) w.weight = host_for_backend(w.weight);
     auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
     size_t bytes = 0;
-    for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() ? pad(w.scale_inv.nbytes()) : 0);
+    // FP8: + the F32 block scales; INT4 (packed): + the BF16 group scales.
+    for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() || w.int4() ? pad(w.scale_inv.nbytes()) : 0);
     Tensor slab = be_.alloc(DType::U8, {int64_t(std::max<size_t>(bytes, 1))});
     size_t at = 0;
     auto put = [&](Tensor& t) {
@@ -369,7 +370,7 @@ DecoderLayer DecoderModel::upload_layer(int l, const std::map<std::string, Loade
     };
     for (auto& w : lin) {
       put(w.weight);
-      if (w.fp8()) put(w.scale_inv);
+      if (w.fp8() || w.int4()) put(w.scale_inv);
     }
     for (size_t i = 0; i + 2 < lin.size(); i += 3) L.moe.experts.push_back({lin[i], lin[i + 1], lin[i + 2]});
   } else {
