@@ -8,9 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STASH=${STASH:-/tmp/moeserve-device-stash}
-# The INT4 fixture: CUDA refuses INT4 experts for now, no GPU check reads it.
 BIG=(assets/demo-model wip tests/fixtures/shared-data/tokenizers/qwen3 tests/fixtures/shared-data/tokenizers/deepseek-v3
-     docs/bench tests/fixtures/golden/dsv3_tiny_int4)
+     docs/bench)
 case "${1:-}" in
   slim)
     mkdir -p "$STASH"

@@ -19,11 +19,6 @@ for d in tests/fixtures/golden/*/; do
   if [ ! -f "$d/golden.json" ]; then echo "$name: no golden.json (not a golden fixture), skipped"; continue; fi
   # demo_bf16 / demo_fp8 hold references only (several prompts; the model is assets/demo-model).
   if [ ! -f "$d/config.json" ]; then echo "$name: no checkpoint beside the reference, skipped"; continue; fi
-  # INT4 experts (compressed-tensors pack-quantized): the CUDA backend refuses them until its
-  # W4A16 kernels exist (tested by the load-time refusal); any other failure still fails.
-  if [ "$DEVICE" = cuda ] && grep -q '"pack-quantized"' "$d/config.json"; then
-    echo "$name: INT4 experts not on the CUDA backend yet, skipped"; continue
-  fi
   prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('$d/golden.json'))['prompt_ids'])))")
   n=$(python3 -c "import json;print(len(json.load(open('$d/golden.json'))['generated_ids']))")
   if ! "$BIN" generate --device "$DEVICE" --model "$d" --prompt-ids "$prompt" --max-tokens "$n" --json \

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Issue #24 item 6 on one H200: bench-model --synthetic deepseek-v3 or kimi-k2.5 (the real
-# configs, random FP8 128x128 weights, FP8 experts for Kimi too; CUDA graphs, bf16 latent cache)
+# Issue #24 item 6 on one H200: bench-model --synthetic deepseek-v3, kimi-k2.5 (INT4 experts as
+# published) or kimi-k2.5-fp8 (FP8 128x128 experts) (the real configs, random weights; CUDA
+# graphs, bf16 latent cache)
 # with L layers, decode at batch 1 / 8 / 64 and contexts 1k / 8k, and a PREFILL-token prefill
 # (default 8,192). The decode roofline is model_decode_bytes (the model's own tensors, the MLA
 # latent cache included). Layers that fit with the 8k prefill's workspaces at the default
-# --gpu-memory-utilization 0.9: deepseek-v3 12 (3 dense + 9 MoE x 11.5 GB), kimi-k2.5 7
-# (1 dense + 6 MoE x 17 GB). PROFILE="1 64": the per-op breakdown too. Results in $OUT:
+# --gpu-memory-utilization 0.9: deepseek-v3 12 (3 dense + 9 MoE x 11.5 GB), kimi-k2.5-fp8 7
+# (1 dense + 6 MoE x 17 GB), kimi-k2.5 (INT4 experts, 9.5 GB per MoE layer) the same 7 for comparison. PROFILE="1 64": the per-op breakdown too. Results in $OUT:
 # <model>_l<L>.json and .log.
 #   BIN=build/moeserve OUT=/tmp/dsv3 scripts/gpu_dsv3_bench.sh [MODEL [LAYERS]]
 set -u
@@ -14,7 +15,7 @@ BIN=${BIN:-build/moeserve}
 [ -d "$(dirname "$BIN")/lib" ] && export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 OUT=${OUT:-/tmp/dsv3_bench}
 MODEL=${1:-deepseek-v3}
-if [ "$MODEL" = kimi-k2.5 ]; then L=${2:-7}; else L=${2:-12}; fi
+case "$MODEL" in kimi-k2.5*) L=${2:-7};; *) L=${2:-12};; esac
 PREFILL=${PREFILL:-8192}
 mkdir -p "$OUT"
 t0=$(date +%s)

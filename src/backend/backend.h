@@ -30,12 +30,15 @@ namespace moeserve {
 // [ceil(out / block_out), ceil(in / block_in)] (f32) and W_real[o, i] =
 // fp8(W[o, i]) * scale_inv[o / block_out, i / block_in]; edge blocks may be partial.
 struct LinearWeight {
-  Tensor weight;     // [out, in]
-  Tensor scale_inv;  // empty unless weight.dtype == F8_E4M3
+  Tensor weight;     // [out, in]; INT4: I32 [out, in / 8] packed words (model/int4.h)
+  Tensor scale_inv;  // F8_E4M3: F32 block scales; INT4: BF16 [out, in / block_in] group scales; else empty
   int block_out = 0;
-  int block_in = 0;
+  int block_in = 0;  // INT4: the group size (block_out = 1)
+  // compressed-tensors pack-quantized INT4 kept packed (only backends that ask for it, for
+  // routed experts: Backend::int4_experts_packed).
+  bool int4() const { return weight.dtype == DType::I32; }
   int64_t out_features() const { return weight.dim(0); }
-  int64_t in_features() const { return weight.dim(1); }
+  int64_t in_features() const { return int4() ? weight.dim(1) * 8 : weight.dim(1); }
   bool fp8() const { return weight.dtype == DType::F8_E4M3; }
 };
 
@@ -309,6 +312,10 @@ class Backend {
     (void)tensor;
     return {};
   }
+  // Whether routed experts' INT4 weights are handed over packed (LinearWeight::int4(): I32
+  // words + BF16 group scales) instead of dequantised to F32; int4_weights_problem then names
+  // only INT4 weights that are not routed experts.
+  virtual bool int4_experts_packed() const { return false; }
   // The queue this backend's ops run on (DeviceQueue); false for a backend without one (cpu).
   virtual bool device_queue(DeviceQueue* out) {
     (void)out;

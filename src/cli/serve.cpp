@@ -110,7 +110,8 @@ std::unique_ptr<ModelExecutor> make_executor(const ServeArgs& a, int max_model_l
       bytes = tools::make_device_synthetic_weights(be, m, 1000, lm_head);
       if (bytes >= 0) where = "on the GPU";
 #endif
-      if (bytes < 0) bytes = tools::load_random_weights(m, tools::RandomWeightOptions{1000, lm_head});
+      if (bytes < 0)
+        bytes = tools::load_random_weights(m, tools::RandomWeightOptions{1000, lm_head, be.int4_experts_packed()});
       spdlog::log(be.device_index() == 0 ? spdlog::level::info : spdlog::level::debug,
                   "--load-format dummy: {:.2f} GiB of random {} weights made {} for {}:{} in {:.1f} s",
                   bytes / 1073741824.0, m.desc().architecture, where, be.name(), be.device_index(),

@@ -1,6 +1,7 @@
 #include "model/int4.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <regex>
 
@@ -237,7 +238,7 @@ std::string int4_tensor_problem(const Checkpoint& ckpt, const WeightDecl& d, int
   return "";
 }
 
-LoadedTensor load_int4_weight(const Checkpoint& ckpt, const WeightDecl& d, int group) {
+LoadedTensor load_int4_weight(const Checkpoint& ckpt, const WeightDecl& d, int group, bool keep_packed) {
   const std::string why = int4_tensor_problem(ckpt, d, group);
   MS_CHECK(why.empty(), "{}", why);
   const std::string m = int4_module(d.name);
@@ -256,6 +257,25 @@ LoadedTensor load_int4_weight(const Checkpoint& ckpt, const WeightDecl& d, int g
   const Tensor packed = ckpt.get(m + ".weight_packed");  // I32 [out, ceil(in/8)]
   Tensor scale = ckpt.get(m + ".weight_scale");          // [out, in/group]
   const int64_t ng = in / group, wpr = ceil_div(in, 8);
+  if (keep_packed) {
+    // Whole groups per slice (group_cut above), so the slice is whole words and scale columns.
+    MS_CHECK(in % 8 == 0 && s.c0 % group == 0 && s.nc % group == 0 && group % 8 == 0,
+             "INT4 tensor '{}.weight_packed': slice columns [{}, {}) of {} are not whole groups of {}", m, s.c0,
+             s.c0 + s.nc, in, group);
+    MS_CHECK(scale.dtype == DType::BF16, "tensor '{}.weight_scale': {} (packed INT4 needs BF16 scales)", m,
+             dtype_name(scale.dtype));
+    LoadedTensor lt;
+    lt.tensor = Tensor::host(DType::I32, {s.nr, s.nc / 8});
+    lt.scale_inv = Tensor::host(DType::BF16, {s.nr, s.nc / group});
+    lt.block_out = 1, lt.block_in = group;
+    for (int64_t r = 0; r < s.nr; ++r) {
+      std::memcpy(lt.tensor.ptr<int32_t>() + r * (s.nc / 8), packed.ptr<int32_t>() + (s.r0 + r) * wpr + s.c0 / 8,
+                  size_t(s.nc / 8) * 4);
+      std::memcpy(static_cast<uint16_t*>(lt.scale_inv.data) + r * (s.nc / group),
+                  static_cast<const uint16_t*>(scale.data) + (s.r0 + r) * ng + s.c0 / group, size_t(s.nc / group) * 2);
+    }
+    return lt;
+  }
   std::vector<float> sc(size_t(out * ng));
   convert_to_f32(scale.dtype, scale.data, sc.data(), sc.size());
   LoadedTensor lt;
@@ -278,10 +298,10 @@ std::string int4_split_problem(const std::vector<WeightDecl>& decls, const Quant
   return "";
 }
 
-std::string first_int4_tensor(const std::vector<WeightDecl>& decls, const QuantizationConfig& q) {
+std::string first_int4_tensor(const std::vector<WeightDecl>& decls, const QuantizationConfig& q, bool skip_experts) {
   if (!q.int4()) return "";
   for (const auto& d : decls)
-    if (int4_group(q, d) > 0) return int4_module(d.name) + ".weight_packed";
+    if (int4_group(q, d) > 0 && !(skip_experts && d.expert >= 0)) return int4_module(d.name) + ".weight_packed";
   return "";
 }
 

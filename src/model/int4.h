@@ -56,12 +56,16 @@ inline int int4_value(const int32_t* words, int64_t words_per_row, int64_t r, in
 std::string int4_tensor_problem(const Checkpoint& ckpt, const WeightDecl& d, int group);
 // Validates (throwing int4_tensor_problem's message), then dequantises this rank's slice of `d`
 // to F32 (only the slice is expanded). ExpertOwned weights of other ranks: validated, empty.
-LoadedTensor load_int4_weight(const Checkpoint& ckpt, const WeightDecl& d, int group);
+// packed: this rank's slice stays packed instead (I32 words [rows, cols / 8], BF16 scales
+// [rows, cols / group], block_out 1, block_in group; the slice holds whole groups).
+LoadedTensor load_int4_weight(const Checkpoint& ckpt, const WeightDecl& d, int group, bool packed = false);
 // "" or why one rank's slice of an INT4 weight among `decls` would cut a quantisation group
 // (row-parallel splits of the input dimension into slices that are not whole groups).
 std::string int4_split_problem(const std::vector<WeightDecl>& decls, const QuantizationConfig& q);
 // The weight_packed name of the first INT4 weight among `decls` ("" when there is none).
-std::string first_int4_tensor(const std::vector<WeightDecl>& decls, const QuantizationConfig& q);
+// skip_experts: only among weights that are not routed experts (WeightDecl::expert < 0).
+std::string first_int4_tensor(const std::vector<WeightDecl>& decls, const QuantizationConfig& q,
+                              bool skip_experts = false);
 // Whether checkpoint tensor `name` is the weight_packed / weight_scale / weight_shape of a
 // weight "M.weight" for which `is_int4_weight("M.weight")` holds.
 bool is_int4_part(const std::string& name, const std::function<bool(const std::string&)>& is_int4_weight);

@@ -109,11 +109,13 @@ Shape local_shape(const WeightDecl& d) {
   return s;
 }
 
-LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const QuantizationConfig& quant) {
+LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const QuantizationConfig& quant,
+                         bool int4_packed_experts) {
   const std::string& name = decl.name;
   // compressed-tensors INT4 modules: weight_packed / weight_scale / weight_shape instead of the
   // weight, dequantised to F32 here (model/int4.h).
-  if (const int group = int4_group(quant, decl); group > 0) return load_int4_weight(ckpt, decl, group);
+  if (const int group = int4_group(quant, decl); group > 0)
+    return load_int4_weight(ckpt, decl, group, int4_packed_experts && decl.expert >= 0);
   MS_CHECK(ckpt.contains(name), "checkpoint {}: missing tensor '{}' (expected shape {})", ckpt.dir(), name,
            shape_str(decl.shape));
   const TensorInfo& info = ckpt.info(name);

@@ -48,8 +48,8 @@ struct WeightDecl {
 // A loaded tensor as this rank sees it (host memory; views into the mmap when possible).
 struct LoadedTensor {
   Tensor tensor;     // local slice
-  Tensor scale_inv;  // local scales (F32) when tensor is F8_E4M3
-  int block_out = 0, block_in = 0;
+  Tensor scale_inv;  // local scales (F32) when tensor is F8_E4M3; BF16 group scales when I32 (packed INT4)
+  int block_out = 0, block_in = 0;  // packed INT4: 1, group
   LinearWeight linear() const { return LinearWeight{tensor, scale_inv, block_out, block_in}; }
 };
 
@@ -59,7 +59,10 @@ std::string scale_name(const std::string& weight_name);  // x.weight -> x.weight
 // tensor on a missing tensor, wrong shape, wrong dtype, missing or misshaped scales, or a
 // split that does not divide. `quant` supplies the FP8 block size, and for compressed-tensors
 // the INT4 modules, whose weights are dequantised to F32 here (model/int4.h).
-LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const QuantizationConfig& quant);
+// int4_packed_experts: routed experts' INT4 weights stay packed (LinearWeight::int4()) for a
+// backend with W4A16 kernels (Backend::int4_experts_packed).
+LoadedTensor load_weight(const Checkpoint& ckpt, const WeightDecl& decl, const QuantizationConfig& quant,
+                         bool int4_packed_experts = false);
 
 // Slices an in-memory FP8/dense weight like load_weight does (exposed for tests).
 LoadedTensor slice_weight(const std::string& name, const Tensor& full, const Tensor& full_scale, int block_out,

@@ -46,10 +46,10 @@ constexpr const char* kDeepseekV3 = R"({
   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000,
   "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_group": 4,
   "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 129280})";
-// moonshotai/Kimi-K2.5's text config (tests/fixtures/models/kimi-k2.5: a DeepSeek-V3 backbone
-// with 64 heads, 384 experts, 1 dense layer) with FP8 128x128 blocks in place of its INT4
-// pack-quantized experts (the W4A16 kernels are their own work).
-constexpr const char* kKimiK25 = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 61,
+// --synthetic kimi-k2.5-fp8: moonshotai/Kimi-K2.5's text config (tests/fixtures/models/kimi-k2.5)
+// with FP8 128x128 blocks everywhere in place of its INT4 experts: the MLA / MoE shapes on the
+// FP8 kernels, to compare with the INT4 run.
+constexpr const char* kKimiK25Fp8 = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 61,
   "hidden_size": 7168, "first_k_dense_replace": 1, "intermediate_size": 18432, "n_routed_experts": 384,
   "moe_intermediate_size": 2048, "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1,
   "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
@@ -61,9 +61,33 @@ constexpr const char* kKimiK25 = R"({"architectures": ["DeepseekV3ForCausalLM"],
   "attention_bias": false, "hidden_act": "silu", "tie_word_embeddings": false, "torch_dtype": "bfloat16",
   "bos_token_id": 163584, "eos_token_id": 163585, "quantization_config": {"activation_scheme": "dynamic",
   "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}})";
+// moonshotai/Kimi-K2.5's text_config (the DeepSeek-V3 backbone; ../shared/reference/wave2-research.md
+// section 5) with its quantization_config: compressed-tensors pack-quantized INT4 (group 32) for the
+// routed experts only; attention, shared experts, the dense layer, router and lm_head are BF16.
+constexpr const char* kKimiK25 = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": false,
+  "bos_token_id": 163584, "eos_token_id": 163585, "first_k_dense_replace": 1, "hidden_act": "silu",
+  "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 262144,
+  "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1,
+  "norm_topk_prob": true, "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+  "num_key_value_heads": 64, "num_nextn_predict_layers": 0, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 64, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "original_max_position_embeddings": 4096, "type": "yarn"},
+  "rope_theta": 50000, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "tie_word_embeddings": false,
+  "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 163840,
+  "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null, "output_activations": null,
+      "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32,
+                  "dynamic": false, "observer": "minmax", "actorder": null, "block_structure": null}}},
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "kv_cache_scheme": null}})";
 }  // namespace
 
-std::string synthetic_model_names() { return "minimax-m2.5, qwen3-30b-a3b, deepseek-v3, kimi-k2.5, minimax-m2-tiny"; }
+std::string synthetic_model_names() {
+  return "minimax-m2.5, qwen3-30b-a3b, deepseek-v3, kimi-k2.5, kimi-k2.5-fp8, minimax-m2-tiny";
+}
 
 SyntheticModel synthetic_model(const std::string& name, int layers) {
   SyntheticModel m;
@@ -83,10 +107,11 @@ SyntheticModel synthetic_model(const std::string& name, int layers) {
     m.config = std::make_unique<MiniMaxM2Config>(std::move(c));
     return m;
   }
-  MS_CHECK(name == "qwen3-30b-a3b" || name == "deepseek-v3" || name == "kimi-k2.5",
+  MS_CHECK(name == "qwen3-30b-a3b" || name == "deepseek-v3" || name == "kimi-k2.5" || name == "kimi-k2.5-fp8",
            "bench-model: unknown --synthetic '{}' (known: {})", name, synthetic_model_names());
   nlohmann::json j = nlohmann::json::parse(name == "deepseek-v3" ? kDeepseekV3
-                                           : name == "kimi-k2.5" ? kKimiK25
+                                           : name == "kimi-k2.5"  ? kKimiK25
+                                           : name == "kimi-k2.5-fp8" ? kKimiK25Fp8
                                                                  : kQwen3_30B_A3B);
   m.shapes = shapes_of(parse_config(j).config->desc());  // total_layers: the real 48
   j["num_hidden_layers"] = layers;

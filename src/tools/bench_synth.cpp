@@ -14,7 +14,7 @@ namespace moeserve::tools {
 
 int64_t make_bench_weights(CudaBackend& b, Model& model, uint64_t seed, bool lm_head) {
   const int64_t n = make_device_synthetic_weights(b, model, seed, lm_head);
-  return n >= 0 ? n : load_random_weights(model, RandomWeightOptions{seed, lm_head});
+  return n >= 0 ? n : load_random_weights(model, RandomWeightOptions{seed, lm_head, b.int4_experts_packed()});
 }
 
 namespace {

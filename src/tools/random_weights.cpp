@@ -1,5 +1,6 @@
 #include "tools/random_weights.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/int4.h"
 
 namespace moeserve::tools {
 namespace {
@@ -73,12 +75,27 @@ WeightSource random_weight_source(const ModelDesc& desc, const RandomWeightOptio
     const bool fp8 = matrix && q.enabled() && q.block_out > 0 && q.block_in > 0 && accepts(d, DType::F8_E4M3);
     const DType dt = fp8 ? DType::F8_E4M3 : accepts(d, DType::BF16) ? DType::BF16 : d.dtypes.at(0);
     const uint64_t seed = o.seed ^ name_hash(d.name) ^ (uint64_t(d.shard.rank / std::max(1, d.shard.replicate)) << 48);
-    lt.tensor = Tensor::host(dt, shape);
+    if (!(o.int4_packed_experts && d.expert >= 0 && int4_group(q, d) > 0)) lt.tensor = Tensor::host(dt, shape);
     const bool norm = d.name.find("norm") != std::string::npos;
     const bool embed = d.name.find("embed_tokens") != std::string::npos;
     // Global fan-in (dim 1 of the declared shape): row-parallel slices sum to unit scale.
     const float sd = !matrix ? (norm ? 0.1f : 0.01f) : embed ? 1.f : 1.f / std::sqrt(float(d.shape.at(1)));
-    if (fp8) {
+    if (const int group = o.int4_packed_experts && d.expert >= 0 ? int4_group(q, d) : 0; group > 0) {
+      // Packed INT4 (model/int4.h layout): random 32-bit words = 8 uniform nibbles each.
+      lt.tensor = Tensor::host(DType::I32, {shape[0], shape[1] / 8});
+      const int64_t n = lt.tensor.numel(), chunk = int64_t(1) << 16;
+      uint32_t* w = static_cast<uint32_t*>(lt.tensor.data);
+      ThreadPool::global().parallel_for((n + chunk - 1) / chunk, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          uint64_t st = seed ^ (uint64_t(c) * 0xD1B54A32D192ED03ull);
+          for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) w[i] = uint32_t(splitmix64(st));
+        }
+      });
+      lt.scale_inv = Tensor::host(DType::BF16, {shape[0], shape[1] / group});
+      const uint16_t s = f32_to_bf16(sd / std::sqrt(5.25f));
+      std::fill_n(static_cast<uint16_t*>(lt.scale_inv.data), lt.scale_inv.numel(), s);
+      lt.block_out = 1, lt.block_in = group;
+    } else if (fp8) {
       // N(0,1) in E4M3 (|z| < 448), the 1/sqrt(fan-in) in the block scales.
       fill_normal(lt.tensor, seed, 0.f, 1.f);
       lt.block_out = q.block_out;

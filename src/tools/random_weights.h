@@ -19,6 +19,10 @@ namespace moeserve::tools {
 struct RandomWeightOptions {
   uint64_t seed = 1000;
   bool lm_head = true;  // false: no lm_head (a rank that produces no logits)
+  // compressed-tensors INT4 routed experts handed over packed (Backend::int4_experts_packed):
+  // uniform random nibbles (q in [-8, 7], variance 5.25) with BF16 group scales 1 / sqrt(5.25 x
+  // fan-in). Other INT4 modules and every INT4 module when false: dense values as above.
+  bool int4_packed_experts = false;
 };
 
 // The source for Model::load_from over `desc` (the model's ModelDesc: its quantisation).

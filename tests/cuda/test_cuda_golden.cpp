@@ -1,5 +1,5 @@
 // Golden fixtures on the CUDA backend (label gpu): the registry's model (MiniMax-M2, Qwen3-MoE,
-// DeepSeek-V3 / Kimi-K2 except the INT4 fixture, which CUDA refuses until its W4A16 kernels exist)
+// DeepSeek-V3 / Kimi-K2, the INT4 fixture on the W4A16 expert kernels of k_moe_int4.cu)
 // in the RankExecutor on CudaBackend
 // against the Hugging Face transformers float32 reference logits of tests/fixtures/golden/.
 //
@@ -130,7 +130,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
                                            // DeepSeek-V3 / Kimi-K2: MLA (k_mla.cu), shared experts,
                                            // grouped sigmoid routing, dense first layers, YaRN.
                                            Case{"dsv3_tiny_bf16", 16, true}, Case{"dsv3_tiny_fp8", 4, true},
-                                           Case{"dsv3_tiny_yarn", 16, true}, Case{"kimi_tiny_yarn", 16, true}),
+                                           Case{"dsv3_tiny_yarn", 16, true}, Case{"kimi_tiny_yarn", 16, true},
+                                           // INT4 pack-quantized routed experts (W4A16, k_moe_int4.cu).
+                                           Case{"dsv3_tiny_int4", 16, true}),
                          [](const auto& info) { return info.param.name; });
 
 // Two sequences in one batch (prefill of one while the other decodes) give each sequence the

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/int4.h"
@@ -225,6 +226,52 @@ TEST(Int4Load, DequantisesExactlyAndSlices) {
   const std::vector<WeightDecl> decls{{name, {64, 128}, kLin, {ShardKind::RowParallel, 0, 8}}};
   EXPECT_EQ(int4_split_problem(decls, q), cut);
   EXPECT_EQ(first_int4_tensor(decls, q), std::string(kExpert) + ".weight_packed");
+}
+
+// A backend with W4A16 expert kernels (Backend::int4_experts_packed) gets routed experts packed:
+// the checkpoint's words and BF16 scales of this rank's slice, bit for bit, which dequantise to
+// the F32 path's values; non-expert INT4 weights are still dequantised (and named for refusal).
+TEST(Int4Load, PackedExpertSlicesKeepTheWordsAndScales) {
+  TempDir t;
+  const Int4Module m(64, 128, 32);
+  write_safetensors((t.path / "model.safetensors").string(), m.tensors(kExpert));
+  const Checkpoint ck = Checkpoint::open(t.path.string());
+  const QuantizationConfig q = quant(32);
+  const std::string name = std::string(kExpert) + ".weight";
+  auto deq = [](const LoadedTensor& lt, int64_t r, int64_t c) {
+    const int64_t wpr = lt.tensor.dim(1), spr = lt.scale_inv.dim(1);
+    return float(int4_value(lt.tensor.ptr<int32_t>(), wpr, r, c)) *
+           bf16_to_f32(static_cast<const uint16_t*>(lt.scale_inv.data)[r * spr + c / lt.block_in]);
+  };
+  struct Split {
+    ShardSpec shard;
+    int64_t r0, nr, c0, nc;
+  };
+  for (const Split& sp : {Split{{}, 0, 64, 0, 128}, Split{{ShardKind::ColumnParallel, 1, 2}, 32, 32, 0, 128},
+                          Split{{ShardKind::RowParallel, 2, 4}, 0, 64, 64, 32}}) {
+    const LoadedTensor f = load_weight(ck, {name, {64, 128}, kLin, sp.shard, 3}, q);  // dequantised
+    const LoadedTensor pk = load_weight(ck, {name, {64, 128}, kLin, sp.shard, 3}, q, /*int4_packed_experts=*/true);
+    ASSERT_EQ(pk.tensor.dtype, DType::I32);
+    ASSERT_EQ(pk.tensor.shape, (Shape{sp.nr, sp.nc / 8}));
+    ASSERT_EQ(pk.scale_inv.dtype, DType::BF16);
+    ASSERT_EQ(pk.scale_inv.shape, (Shape{sp.nr, sp.nc / 32}));
+    EXPECT_EQ(pk.block_out, 1);
+    EXPECT_EQ(pk.block_in, 32);
+    const LinearWeight lw = pk.linear();
+    EXPECT_TRUE(lw.int4());
+    EXPECT_EQ(lw.in_features(), sp.nc);
+    EXPECT_EQ(lw.out_features(), sp.nr);
+    for (int64_t r = 0; r < sp.nr; ++r)
+      for (int64_t c = 0; c < sp.nc; ++c) {
+        ASSERT_EQ(deq(pk, r, c), m.w(sp.r0 + r, sp.c0 + c)) << r << "," << c;
+        ASSERT_EQ(deq(pk, r, c), f.tensor.ptr<float>()[r * sp.nc + c]) << r << "," << c;
+      }
+  }
+  // Not a routed expert (WeightDecl::expert < 0): dequantised even when packing is asked for.
+  EXPECT_EQ(load_weight(ck, {name, {64, 128}, kLin, {}}, q, true).tensor.dtype, DType::F32);
+  const std::vector<WeightDecl> expert_only{{name, {64, 128}, kLin, {}, 0}};
+  EXPECT_EQ(first_int4_tensor(expert_only, q, /*skip_experts=*/true), "");
+  EXPECT_EQ(first_int4_tensor(expert_only, q), std::string(kExpert) + ".weight_packed");
 }
 
 TEST(Int4Load, MalformedCheckpointsNameTheTensor) {

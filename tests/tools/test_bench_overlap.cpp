@@ -1,7 +1,7 @@
 // bench-model --measure-routing-overlap on the trained demo model (assets/demo-model, 8 experts
 // top-2): the router's overlap between consecutive tokens, measured on the CPU reference;
 // bench-model's decode bytes of an MLA model (model_decode_bytes) on a DeepSeek-V3 fixture; and
-// the --synthetic kimi-k2.5 config.
+// the --synthetic kimi-k2.5-fp8 config.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -111,11 +111,12 @@ TEST(BenchBytes, DeepseekV3FixtureMatchesHandArithmetic) {
   }
 }
 
-// bench-model --synthetic kimi-k2.5: Kimi-K2.5's text config (DeepSeek-V3 backbone) with FP8
-// 128x128 experts, trimmed to the layers asked for; listed among the synthetic names.
-TEST(BenchSynthetic, KimiK25IsTheRealConfigWithFp8Blocks) {
-  EXPECT_NE(synthetic_model_names().find("kimi-k2.5"), std::string::npos);
-  const SyntheticModel sm = synthetic_model("kimi-k2.5", 3);
+// bench-model --synthetic kimi-k2.5-fp8: Kimi-K2.5's text config (DeepSeek-V3 backbone) with FP8
+// 128x128 blocks in place of its INT4 experts (--synthetic kimi-k2.5, the INT4 one, is checked in
+// test_random_weights), trimmed to the layers asked for; listed among the synthetic names.
+TEST(BenchSynthetic, KimiK25Fp8IsTheRealConfigWithFp8Blocks) {
+  EXPECT_NE(synthetic_model_names().find("kimi-k2.5-fp8"), std::string::npos);
+  const SyntheticModel sm = synthetic_model("kimi-k2.5-fp8", 3);
   const ModelDesc d = sm.config->desc();
   EXPECT_EQ(d.architecture, "DeepseekV3ForCausalLM");
   EXPECT_EQ(d.num_layers, 3);

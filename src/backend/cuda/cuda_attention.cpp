@@ -32,14 +32,6 @@ std::string CudaBackend::attention_layout_problem(const KvLayout& l) const {
                      l.v_head_dim, l.k_head_dim);
 }
 
-// No W4A16 GEMV / grouped GEMM yet: serving the dequantised weights in bf16 would neither be
-// exact nor fast, so INT4 checkpoints are refused rather than silently widened.
-std::string CudaBackend::int4_weights_problem(const std::string& tensor) const {
-  return fmt::format("INT4 tensor '{}' (compressed-tensors pack-quantized): the CUDA backend has no W4A16 kernels "
-                     "yet; run this checkpoint with --device cpu (the CPU reference dequantises INT4 exactly)",
-                     tensor);
-}
-
 AttnParams CudaBackend::attention_params(const AttentionArgs& a) {
   MS_CHECK(a.q && a.kv && a.meta && a.out, "attention: missing argument");
   MS_CHECK(a.v_head_dim == 0 || a.v_head_dim == a.head_dim,

@@ -157,7 +157,10 @@ class CudaBackend final : public Backend {
   void reserve_workspaces(const BackendWorkspaceDims& dims) override;
   // V head dim != K head dim: the CUDA attention kernels read K and V with one head dim.
   std::string attention_layout_problem(const KvLayout& layout) const override;
+  // Routed experts' INT4 weights run packed on the W4A16 kernels (k_moe_int4.cu); any other
+  // INT4 linear (attention, shared expert, dense MLP, lm_head) is refused naming the tensor.
   std::string int4_weights_problem(const std::string& tensor) const override;
+  bool int4_experts_packed() const override { return true; }
   bool device_queue(DeviceQueue* out) override {
     out->device = device_;
     out->native = static_cast<void*>(stream_);

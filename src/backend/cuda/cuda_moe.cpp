@@ -16,6 +16,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_generic.h"
 #include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/kernels_int4.h"
 #include "core/error.h"
 
 
@@ -27,6 +28,7 @@ struct CudaBackend::ExpertTable {
   ExpertPtrs* dev = nullptr;
   int I = 0, H = 0, bo = 128, bi = 128, s_cols_up = 0, s_cols_down = 0;
   bool fp8 = false;
+  bool int4 = false;  // packed W4A16 (bi = group size; ExpertPtrs s* hold the BF16 scales)
   uint64_t signature = 0;  // of every expert's pointers and shapes, to detect a changed MoeWeights
   ~ExpertTable() {
     if (dev) cudaFree(dev);
@@ -62,8 +64,9 @@ const CudaBackend::ExpertTable& CudaBackend::expert_table(const MoeWeights& moe)
   t->I = int(e0.w1.out_features());
   t->H = int(e0.w1.in_features());
   t->fp8 = e0.w1.fp8();
+  t->int4 = e0.w1.int4();
   t->signature = sig;
-  if (t->fp8) t->bo = e0.w1.block_out, t->bi = e0.w1.block_in;
+  if (t->fp8 || t->int4) t->bo = e0.w1.block_out, t->bi = e0.w1.block_in;
   t->s_cols_up = ceil_div(t->H, t->bi);
   t->s_cols_down = ceil_div(t->I, t->bi);
   std::vector<ExpertPtrs> host;
@@ -72,8 +75,15 @@ const CudaBackend::ExpertTable& CudaBackend::expert_table(const MoeWeights& moe)
     const ExpertWeights& e = moe.experts[i];
     for (const LinearWeight* w : {&e.w1, &e.w3, &e.w2}) {
       MS_CHECK(w->weight.device == Device::CUDA, "moe_experts: expert {} weight not on the GPU", i);
-      MS_CHECK(w->fp8() == t->fp8 && (w->fp8() || w->weight.dtype == DType::BF16),
-               "moe_experts: expert {} weights must all be FP8 or all BF16", i);
+      MS_CHECK(w->fp8() == t->fp8 && w->int4() == t->int4 && (w->fp8() || w->int4() || w->weight.dtype == DType::BF16),
+               "moe_experts: expert {} weights must all be FP8, all INT4 or all BF16", i);
+      if (t->int4) {
+        MS_CHECK(w->block_out == 1 && w->block_in == t->bi && w->scale_inv.dtype == DType::BF16 &&
+                     w->scale_inv.device == Device::CUDA &&
+                     w->scale_inv.numel() == w->out_features() * (w->in_features() / t->bi),
+                 "moe_experts: expert {} INT4 group scales {} (group {}) must be BF16 on the GPU in expert 0's layout", i,
+                 shape_str(w->scale_inv.shape), w->block_in);
+      }
       if (t->fp8) {
         MS_CHECK(w->block_out == t->bo && w->block_in == t->bi && w->scale_inv.dtype == DType::F32 &&
                      w->scale_inv.device == Device::CUDA,
@@ -85,9 +95,11 @@ const CudaBackend::ExpertTable& CudaBackend::expert_table(const MoeWeights& moe)
     MS_CHECK(e.w1.out_features() == t->I && e.w3.out_features() == t->I && e.w1.in_features() == t->H &&
                  e.w3.in_features() == t->H && e.w2.out_features() == t->H && e.w2.in_features() == t->I,
              "moe_experts: expert {} shapes differ from expert 0 (I={}, H={})", i, t->I, t->H);
-    ExpertPtrs p{e.w1.weight.data, e.w3.weight.data, e.w2.weight.data,
-                 t->fp8 ? e.w1.scale_inv.ptr<float>() : nullptr, t->fp8 ? e.w3.scale_inv.ptr<float>() : nullptr,
-                 t->fp8 ? e.w2.scale_inv.ptr<float>() : nullptr};
+    // INT4: the BF16 scales travel in the float-typed fields (k_moe_int4.cu reads them as bf16).
+    auto sc = [&](const LinearWeight& w) {
+      return t->fp8 || t->int4 ? static_cast<const float*>(w.scale_inv.data) : nullptr;
+    };
+    ExpertPtrs p{e.w1.weight.data, e.w3.weight.data, e.w2.weight.data, sc(e.w1), sc(e.w3), sc(e.w2)};
     host.push_back(p);
   }
   CUDA_CHECK(cudaMalloc(&t->dev, host.size() * sizeof(ExpertPtrs)));
@@ -100,6 +112,16 @@ const ExpertPtrs* CudaBackend::expert_ptrs_fp8(const MoeWeights& moe, int* I) {
   const ExpertTable& et = expert_table(moe);
   *I = et.I;
   return et.fp8 && et.bo == 128 && et.bi == 128 ? et.dev : nullptr;
+}
+
+// Only routed experts have W4A16 kernels (int4_experts_packed); a quantised attention, shared
+// expert, dense MLP or lm_head would need them in every linear path, so it is refused rather
+// than silently widened to bf16.
+std::string CudaBackend::int4_weights_problem(const std::string& tensor) const {
+  return fmt::format("INT4 tensor '{}' (compressed-tensors pack-quantized) is not a routed expert: the CUDA backend "
+                     "runs INT4 only in the routed experts (W4A16 MoE kernels); run this checkpoint with --device cpu "
+                     "(the CPU reference dequantises INT4 exactly)",
+                     tensor);
 }
 
 void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) {
@@ -195,12 +217,13 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   if (T == 0) return;
   const int P = T * k;
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
-  if (T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out)) return;
+  if (!et.int4 && T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out))
+    return;
   const bool gemv = T <= moe_gemv_max_tokens;
   // FP8 prefill on the Hopper wgmma kernel's 128 x 256 tiles: the align builds 128-row tiles; same predicate as
   // moe_experts_fp8_act, which must then run and take that kernel (its 32-bit offset bound is
   // checked here too).
-  const bool fp8_pair = !gemv && prefill_path_allowed() && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
+  const bool fp8_pair = !gemv && !et.int4 && prefill_path_allowed() && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
                         et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
                         fp8_wgmma_available() &&
                         int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31) &&
@@ -245,7 +268,15 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   // f32 pair rows, summed by the combine (4 columns per thread where aligned).
   const bool vec_ok = H % 4 == 0 && aligned16({ypair, out.data});
   down.out = ypair, down.ldo = H, down.out_f32 = true, down.row_scale = a.sorted_weight;
-  if (gemv) {
+  if (et.int4) {
+    // W4A16 (k_moe_int4.cu): the decode GEMV tiles (<= 8 pairs) or the prefill GEMM tiles (64).
+    MS_CHECK(moe_int4_supported(up) && moe_int4_supported(down),
+             "moe_experts: INT4 experts with H={} I={} group {} are not supported by the W4A16 kernels (group % 32, "
+             "H and I multiples of the group)",
+             H, et.I, et.bi);
+    launch_moe_int4(up, stream_);
+    launch_moe_int4(down, stream_);
+  } else if (gemv) {
     launch_gemv(up, stream_);
     launch_gemv(down, stream_);
   } else if (fp8_pair) {

@@ -224,12 +224,12 @@ void DecoderModel::all_reduce(Tensor& t) {
 void DecoderModel::load_decoder(const Checkpoint& ckpt, const std::vector<WeightDecl>& decls,
                                 const std::function<bool(const std::string&)>& skipped) {
   // INT4 weights on a backend without W4A16 kernels: refused before anything is read.
-  if (const std::string t = first_int4_tensor(decls, desc_.quantization); !t.empty()) {
+  if (const std::string t = first_int4_tensor(decls, desc_.quantization, be_.int4_experts_packed()); !t.empty()) {
     const std::string why = be_.int4_weights_problem(t);
     MS_CHECK(why.empty(), "checkpoint {}: {}", ckpt.dir(), why);
   }
   std::map<std::string, LoadedTensor> got;
-  for (const auto& d : decls) got[d.name] = load_weight(ckpt, d, desc_.quantization);
+  for (const auto& d : decls) got[d.name] = load_weight(ckpt, d, desc_.quantization, be_.int4_experts_packed());
 
   // Tensors that are neither declared, nor scales of declared FP8 weights, nor the parts of
   // declared INT4 weights, nor skipped.
@@ -265,6 +265,16 @@ void DecoderModel::load_from(const WeightSource& source) {
       continue;
     }
     const Shape want = local_shape(d);
+    if (t.tensor.dtype == DType::I32 && d.expert >= 0 && be_.int4_experts_packed()) {
+      // A packed INT4 routed expert (random_weight_source's int4_packed_experts).
+      MS_CHECK(t.block_out == 1 && t.block_in > 0 &&
+                   want[1] % t.block_in == 0 && t.tensor.shape == Shape({want[0], want[1] / 8}) &&
+                   t.scale_inv.dtype == DType::BF16 && t.scale_inv.shape == Shape({want[0], want[1] / t.block_in}),
+               "weight source: packed INT4 '{}' needs I32 [{}, {}] and BF16 scales [{}, {} / group] on a backend that "
+               "takes packed routed experts",
+               d.name, want[0], want[1] / 8, want[0], want[1]);
+      continue;
+    }
     MS_CHECK(t.tensor.shape == want, "weight source: '{}' has shape {}, expected {}", d.name,
              shape_str(t.tensor.shape), shape_str(want));
     MS_CHECK(std::find(d.dtypes.begin(), d.dtypes.end(), t.tensor.dtype) != d.dtypes.end(),
@@ -293,7 +303,7 @@ DecoderLayer DecoderModel::upload_layer(int l, const std::map<std::string, Loade
   auto up_lin = [&](const std::string& name) {
     LinearWeight w = got.at(name).linear();
     w.weight = be_.upload(host_for_backend(w.weight));
-    if (w.fp8()) w.scale_inv = be_.upload(w.scale_inv);
+    if (w.fp8() || w.int4()) w.scale_inv = be_.upload(w.scale_inv);  // INT4: packed words + BF16 scales as loaded
     return w;
   };
   const DecoderNames& nm = names_;
@@ -347,7 +357,8 @@ DecoderLayer DecoderModel::upload_layer(int l, const std::map<std::string, Loade
       if (!w.fp8()) w.weight = host_for_backend(w.weight);
     auto pad = [](size_t n) { return (n + 255) / 256 * 256; };
     size_t bytes = 0;
-    for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() ? pad(w.scale_inv.nbytes()) : 0);
+    // FP8: + the F32 block scales; INT4 (packed): + the BF16 group scales.
+    for (const auto& w : lin) bytes += pad(w.weight.nbytes()) + (w.fp8() || w.int4() ? pad(w.scale_inv.nbytes()) : 0);
     Tensor slab = be_.alloc(DType::U8, {int64_t(std::max<size_t>(bytes, 1))});
     size_t at = 0;
     auto put = [&](Tensor& t) {
@@ -359,7 +370,7 @@ DecoderLayer DecoderModel::upload_layer(int l, const std::map<std::string, Loade
     };
     for (auto& w : lin) {
       put(w.weight);
-      if (w.fp8()) put(w.scale_inv);
+      if (w.fp8() || w.int4()) put(w.scale_inv);
     }
     for (size_t i = 0; i + 2 < lin.size(); i += 3) L.moe.experts.push_back({lin[i], lin[i + 1], lin[i + 2]});
   } else {

@@ -108,14 +108,14 @@ void DecoderModel::load_mtp(const Checkpoint& ckpt, int M) {
          "DIR, ...}}) or n-gram prompt lookup ({{\"method\": \"ngram\", ...}}) instead",
          desc_.architecture, M, L, L + M - 1, ckpt.dir(), missing.size(), decls.size(), missing[0],
          missing.size() > 1 ? fmt::format(", '{}'", missing[1]) : std::string());
-  if (const std::string t = first_int4_tensor(decls, desc_.quantization); !t.empty()) {
+  if (const std::string t = first_int4_tensor(decls, desc_.quantization, be_.int4_experts_packed()); !t.empty()) {
     const std::string why = be_.int4_weights_problem(t);
     MS_CHECK(why.empty(), "checkpoint {}: {}", ckpt.dir(), why);
   }
   std::map<std::string, LoadedTensor> got;
   for (const auto& d : decls) {
     if (d.shard.kind == ShardKind::ExpertOwned && !d.shard.owned) continue;
-    got[d.name] = load_weight(ckpt, d, desc_.quantization);  // throws naming shape / dtype problems
+    got[d.name] = load_weight(ckpt, d, desc_.quantization, be_.int4_experts_packed());  // throws naming shape / dtype problems
   }
   auto up = [&](const std::string& n) { return be_.upload(host_for_backend(got.at(n).tensor)); };
   for (int k = 0; k < M; ++k) {
