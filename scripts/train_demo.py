@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(ROOT, "tests", "fixtures", "shared-data", "chat-templates", "minimax-m2.5.jinja")
 SEED = 20260
 MODEL = dict(vocab_size=demo_corpus.VOCAB, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=64, rotary_dim=32, intermediate_size=96, num_local_experts=8,
+             num_key_value_heads=2, head_dim=64, rotary_dim=32, intermediate_size=64, num_local_experts=8,
              num_experts_per_tok=2, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
              num_mtp_modules=3)
 EAGLE = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidden_size=256, target_hidden_size=256,
@@ -53,7 +53,9 @@ EAGLE = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidde
              eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 5], "use_aux_hidden_state": True,
                            # moeserve: the taps are the residual streams entering layers 2, 3, 5 (Taps)
                            "eagle_aux_hidden_state_convention": "input_of_layer"})
-SEQ = 512
+# 768: a dialog with all three tools offered runs to ~540 tokens, so 512-token windows cut off
+# the tool's result and the final answer (the shipped 512-token run answered with wrong numbers)
+SEQ = 768
 _BASE = demo_corpus.VOCAB - len(demo_corpus.SPECIAL) - len(demo_corpus.NOT_SPECIAL)
 TOKEN_IDS = {n: _BASE + demo_corpus.SPECIAL.index(t) for n, t in (("bos", "]~!b["), ("eos", "[e~["), ("pad", "]!p~["))}
 
@@ -96,6 +98,12 @@ def prepare(args):
                         dlg=dlg, dlg_starts=dlg_starts, dlg_val=dlg_val, dlg_val_starts=dlg_val_starts)
     with open(os.path.join(args.build, "heldout.json"), "w") as fh:
         json.dump(held, fh, indent=1)
+    follow = demo_dialogs.held_out_followups(random.Random(SEED + 3))
+    for f in follow:
+        f["text"] = demo_corpus.render_prompt(f["messages"], f["tools"], template)
+        f["ids"] = tok.encode(f["text"]).ids
+    with open(os.path.join(args.build, "followups.json"), "w") as fh:
+        json.dump(follow, fh, indent=1)
     with open(os.path.join(args.build, "sample_dialogs.txt"), "w") as fh:
         fh.write("\n\n=====\n\n".join(rendered[:6]))
     info = {"doc_files": docs["files"], "docs_train_tokens": int(docs_train.size), "docs_val_tokens": int(docs_val.size),
@@ -348,6 +356,14 @@ def train(args):
         say(metrics["tool_eval_error"])
     dump()
     try:
+        follow = json.load(open(os.path.join(args.build, "followups.json")))
+        metrics["tool_result_eval"], metrics["followup_samples"] = train_eagle.eval_followups(
+            model, follow[:args.held_limit or None], os.path.join(args.build, "tokenizer", "tokenizer.json"), dev, say)
+    except Exception:  # noqa: BLE001
+        metrics["tool_result_eval_error"] = traceback.format_exc()
+        say(metrics["tool_result_eval_error"])
+    dump()
+    try:
         metrics["acceptance"] = train_eagle.measure_acceptance(model, mtp, eagle, taps, data, dev, say,
                                                                n=args.eval_seqs)
     except Exception:  # noqa: BLE001
@@ -373,11 +389,11 @@ def main():
     t.add_argument("--budget-s", type=float, default=300)
     t.add_argument("--eagle-steps", type=int, default=0)
     t.add_argument("--eagle-budget-s", type=float, default=70)
-    t.add_argument("--batch", type=int, default=64)
+    t.add_argument("--batch", type=int, default=42)
     t.add_argument("--seq", type=int, default=SEQ)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--warmup", type=int, default=150)
-    t.add_argument("--p-docs", type=float, default=0.35)
+    t.add_argument("--p-docs", type=float, default=0.3)
     t.add_argument("--bias-rate", type=float, default=1e-3)
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--eval-seqs", type=int, default=48)
