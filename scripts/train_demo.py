@@ -314,7 +314,8 @@ def train(args):
     metrics = {"steps": step, "batch": B, "seq": T, "train_seconds_main": round(train_s, 1), "lr": args.lr,
                "seed": SEED, "tokens_seen": step * B * T, "params_main": n_main, "params_mtp": n_mtp,
                "loss_curve": curve, "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
-               "torch": torch.__version__}
+               "torch": torch.__version__, "p_docs": args.p_docs, "budget_s": args.budget_s,
+               "eagle_budget_s": args.eagle_budget_s, "model": MODEL}
     vd = val_loss(model, data["docs_val"], dev)
     vg = val_loss(model, data["dlg_val"], dev, starts=data["dlg_val_starts"])
     metrics["val"] = {"docs_loss": vd, "docs_ppl": math.exp(vd), "dialog_loss": vg, "dialog_ppl": math.exp(vg)}
