@@ -8,7 +8,8 @@ Three steps (fixed seeds; see assets/demo-model/README.md for the numbers of the
      synthetic dialogs (scripts/demo_dialogs.py) rendered through MiniMax-M2.5's chat template;
      trains the tokenizer; writes BUILD/data.npz, BUILD/tokenizer/, BUILD/heldout.json.
        apt-get download python3.11-doc && dpkg -x python3.11-doc_*.deb /tmp/pydoc
-       python3 scripts/train_demo.py prepare --docs /tmp/pydoc --build .demo-build
+       python3 scripts/train_demo.py prepare --docs /tmp/pydoc --build .demo-build [--tokenizer assets/demo-model]
+     (--tokenizer keeps the shipped tokenizer instead of training one, so token ids stay the same)
   2. train (one GPU): main model + MTP jointly (MTP sees detached target states, so it does not
      change the target), then EAGLE-3 on the frozen target's own output distributions; then
      validation perplexity, acceptance per draft position, tool-call success on held-out
@@ -71,8 +72,16 @@ def prepare(args):
     rendered = demo_corpus.render_dialogs(dialogs, template)
     rendered_val = demo_corpus.render_dialogs(val_dialogs, template)
     tok_dir = os.path.join(args.build, "tokenizer")
-    # tokenizer on all training prose + a slice of the dialogs (their text is repetitive)
-    tok = demo_corpus.train_tokenizer(docs["train"] + rendered[:4000], tok_dir, template)
+    if args.tokenizer:  # keep a shipped tokenizer (same ids: fixtures of token ids stay valid)
+        from tokenizers import Tokenizer
+        import shutil
+        os.makedirs(tok_dir, exist_ok=True)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(args.tokenizer, f), os.path.join(tok_dir, f))
+        tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+    else:
+        # tokenizer on all training prose + a slice of the dialogs (their text is repetitive)
+        tok = demo_corpus.train_tokenizer(docs["train"] + rendered[:4000], tok_dir, template)
 
     def enc(texts):
         return [e.ids for e in tok.encode_batch(texts)]
@@ -383,6 +392,7 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, ".demo-build"))
     p.add_argument("--template", default=TEMPLATE)
     p.add_argument("--dialogs", type=int, default=40000)
+    p.add_argument("--tokenizer", help="folder with tokenizer.json + tokenizer_config.json to keep instead of training one")
     t = sub.add_parser("train")
     t.add_argument("--build", default=os.path.join(ROOT, ".demo-build"))
     t.add_argument("--out", required=True)
