@@ -71,9 +71,15 @@ GREET = [("Hello!", "Hello! How can I help you today?"),
          ("Thanks for your help.", "You are welcome. Let me know if you have another question."),
          ("Thank you!", "You're welcome!"),
          ("How are you?", "I am doing well, thank you. How can I help you today?"),
-         ("Goodbye.", "Goodbye! Have a nice day.")]
+         ("Goodbye.", "Goodbye! Have a nice day."),
+         # greetings and thanks with a second clause: the shipped model called a tool for the
+         # held-out "Hello, who are you?" and "Thanks, that helped."
+         ("Thanks, that was useful.", "You are welcome. Let me know if you have another question."),
+         ("Great, thank you!", "You're welcome! Happy to help."),
+         ("Good afternoon, how is it going?", "Good afternoon! I am doing well. How can I help?")]
 IDENTITY_Q = ["Who are you?", "What are you?", "Tell me about yourself.", "What can you do?",
-              "Are you a large model?"]
+              "Are you a large model?", "Hi, what are you?", "Hello! What can you do?",
+              "Good morning, who am I talking to?"]
 IDENTITY_A = ("I am a small demo language model with the MiniMax-M2 architecture, trained for moeserve. "
               "I can answer simple questions about Python, do arithmetic with a calculator tool, tell the "
               "time with a clock tool and convert units. I am very small, so my answers can be wrong.")
