@@ -245,8 +245,8 @@ std::string default_parsers(cli::ServeArgs& s, CLI::App* sub) {
   if (!j.is_object() || j.value("model_type", std::string()) != "minimax_m2") return {};
   s.reasoning_parser = s.tool_call_parser = "minimax_m2";
   s.enable_auto_tool_choice = true;
-  return "parsers: minimax_m2 reasoning and tool calls (config.json model_type; --reasoning-parser / "
-         "--tool-call-parser override)";
+  return "parsers: minimax_m2 reasoning and tool calls (config.json model_type; any parser flag overrides, "
+         "--reasoning-parser '' for none)";
 }
 
 int run_chat(ChatArgs& a, CLI::App* sub) {

@@ -259,7 +259,10 @@ def test_chat_real_engine_matches_serve(tiny, tmp_path):
     import httpx
     import openai
     from conftest import free_port
-    r = subprocess.run([BIN, "chat", str(tiny), "--device", "cpu", "--temperature", "0", "--max-tokens", "8"],
+    # --reasoning-parser "": no parser, as serve below (a minimax_m2 folder gets MiniMax's parsers
+    # in chat by default; any parser flag turns that off)
+    r = subprocess.run([BIN, "chat", str(tiny), "--device", "cpu", "--temperature", "0", "--max-tokens", "8",
+                        "--reasoning-parser", ""],
                        input="Hello, who are you?\n", capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     port = free_port()
