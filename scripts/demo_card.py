@@ -186,7 +186,9 @@ states, so they do not change the model), then {m['eagle_train']['steps']} steps
 Re-running gives the same data and initialisation; GPU kernels are not bitwise deterministic.
 The step counts were picked by the script from the speed of steps 10-30 for budgets of
 {m.get('budget_s', 0):.0f} s and {m.get('eagle_budget_s', 0):.0f} s (the device allowance of this retrain); to repeat this run:
-`scripts/train_demo_gpu.sh DOCS OUT --steps {m['steps']} --eagle-steps {m['eagle_train']['steps']}`.
+`scripts/train_demo_gpu.sh DOCS OUT --steps {m['steps']} --eagle-steps {m['eagle_train']['steps']} --batch {m['batch']} --p-docs {m.get('p_docs', 0.35)}`
+(its `prepare` step with `--tokenizer assets/demo-model` keeps this tokenizer; docs/bench/log.md
+has the retrain's tries).
 
 ![training loss](loss.png)
 

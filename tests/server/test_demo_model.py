@@ -105,10 +105,6 @@ def test_tool_prompt_is_a_parsed_tool_call(server):
     assert json.loads(call.function.arguments) == {"expression": "17 * 23 - 4"}
 
 
-# Known failure of the shipped model (measured: it answers "17 * 23 - 4 = 292."): the reply has
-# the right form but the model does not copy the number from the tool's result for this prompt.
-# strict: the day a retrained model gets it right this turns into a failure to be removed.
-@pytest.mark.xfail(strict=True, reason="demo model does not copy the tool result's number (answers 292)")
 def test_tool_result_gives_final_answer(server):
     """The client's round trip: the model's own tool-call turn (its content, reasoning included,
     as the append_think parser returns it) goes back with the tool's result."""
@@ -125,11 +121,6 @@ def test_tool_result_gives_final_answer(server):
     assert not m.tool_calls and m.content and "387" in m.content.split("</think>")[-1], m.content
 
 
-# Known failure of the shipped model (measured at this revision: 9/12; 21/30 on the card's 30):
-# scripts/demo_dialogs.py now makes the data that should fix it (768-token windows, tool-result
-# dialogs), but the retrain has not run (docs/bench/log.md). strict: a retrained model that
-# passes turns this into a failure to be removed.
-@pytest.mark.xfail(strict=True, reason="shipped demo model repeats the tool result in 9 of 12 follow-ups")
 def test_tool_results_are_repeated(server):
     """Held-out tool-result follow-ups through the server (scripts/demo_tool_results.py: the
     question, the tool call and the tool's result; 12 of the card's 30): the final answer must
