@@ -71,13 +71,34 @@ GREET = [("Hello!", "Hello! How can I help you today?"),
          ("Thanks for your help.", "You are welcome. Let me know if you have another question."),
          ("Thank you!", "You're welcome!"),
          ("How are you?", "I am doing well, thank you. How can I help you today?"),
-         ("Goodbye.", "Goodbye! Have a nice day.")]
+         ("Goodbye.", "Goodbye! Have a nice day."),
+         # greetings and thanks with a second clause: the shipped model called a tool for the
+         # held-out "Hello, who are you?" and "Thanks, that helped."
+         ("Thanks, that was useful.", "You are welcome. Let me know if you have another question."),
+         ("Great, thank you!", "You're welcome! Happy to help."),
+         ("Good afternoon, how is it going?", "Good afternoon! I am doing well. How can I help?")]
 IDENTITY_Q = ["Who are you?", "What are you?", "Tell me about yourself.", "What can you do?",
-              "Are you a large model?"]
+              "Are you a large model?", "Hi, what are you?", "Hello! What can you do?",
+              "Good morning, who am I talking to?"]
 IDENTITY_A = ("I am a small demo language model with the MiniMax-M2 architecture, trained for moeserve. "
               "I can answer simple questions about Python, do arithmetic with a calculator tool, tell the "
               "time with a clock tool and convert units. I am very small, so my answers can be wrong.")
 THINK_OPEN = ["The user asks {q}", "The user is asking {q}", "Here the user asks {q}"]
+# Reasoning and final answers after a tool result: each copies the result's digits exactly.
+CALC_THINK2 = ["The calculator returned {v}. So {e} = {v}.", "The tool result is {v}, so the answer is {v}.",
+               "The calculator says {e} is {v}. I will report {v}.", "Result: {v}. I give the user {v}."]
+CALC_ANSWER = ["{e} = {v}.", "The result of {e} is {v}.", "{e} equals {v}.", "The answer is {v}.",
+               "It is {v}.", "The calculator gives {v}.", "{v} is the result of {e}.",
+               "The result is {v}.", "That comes to {v}."]
+CLOCK_THINK2 = ["The tool says the local time in {c} is {iso}.", "The result is {iso}, which is {s}.",
+                "get_current_time returned {iso} for {c}. That is {s}."]
+CLOCK_ANSWER = ["It is {s} in {c}.", "The current time in {c} is {s}.", "In {c} it is now {s}.",
+                "Right now it is {s} in {c}.", "The local time in {c} is {s}.", "It is {s}."]
+CONV_THINK2 = ["The tool returned {o} {u}. So {v} {a} is {o} {b}.", "The result is {o} {u}, so the answer is {o} {b}.",
+               "convert_units gives {o}. I will say {v} {a} is {o} {b}."]
+CONV_ANSWER = ["{v} {a} is {o} {b}.", "That is {o} {b}.", "{v} {a} equals about {o} {b}.",
+               "{v} {a} is about {o} {b}.", "The result is {o} {b}.", "It comes to {o} {b}.",
+               "{v} {a} converts to {o} {b}."]
 
 
 def _num(rng, lo, hi):
@@ -85,11 +106,13 @@ def _num(rng, lo, hi):
 
 
 def _expr(rng):
-    """An arithmetic expression and its exact value (ints, or a float with 4 decimals)."""
-    k = rng.randint(0, 5)
-    a, b, c = _num(rng, 2, 999), _num(rng, 2, 99), _num(rng, 2, 50)
+    """An arithmetic expression and its exact value (ints, or a float with 4 decimals). Operands
+    of 1-4 digits, so results run from one digit to seven, negative and decimal too: the final
+    answer after a tool result must copy all of them (issue 20)."""
+    k = rng.randint(0, 8)
+    a, b, c = _num(rng, 2, rng.choice([99, 999, 9999])), _num(rng, 2, rng.choice([99, 999])), _num(rng, 2, 50)
     forms = [f"{a} + {b}", f"{a} - {b}", f"{a} * {b}", f"{a} / {c}", f"({a} + {b}) * {c}",
-             f"{a} * {b} - {c}"][k]
+             f"{a} * {b} - {c}", f"{a} * {b} + {c}", f"{b} - {a}", f"({a} - {b}) / {c}"][k]
     val = eval(forms, {"__builtins__": {}})  # our own generated expression, digits and + - * / ( )
     return forms, _fmt(val)
 
@@ -141,10 +164,20 @@ def calc_dialog(rng, ask=CALC_ASK):
     q = rng.choice(ask).format(e=e)
     t1 = (f"{rng.choice(THINK_OPEN).format(q='for the value of ' + e + '.')} "
           f"I should use the calculator tool to get an exact result.")
-    t2 = f"The calculator returned {v}. So {e} = {v}."
-    ans = rng.choice([f"{e} = {v}.", f"The result of {e} is {v}.", f"{e} equals {v}."])
-    return _tool_turns(q, t1, _call("calculator", {"expression": e}), json.dumps({"result": v}), t2, ans,
+    t2 = rng.choice(CALC_THINK2).format(e=e, v=v)
+    ans = rng.choice(CALC_ANSWER).format(e=e, v=v)
+    return _tool_turns(q, t1, _call("calculator", {"expression": e}), _calc_result(rng, v), t2, ans,
                        _tools_subset(rng, CALC))
+
+
+def _calc_result(rng, v):
+    """The calculator's result as clients send it: JSON with a string or a number, or bare text."""
+    k = rng.random()
+    if k < 0.6:
+        return json.dumps({"result": v})
+    if k < 0.85:
+        return json.dumps({"result": float(v) if "." in v else int(v)})
+    return v
 
 
 def clock_dialog(rng, ask=CLOCK_ASK, zones=ZONES):
@@ -153,24 +186,23 @@ def clock_dialog(rng, ask=CLOCK_ASK, zones=ZONES):
     iso, spoken = _time(rng)
     t1 = (f"{rng.choice(THINK_OPEN).format(q='for the time in ' + city + '.')} "
           f"I do not know the time myself, so I call get_current_time with the time zone {tz}.")
-    t2 = f"The tool says the local time in {city} is {iso}."
-    ans = rng.choice([f"It is {spoken} in {city}.", f"The current time in {city} is {spoken}.",
-                      f"In {city} it is now {spoken}."])
+    t2 = rng.choice(CLOCK_THINK2).format(c=city, iso=iso, s=spoken)
+    ans = rng.choice(CLOCK_ANSWER).format(c=city, s=spoken)
     return _tool_turns(q, t1, _call("get_current_time", {"timezone": tz}),
                        json.dumps({"timezone": tz, "datetime": iso}), t2, ans, _tools_subset(rng, CLOCK))
 
 
 def convert_dialog(rng, ask=CONV_ASK):
     u = rng.choice(UNITS)
-    v = rng.choice([rng.randint(1, 500), round(rng.uniform(0.5, 100), 1)])
+    v = rng.choice([rng.randint(1, 500), rng.randint(1, 5000), round(rng.uniform(0.5, 100), 1),
+                    round(rng.uniform(0.01, 10), 2)])
     out = _fmt(round(_convert(v, u), 4))
     vs = _fmt(v)
     q = rng.choice(ask).format(v=vs, a=u[3], b=u[4])
     t1 = (f"{rng.choice(THINK_OPEN).format(q='to convert ' + vs + ' ' + u[3] + ' to ' + u[4] + '.')} "
           f"The convert_units tool does this: value {vs}, from {u[0]}, to {u[1]}.")
-    t2 = f"The tool returned {out} {u[1]}. So {vs} {u[3]} is {out} {u[4]}."
-    ans = rng.choice([f"{vs} {u[3]} is {out} {u[4]}.", f"That is {out} {u[4]}.",
-                      f"{vs} {u[3]} equals about {out} {u[4]}."])
+    t2 = rng.choice(CONV_THINK2).format(v=vs, o=out, u=u[1], a=u[3], b=u[4])
+    ans = rng.choice(CONV_ANSWER).format(v=vs, o=out, a=u[3], b=u[4])
     return _tool_turns(q, t1, _call("convert_units", {"value": v, "from_unit": u[0], "to_unit": u[1]}),
                        json.dumps({"value": float(out), "unit": u[1]}), t2, ans, _tools_subset(rng, CONVERT))
 
@@ -228,28 +260,64 @@ def multi_turn(rng, glossary, sections):
     return {"messages": first["messages"] + second["messages"], "tools": second["tools"]}
 
 
+def _plain_tools(rng):
+    """Tools offered with a question that needs none: all three, a subset (so that a subset does
+    not mean "call one"), or none."""
+    r = rng.random()
+    if r < 0.4:
+        return ALL_TOOLS
+    if r < 0.6:
+        return _tools_subset(rng, rng.choice(ALL_TOOLS))
+    return None
+
+
 def make_dialogs(rng, n, glossary, sections):
-    """n dialogs in a fixed mix: 45% tool calls, 20% documentation Q&A, 15% mental arithmetic,
-    10% small talk, 10% two-turn conversations."""
+    """n dialogs in a fixed mix: 55% tool calls with the tool's result and a final answer that
+    copies it, 17% documentation Q&A, 11% mental arithmetic, 9% small talk, 8% two-turn
+    conversations."""
     out = []
     for _ in range(n):
         r = rng.random()
-        tools = ALL_TOOLS if rng.random() < 0.5 else None
-        if r < 0.15:
+        tools = _plain_tools(rng)
+        if r < 0.20:
             out.append(calc_dialog(rng))
-        elif r < 0.30:
+        elif r < 0.37:
             out.append(clock_dialog(rng))
-        elif r < 0.45:
+        elif r < 0.55:
             out.append(convert_dialog(rng))
-        elif r < 0.65:
+        elif r < 0.72:
             out.append(doc_dialog(rng, glossary, sections, tools))
-        elif r < 0.80:
+        elif r < 0.83:
             out.append(mental_math_dialog(rng, tools))
-        elif r < 0.90:
+        elif r < 0.92:
             out.append(small_talk_dialog(rng, tools))
         else:
             out.append(multi_turn(rng, glossary, sections))
     return out
+
+
+def held_out_followups(rng, n=30):
+    """Tool-result follow-ups for evaluation: a held-out tool prompt (HELD_* phrasings, values from
+    another seed), the assistant's tool call, the tool's result; `expect` lists the strings the
+    final answer must repeat exactly (the calculator's result, the converter's value, the clock's
+    time and date as the answers say them). Returns {"messages", "tools", "expect"} without the final answer."""
+    items = []
+    for i in range(n):
+        r = random.Random(rng.randint(0, 1 << 30) + 20_000_003)
+        d = [lambda: calc_dialog(r, HELD_CALC), lambda: clock_dialog(r, HELD_CLOCK),
+             lambda: convert_dialog(r, HELD_CONV)][i % 3]()
+        call = d["messages"][-3]["tool_calls"][0]["function"]
+        res = d["messages"][-2]["content"]
+        if call["name"] == "calculator":
+            expect = [json.loads(res)["result"] if res.startswith("{") else res]
+            expect = [_fmt(expect[0]) if not isinstance(expect[0], str) else expect[0]]
+        elif call["name"] == "convert_units":
+            expect = [_fmt(json.loads(res)["value"])]
+        else:
+            iso = json.loads(res)["datetime"]  # the answer says it as "HH:MM on Month D, YYYY"
+            expect = [f"{iso[11:16]} on {MONTHS[int(iso[5:7]) - 1]} {int(iso[8:10])}, {iso[:4]}"]
+        items.append({"messages": d["messages"][:-1], "tools": ALL_TOOLS, "expect": expect, "tool": call["name"]})
+    return items
 
 
 def held_out_prompts(rng, n_tool=30, n_plain=10):

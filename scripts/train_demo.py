@@ -8,7 +8,8 @@ Three steps (fixed seeds; see assets/demo-model/README.md for the numbers of the
      synthetic dialogs (scripts/demo_dialogs.py) rendered through MiniMax-M2.5's chat template;
      trains the tokenizer; writes BUILD/data.npz, BUILD/tokenizer/, BUILD/heldout.json.
        apt-get download python3.11-doc && dpkg -x python3.11-doc_*.deb /tmp/pydoc
-       python3 scripts/train_demo.py prepare --docs /tmp/pydoc --build .demo-build
+       python3 scripts/train_demo.py prepare --docs /tmp/pydoc --build .demo-build [--tokenizer assets/demo-model]
+     (--tokenizer keeps the shipped tokenizer instead of training one, so token ids stay the same)
   2. train (one GPU): main model + MTP jointly (MTP sees detached target states, so it does not
      change the target), then EAGLE-3 on the frozen target's own output distributions; then
      validation perplexity, acceptance per draft position, tool-call success on held-out
@@ -41,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(ROOT, "tests", "fixtures", "shared-data", "chat-templates", "minimax-m2.5.jinja")
 SEED = 20260
 MODEL = dict(vocab_size=demo_corpus.VOCAB, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=64, rotary_dim=32, intermediate_size=96, num_local_experts=8,
+             num_key_value_heads=2, head_dim=64, rotary_dim=32, intermediate_size=64, num_local_experts=8,
              num_experts_per_tok=2, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
              num_mtp_modules=3)
 EAGLE = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidden_size=256, target_hidden_size=256,
@@ -53,7 +54,9 @@ EAGLE = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidde
              eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 5], "use_aux_hidden_state": True,
                            # moeserve: the taps are the residual streams entering layers 2, 3, 5 (Taps)
                            "eagle_aux_hidden_state_convention": "input_of_layer"})
-SEQ = 512
+# 768: a dialog with all three tools offered runs to ~540 tokens, so 512-token windows cut off
+# the tool's result and the final answer (the shipped 512-token run answered with wrong numbers)
+SEQ = 768
 _BASE = demo_corpus.VOCAB - len(demo_corpus.SPECIAL) - len(demo_corpus.NOT_SPECIAL)
 TOKEN_IDS = {n: _BASE + demo_corpus.SPECIAL.index(t) for n, t in (("bos", "]~!b["), ("eos", "[e~["), ("pad", "]!p~["))}
 
@@ -69,8 +72,16 @@ def prepare(args):
     rendered = demo_corpus.render_dialogs(dialogs, template)
     rendered_val = demo_corpus.render_dialogs(val_dialogs, template)
     tok_dir = os.path.join(args.build, "tokenizer")
-    # tokenizer on all training prose + a slice of the dialogs (their text is repetitive)
-    tok = demo_corpus.train_tokenizer(docs["train"] + rendered[:4000], tok_dir, template)
+    if args.tokenizer:  # keep a shipped tokenizer (same ids: fixtures of token ids stay valid)
+        from tokenizers import Tokenizer
+        import shutil
+        os.makedirs(tok_dir, exist_ok=True)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(args.tokenizer, f), os.path.join(tok_dir, f))
+        tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+    else:
+        # tokenizer on all training prose + a slice of the dialogs (their text is repetitive)
+        tok = demo_corpus.train_tokenizer(docs["train"] + rendered[:4000], tok_dir, template)
 
     def enc(texts):
         return [e.ids for e in tok.encode_batch(texts)]
@@ -96,6 +107,12 @@ def prepare(args):
                         dlg=dlg, dlg_starts=dlg_starts, dlg_val=dlg_val, dlg_val_starts=dlg_val_starts)
     with open(os.path.join(args.build, "heldout.json"), "w") as fh:
         json.dump(held, fh, indent=1)
+    follow = demo_dialogs.held_out_followups(random.Random(SEED + 3))
+    for f in follow:
+        f["text"] = demo_corpus.render_prompt(f["messages"], f["tools"], template)
+        f["ids"] = tok.encode(f["text"]).ids
+    with open(os.path.join(args.build, "followups.json"), "w") as fh:
+        json.dump(follow, fh, indent=1)
     with open(os.path.join(args.build, "sample_dialogs.txt"), "w") as fh:
         fh.write("\n\n=====\n\n".join(rendered[:6]))
     info = {"doc_files": docs["files"], "docs_train_tokens": int(docs_train.size), "docs_val_tokens": int(docs_val.size),
@@ -306,7 +323,8 @@ def train(args):
     metrics = {"steps": step, "batch": B, "seq": T, "train_seconds_main": round(train_s, 1), "lr": args.lr,
                "seed": SEED, "tokens_seen": step * B * T, "params_main": n_main, "params_mtp": n_mtp,
                "loss_curve": curve, "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
-               "torch": torch.__version__}
+               "torch": torch.__version__, "p_docs": args.p_docs, "budget_s": args.budget_s,
+               "eagle_budget_s": args.eagle_budget_s, "model": MODEL}
     vd = val_loss(model, data["docs_val"], dev)
     vg = val_loss(model, data["dlg_val"], dev, starts=data["dlg_val_starts"])
     metrics["val"] = {"docs_loss": vd, "docs_ppl": math.exp(vd), "dialog_loss": vg, "dialog_ppl": math.exp(vg)}
@@ -348,6 +366,14 @@ def train(args):
         say(metrics["tool_eval_error"])
     dump()
     try:
+        follow = json.load(open(os.path.join(args.build, "followups.json")))
+        metrics["tool_result_eval"], metrics["followup_samples"] = train_eagle.eval_followups(
+            model, follow[:args.held_limit or None], os.path.join(args.build, "tokenizer", "tokenizer.json"), dev, say)
+    except Exception:  # noqa: BLE001
+        metrics["tool_result_eval_error"] = traceback.format_exc()
+        say(metrics["tool_result_eval_error"])
+    dump()
+    try:
         metrics["acceptance"] = train_eagle.measure_acceptance(model, mtp, eagle, taps, data, dev, say,
                                                                n=args.eval_seqs)
     except Exception:  # noqa: BLE001
@@ -366,18 +392,19 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, ".demo-build"))
     p.add_argument("--template", default=TEMPLATE)
     p.add_argument("--dialogs", type=int, default=40000)
+    p.add_argument("--tokenizer", help="folder with tokenizer.json + tokenizer_config.json to keep instead of training one")
     t = sub.add_parser("train")
     t.add_argument("--build", default=os.path.join(ROOT, ".demo-build"))
     t.add_argument("--out", required=True)
     t.add_argument("--steps", type=int, default=0, help="0: pick from the measured speed and --budget-s")
-    t.add_argument("--budget-s", type=float, default=300)
+    t.add_argument("--budget-s", type=float, default=92)
     t.add_argument("--eagle-steps", type=int, default=0)
-    t.add_argument("--eagle-budget-s", type=float, default=70)
-    t.add_argument("--batch", type=int, default=64)
+    t.add_argument("--eagle-budget-s", type=float, default=12)
+    t.add_argument("--batch", type=int, default=32)
     t.add_argument("--seq", type=int, default=SEQ)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--warmup", type=int, default=150)
-    t.add_argument("--p-docs", type=float, default=0.35)
+    t.add_argument("--p-docs", type=float, default=0.25)
     t.add_argument("--bias-rate", type=float, default=1e-3)
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--eval-seqs", type=int, default=48)

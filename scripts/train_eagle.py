@@ -149,6 +149,50 @@ def parse_calls(text):
 
 
 @torch.no_grad()
+def _greedy_batch(model, prompts, tok, dev, max_new):
+    """Greedy continuations of token-id prompts (left-padded batch); decoded text up to EOS."""
+    pad, eos = tok.token_to_id("]!p~["), tok.token_to_id("[e~[")
+    n = max(len(p) for p in prompts)
+    x = torch.full((len(prompts), n), pad, dtype=torch.long)
+    mask = torch.zeros_like(x)
+    for i, p in enumerate(prompts):
+        x[i, n - len(p):] = torch.tensor(p)
+        mask[i, n - len(p):] = 1
+    out = model.generate(x.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new, do_sample=False,
+                         pad_token_id=pad, eos_token_id=eos)
+    texts = []
+    for i in range(len(prompts)):
+        ids = out[i, n:].tolist()
+        if eos in ids:
+            ids = ids[:ids.index(eos)]
+        texts.append(tok.decode(ids, skip_special_tokens=False))
+    return texts
+
+
+@torch.no_grad()
+def eval_followups(model, follow, tok_path, dev, say, max_new=96):
+    """Tool-result accuracy on held-out follow-ups (demo_dialogs.held_out_followups, rendered up
+    to the tool's result with the generation prompt): the share whose final answer (the text
+    after </think>, no tool call) contains every expected string exactly."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(tok_path)
+    texts = _greedy_batch(model, [f["ids"] for f in follow], tok, dev, max_new)
+    ok, per_tool, samples = 0, {}, []
+    for f, text in zip(follow, texts):
+        answer = text.split("</think>")[-1] if "</think>" in text else ""
+        good = bool(answer.strip()) and not parse_calls(text) and all(e in answer for e in f["expect"])
+        ok += good
+        t = per_tool.setdefault(f["tool"], [0, 0])
+        t[0] += good
+        t[1] += 1
+        samples.append({"tool": f["tool"], "result": f["messages"][-1]["content"], "expect": f["expect"],
+                        "ok": good, "output": text})
+    res = {"followups": len(follow), "exact": ok, "rate": ok / max(len(follow), 1), "per_tool": per_tool}
+    say(f"held-out tool-result follow-ups: answer repeats the result exactly {ok}/{len(follow)} {per_tool}")
+    return res, samples
+
+
+@torch.no_grad()
 def eval_prompts(model, held, tok_path, dev, say, max_new=200):
     """Greedy answers to the held-out prompts (rendered with the chat template, ending in
     '<think>\\n'). A tool prompt succeeds when the answer holds exactly the expected tool's

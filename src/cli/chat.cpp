@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -229,6 +230,25 @@ std::string server_model(cli::ChatTransport& t, const std::string& given) {
   return j["data"][0].value("id", std::string());
 }
 
+// In process on a local MiniMax-M2 folder (the demo model) with no parser flag given: MiniMax's
+// parsers, as the README's serve command sets them, so that `moeserve chat assets/demo-model`
+// shows the reasoning dimmed and the tool calls parsed instead of raw </think> and XML.
+// Returns the note shown on a terminal, empty when nothing was chosen.
+std::string default_parsers(cli::ServeArgs& s, CLI::App* sub) {
+  for (const char* f : {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice"})
+    if (sub->count(f) > 0) return {};
+  std::ifstream f(std::filesystem::path(s.model) / "config.json");
+  if (!f) return {};  // a hub id or no config: as given
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const auto j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("model_type", std::string()) != "minimax_m2") return {};
+  s.reasoning_parser = s.tool_call_parser = "minimax_m2";
+  s.enable_auto_tool_choice = true;
+  return "parsers: minimax_m2 reasoning and tool calls (config.json model_type; any parser flag overrides, "
+         "--reasoning-parser '' for none)";
+}
+
 int run_chat(ChatArgs& a, CLI::App* sub) {
   const bool tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
   if (!a.base_url.empty()) {
@@ -258,8 +278,10 @@ int run_chat(ChatArgs& a, CLI::App* sub) {
     cli::ServeArgs& s = a.serve;
     s.model = a.model;
     s.max_num_seqs = 1;  // one conversation
+    const std::string note = default_parsers(s, sub);
     cli::check_stack_args(s);
     if (tty) std::fprintf(stderr, "loading %s ...\n", a.model.c_str());
+    if (tty && !note.empty()) std::fprintf(stderr, "\033[2m%s\033[0m\n", note.c_str());
     stack = cli::load_serve_stack(s, [](const std::string&, const std::string&) {});
     transport = cli::make_in_process_transport(*stack->service, stack->config.api_key);
     model = stack->config.served_model_names[0];

@@ -40,10 +40,15 @@ def free_port():
 
 
 class Server:
-    def __init__(self, tmp, extra_args=(), script_extra=None):
+    """`moeserve serve` on the replay backend (default), or with `model` on that real
+    checkpoint on the CPU (the demo model: tests/server/test_web_ui.py's screenshot)."""
+
+    def __init__(self, tmp, extra_args=(), script_extra=None, model=None):
+        if model is not None:
+            self._start(tmp, [str(model), "--device", "cpu", "--served-model-name", "moeserve-demo", *extra_args])
+            return
         if QWEN is None:
             pytest.fail("tests/fixtures/shared-data/tokenizers/qwen3 not found")
-        self.bin = os.environ.get("MOESERVE_BIN", str(REPO / "build/moeserve"))
         model = tmp / "model"
         model.mkdir()
         shutil.copy(QWEN / "tokenizer.json", model)
@@ -54,15 +59,18 @@ class Server:
                               {"marker": [], "tokens": encode(PLAIN)}]}
         script.update(script_extra or {})
         (tmp / "replay.json").write_text(json.dumps(script))
+        self._start(tmp, [str(model), "--served-model-name", "replay", "--test-replay-backend",
+                          str(tmp / "replay.json"), *extra_args])
+
+    def _start(self, tmp, args):
+        self.bin = os.environ.get("MOESERVE_BIN", str(REPO / "build/moeserve"))
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp / "server.log", "w")
-        self.proc = subprocess.Popen(
-            [self.bin, "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-             "--served-model-name", "replay", "--test-replay-backend", str(tmp / "replay.json"),
-             *extra_args], stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([self.bin, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
         import httpx
-        for _ in range(300):
+        for _ in range(1200):
             try:
                 if httpx.get(self.base + "/health", timeout=1).status_code == 200:
                     return

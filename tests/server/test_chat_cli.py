@@ -197,6 +197,28 @@ def test_chat_pipe_base_url_tool_call_and_result(replay):
     assert out[3].startswith("(reasoning:") and out[4].startswith("[tool call] get_weather"), out
 
 
+def test_chat_demo_model_defaults_to_minimax_parsers(tmp_path):
+    """`moeserve chat assets/demo-model` with no parser flag: config.json's model_type
+    minimax_m2 picks MiniMax's reasoning and tool-call parsers, so the reasoning is split off
+    and a tool call is shown parsed (not raw </think> and XML). The real demo model, greedy."""
+    demo = REPO / "assets" / "demo-model"
+    tools = [{"type": "function", "function": {
+        "name": "calculator", "description": "Evaluate an arithmetic expression and return the result.",
+        "parameters": {"type": "object", "properties": {
+            "expression": {"type": "string", "description": "Arithmetic expression, e.g. 12 * (3 + 4)"}},
+            "required": ["expression"]}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    r = subprocess.run([BIN, "chat", str(demo), "--device", "cpu", "--temperature", "0", "--max-tokens", "120",
+                        "--tools", str(tmp_path / "tools.json")], input="Please calculate 12 * 34.\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = [x for x in r.stdout.splitlines() if x.strip()]  # the blank lines between reasoning and call
+    assert out[0].startswith("[reasoning] ") and len(out[0].split()) > 5, out
+    head = "[tool call] calculator "
+    assert out[1].startswith(head) and json.loads(out[1][len(head):]) == {"expression": "12 * 34"}, out
+    assert "</think>" not in r.stdout and "<minimax:tool_call>" not in r.stdout, r.stdout
+
+
 def test_chat_base_url_errors(replay, tmp_path):
     # A refused request is reported and the conversation goes on.
     r = subprocess.run([BIN, "chat", "--base-url", replay.base, "--top-p", "1.5"], input="hello\n",
@@ -237,7 +259,10 @@ def test_chat_real_engine_matches_serve(tiny, tmp_path):
     import httpx
     import openai
     from conftest import free_port
-    r = subprocess.run([BIN, "chat", str(tiny), "--device", "cpu", "--temperature", "0", "--max-tokens", "8"],
+    # --reasoning-parser "": no parser, as serve below (a minimax_m2 folder gets MiniMax's parsers
+    # in chat by default; any parser flag turns that off)
+    r = subprocess.run([BIN, "chat", str(tiny), "--device", "cpu", "--temperature", "0", "--max-tokens", "8",
+                        "--reasoning-parser", ""],
                        input="Hello, who are you?\n", capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     port = free_port()

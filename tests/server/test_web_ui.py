@@ -1,8 +1,14 @@
 """The chat page at / in a real headless Chromium (Debian's `chromium`), driven over the
-Chrome DevTools protocol: a scripted conversation with DOM checks (user message shown,
-answer streamed in, reasoning collapsible, tool calls, stop button), a screenshot, API-key
-and --no-web-ui behaviour. The screenshot is left in <build>/test-artifacts/web-ui.png
-(docs/img/web-ui.png is a copy)."""
+Chrome DevTools protocol. Two servers:
+  * the replay backend (scripted tokens, deterministic): the page's mechanics with exact DOM
+    checks (user message shown, answer streamed in, reasoning collapsible, tool calls, stop
+    button, reload), API-key and --no-web-ui behaviour; its screenshot is left in
+    <build>/test-artifacts/web-ui-replay.png and is not committed;
+  * the real demo model (assets/demo-model on the CPU, the README's flags: minimax_m2 tool
+    calls, minimax_m2_append_think reasoning): a scripted conversation whose answers the model
+    writes (a question with its reasoning block, a tool prompt with its tool call rendered),
+    DOM checks, and the screenshot <build>/test-artifacts/web-ui.png, of which
+    docs/img/web-ui.png is the committed copy."""
 import base64
 import json
 import os
@@ -214,7 +220,76 @@ def test_scripted_conversation(server, browser, tmp_path):
     out = REPO / "build" / "test-artifacts"
     if (REPO / "build").is_dir():
         out.mkdir(exist_ok=True)
-        (out / "web-ui.png").write_bytes(png)
+        (out / "web-ui-replay.png").write_bytes(png)
+
+
+DEMO = REPO / "assets" / "demo-model"
+# The demo's three tools, as its training dialogs offer them (tests/server/test_demo_model.py).
+DEMO_TOOLS = [
+    {"type": "function", "function": {
+        "name": "calculator", "description": "Evaluate an arithmetic expression and return the result.",
+        "parameters": {"type": "object", "properties": {
+            "expression": {"type": "string", "description": "Arithmetic expression, e.g. 12 * (3 + 4)"}},
+            "required": ["expression"]}}},
+    {"type": "function", "function": {
+        "name": "get_current_time", "description": "Get the current date and time in a time zone.",
+        "parameters": {"type": "object", "properties": {
+            "timezone": {"type": "string", "description": "IANA time zone name, e.g. Europe/Paris"}},
+            "required": ["timezone"]}}},
+    {"type": "function", "function": {
+        "name": "convert_units", "description": "Convert a value from one unit to another.",
+        "parameters": {"type": "object", "properties": {
+            "value": {"type": "number", "description": "The value to convert"},
+            "from_unit": {"type": "string", "description": "Unit of the value, e.g. km"},
+            "to_unit": {"type": "string", "description": "Unit to convert to, e.g. mi"}},
+            "required": ["value", "from_unit", "to_unit"]}}},
+]
+
+
+def test_demo_model_conversation(browser, tmp_path):
+    """The real demo model behind the page (greedy): what it writes is the model's own, so the
+    checks are on structure: reasoning in its collapsible block (moved out of the content that
+    the append_think parser returns), an English answer, the tool call rendered."""
+    s = Server(tmp_path, ["--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "minimax_m2",
+                          "--reasoning-parser", "minimax_m2_append_think"], model=DEMO)
+    try:
+        cdp = browser
+        open_page(cdp, s.base + "/")
+        cdp.js("sessionStorage.clear(); document.getElementById('new-chat').click();"
+               f"document.getElementById('tools').value = {json.dumps(json.dumps(DEMO_TOOLS))};"
+               "document.getElementById('temperature').value = '0'; document.getElementById('max-tokens').value = '160';"
+               "true")
+        assert cdp.wait("document.getElementById('model-name').textContent === 'moeserve-demo'")
+
+        send(cdp, "What is a list in Python?")
+        cdp.wait(f"document.querySelectorAll('.msg.assistant').length === 1 && {idle(cdp)}", timeout=120)
+        answer = cdp.js(last(cdp, ".content"))
+        reasoning = cdp.js(last(cdp, ".reasoning-text"))
+        assert reasoning and len(reasoning.split()) >= 5, reasoning
+        assert "<think>" not in answer and "</think>" not in answer, answer
+        assert len(answer.split()) >= 5 and answer.rstrip()[-1:] in ".!?", answer
+        assert cdp.js("(() => { const d = document.querySelectorAll('details.reasoning'); "
+                      "return d.length === 1 && !d[0].open; })()")
+        assert "finish: stop" in cdp.js(last(cdp, ".stats"))
+
+        send(cdp, "Please calculate 17 * 23 - 4.")
+        cdp.wait(f"document.querySelectorAll('.msg.assistant').length === 2 && {idle(cdp)}", timeout=120)
+        call = cdp.js(last(cdp, ".tool-call"))
+        assert call and "calculator" in call and "17 * 23 - 4" in call, (call, cdp.js("document.body.innerText"))
+        assert "finish: tool_calls" in cdp.js(last(cdp, ".stats"))
+        assert cdp.js(f"{last(cdp, '.reasoning-text')}")
+
+        cdp.js("document.getElementById('settings').hidden = false;"
+               "document.querySelectorAll('details.reasoning').forEach(d => d.open = true);"
+               "const m = document.getElementById('messages'); m.scrollTop = m.scrollHeight; true")
+        png = base64.b64decode(cdp.call("Page.captureScreenshot", format="png")["data"])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000
+        out = REPO / "build" / "test-artifacts"
+        if (REPO / "build").is_dir():
+            out.mkdir(exist_ok=True)
+            (out / "web-ui.png").write_bytes(png)
+    finally:
+        assert s.stop() == 0
 
 
 def test_api_key_typed_in_page(tmp_path, browser):
