@@ -348,6 +348,7 @@ TEST(CudaMla, VerifyRowsOnePlusThree) {
 }
 
 TEST(CudaMla, PrefillChunksAndMixedBatch) {
+  SKIP_WITHOUT_GPU();  // before gpu(), which throws without a device
   // 128 heads (DeepSeek-V3 on one GPU: two row tiles per token) with passes of 120 tokens: the
   // 300-token prefill spans three passes; a chunked prefill over 500 cached tokens and a decode.
   BigCase cs;
