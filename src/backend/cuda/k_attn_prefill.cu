@@ -15,6 +15,7 @@
 // O += P V with P re-packed from the S accumulators as the A operand.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -24,27 +25,6 @@ constexpr int kLd = kD + 8;                     // bf16 per shared row
 constexpr int kTileElems = kK * kLd;            // one K or V tile
 constexpr int kSmemBytes = 2 * 2 * kTileElems * 2;  // 2 stages x (K, V) = 69,632 B
 
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const void* addr) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(addr));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
 
 __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p, int qtiles) {
   extern __shared__ __align__(16) bf16 smem[];

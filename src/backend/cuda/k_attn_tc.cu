@@ -11,6 +11,7 @@
 // Decode and short queries keep the scalar split-KV kernel (k_attention.cu).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -19,18 +20,7 @@ constexpr int kD = 128, kQ = 64, kK = 64, kWarps = 4;
 constexpr int kLdK = kD + 8;  // bf16 per K row in shared memory
 constexpr int kLdV = kK + 8;  // bf16 per Vt row
 
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 __global__ void __launch_bounds__(kWarps * 32) attn_tc_kernel(AttnParams p, int qtiles) {
   __shared__ __align__(16) bf16 ks[kK][kLdK];

@@ -6,6 +6,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_mla.h"
 #include "core/fp8_e4m3.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -88,19 +89,6 @@ __device__ __forceinline__ float ld_kvb(const MlaProjParams& p, int64_t row, int
   return fp8::e4m3_to_f32(static_cast<const uint8_t*>(p.kv_b)[i]) * s;
 }
 
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* addr) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(addr));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
 
 // Tile of 64 tokens x 64 outputs of one head, K in steps of 64 staged in shared memory as bf16
 // (A [token][k], B [n][k]: both fragments by plain ldmatrix); 4 warps of 16 tokens x 64 outputs.

@@ -17,6 +17,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_mla.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -32,42 +33,6 @@ constexpr int kStages = 3;  // K tiles in flight: two ahead of the one being use
 constexpr size_t kSmemBytes = (kQElems + kStages * kKElems + size_t(kBM) * kPLd) * 2 + (4 * kBM + 4) * sizeof(float);
 static_assert(kStages * kBN * kLP <= int((kStages - 1) * kKElems * 2), "the e4m3 stages fit in K buffers 1..");
 
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 8 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* addr) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(addr));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const void* addr) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(addr));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
 
 // Element offset in a latent row (C + R values) of padded dim d, or -1 for a padding dim.
 __device__ __forceinline__ int src_dim(int d, int C, int R) {
@@ -165,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_mla_flash(MlaFlashParams p) {
     const bf16* src = static_cast<const bf16*>(p.q_abs) + (r < nrows ? (brow0 + r) * L : 0);
     copy_chunk<false>(Qs + r * kLd, src, r < nrows, q, C, R, vec);
   }
-  cp_commit();
+  cp_async_commit();
   __syncthreads();
   const int kmax = *kmax_s;
   const int span = ((kmax + p.splits - 1) / p.splits + kBN - 1) / kBN * kBN;
@@ -181,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_mla_flash(MlaFlashParams p) {
     const int kb = kbeg + it * kBN;
     if (kFp8) load_k_tile<true>(p, table, kb, kend, stage + (it % kStages) * kBN * kLP, vec);
     else load_k_tile<false>(p, table, kb, kend, Ks[it % kStages], vec);
-    cp_commit();
+    cp_async_commit();
   };
   if (ntiles > 0) load(0);
   if (ntiles > 1) load(1);
@@ -195,11 +160,11 @@ __global__ void __launch_bounds__(kThreads, 1) k_mla_flash(MlaFlashParams p) {
     // Tile it + 2 goes to the buffer (stage) tile it - 1 used, free since barrier (D).
     if (it + 2 < ntiles) {
       load(it + 2);
-      cp_wait<2>();
+      cp_async_wait<2>();
     } else if (it + 1 < ntiles) {
-      cp_wait<1>();
+      cp_async_wait<1>();
     } else {
-      cp_wait<0>();
+      cp_async_wait<0>();
     }
     if (kFp8) {
       __syncthreads();
@@ -270,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_mla_flash(MlaFlashParams p) {
     }
     __syncthreads();  // (D) K buffer, P and the maxima are free for the next tile
   }
-  cp_wait<0>();  // an empty split still issued the Q copies
+  cp_async_wait<0>();  // an empty split still issued the Q copies
 #pragma unroll
   for (int sh = 1; sh <= 2; sh <<= 1) {
     lA += __shfl_xor_sync(0xffffffffu, lA, sh);

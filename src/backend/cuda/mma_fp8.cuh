@@ -4,7 +4,7 @@
 
 namespace moeserve::cuda {
 
-__device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, bool valid) {
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const unsigned d = unsigned(__cvta_generic_to_shared(dst));
   const int n = valid ? 16 : 0;  // 0: zero-fill (src is still a valid address)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
