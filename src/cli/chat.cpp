@@ -26,6 +26,11 @@
 
 #ifdef MOESERVE_HAVE_LIBEDIT
 #include <editline/readline.h>
+#include <poll.h>
+
+#include <clocale>
+
+#include <cerrno>
 #endif
 
 namespace {
@@ -46,6 +51,43 @@ struct ChatArgs {
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
+#ifdef MOESERVE_HAVE_LIBEDIT
+// libedit's character reader (rl_getc_function). A Ctrl-C that lands after the prompt is drawn
+// but before libedit blocks in read() does not interrupt that read: the flag is set and the
+// read waits on for a key (seen under load: Ctrl-C at the prompt gave no fresh prompt). This
+// reader waits in short poll() slices and returns EOF once the flag is set, so readline()
+// returns. libedit takes the value as one wide character: UTF-8 input is decoded here into
+// its code point, as libedit's own reader would.
+int read_byte(int fd) {
+  for (;;) {
+    if (g_interrupted.load()) return EOF;
+    pollfd p{fd, POLLIN, 0};
+    const int r = poll(&p, 1, 50);
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    if (r < 0) return EOF;
+    unsigned char c;
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n == 1) return c;
+    if (n < 0 && errno == EINTR) continue;
+    return EOF;
+  }
+}
+extern "C" int interruptible_getc(FILE* f) {
+  const int fd = fileno(f);
+  const int b0 = read_byte(fd);
+  if (b0 == EOF || b0 < 0xC0 || b0 >= 0xF8) return b0;  // ASCII, EOF, or a stray byte as is
+  const int extra = b0 >= 0xF0 ? 3 : b0 >= 0xE0 ? 2 : 1;
+  int cp = b0 & (0x3F >> extra);
+  for (int i = 0; i < extra; ++i) {
+    const int b = read_byte(fd);
+    if (b == EOF) return EOF;
+    if ((b & 0xC0) != 0x80) return 0xFFFD;  // malformed: the replacement character
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  return cp;
+}
+#endif
+
 // One line from the user. tty: libedit (line editing, history) when built with it.
 class LineReader {
  public:
@@ -64,12 +106,21 @@ class LineReader {
     g_interrupted.store(false);
 #ifdef MOESERVE_HAVE_LIBEDIT
     if (tty_) {
-      char* s = readline(prompt.c_str());
-      if (!s) {
-        // libedit returns NULL both at end of input and when SIGINT interrupted the read.
-        if (g_interrupted.exchange(false)) return Got::Interrupted;
-        return Got::End;
+      if (!initialized_) {  // before the first readline() (rl_initialize reads both)
+        // The terminal's character set (LC_CTYPE only): in the C locale libedit drops every
+        // non-ASCII character typed (an accented letter or a CJK question vanished from the line).
+        std::setlocale(LC_CTYPE, "");
+        rl_getc_function = interruptible_getc;
+        initialized_ = true;
       }
+      char* s = readline(prompt.c_str());
+      // A Ctrl-C ends the read (interruptible_getc returns EOF): readline returns NULL, or the
+      // partial line typed so far, which the interrupt discards.
+      if (g_interrupted.exchange(false)) {
+        std::free(s);
+        return Got::Interrupted;
+      }
+      if (!s) return Got::End;
       *line = s;
       std::free(s);
       if (!line->empty()) add_history(line->c_str());
@@ -91,6 +142,7 @@ class LineReader {
  private:
   bool tty_;
   std::string history_file_;
+  bool initialized_ = false;
 };
 
 class ChatSession {

@@ -141,6 +141,29 @@ def test_chat_in_process_terminal(replay):
     assert stopped_after < 2.0, stopped_after
 
 
+def test_chat_terminal_utf8_input_and_prompt_interrupts(replay):
+    """Non-ASCII typed at the prompt stays in the line (libedit in the C locale dropped it), and a
+    Ctrl-C sent the moment a prompt appears always gives a fresh prompt (it could land before
+    libedit blocked in read() and be lost)."""
+    child = pexpect.spawn(BIN, in_process_cmd(replay)[1:], encoding="utf-8", timeout=60, dimensions=(40, 160),
+                          env={**os.environ, "TERM": "xterm", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"})
+    child.logfile_read = sys.stdout
+    child.expect("moeserve chat with ")
+    expect_prompt(child)
+    child.send("/system héllo→ok 日本\r")
+    child.expect_exact("system prompt set")
+    assert "héllo→ok 日本" in child.before, repr(child.before)
+    expect_prompt(child)
+    for _ in range(20):
+        child.sendintr()
+        expect_prompt(child)
+    assert child.isalive()
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.exitstatus
+
+
 def test_chat_base_url_terminal(replay):
     before = replay.metrics()
     stopped_after = drive_conversation(spawn([BIN, "chat", "--base-url", replay.base, "--tools", str(replay.tools)]))
