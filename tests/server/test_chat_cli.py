@@ -14,6 +14,9 @@ import pytest
 from chat_fixtures import (PARSER_ARGS, PLAIN_T, SCRIPT, SLOW_WORDS, SYS_A, THINK_A, THINK_R, write_tools)
 from conftest import REPO, Server
 
+sys.path.insert(0, str(REPO / "scripts"))
+import demo_dialogs  # noqa: E402
+
 BIN = os.environ.get("MOESERVE_BIN", str(REPO / "build/moeserve"))
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -34,9 +37,9 @@ def in_process_cmd(replay, *extra):
             *PARSER_ARGS, "--tools", str(replay.tools), *extra]
 
 
-def spawn(cmd):
+def spawn(cmd, **env):
     child = pexpect.spawn(cmd[0], cmd[1:], encoding="utf-8", timeout=60, dimensions=(40, 160),
-                          env={**os.environ, "TERM": "xterm"})
+                          env={**os.environ, "TERM": "xterm", **env})
     child.logfile_read = sys.stdout  # shown by pytest on failure
     return child
 
@@ -145,9 +148,7 @@ def test_chat_terminal_utf8_input_and_prompt_interrupts(replay):
     """Non-ASCII typed at the prompt stays in the line (libedit in the C locale dropped it), and a
     Ctrl-C sent the moment a prompt appears always gives a fresh prompt (it could land before
     libedit blocked in read() and be lost)."""
-    child = pexpect.spawn(BIN, in_process_cmd(replay)[1:], encoding="utf-8", timeout=60, dimensions=(40, 160),
-                          env={**os.environ, "TERM": "xterm", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"})
-    child.logfile_read = sys.stdout
+    child = spawn(in_process_cmd(replay), LANG="C.UTF-8", LC_ALL="C.UTF-8")
     child.expect("moeserve chat with ")
     expect_prompt(child)
     child.send("/system héllo→ok 日本\r")
@@ -225,12 +226,7 @@ def test_chat_demo_model_defaults_to_minimax_parsers(tmp_path):
     minimax_m2 picks MiniMax's reasoning and tool-call parsers, so the reasoning is split off
     and a tool call is shown parsed (not raw </think> and XML). The real demo model, greedy."""
     demo = REPO / "assets" / "demo-model"
-    tools = [{"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression and return the result.",
-        "parameters": {"type": "object", "properties": {
-            "expression": {"type": "string", "description": "Arithmetic expression, e.g. 12 * (3 + 4)"}},
-            "required": ["expression"]}}}]
-    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    (tmp_path / "tools.json").write_text(json.dumps([demo_dialogs.CALC]))
     r = subprocess.run([BIN, "chat", str(demo), "--device", "cpu", "--temperature", "0", "--max-tokens", "120",
                         "--tools", str(tmp_path / "tools.json")], input="Please calculate 12 * 34.\n",
                        capture_output=True, text=True, timeout=300)

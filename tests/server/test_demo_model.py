@@ -18,28 +18,11 @@ import pytest
 from conftest import REPO, free_port
 
 sys.path.insert(0, str(REPO / "scripts"))
+import demo_dialogs  # noqa: E402
 import demo_tool_results  # noqa: E402
 
 MODEL = REPO / "assets" / "demo-model"
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression and return the result.",
-        "parameters": {"type": "object", "properties": {
-            "expression": {"type": "string", "description": "Arithmetic expression, e.g. 12 * (3 + 4)"}},
-            "required": ["expression"]}}},
-    {"type": "function", "function": {
-        "name": "get_current_time", "description": "Get the current date and time in a time zone.",
-        "parameters": {"type": "object", "properties": {
-            "timezone": {"type": "string", "description": "IANA time zone name, e.g. Europe/Paris"}},
-            "required": ["timezone"]}}},
-    {"type": "function", "function": {
-        "name": "convert_units", "description": "Convert a value from one unit to another.",
-        "parameters": {"type": "object", "properties": {
-            "value": {"type": "number", "description": "The value to convert"},
-            "from_unit": {"type": "string", "description": "Unit of the value, e.g. km"},
-            "to_unit": {"type": "string", "description": "Unit to convert to, e.g. mi"}},
-            "required": ["value", "from_unit", "to_unit"]}}},
-]
+TOOLS = demo_dialogs.ALL_TOOLS
 # The demo's three tools, as its training dialogs offer them. (Offered only a subset, the model
 # leans towards calling a tool even for plain questions: its training dialogs offered subsets
 # only with tool calls. A known limit of the data generator, see assets/demo-model/README.md.)

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -23,6 +24,9 @@ import pytest
 
 from chat_fixtures import PARSER_ARGS, PLAIN_T, SCRIPT, THINK_A, THINK_R, TOOLS
 from conftest import REPO, Server
+
+sys.path.insert(0, str(REPO / "scripts"))
+import demo_dialogs  # noqa: E402
 
 
 def chromium_binary():
@@ -224,26 +228,8 @@ def test_scripted_conversation(server, browser, tmp_path):
 
 
 DEMO = REPO / "assets" / "demo-model"
-# The demo's three tools, as its training dialogs offer them (tests/server/test_demo_model.py).
-DEMO_TOOLS = [
-    {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression and return the result.",
-        "parameters": {"type": "object", "properties": {
-            "expression": {"type": "string", "description": "Arithmetic expression, e.g. 12 * (3 + 4)"}},
-            "required": ["expression"]}}},
-    {"type": "function", "function": {
-        "name": "get_current_time", "description": "Get the current date and time in a time zone.",
-        "parameters": {"type": "object", "properties": {
-            "timezone": {"type": "string", "description": "IANA time zone name, e.g. Europe/Paris"}},
-            "required": ["timezone"]}}},
-    {"type": "function", "function": {
-        "name": "convert_units", "description": "Convert a value from one unit to another.",
-        "parameters": {"type": "object", "properties": {
-            "value": {"type": "number", "description": "The value to convert"},
-            "from_unit": {"type": "string", "description": "Unit of the value, e.g. km"},
-            "to_unit": {"type": "string", "description": "Unit to convert to, e.g. mi"}},
-            "required": ["value", "from_unit", "to_unit"]}}},
-]
+# The demo's three tools, as its training dialogs offer them.
+DEMO_TOOLS = demo_dialogs.ALL_TOOLS
 
 
 def test_demo_model_conversation(browser, tmp_path):
