@@ -11,8 +11,8 @@ moeserve::cli::RegisterSubcommand reg(
       auto opt = std::make_shared<moeserve::tools::BenchModelOptions>();
       sub->option_defaults()->group("Model");
       sub->add_option("--synthetic", opt->synthetic,
-                      "Random weights with a known model's shapes (minimax-m2.5, qwen3-30b-a3b, deepseek-v3, minimax-m2-tiny; -tp: "
-                      "minimax-m2.5)");
+                      "Random weights with a known model's shapes (minimax-m2.5, qwen3-30b-a3b, deepseek-v3, kimi-k2.5 (INT4 "
+                      "experts), kimi-k2.5-fp8, minimax-m2-tiny; -tp: minimax-m2.5)");
       sub->add_option("model", opt->checkpoint, "Checkpoint directory (instead of --synthetic)");
       sub->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (same as the positional argument)");
       sub->add_option("--layers", opt->layers, "Decoder layers (0: 4 synthetic / all of a checkpoint)")
