@@ -41,7 +41,7 @@ struct SpecRun {
   EngineStats stats;
 };
 
-SpecRun run(bool spec, bool enforce_eager, const SpecConfig* draft = nullptr) {
+SpecRun run(bool spec, bool enforce_eager, const SpecConfig* draft = nullptr, bool verify_kernel = true) {
   ExecutorOptions eo;
   eo.model_dir = demo_dir().string();
   eo.block_size = 16;
@@ -51,6 +51,7 @@ SpecRun run(bool spec, bool enforce_eager, const SpecConfig* draft = nullptr) {
   eo.enforce_eager = enforce_eager;
   if (draft) eo.speculative = *draft;  // mtp / eagle3: the executor loads the draft
   auto be = make_cuda_backend(0);
+  be->use_attention_verify = verify_kernel;
   eo.device_sampler = backend_device_sampler(*be);
   EngineConfig cfg;
   cfg.max_num_seqs = 8;
@@ -160,6 +161,55 @@ TEST(CudaSpec, DraftHeadsGreedyMatchPlainDecodingUpToNearTies) {
                 (unsigned long long)on.stats.spec_accepted_per_pos[0],
                 (unsigned long long)on.stats.spec_accepted_per_pos[1],
                 (unsigned long long)on.stats.spec_accepted_per_pos[2], excused);
+  }
+}
+
+// How far apart two greedy runs are: requests that diverge (with the first run's top-2 margin
+// at the divergence) and the largest |logprob difference| of the chosen token over the
+// positions where both agree (the numerical noise between the two runs' kernels).
+struct RunDiff {
+  int diverged = 0;
+  float worst_margin = 0.f, max_logprob_diff = 0.f;
+};
+
+RunDiff diff_runs(const SpecRun& a, const SpecRun& b) {
+  RunDiff d;
+  for (const auto& [i, want] : a.tokens) {
+    const auto& got = b.tokens.at(i);
+    size_t j = 0;
+    for (; j < want.size() && j < got.size() && want[j] == got[j]; ++j)
+      if (j < a.logprobs.at(i).size() && j < b.logprobs.at(i).size())
+        d.max_logprob_diff = std::max(d.max_logprob_diff,
+                                      std::abs(a.logprobs.at(i)[j].logprob - b.logprobs.at(i)[j].logprob));
+    if (j == want.size() && j == got.size()) continue;
+    ++d.diverged;
+    if (j < a.logprobs.at(i).size() && a.logprobs.at(i)[j].top.size() >= 2) {
+      const auto& top = a.logprobs.at(i)[j].top;
+      d.worst_margin = std::max(d.worst_margin, top[0].second - top[1].second);
+    }
+  }
+  return d;
+}
+
+// The decode / verify attention kernel (k_attn_verify.cu) against the generic kernel, with and
+// without speculation (n-gram, eager): prints how far each pair of runs is apart, so a
+// divergence of speculation on vs off can be told apart from the kernels' numerical noise.
+TEST(CudaSpec, VerifyKernelAgainstGenericKernel) {
+  SKIP_WITHOUT_GPU();
+  const SpecRun off_g = run(false, true, nullptr, false), off_v = run(false, true, nullptr, true);
+  const SpecRun on_g = run(true, true, nullptr, false), on_v = run(true, true, nullptr, true);
+  struct Pair {
+    const char* name;
+    const SpecRun &a, &b;
+  };
+  for (const Pair& p : {Pair{"off generic vs off verify-kernel", off_g, off_v},
+                        Pair{"off generic vs on generic", off_g, on_g},
+                        Pair{"off verify-kernel vs on verify-kernel", off_v, on_v},
+                        Pair{"off generic vs on verify-kernel", off_g, on_v}}) {
+    const RunDiff d = diff_runs(p.a, p.b);
+    std::printf("[spec-kernels] %s: %d of 6 diverge (worst top-2 margin %.4f), max |logprob diff| %.4f\n", p.name,
+                d.diverged, d.worst_margin, d.max_logprob_diff);
+    EXPECT_LT(d.worst_margin, kTieMargin) << p.name;
   }
 }
 
