@@ -9,6 +9,7 @@
 // hide in the batch norm. The reference reads the same bytes: bf16-exact values (bf16 cache)
 // or the e4m3 codes themselves (CPU FP8-KV attention).
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -275,8 +276,43 @@ TEST(CudaAttnVerify, CapturedGraphFollowsDeviceMetadata) {
   }
 }
 
-// Kernel time (CUDA events) of one M2.5 layer's verify attention, this kernel vs the generic
-// one, at batch 1 and 32 (printed; the step-level figures are bench-model's).
+// Kernel time (CUDA events) of one M2.5 layer's attention op (48 / 8 heads, head_dim 128) with
+// this kernel and with the generic one; returns {generic ms, verify ms}.
+struct AttnTime {
+  double generic_ms, verify_ms, gb;
+};
+AttnTime time_attention(bool fp8, int B, int ctx, int k) {
+  const int Hq = 48, Hkv = 8, D = 128, bs = 16, W = Hkv * D, nbps = (ctx + k + bs) / bs;
+  const int nb = B * nbps, T = B * (1 + k);
+  KVCacheLayer kv{gpu().alloc(fp8 ? DType::F8_E4M3 : DType::BF16, {nb, bs, Hkv, D}),
+                  gpu().alloc(fp8 ? DType::F8_E4M3 : DType::BF16, {nb, bs, Hkv, D}), 0.1f, 0.1f};
+  gpu().fill_random(kv.k, 1, 1.f);
+  gpu().fill_random(kv.v, 2, 1.f);
+  std::vector<int32_t> qs(B + 1), cl(B, ctx + k), table(size_t(B) * nbps), pos;
+  for (int s = 0; s <= B; ++s) qs[s] = s * (1 + k);
+  std::iota(table.begin(), table.end(), 0);
+  for (int s = 0; s < B; ++s)
+    for (int i = 0; i <= k; ++i) pos.push_back(ctx + i);
+  AttentionMeta m;
+  m.num_seqs = B, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = nbps;
+  m.max_query_len = 1 + k, m.max_context_len = ctx + k;
+  m.positions = ints_to_device(pos, {T});
+  m.query_start = ints_to_device(qs, {B + 1});
+  m.context_lens = ints_to_device(cl, {B});
+  m.block_tables = ints_to_device(table, {B, nbps});
+  std::mt19937 rng(3);
+  Tensor q = to_device(randn(size_t(T) * Hq * D, rng), DType::BF16, {T, Hq * D});
+  Tensor out = gpu().alloc(DType::BF16, {T, Hq * D});
+  double ms[2];
+  for (int v = 0; v < 2; ++v) {
+    gpu().use_attention_verify = v == 1;
+    ms[v] = event_median_ms([&] { gpu().attention(AttentionArgs{&q, &kv, &m, Hq, Hkv, D, 0.088f, &out}); });
+  }
+  gpu().use_attention_verify = true;
+  return {ms[0], ms[1], double(B) * (ctx + k) * W * 2 * (fp8 ? 1 : 2) / 1e9};
+}
+
+// Printed: batch 1 and 32, verify k = 0 and 3 (the step-level figures are bench-model's).
 TEST(CudaAttnVerify, BenchAgainstGeneric) {
   SKIP_WITHOUT_GPU();
   for (bool fp8 : {false, true})
@@ -284,37 +320,28 @@ TEST(CudaAttnVerify, BenchAgainstGeneric) {
       for (int ctx : {8192, 65536})
         for (int k : {0, 3}) {
           if (B == 32 && ctx > 8192) continue;
-          const int Hq = 48, Hkv = 8, D = 128, bs = 16, W = Hkv * D, nbps = (ctx + k + bs) / bs;
-          const int nb = B * nbps, T = B * (1 + k);
-          KVCacheLayer kv{gpu().alloc(fp8 ? DType::F8_E4M3 : DType::BF16, {nb, bs, Hkv, D}),
-                          gpu().alloc(fp8 ? DType::F8_E4M3 : DType::BF16, {nb, bs, Hkv, D}), 0.1f, 0.1f};
-          gpu().fill_random(kv.k, 1, 1.f);
-          gpu().fill_random(kv.v, 2, 1.f);
-          std::vector<int32_t> qs(B + 1), cl(B, ctx + k), table(size_t(B) * nbps), pos;
-          for (int s = 0; s <= B; ++s) qs[s] = s * (1 + k);
-          std::iota(table.begin(), table.end(), 0);
-          for (int s = 0; s < B; ++s)
-            for (int i = 0; i <= k; ++i) pos.push_back(ctx + i);
-          AttentionMeta m;
-          m.num_seqs = B, m.num_tokens = T, m.block_size = bs, m.max_blocks_per_seq = nbps;
-          m.max_query_len = 1 + k, m.max_context_len = ctx + k;
-          m.positions = ints_to_device(pos, {T});
-          m.query_start = ints_to_device(qs, {B + 1});
-          m.context_lens = ints_to_device(cl, {B});
-          m.block_tables = ints_to_device(table, {B, nbps});
-          std::mt19937 rng(3);
-          Tensor q = to_device(randn(size_t(T) * Hq * D, rng), DType::BF16, {T, Hq * D});
-          Tensor out = gpu().alloc(DType::BF16, {T, Hq * D});
-          double ms[2];
-          for (int v = 0; v < 2; ++v) {
-            gpu().use_attention_verify = v == 1;
-            ms[v] = event_median_ms([&] { gpu().attention(AttentionArgs{&q, &kv, &m, Hq, Hkv, D, 0.088f, &out}); });
-          }
-          gpu().use_attention_verify = true;
-          const double gb = double(B) * (ctx + k) * W * 2 * (fp8 ? 1 : 2) / 1e9;
+          const AttnTime t = time_attention(fp8, B, ctx, k);
           std::printf("[verify-bench] %s batch %d ctx %d k %d: generic %.1f us, verify %.1f us (%.0f GB/s), %.2fx\n",
-                      fp8 ? "e4m3" : "bf16", B, ctx, k, ms[0] * 1e3, ms[1] * 1e3, gb / (ms[1] * 1e-3), ms[0] / ms[1]);
+                      fp8 ? "e4m3" : "bf16", B, ctx, k, t.generic_ms * 1e3, t.verify_ms * 1e3,
+                      t.gb / (t.verify_ms * 1e-3), t.generic_ms / t.verify_ms);
         }
+}
+
+// Issue 23 item 3a, the throughput regime: one-token decode at batch 64-256, contexts 1k-32k
+// (up to 34 GB of KV per call; MOESERVE_BENCH=1 only). Printed: GB/s of the KV bytes read and
+// the fraction of the H200's measured 4.50 TB/s read bandwidth.
+TEST(CudaAttnVerify, BenchThroughputRegime) {
+  SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOESERVE_BENCH")) GTEST_SKIP() << "set MOESERVE_BENCH=1";
+  for (bool fp8 : {false, true})
+    for (int B : {64, 128, 256})
+      for (int ctx : {1024, 8192, 32768}) {
+        const AttnTime t = time_attention(fp8, B, ctx, 0);
+        const double bw = t.gb / (t.verify_ms * 1e-3);
+        std::printf("[verify-tput] %s batch %d ctx %d: KV %.2f GB, verify %.1f us = %.0f GB/s (%.0f%% of 4.50 TB/s), "
+                    "generic %.1f us\n",
+                    fp8 ? "e4m3" : "bf16", B, ctx, t.gb, t.verify_ms * 1e3, bw, bw / 45.0, t.generic_ms * 1e3);
+      }
 }
 
 }  // namespace

@@ -308,7 +308,7 @@ void launch_attention(const AttnParams& p, cudaStream_t s);
 // Merges p.splits split-KV partials (part_o / part_ml, base-2 (max, sum)) into out.
 void launch_attention_combine(const AttnParams& p, cudaStream_t s);
 // Decode-like steps on tensor cores (k_attn_verify.cu): every sequence 1..32 / G query rows
-// (decode, speculative verify), bf16 or e4m3 cache, head_dim 128; one read of a sequence's
+// (decode, speculative verify), bf16 or e4m3 cache, head_dim 64 or 128; one read of a sequence's
 // KV per kv head for all its query rows. p.splits > 1: partials + the combine kernel.
 bool attention_verify_supported(const AttnParams& p);
 int attention_verify_splits(int num_sms, int kv_groups, int max_context);
