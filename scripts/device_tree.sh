@@ -4,12 +4,14 @@
 #   scripts/device_tree.sh slim      moves the large tracked folders the GPU checks do not read
 #                                    to $STASH (default /tmp/moeserve-device-stash)
 #   scripts/device_tree.sh restore   puts them back (git status must then be clean of them)
-# KEEP="tests/fixtures/shared-data/tokenizers/qwen3" keeps a folder a GPU script needs.
+# KEEP="tests/fixtures/shared-data/tokenizers/qwen3" keeps a folder a GPU script needs; with
+# KEEP="assets/demo-model" its FP8 copy and loss plot still move (test_cuda_spec reads the bf16
+# model and eagle3/ only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STASH=${STASH:-/tmp/moeserve-device-stash}
 BIG=(assets/demo-model wip tests/fixtures/shared-data/tokenizers/qwen3 tests/fixtures/shared-data/tokenizers/deepseek-v3
-     docs/bench)
+     docs/bench assets/demo-model/fp8 assets/demo-model/loss.png tests/fixtures/golden)
 case "${1:-}" in
   slim)
     mkdir -p "$STASH"

@@ -119,9 +119,15 @@ TEST_P(CudaDeviceSamplingGreedy, DeviceGreedyEqualsHostArgmaxOverSteps) {
     for (int i = 0; i < S; ++i) {
       std::span<const float> row(r.logits.data() + size_t(i) * V, V);
       const int32_t host = argmax_lowest(row);
-      EXPECT_EQ(r.sampled_ids[i], host) << "vocab " << V << " seq " << i << " step " << step << ": logit "
-                                        << row[r.sampled_ids[i]] << " vs " << row[host];
-      agree += r.sampled_ids[i] == host;
+      // Greedy (even steps) breaks exact ties by the lowest id, as the host does. Top-k 1 and a
+      // tiny top-p (odd steps) keep only maximal tokens, but between exactly tied bf16 logits
+      // (frequent at the top of a 4k-50k vocabulary: bf16 has 128 values per octave) either is
+      // a correct draw, so there the check is that the sampled token's logit is the maximum.
+      const bool ok = step % 2 == 0 ? r.sampled_ids[i] == host : row[r.sampled_ids[i]] == row[host];
+      EXPECT_TRUE(ok) << "vocab " << V << " seq " << i << " step " << step << ": sampled " << r.sampled_ids[i]
+                      << " (logit " << row[r.sampled_ids[i]] << ") vs host argmax " << host << " (" << row[host]
+                      << ")";
+      agree += ok;
       seqs[i].computed = int(seqs[i].tokens.size());
       seqs[i].tokens.push_back(host);
     }

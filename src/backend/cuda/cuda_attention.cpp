@@ -218,6 +218,23 @@ void CudaBackend::mla_attention(const MlaArgs& a) {
 void CudaBackend::attention(const AttentionArgs& a) {
   AttnParams p = attention_params(a);
   const AttentionMeta& m = *a.meta;
+  // Decode and verify steps (<= 32 query rows per sequence and kv head): the tensor-core
+  // kernel that reads each sequence's KV once; splits from max_context_len (max_model_len in
+  // a decode graph), so the captured grid is fixed.
+  if (use_attention_verify && attention_verify_supported(p)) {
+    int splits = attention_verify_splits(num_sms_, p.num_seqs * p.Hkv, m.max_context_len);
+    const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
+    if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
+    splits = std::max(splits, 1);
+    if (splits > 1) {
+      float* ws = static_cast<float*>(workspace(kAttnPart, per_split * splits));
+      p.part_o = ws;
+      p.part_ml = ws + size_t(splits) * p.T * p.Hq * p.D;
+    }
+    p.splits = splits;
+    launch_attention_verify(p, stream_);
+    return;
+  }
   // Split the KV range when (kv heads x query tiles) alone would not fill the GPU.
   const int qtiles = ceil_div(std::max(1, m.max_query_len), attn_query_tile(std::max(1, p.Hq / std::max(1, p.Hkv))));
   const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;

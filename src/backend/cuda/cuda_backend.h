@@ -233,6 +233,11 @@ class CudaBackend final : public Backend {
   // pass stay within this many bytes, so a long prefill runs in token chunks (Kimi-K2.5's 64
   // heads: 1,927 tokens; tests lower it to cross chunks).
   size_t mla_chunk_bytes = size_t(256) << 20;
+  // Decode-like attention (every sequence 1..32 / G query rows: decode, speculative verify)
+  // on the tensor-core kernel of k_attn_verify.cu (KV read once per sequence and kv head for
+  // all its query rows); false: the generic kernel of k_attention.cu. The fused decode kernels
+  // (attn_decode_*) still take bf16 one-token decode before attention() is reached.
+  bool use_attention_verify = true;
   // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
   bool use_gemv_tc = true;
   // Prefill path (cuda_prefill.cpp): from this many rows, FP8 128x128-block linears and

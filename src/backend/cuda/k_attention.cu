@@ -296,10 +296,12 @@ void launch_attention(const AttnParams& p, cudaStream_t s) {
   if (p.kv_fp8) launch_pdl(attention_kernel<uint8_t>, grid, dim3(kWarps * 32), 0, s, p, QT, qtiles);
   else launch_pdl(attention_kernel<bf16>, grid, dim3(kWarps * 32), 0, s, p, QT, qtiles);
   CUDA_CHECK_LAUNCH();
-  if (p.splits > 1 && !p.counters) {
-    launch_pdl(attn_combine_kernel, dim3(p.T, p.Hq), dim3(128), 0, s, p);
-    CUDA_CHECK_LAUNCH();
-  }
+  if (p.splits > 1 && !p.counters) launch_attention_combine(p, s);
+}
+
+void launch_attention_combine(const AttnParams& p, cudaStream_t s) {
+  launch_pdl(attn_combine_kernel, dim3(p.T, p.Hq), dim3(128), 0, s, p);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moeserve::cuda

@@ -279,8 +279,8 @@ struct AttnParams {
   const void* k_cache = nullptr;  // [blocks, bs, Hkv, D] bf16, or e4m3 when kv_fp8
   const void* v_cache = nullptr;
   // FP8 KV cache: K = e4m3 * k_scale, V = e4m3 * v_scale (per-tensor scales of the layer).
-  // Only launch_attention reads it (dequantised in registers; k_scale folded into the query
-  // scale, v_scale into the output); the other kernels' supported() refuse it.
+  // launch_attention and launch_attention_verify read it (dequantised in registers; k_scale
+  // folded into the scores, v_scale into the output); the other kernels' supported() refuse it.
   bool kv_fp8 = false;
   float k_scale = 1.f, v_scale = 1.f;
   void* out = nullptr;  // [T, Hq*D] bf16
@@ -305,6 +305,14 @@ struct AttnParams {
 // Query tokens per block for a GQA group size.
 int attn_query_tile(int group);
 void launch_attention(const AttnParams& p, cudaStream_t s);
+// Merges p.splits split-KV partials (part_o / part_ml, base-2 (max, sum)) into out.
+void launch_attention_combine(const AttnParams& p, cudaStream_t s);
+// Decode-like steps on tensor cores (k_attn_verify.cu): every sequence 1..32 / G query rows
+// (decode, speculative verify), bf16 or e4m3 cache, head_dim 64 or 128; one read of a sequence's
+// KV per kv head for all its query rows. p.splits > 1: partials + the combine kernel.
+bool attention_verify_supported(const AttnParams& p);
+int attention_verify_splits(int num_sms, int kv_groups, int max_context);
+void launch_attention_verify(const AttnParams& p, cudaStream_t s);
 // Tensor-core prefill attention (k_attn_tc.cu): head_dim 128, >= 64 query tokens, no splits.
 bool attention_tc_supported(const AttnParams& p);
 void launch_attention_tc(const AttnParams& p, cudaStream_t s);
