@@ -14,16 +14,20 @@ BIG=(assets/demo-model wip tests/fixtures/shared-data/tokenizers/qwen3 tests/fix
      docs/bench assets/demo-model/fp8 assets/demo-model/loss.png tests/fixtures/golden)
 case "${1:-}" in
   slim)
-    mkdir -p "$STASH"
+    [ ! -f "$STASH/MANIFEST" ] || { echo "$STASH holds an earlier slim: run restore first" >&2; exit 1; }
+    rm -rf "$STASH"; mkdir -p "$STASH"
     for d in "${BIG[@]}"; do
       case " ${KEEP:-} " in *" $d "*) continue;; esac
       [ -e "$d" ] || continue
-      mkdir -p "$STASH/$(dirname "$d")"; mv "$d" "$STASH/$d"; echo "moved $d"
+      mkdir -p "$STASH/$(dirname "$d")"; mv "$d" "$STASH/$d"; echo "$d" >> "$STASH/MANIFEST"; echo "moved $d"
     done;;
   restore)
-    for d in "${BIG[@]}"; do
-      [ -e "$STASH/$d" ] || continue
+    # Exactly what slim moved, last first (a folder kept with KEEP may hold moved children).
+    [ -f "$STASH/MANIFEST" ] || { echo "nothing to restore ($STASH/MANIFEST missing)"; exit 0; }
+    tac "$STASH/MANIFEST" | while read -r d; do
+      [ -e "$STASH/$d" ] || { echo "missing in the stash: $d" >&2; continue; }
       mkdir -p "$(dirname "$d")"; rm -rf "$d"; mv "$STASH/$d" "$d"; echo "restored $d"
-    done;;
+    done
+    rm -f "$STASH/MANIFEST";;
   *) echo "usage: $0 slim|restore" >&2; exit 2;;
 esac
