@@ -165,5 +165,61 @@ TEST(CudaMoeInt4Graph, ReplaysEager) {
   }
 }
 
+// Speed at Kimi-K2.5's shapes (384 experts of 7168 x 2048, group 32; device-random words and
+// scales: the values do not matter for the time), decode batches 1 / 8 / 64 with uniform random
+// routing, each op a CUDA graph replay. Four routings alternate between the timed calls, so the L2 (50 MB) holds little of a
+// call's experts. Printed: the op's time and its bandwidth over the distinct experts' bytes.
+TEST(CudaMoeInt4Timing, KimiDecodeBatches) {
+  SKIP_WITHOUT_GPU();
+  const int H = 7168, I = 2048, E = 384, K = 8, group = 32;
+  MoeWeights moe;
+  moe.num_experts = E, moe.top_k = K;
+  uint64_t seed = 1;
+  auto rnd = [&](int N, int Kd) {
+    LinearWeight w;
+    w.weight = gpu().alloc(DType::F32, {N, Kd / 8});
+    gpu().fill_random(w.weight, seed++, 1.f);
+    w.weight.dtype = DType::I32;  // random bits as packed words
+    w.scale_inv = gpu().alloc(DType::BF16, {N, Kd / group});
+    gpu().fill_random(w.scale_inv, seed++, 1e-3f);
+    w.block_out = 1, w.block_in = group;
+    return w;
+  };
+  for (int e = 0; e < E; ++e) moe.experts.push_back({rnd(I, H), rnd(I, H), rnd(H, I)});
+  const double expert_bytes = 3.0 * I * H * (0.5 + 2.0 / group);
+  std::mt19937 rng(5);
+  for (int T : {1, 8, 64}) {
+    std::vector<MoeRouting> rs;
+    double distinct = 0;
+    for (int v = 0; v < 4; ++v) {
+      std::vector<int32_t> ids(size_t(T) * K);
+      std::vector<char> used(E, 0);
+      for (int t = 0; t < T; ++t) {
+        std::vector<int> all(E);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        for (int j = 0; j < K; ++j) ids[size_t(t) * K + j] = all[j], used[size_t(all[j])] = 1;
+      }
+      distinct += std::accumulate(used.begin(), used.end(), 0) / 4.0;
+      rs.push_back(MoeRouting{ints_to_device(ids, {T, K}), to_device(std::vector<float>(ids.size(), 0.125f), DType::F32, {T, K})});
+    }
+    Tensor x = to_device(randn(size_t(T) * H, rng), DType::BF16, {T, H});
+    Tensor out = gpu().alloc(DType::BF16, {T, H});
+    // Graph replays (as in decode steps: no host launch gaps inside the op).
+    std::vector<CudaGraph> graphs;
+    for (auto& r : rs) {
+      gpu().moe_experts(x, moe, r, out);  // eager first: workspaces, expert table
+      gpu().begin_capture();
+      gpu().moe_experts(x, moe, r, out);
+      graphs.push_back(gpu().end_capture());
+    }
+    int v = 0;
+    const double ms = event_median_ms([&] { graphs[size_t(v++ % 4)].replay(gpu().stream()); }, 21);
+    const double gb = distinct * expert_bytes / 1e9;
+    std::printf("[int4 moe timing] T=%d: %.4f ms, %.1f distinct experts (%.3f GB): %.0f GB/s\n", T, ms, distinct, gb,
+                gb / ms * 1e3);
+  }
+}
+
 }  // namespace
 }  // namespace moeserve::test

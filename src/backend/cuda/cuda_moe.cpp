@@ -173,6 +173,18 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
     g.bias = moe.score_bias.defined() ? moe.score_bias.ptr<float>() : nullptr;
     g.T = T, g.H = H, g.E = E, g.top_k = k, g.spec = moe.route;
     g.ids = out.expert_ids.ptr<int32_t>(), g.weights = out.weights.ptr<float>();
+    if (route_grouped_supported(g)) {  // DeepSeek-V3 family (k_route_grouped.cu): GEMV, then per-token top-k
+      RouteParams r;  // eager prefill: the logits by the router GEMM, as the fast path's
+      r.x = g.x, r.x_bf16 = g.x_bf16, r.gate = g.gate, r.T = T, r.H = H, r.E = E, r.top_k = k;
+      if (route_logits_gemm(moe.gate, r)) {
+        g.logits = r.logits, g.logits_split = r.logits_split;
+      } else {
+        g.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
+        launch_route_grouped_logits(g, stream_);
+      }
+      launch_route_grouped_topk(g, stream_);
+      return true;
+    }
     launch_moe_route_generic(g, stream_);
     return true;
   }

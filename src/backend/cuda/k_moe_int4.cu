@@ -2,9 +2,10 @@
 // the MoE gate/up (fused SiLU * up) and down products over the align kernel's tile table.
 //
 // Weights stay packed on the GPU as the checkpoint has them: w I32 [N, K/8] (element 8j+i in
-// bits 4i..4i+3 of word j, nibble q + 8) and scales BF16 [N, K/group]. One kernel template for
-// decode (TOK = 8: tiles of <= 8 (token, k) pairs of one expert, so each distinct expert is read
-// once per step when it serves <= 8 pairs) and prefill (TOK = 64: the grouped GEMM's tiles).
+// bits 4i..4i+3 of word j, nibble q + 8) and scales BF16 [N, K/group]. Two kernels with the same
+// math: moe_int4_decode_kernel for decode tiles (<= 8 (token, k) pairs of one expert, so each
+// distinct expert is read once per step when it serves <= 8 pairs; described above it) and
+// moe_int4_kernel for prefill (TOK = 64: the grouped GEMM's tiles).
 //
 // Math: mma.sync m16n8k16 f16 x f16 -> f32 in the "swap AB" form (weights are the M side, the
 // tile's tokens the N side). A nibble becomes q exactly (f16 magic 0x6400 | n = 1024 + n, minus
@@ -59,16 +60,39 @@ __device__ __forceinline__ uint4 stage_word(uint4 v) {
   return make_uint4(f16_pair(a.x, c.x), f16_pair(a.y, c.y), f16_pair(b.x, d.x), f16_pair(b.y, d.y));
 }
 
-// One packed word (8 nibbles) times its f16 scale -> the 4 f16 pairs (q_p * s, q_p+4 * s).
-__device__ __forceinline__ void unpack_word(uint32_t w, __half2 s2, uint32_t out[4]) {
-  const __half2 bias = __float2half2_rn(1032.f);
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    const uint32_t m = ((w >> (4 * p)) & 0x000F000Fu) | 0x64006400u;  // (1024 + n_p, 1024 + n_p+4)
-    const __half2 q = __hsub2(*reinterpret_cast<const __half2*>(&m), bias);  // exact
-    out[p] = h2_bits(__hmul2(q, s2));
-  }
+// (a & mask) | magic in one instruction.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+  return r;
 }
+
+// One packed word (8 nibbles) times its f16 scale -> the 4 f16 pairs (q_p * s, q_p+4 * s).
+// Nibble pairs (p, p + 4) at bits 4p: f16 0x6400 | n = 1024 + n, q = that - 1032 (p = 0, 2); for
+// p = 1, 3 the pair is taken in place (bits 4..7 of each half: 1024 + 16 n) and q = that / 16 - 72
+// by one fma. Every step is exact (integers below 2048, a power-of-two scale); then q * s.
+__device__ __forceinline__ void unpack_word(uint32_t w, __half2 s2, uint32_t out[4]) {
+  constexpr uint32_t kMagic = 0x64006400u, kLo = 0x000F000Fu, kHi = 0x00F000F0u;
+  const uint32_t b1032 = 0x64086408u;  // f16 pair (1032, 1032)
+  const uint32_t k16 = 0x2c002c00u;    // (1/16, 1/16)
+  const uint32_t k72 = 0xd480d480u;    // (-72, -72)
+  const uint32_t w8 = w >> 8;
+  const uint32_t m0 = lop3_and_or(w, kLo, kMagic), m1 = lop3_and_or(w, kHi, kMagic);
+  const uint32_t m2 = lop3_and_or(w8, kLo, kMagic), m3 = lop3_and_or(w8, kHi, kMagic);
+  const __half2 q0 = __hsub2(*reinterpret_cast<const __half2*>(&m0), *reinterpret_cast<const __half2*>(&b1032));
+  const __half2 q2 = __hsub2(*reinterpret_cast<const __half2*>(&m2), *reinterpret_cast<const __half2*>(&b1032));
+  const __half2 q1 = __hfma2(*reinterpret_cast<const __half2*>(&m1), *reinterpret_cast<const __half2*>(&k16),
+                             *reinterpret_cast<const __half2*>(&k72));
+  const __half2 q3 = __hfma2(*reinterpret_cast<const __half2*>(&m3), *reinterpret_cast<const __half2*>(&k16),
+                             *reinterpret_cast<const __half2*>(&k72));
+  out[0] = h2_bits(__hmul2(q0, s2));
+  out[1] = h2_bits(__hmul2(q1, s2));
+  out[2] = h2_bits(__hmul2(q2, s2));
+  out[3] = h2_bits(__hmul2(q3, s2));
+}
+
+// bf16 scale -> f16 pair (exact for scales in f16's normal range).
+__device__ __forceinline__ __half2 scale_h2(bf16 s) { return __half2half2(__float2half_rn(__bfloat162float(s))); }
 
 __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
@@ -79,7 +103,7 @@ __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, u
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// TOK: pairs per tile (8 decode, 64 prefill). Grid (row blocks, max_tiles).
+// TOK: pairs per tile (64: prefill; decode tiles run moe_int4_decode_kernel). Grid (row blocks, max_tiles).
 template <int MODE, int TOK>
 __global__ void __launch_bounds__(kWarps * 32) moe_int4_kernel(LinParams p) {
   constexpr int NT = TOK / 8;                      // n-tiles of 8 tokens
@@ -155,9 +179,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_int4_kernel(LinParams p) {
 
   // Weights: a ring of kRing chunks in registers, so chunks c + 1 .. c + kRing - 1 are in flight
   // while c is multiplied (the chunk loop is unrolled by kRing: the ring index stays static).
-  // Decode tiles are bound by the weight stream (3: two chunks in flight); 64-pair tiles by the
-  // mma work, where a third ring slot only spills (255 registers).
-  constexpr int kRing = TOK <= 8 ? 3 : 2;
+  // 64-pair tiles are bound by the mma work, where a third ring slot only spills (255 registers).
+  constexpr int kRing = 2;
   uint4 xv[kItems], wr[kRing][2][2];
   bf16 sr[kRing][2][2];
 #pragma unroll
@@ -174,6 +197,11 @@ __global__ void __launch_bounds__(kWarps * 32) moe_int4_kernel(LinParams p) {
       const bool more = c + 1 < nchunks;
       if (more) load_x(c + 1, xv);
       const unsigned char* xb = xs[c & 1];
+      __half2 s2[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) s2[j][h] = scale_h2(sr[d][j][h]);
 #pragma unroll
       for (int w = 0; w < 4; ++w) {  // word w of this lane's group: columns 8w..8w+7 of it
         uint32_t a[2][2][4];         // [m-tile][row g / g + 8][pair]
@@ -183,7 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_int4_kernel(LinParams p) {
           for (int h = 0; h < 2; ++h) {
             const uint4& v = wr[d][j][h];
             const uint32_t word = w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
-            unpack_word(word, __half2half2(__float2half_rn(__bfloat162float(sr[d][j][h]))), a[j][h]);
+            unpack_word(word, s2[j][h], a[j][h]);
           }
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
@@ -224,6 +252,185 @@ __global__ void __launch_bounds__(kWarps * 32) moe_int4_kernel(LinParams p) {
     }
 }
 
+// Decode tiles (<= kGemvTile pairs of one expert): KS warps of a block split K (KS = 2 for
+// gate/up: 2,048 warps at batch 1 instead of 1,024, ~16 per SM), each streaming its K range
+// through its own ring of kRing weight chunks in registers. The activations of the tile's rows
+// are staged for a whole piece of kRing chunks per split (one barrier per piece, not per chunk),
+// chunk by chunk: the copy of the next piece's chunk d is in flight while chunk d is multiplied.
+// Staged rows past the tile's pairs are never written; they only feed accumulator columns the
+// epilogue drops. The KS partial sums meet in shared memory in a fixed order.
+template <int MODE, int KS>
+__global__ void __launch_bounds__(kWarps * 32, 4) moe_int4_decode_kernel(LinParams p) {
+  constexpr bool kSw = MODE == int(LinMode::kSwiglu);
+  constexpr int kRing = 3, kGroups = kWarps / KS, kTok = kGemvTile;
+  constexpr int kPieceRow = kRing * 2 * kChunk + 64;  // staged bytes per token row of a piece (832: conflict-free)
+  constexpr int kItems = KS * kTok * (kChunk / 8) / (kWarps * 32);  // staging words per thread and chunk
+  __shared__ __align__(16) unsigned char xs[2][KS][kTok][kPieceRow];
+  __shared__ float red[KS > 1 ? kGroups : 1][8][32];
+  pdl_enter();
+  const int tile = blockIdx.y;
+  if (tile >= *p.num_tiles) return;
+  const int expert = p.tile_expert[tile], begin = p.tile_begin[tile], nrows = p.tile_end[tile] - begin;
+  const ExpertPtrs& ep = p.experts[expert];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int ks = warp % KS, rg = warp / KS;
+  const int K = p.K, N = p.N, group = p.bi;
+  const int wpr = K / 8, spr = K / group;
+  const int row0 = (blockIdx.x * kGroups + rg) * (kSw ? 16 : 32);
+  const uint32_t* wm[2];
+  const bf16* sm[2];
+  int mrow[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    wm[j] = static_cast<const uint32_t*>(kSw ? (j == 0 ? ep.w1 : ep.w3) : ep.w2);
+    sm[j] = reinterpret_cast<const bf16*>(kSw ? (j == 0 ? ep.s1 : ep.s3) : ep.s2);
+    mrow[j] = kSw ? row0 : row0 + 16 * j;
+  }
+  const int nchunks = (K + kChunk - 1) / kChunk;
+  const int cps = (nchunks + KS - 1) / KS;  // chunks per split
+  const int npieces = (cps + kRing - 1) / kRing;
+  const int c_begin = ks * cps, c_end = min(nchunks, c_begin + cps);
+
+  // Staging of chunk d of piece pc for every split: item = (split, row < nrows, word of the chunk).
+  const int stage_total = KS * nrows * (kChunk / 8);
+  auto load_x = [&](int pc, int d, uint4 v[kItems]) {
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int item = threadIdx.x + i * kWarps * 32;
+      v[i] = make_uint4(0, 0, 0, 0);
+      if (item < stage_total) {
+        const int sp = item / (nrows * (kChunk / 8)), rem = item % (nrows * (kChunk / 8));
+        const int r = rem / (kChunk / 8), word = rem % (kChunk / 8);
+        const int c = sp * cps + pc * kRing + d, col = c * kChunk + word * 8;
+        if (c < min(nchunks, (sp + 1) * cps) && col < K) {
+          const int sr = begin + r, xr = p.x_rows ? p.x_rows[sr] : sr;
+          v[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.x) + int64_t(xr) * p.ldx + col));
+        }
+      }
+    }
+  };
+  auto store_x = [&](int buf, int d, const uint4 v[kItems]) {
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int item = threadIdx.x + i * kWarps * 32;
+      if (item < stage_total) {
+        const int sp = item / (nrows * (kChunk / 8)), rem = item % (nrows * (kChunk / 8));
+        const int r = rem / (kChunk / 8), word = rem % (kChunk / 8);
+        *reinterpret_cast<uint4*>(&xs[buf][sp][r][d * 2 * kChunk + ((word % 4) * 4 + word / 4) * 16]) = stage_word(v[i]);
+      }
+    }
+  };
+  auto load_w = [&](int c, uint4 w[2][2], bf16 sc[2][2]) {
+    const int col = c * kChunk + 32 * t;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = mrow[j] + g + 8 * h;
+        w[j][h] = make_uint4(0x88888888u, 0x88888888u, 0x88888888u, 0x88888888u);  // q = 0
+        sc[j][h] = __float2bfloat16_rn(0.f);
+        if (r < N && col < K) {
+          w[j][h] = ld_stream(wm[j] + int64_t(r) * wpr + col / 8);
+          sc[j][h] = sm[j][int64_t(r) * spr + col / group];
+        }
+      }
+  };
+
+  float acc[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  uint4 wr[kRing][2][2], xv[kItems];
+  bf16 sr[kRing][2][2];
+#pragma unroll
+  for (int d = 0; d < kRing; ++d)
+    if (c_begin + d < c_end) load_w(c_begin + d, wr[d], sr[d]);
+#pragma unroll
+  for (int d = 0; d < kRing; ++d) {
+    load_x(0, d, xv);
+    store_x(0, d, xv);
+  }
+  __syncthreads();
+  for (int pc = 0; pc < npieces; ++pc) {
+    const bool more = pc + 1 < npieces;  // block-uniform
+    const unsigned char* xb = &xs[pc & 1][ks][g][0];
+#pragma unroll
+    for (int d = 0; d < kRing; ++d) {
+      if (more) load_x(pc + 1, d, xv);
+      const int c = c_begin + pc * kRing + d;
+      if (c < c_end) {  // warp-uniform
+        __half2 s2[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) s2[j][h] = scale_h2(sr[d][j][h]);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          uint32_t a[2][2][4];
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint4& v = wr[d][j][h];
+              unpack_word(w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w, s2[j][h], a[j][h]);
+            }
+          const uint4 b = *reinterpret_cast<const uint4*>(xb + d * 2 * kChunk + (w * 4 + t) * 16);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            mma16816(acc[j], a[j][0][0], a[j][1][0], a[j][0][1], a[j][1][1], b.x, b.y);
+            mma16816(acc[j], a[j][0][2], a[j][1][2], a[j][0][3], a[j][1][3], b.z, b.w);
+          }
+        }
+        if (c + kRing < c_end) load_w(c + kRing, wr[d], sr[d]);
+      }
+      if (more) store_x((pc + 1) & 1, d, xv);
+    }
+    __syncthreads();
+  }
+  if constexpr (KS > 1) {  // splits 1.. hand their sums to split 0 (KS = 2)
+    static_assert(KS == 2, "one partial buffer");
+    if (ks == 1)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[rg][j * 4 + e][lane] = acc[j][e];
+    __syncthreads();
+    if (ks != 0) return;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] += red[rg][j * 4 + e][lane];
+  }
+  // acc[j] = rows (mrow[j] + g, + 8) x tokens (2t, 2t + 1).
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int tok = 2 * t + (e & 1), rr = g + 8 * (e >> 1);
+    if (tok >= nrows) continue;
+    const int r = begin + tok;
+    if (kSw) {
+      const int col = mrow[0] + rr;
+      if (col < N) static_cast<bf16*>(p.out)[int64_t(r) * p.ldo + col] = f2bf(silu(acc[0][e]) * acc[1][e]);
+    } else {
+      const float scale = p.row_scale ? p.row_scale[r] : 1.f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = mrow[j] + rr;
+        if (col < N) static_cast<float*>(p.out)[int64_t(r) * p.ldo + col] = acc[j][e] * scale;
+      }
+    }
+  }
+}
+
+template <int MODE, int KS>
+void launch_decode(const LinParams& p, cudaStream_t s) {
+  const int rows_per_block = (kWarps / KS) * (MODE == int(LinMode::kSwiglu) ? 16 : 32);
+  const dim3 grid(ceil_div(p.N, rows_per_block), p.max_tiles);
+  if (grid.x == 0 || grid.y == 0) return;
+  launch_pdl(moe_int4_decode_kernel<MODE, KS>, grid, dim3(kWarps * 32), 0, s, p);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int MODE, int TOK>
 void launch_mode(const LinParams& p, cudaStream_t s) {
   const int rows_per_block = kWarps * (MODE == int(LinMode::kSwiglu) ? 16 : 32);
@@ -245,9 +452,9 @@ void launch_moe_int4(const LinParams& p, cudaStream_t s) {
   CU_REQUIRE(moe_int4_supported(p), "launch_moe_int4: unsupported parameters");
   const bool gemm = p.tile_rows == kGemmTileM;
   if (p.mode == LinMode::kSwiglu)
-    gemm ? launch_mode<int(LinMode::kSwiglu), kGemmTileM>(p, s) : launch_mode<int(LinMode::kSwiglu), kGemvTile>(p, s);
+    gemm ? launch_mode<int(LinMode::kSwiglu), kGemmTileM>(p, s) : launch_decode<int(LinMode::kSwiglu), 2>(p, s);
   else
-    gemm ? launch_mode<int(LinMode::kDown), kGemmTileM>(p, s) : launch_mode<int(LinMode::kDown), kGemvTile>(p, s);
+    gemm ? launch_mode<int(LinMode::kDown), kGemmTileM>(p, s) : launch_decode<int(LinMode::kDown), 1>(p, s);
 }
 
 }  // namespace moeserve::cuda

@@ -20,9 +20,23 @@ struct GenericRouteParams {
   RoutingSpec spec;
   int32_t* ids = nullptr;  // [T, top_k]
   float* weights = nullptr;
+  // launch_route_grouped_*: workspace [T, E] f32 (logits_split: [T, 2E], the split-bf16 router
+  // GEMM's halves, expert e = row[e] + row[E + e]) between the logits and the selection.
+  float* logits = nullptr;
+  bool logits_split = false;
 };
 constexpr int kGenericRouteMaxExperts = 1024;
 void launch_moe_route_generic(const GenericRouteParams& p, cudaStream_t s);
+
+// The DeepSeek-V3 family's router (k_route_grouped.cu): sigmoid scoring (any bias, groups,
+// renormalisation, scaling), f32 gate, E <= 384, top_k <= 32, H % 4 == 0, n_group <= 64.
+// launch_route_grouped_logits: the logits GEMV over E / 2 (T <= 8) or E / 4 blocks per 8
+// tokens; launch_route_grouped_topk: one warp per token, the CPU reference's selection. Both
+// PDL-launched, no allocation (capture-safe).
+constexpr int kRouteGroupedMaxExperts = 384;
+bool route_grouped_supported(const GenericRouteParams& p);
+void launch_route_grouped_logits(const GenericRouteParams& p, cudaStream_t s);
+void launch_route_grouped_topk(const GenericRouteParams& p, cudaStream_t s);
 
 struct GenericQkNormRopeParams {
   void* q = nullptr;  // [T, q_width], in place
