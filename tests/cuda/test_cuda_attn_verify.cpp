@@ -98,9 +98,9 @@ VerifyRun run_case(int Hq, int Hkv, int D, int bs, bool fp8, const std::vector<V
   const AttentionMeta dm = meta_on(true, T + pad);
   Tensor dq = to_device(q, DType::BF16, {T + pad, Hq * D});
   Tensor out = to_device(std::vector<float>(size_t(T + pad) * Hq * D, NAN), DType::BF16, {T + pad, Hq * D});
-  gpu().use_attention_verify = verify_kernel;
+  gpu().tuning.use_attention_verify = verify_kernel;
   gpu().attention(AttentionArgs{&dq, &dkv, &dm, Hq, Hkv, D, scale, &out});
-  gpu().use_attention_verify = true;
+  gpu().tuning.use_attention_verify = true;
   auto got = gpu().download_f32(out);
   got.resize(ref.size());
   VerifyRun r;
@@ -307,10 +307,10 @@ TEST(CudaAttnVerify, BenchAgainstGeneric) {
           Tensor out = gpu().alloc(DType::BF16, {T, Hq * D});
           double ms[2];
           for (int v = 0; v < 2; ++v) {
-            gpu().use_attention_verify = v == 1;
+            gpu().tuning.use_attention_verify = v == 1;
             ms[v] = event_median_ms([&] { gpu().attention(AttentionArgs{&q, &kv, &m, Hq, Hkv, D, 0.088f, &out}); });
           }
-          gpu().use_attention_verify = true;
+          gpu().tuning.use_attention_verify = true;
           const double gb = double(B) * (ctx + k) * W * 2 * (fp8 ? 1 : 2) / 1e9;
           std::printf("[verify-bench] %s batch %d ctx %d k %d: generic %.1f us, verify %.1f us (%.0f GB/s), %.2fx\n",
                       fp8 ? "e4m3" : "bf16", B, ctx, k, ms[0] * 1e3, ms[1] * 1e3, gb / (ms[1] * 1e-3), ms[0] / ms[1]);

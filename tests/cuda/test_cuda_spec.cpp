@@ -51,7 +51,7 @@ SpecRun run(bool spec, bool enforce_eager, const SpecConfig* draft = nullptr, bo
   eo.enforce_eager = enforce_eager;
   if (draft) eo.speculative = *draft;  // mtp / eagle3: the executor loads the draft
   auto be = make_cuda_backend(0);
-  be->use_attention_verify = verify_kernel;
+  be->tuning.use_attention_verify = verify_kernel;
   eo.device_sampler = backend_device_sampler(*be);
   EngineConfig cfg;
   cfg.max_num_seqs = 8;
