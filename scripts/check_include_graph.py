@@ -22,6 +22,8 @@ ALLOWED = {
     "tools/bench_synth.h": "bench-model's synthetic MiniMax-M2.5 weights, made on the GPU",
     "tools/bench_synth.cpp": "bench-model's synthetic MiniMax-M2.5 weights, made on the GPU",
     "tools/roofline.cpp": "bench-model's roofline: times raw kernels",
+    "tools/explain_dispatch.cpp": "bench-model --explain-dispatch evaluates the CUDA kernel selectors "
+                                  "(backend/cuda/*/select_*.h, common/tuning.h: plain host code, no device header)",
 }
 
 SOURCE_EXT = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")

@@ -4,6 +4,9 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "tools/bench_model.h"
+#include "tools/explain_dispatch.h"
+
+#include <fmt/format.h>
 
 namespace {
 moeserve::cli::RegisterSubcommand reg(
@@ -57,6 +60,14 @@ moeserve::cli::RegisterSubcommand reg(
       sub->add_flag("--enable-expert-parallel", opt->expert_parallel, "experts whole per GPU (EP) instead of sliced");
       sub->add_option("--data-parallel-size", opt->data_parallel, "(-dp) attention data parallelism (only 1)")
           ->capture_default_str();
+      sub->option_defaults()->group("Dispatch");
+      sub->add_flag("--explain-dispatch", opt->explain_dispatch,
+                    "Print the CUDA kernel chosen per op for the decode buckets (1..256) and prefill sizes "
+                    "(512..8192) of --synthetic (default minimax-m2.5) on --device-profile, and exit (no GPU needed)");
+      sub->add_option("--device-profile", opt->device_profile, "Device for --explain-dispatch: h200 or sm120")
+          ->capture_default_str();
+      sub->add_flag("--markdown", opt->explain_markdown,
+                    "With --explain-dispatch: the op table section of src/backend/cuda/README.md (every golden model)");
       sub->option_defaults()->group("Output");
       sub->add_option("--json", opt->json_out, "Write the JSON report here (default: stdout)");
       return [opt, sub]() {
@@ -67,6 +78,13 @@ moeserve::cli::RegisterSubcommand reg(
             for (const auto& r : o->results()) cmd += " " + r;
           }
         opt->command_line = cmd;
+        if (opt->explain_dispatch) {
+          fmt::print("{}", opt->explain_markdown
+                               ? moeserve::tools::explain_dispatch_markdown()
+                               : moeserve::tools::explain_dispatch(opt->synthetic.empty() ? "minimax-m2.5" : opt->synthetic,
+                                                                   opt->device_profile));
+          return 0;
+        }
 #ifdef MOESERVE_WITH_CUDA
         return moeserve::tools::run_bench_model(*opt);
 #else

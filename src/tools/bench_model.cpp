@@ -192,8 +192,8 @@ int run_bench_model(const BenchModelOptions& opt) {
   b.synchronize();
 
   Timer timer(b.stream());
-  if (opt.linear_gemv_max_tokens > 0) b.linear_gemv_max_tokens = opt.linear_gemv_max_tokens;
-  out["linear_gemv_max_tokens"] = b.linear_gemv_max_tokens;
+  if (opt.linear_gemv_max_tokens > 0) b.tuning.linear_gemv_max_tokens = opt.linear_gemv_max_tokens;
+  out["linear_gemv_max_tokens"] = b.tuning.linear_gemv_max_tokens;
   // ---- per-op profile ----
   nlohmann::json prof = nlohmann::json::array();
   for (int B : opt.profile_batches) {

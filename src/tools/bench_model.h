@@ -10,6 +10,11 @@ namespace moeserve::tools {
 
 struct BenchModelOptions {
   std::string synthetic;   // "minimax-m2.5"
+  // --explain-dispatch: print the kernel selectors' choice per op for the decode buckets and
+  // prefill sizes on --device-profile (tools/explain_dispatch.h; no GPU needed) and exit;
+  // --markdown: the CUDA README's generated op table instead.
+  bool explain_dispatch = false, explain_markdown = false;
+  std::string device_profile = "h200";
   std::string checkpoint;  // checkpoint dir, loaded through MiniMaxM2Model::load
   int layers = 0;          // 0: 4 synthetic layers / every layer of the checkpoint
   int warmup_ms = 0;       // replay each decode graph for about this long before timing it

@@ -34,18 +34,18 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     const double flop = 2.0 * T * l.N * l.K;
     double ms[4];
     for (int path = 0; path < 4; ++path) {  // bf16 mma, cuBLASLt FP8, FP8 mma.sync 64x128, FP8 wgmma 64x256
-      b.use_fp8_act_gemm = path > 0;
-      b.use_lt_fp8 = path == 1;
-      cuda::g_fp8_gemm_wgmma = path == 3;
+      b.tuning.use_fp8_act_gemm = path > 0;
+      b.tuning.use_lt_fp8 = path == 1;
+      b.tuning.fp8_gemm_wgmma = path == 3;
       ms[path] = median_ms([&] { b.linear(in, w, out); });
     }
-    cuda::g_fp8_gemm_wgmma = true;
+    b.tuning.fp8_gemm_wgmma = true;
     std::printf("[bench] %-7s T=%d N=%d K=%d: bf16 mma %.3f ms (%.0f TF/s) | lt fp8 %.3f (%.0f) | mma fp8 %.3f (%.0f) | wgmma %.3f (%.0f)\n",
                 l.name, T, l.N, l.K, ms[0], flop / ms[0] / 1e9, ms[1], flop / ms[1] / 1e9, ms[2], flop / ms[2] / 1e9,
                 ms[3], flop / ms[3] / 1e9);
   }
-  b.use_fp8_act_gemm = true;
-  b.use_lt_fp8 = true;
+  b.tuning.use_fp8_act_gemm = true;
+  b.tuning.use_lt_fp8 = true;
 
   // Causal attention of one 8k sequence, 48 q / 8 kv heads x 128, paged cache of 16-token blocks.
   {
@@ -54,12 +54,12 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     Tensor out = b.alloc(DType::BF16, {T, Hq * D});
     AttentionArgs a{&pp.q, &pp.kv, &pp.meta, Hq, Hkv, D, 0.088f, &out};
     const double flop = 4.0 * double(T) * (T + 1) / 2 * D * Hq;
-    b.use_attention_wgmma = false;
-    b.use_attention_prefill = false;
+    b.tuning.use_attention_wgmma = false;
+    b.tuning.use_attention_prefill = false;
     const double old_ms = median_ms([&] { b.attention(a); });
-    b.use_attention_prefill = true;
+    b.tuning.use_attention_prefill = true;
     const double new_ms = median_ms([&] { b.attention(a); });
-    b.use_attention_wgmma = true;
+    b.tuning.use_attention_wgmma = true;
     const double wg_ms = median_ms([&] { b.attention(a); });
     std::printf("[bench] attention T=%d causal: tc %.3f ms (%.0f TF/s) | pipelined %.3f ms (%.0f TF/s) | wgmma%s %.3f ms (%.0f TF/s)\n",
                 T, old_ms, flop / old_ms / 1e9, new_ms, flop / new_ms / 1e9,
@@ -74,10 +74,10 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     b.fill_random(moe.gate, 21, 0.02f);
     moe.num_experts = E, moe.top_k = K;
     MoeRouting r{b.alloc(DType::I32, {T, K}), b.alloc(DType::F32, {T, K})};
-    const int saved = b.router_gemm_min_tokens;
-    b.router_gemm_min_tokens = 0;
+    const int saved = b.tuning.router_gemm_min_tokens;
+    b.tuning.router_gemm_min_tokens = 0;
     const double old_ms = median_ms([&] { b.moe_route(x, moe, r); });
-    b.router_gemm_min_tokens = saved;
+    b.tuning.router_gemm_min_tokens = saved;
     const double new_ms = median_ms([&] { b.moe_route(x, moe, r); });
     std::printf("[bench] router  T=%d E=%d: CUDA-core %.3f ms | f32 GEMM + top-k %.3f ms\n", T, E, old_ms, new_ms);
   }
@@ -101,12 +101,12 @@ TEST(CudaPrefillBench, M25Shapes8k) {
     MoeRouting r{ints_to_device(ids, {T, K}), to_device(wts, DType::F32, {T, K})};
     Tensor out = b.alloc(DType::BF16, {T, H});
     const double flop = 2.0 * 3 * T * K * double(H) * I;
-    b.use_fp8_act_gemm = false;
+    b.tuning.use_fp8_act_gemm = false;
     const double old_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    b.use_fp8_act_gemm = true;
-    cuda::g_fp8_gemm_wgmma = false;
+    b.tuning.use_fp8_act_gemm = true;
+    b.tuning.fp8_gemm_wgmma = false;
     const double new_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });
-    cuda::g_fp8_gemm_wgmma = true;
+    b.tuning.fp8_gemm_wgmma = true;
     const double wg_ms = median_ms([&] { b.moe_experts(x, moe, r, out); });  // default: wgmma 128 x 256
     std::printf("[bench] experts T=%d E=%d k=%d I=%d: bf16 mma %.3f ms (%.0f TF/s) | fp8 mma.sync %.3f ms (%.0f) | "
                 "default (wgmma 128x256) %.3f ms (%.0f)\n",
@@ -181,12 +181,12 @@ TEST(CudaPrefillBench, GroupedGemm8k) {
   double ms[3][2] = {};
   const bool wg = cuda::gemm_fp8_wgmma_supported(up) && cuda::gemm_fp8_wgmma_supported(down);
   for (int path = 0; path < (wg ? 3 : 1); ++path) {  // mma.sync, wgmma 64 x 256, 128 x 256
-    cuda::g_fp8_gemm_wgmma = path > 0;
+    b.tuning.fp8_gemm_wgmma = path > 0;
     if (path == 2) use_table(up, t128, nt128, 128), use_table(down, t128, nt128, 128);
     ms[path][0] = median_ms([&] { cuda::launch_gemm_fp8(up, xa, b.stream()); });
     ms[path][1] = median_ms([&] { cuda::launch_gemm_fp8(down, aa, b.stream()); });
   }
-  cuda::g_fp8_gemm_wgmma = true;
+  b.tuning.fp8_gemm_wgmma = true;
   const char* names[3] = {"mma.sync", "wgmma 64x256", "wgmma 128x256"};
   for (int path = 0; path < (wg ? 3 : 1); ++path)
     std::printf("[bench] grouped gemm T=%d E=%d k=%d tiles64=%d tiles128=%d %-14s: up %.3f ms (%.0f TF/s) | down %.3f ms (%.0f) | both %.3f ms (%.0f TF/s)\n",
@@ -237,10 +237,10 @@ TEST(CudaPrefillBench, Attention) {
     double pairs = 0;
     for (int i = 0; i < sh.qlen; ++i) pairs += sh.ctx - sh.qlen + i + 1;
     const double flop = 4.0 * pairs * sh.seqs * D * Hq;
-    b.use_attention_wgmma = false;
+    b.tuning.use_attention_wgmma = false;
     const double pipe_ms = median_ms([&] { b.attention(a); });
     const std::vector<float> ref = b.download_f32(out);
-    b.use_attention_wgmma = true;
+    b.tuning.use_attention_wgmma = true;
     std::printf("[bench] attention %d x (q %d, ctx %d): pipelined %.3f ms (%.0f TF/s) | wgmma%s", sh.seqs, sh.qlen,
                 sh.ctx, pipe_ms, flop / pipe_ms / 1e9, cuda::attention_wgmma_available() ? "" : " (unavailable: fallback)");
     // The default (the warp-specialised kernel; its variants and the previous two-warpgroup

@@ -99,9 +99,9 @@ TEST_P(CudaAttention, MatchesReference) {
   // MOESERVE_TEST_ATTN_MODE=m: only mode m (diagnostics).
   const char* only = std::getenv("MOESERVE_TEST_ATTN_MODE");
   auto run_mode = [&](int mode, const KVCacheLayer& cache, const char* what) {
-    gpu().use_attention_wgmma = mode == 0;
-    gpu().use_attention_prefill = mode <= 1;
-    gpu().use_attention_tc = mode < 3;
+    gpu().tuning.use_attention_wgmma = mode == 0;
+    gpu().tuning.use_attention_prefill = mode <= 1;
+    gpu().tuning.use_attention_tc = mode < 3;
     Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});  // poisoned
     AttentionArgs a{&dq, &cache, &meta, c.Hq, c.Hkv, c.D, scale, &out};
     gpu().attention(a);
@@ -124,9 +124,9 @@ TEST_P(CudaAttention, MatchesReference) {
                         to_device(vn, DType::BF16, {num_blocks, bs, c.Hkv, c.D})};
     run_mode(0, kv_nan, " (NaN outside the contexts)");
   }
-  gpu().use_attention_wgmma = true;
-  gpu().use_attention_prefill = true;
-  gpu().use_attention_tc = true;
+  gpu().tuning.use_attention_wgmma = true;
+  gpu().tuning.use_attention_prefill = true;
+  gpu().tuning.use_attention_tc = true;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -128,9 +128,9 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
   std::vector<float> v1_out, v2_out, v2_cache_k;
   for (int var = 0; var < kVars; ++var) {
     const int fused = vars[var].version > 0;
-    gpu().attn_decode_max_tokens = fused ? 64 : 0;
-    gpu().attn_decode_version = vars[var].version;
-    gpu().attn_decode_max_splits = vars[var].max_splits;
+    gpu().tuning.attn_decode_max_tokens = fused ? 64 : 0;
+    gpu().tuning.attn_decode_version = vars[var].version;
+    gpu().tuning.attn_decode_max_splits = vars[var].max_splits;
     auto g = run(gpu(), true);
     EXPECT_LT(rel_err(real_rows(g[0]), real_rows(r[0])), 1e-2) << "attention out, variant " << var;
     EXPECT_LT(rel_err(g[1], r[1]), 1e-2) << "k cache, variant " << var;
@@ -153,9 +153,9 @@ TEST_P(CudaQkNormRopeAttention, MatchesCpu) {
   // Version 2 rounds P to bf16 for the tensor-core P V; against version 1 (fp32 P) it stays
   // within a few bf16 ulps of the output.
   EXPECT_LT(rel_err(v2_out, v1_out), 5e-3) << "version 2 vs version 1";
-  gpu().attn_decode_version = 2;
-  gpu().attn_decode_max_splits = 8;
-  gpu().attn_decode_max_tokens = 64;
+  gpu().tuning.attn_decode_version = 2;
+  gpu().tuning.attn_decode_max_splits = 8;
+  gpu().tuning.attn_decode_max_tokens = 64;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaQkNormRopeAttention,
@@ -211,7 +211,7 @@ TEST(CudaAttnDecodeTiming, Phases) {
     qa.rope = {D, 64, 5e6f};
     AttentionArgs aa{&tq, &kv, &m, Hq, Hkv, D, 1.f / std::sqrt(float(D)), &out};
     for (int ver : {1, 2}) {
-      gpu().attn_decode_version = ver;
+      gpu().tuning.attn_decode_version = ver;
       for (int i = 0; i < 20; ++i) gpu().qk_norm_rope_attention(qa, tv, kv, m, aa);
       gpu().synchronize();
       const auto t0 = std::chrono::steady_clock::now();
@@ -247,7 +247,7 @@ TEST(CudaAttnDecodeTiming, Phases) {
       }
     }
   }
-  gpu().attn_decode_version = 2;
+  gpu().tuning.attn_decode_version = 2;
 }
 
 }  // namespace

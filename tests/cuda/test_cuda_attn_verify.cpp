@@ -99,9 +99,9 @@ VerifyRun run_case(int Hq, int Hkv, int D, int bs, bool fp8, const std::vector<V
   const AttentionMeta dm = meta_on(true, T + pad);
   Tensor dq = to_device(q, DType::BF16, {T + pad, Hq * D});
   Tensor out = to_device(std::vector<float>(size_t(T + pad) * Hq * D, NAN), DType::BF16, {T + pad, Hq * D});
-  gpu().use_attention_verify = verify_kernel;
+  gpu().tuning.use_attention_verify = verify_kernel;
   gpu().attention(AttentionArgs{&dq, &dkv, &dm, Hq, Hkv, D, scale, &out});
-  gpu().use_attention_verify = true;
+  gpu().tuning.use_attention_verify = true;
   auto got = gpu().download_f32(out);
   got.resize(ref.size());
   VerifyRun r;
@@ -305,10 +305,10 @@ AttnTime time_attention(bool fp8, int B, int ctx, int k) {
   Tensor out = gpu().alloc(DType::BF16, {T, Hq * D});
   double ms[2];
   for (int v = 0; v < 2; ++v) {
-    gpu().use_attention_verify = v == 1;
+    gpu().tuning.use_attention_verify = v == 1;
     ms[v] = event_median_ms([&] { gpu().attention(AttentionArgs{&q, &kv, &m, Hq, Hkv, D, 0.088f, &out}); });
   }
-  gpu().use_attention_verify = true;
+  gpu().tuning.use_attention_verify = true;
   return {ms[0], ms[1], double(B) * (ctx + k) * W * 2 * (fp8 ? 1 : 2) / 1e9};
 }
 

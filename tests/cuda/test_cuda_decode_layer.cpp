@@ -263,13 +263,13 @@ void run_cases(int E, int top_k, int layers_n, const std::vector<int>& ctxs, boo
     const Case c = make_case(ctx, rng);
     auto res = randn(kH, rng), moe_in = randn(kH, rng, 0.5f);
     // Reference: the separate CUDA ops, eagerly, with the router gap of each layer.
-    b.decode_mega = false;
+    b.tuning.decode_mega = false;
     Step rs = make_step(b, c, layers_n, top_k, res, moe_in, kc, vc);
     std::vector<double> gaps;
     run_step(b, layers, rs, [&](int l) { gaps.push_back(router_gap(b.download_f32(rs.x), gates[l], biases[l], top_k)); });
     const Result ref = collect(b, rs, c.slot());
     // Fused: eager once, then captured and replayed from the same starting state.
-    b.decode_mega = true;
+    b.tuning.decode_mega = true;
     Step fs = make_step(b, c, layers_n, top_k, res, moe_in, kc, vc);
     const uint64_t n0 = b.decode_mega_launches();
     run_step(b, layers, fs, [](int) {});

@@ -43,7 +43,7 @@ TEST_P(CudaLinearMultiDense, MatchesReferenceAndOldPath) {
     Tensor dx = to_device(x, DType::BF16, {T, K});
     std::vector<std::vector<float>> got[2];
     for (int dense = 1; dense >= 0; --dense) {
-      gpu().gemv_dense_max_tokens = dense ? 8 : 0;
+      gpu().tuning.gemv_dense_max_tokens = dense ? 8 : 0;
       std::vector<Tensor> outs;
       for (int n : widths) outs.push_back(poisoned(T, n));
       const LinearWeight* ws[3] = {&w[0].dev, &w[1].dev, &w[2].dev};
@@ -61,7 +61,7 @@ TEST_P(CudaLinearMultiDense, MatchesReferenceAndOldPath) {
     }
     for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(got[1][i], got[0][i]), 5e-3) << "shape " << shape << " output " << i;
   }
-  gpu().gemv_dense_max_tokens = kDefaultDense;
+  gpu().tuning.gemv_dense_max_tokens = kDefaultDense;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaLinearMultiDense, ::testing::Values(1, 2, 4, 8));
@@ -94,7 +94,7 @@ TEST_P(CudaAddNormLinearMultiDense, MatchesReferenceAndOldPath) {
     }
     std::vector<std::vector<float>> got[2];
     for (int dense = 1; dense >= 0; --dense) {
-      gpu().gemv_dense_max_tokens = dense ? 8 : 0;
+      gpu().tuning.gemv_dense_max_tokens = dense ? 8 : 0;
       for (int rep = 0; rep < 2; ++rep) {  // rep 1: the counter must have been reset
         Tensor tres = to_device(res, DType::BF16, {T, K}), tdx = to_device(dx, DType::BF16, {T, K});
         Tensor tnw = to_device(nw, DType::BF16, {K}), xn = poisoned(T, K);
@@ -124,7 +124,7 @@ TEST_P(CudaAddNormLinearMultiDense, MatchesReferenceAndOldPath) {
     }
     for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(got[1][i], got[0][i]), 5e-3) << "shape " << shape << " output " << i;
   }
-  gpu().gemv_dense_max_tokens = kDefaultDense;
+  gpu().tuning.gemv_dense_max_tokens = kDefaultDense;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormLinearMultiDense, ::testing::Values(1, 2, 4, 8));
@@ -157,8 +157,8 @@ TEST_P(CudaAddNormRouteDense, MatchesCpuAndOldPath) {
     std::vector<std::vector<float>> got[3];
     for (int cfg = 2; cfg >= 0; --cfg) {
       const int dense = cfg >= 1;
-      gpu().route_norm_dense = dense == 1;
-      cuda::g_route_fast_tail = cfg == 2;
+      gpu().tuning.route_norm_dense = dense == 1;
+      gpu().tuning.route_fast_tail = cfg == 2;
       for (int rep = 0; rep < 2; ++rep) {
         Tensor tres = to_device(res, DType::BF16, {T, H}), tdx = to_device(dx, DType::BF16, {T, H});
         Tensor tnw = to_device(nw, DType::BF16, {H}), out = poisoned(T, H);
@@ -179,7 +179,7 @@ TEST_P(CudaAddNormRouteDense, MatchesCpuAndOldPath) {
         }
       }
     }
-    cuda::g_route_fast_tail = true;
+    gpu().tuning.route_fast_tail = true;
     // The one-token tail (loads first, per-warp argmax top-k) against block_rank_topk: the same
     // residual, normed row, ids and weights, bit for bit (ties and the NaN row included).
     EXPECT_EQ(got[2], got[1]) << "one-token tail vs block_rank_topk tail";
@@ -231,7 +231,7 @@ TEST_P(CudaAddNormRouteDense, MatchesCpuAndOldPath) {
             EXPECT_NEAR(g[3][size_t(t) * K + a], cw[size_t(t) * K + a], 1e-4) << "token " << t;
     }
   }
-  gpu().route_norm_dense = true;
+  gpu().tuning.route_norm_dense = true;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAddNormRouteDense,

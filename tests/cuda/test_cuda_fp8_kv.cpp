@@ -184,16 +184,16 @@ TEST_P(CudaFp8KvAttention, MatchesCpuFp8Reference) {
   const AttentionMeta dm = meta_on(true);
   Tensor dq = to_device(q, DType::BF16, {T, c.Hq * c.D});
   for (int mode = 0; mode <= 3; ++mode) {
-    gpu().use_attention_wgmma = mode == 0;
-    gpu().use_attention_prefill = mode <= 1;
-    gpu().use_attention_tc = mode < 3;
+    gpu().tuning.use_attention_wgmma = mode == 0;
+    gpu().tuning.use_attention_prefill = mode <= 1;
+    gpu().tuning.use_attention_tc = mode < 3;
     Tensor out = to_device(std::vector<float>(size_t(T) * c.Hq * c.D, NAN), DType::BF16, {T, c.Hq * c.D});
     gpu().attention(AttentionArgs{&dq, &dkv, &dm, c.Hq, c.Hkv, c.D, scale, &out});
     const double e = rel_err(gpu().download_f32(out), ref);
     EXPECT_LT(e, 1e-2) << "mode " << mode;
     if (mode == 0) std::printf("[fp8-kv] cuda attention vs cpu fp8 reference: %.3g\n", e);
   }
-  gpu().use_attention_wgmma = gpu().use_attention_prefill = gpu().use_attention_tc = true;
+  gpu().tuning.use_attention_wgmma = gpu().tuning.use_attention_prefill = gpu().tuning.use_attention_tc = true;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -25,7 +25,7 @@ TEST_P(CudaLinearMulti, MatchesSeparateReference) {
   const std::vector<int> widths = {768, 128, 144};
   for (int variant = 0; variant < 3; ++variant) {
     const bool fp8 = variant != 2;
-    gpu().fuse_linear_multi = variant != 1;
+    gpu().tuning.fuse_linear_multi = variant != 1;
     std::vector<HostWeight> w;
     for (int n : widths) w.push_back(make_weight(n, K, fp8, rng));
     auto x = randn(size_t(T) * K, rng);
@@ -40,7 +40,7 @@ TEST_P(CudaLinearMulti, MatchesSeparateReference) {
       EXPECT_LT(rel_err(gpu().download_f32(outs[i]), ref), 1e-2) << "variant " << variant << " output " << i;
     }
   }
-  gpu().fuse_linear_multi = true;
+  gpu().tuning.fuse_linear_multi = true;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaLinearMulti, ::testing::Values(1, 5, 64, 70));
@@ -65,7 +65,7 @@ TEST_P(CudaQkNormRopeWriteKv, MatchesCpu) {
     slots[t] = (t == 1) ? -1 : blocks * bs - 1 - t;  // token 1: padding, not written
   }
   for (int fused = 1; fused >= 0; --fused) {
-    gpu().fuse_qk_write_kv = fused == 1;
+    gpu().tuning.fuse_qk_write_kv = fused == 1;
     auto run = [&](Backend& b, bool on_gpu) {
       auto T_ = [&](const std::vector<float>& x, const Shape& s) {
         return on_gpu ? to_device(x, DType::BF16, s) : host_f32(x, s);
@@ -89,7 +89,7 @@ TEST_P(CudaQkNormRopeWriteKv, MatchesCpu) {
     const char* names[4] = {"q", "k", "k cache", "v cache"};
     for (int i = 0; i < 4; ++i) EXPECT_LT(rel_err(g[i], r[i]), 1e-2) << names[i] << " fused " << fused;
   }
-  gpu().fuse_qk_write_kv = true;
+  gpu().tuning.fuse_qk_write_kv = true;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaQkNormRopeWriteKv,
@@ -110,7 +110,7 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
   std::mt19937 rng(T * 5 + 1);
   auto res = randn(size_t(T) * H, rng), dx = randn(size_t(T) * H, rng), nw = randn(H, rng, 0.5f);
   auto gate = randn(size_t(E) * H, rng, 0.02f, false), bias = randn(E, rng, 0.01f, false);
-  gpu().route_norm_dense = false;  // the previous kernels (k_route_dense.cu: test_cuda_dense.cpp)
+  gpu().tuning.route_norm_dense = false;  // the previous kernels (k_route_dense.cu: test_cuda_dense.cpp)
   {
     const int fused = 0;
     auto run = [&](Backend& b, bool on_gpu) {
@@ -150,7 +150,7 @@ TEST_P(CudaAddNormRoute, MatchesCpu) {
             EXPECT_NEAR(g[3][size_t(t) * K + a], cw[size_t(t) * K + a], 1e-4) << "token " << t;
     }
   }
-  gpu().route_norm_dense = true;
+  gpu().tuning.route_norm_dense = true;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormRoute, ::testing::Values(1, 3, 6));
@@ -181,8 +181,8 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
     for (int h = 0; h < K; ++h)
       xn_ref[size_t(t) * K + h] = bf16_to_f32(f32_to_bf16(float(r_ref[size_t(t) * K + h] * r * nw[h])));
   }
-  const int saved_dense = gpu().gemv_dense_max_tokens;
-  gpu().gemv_dense_max_tokens = 0;  // the previous kernels (k_gemv_dense.cu: test_cuda_dense.cpp)
+  const int saved_dense = gpu().tuning.gemv_dense_max_tokens;
+  gpu().tuning.gemv_dense_max_tokens = 0;  // the previous kernels (k_gemv_dense.cu: test_cuda_dense.cpp)
   {
     const int fused = 0;
     Tensor tres = to_device(res, DType::BF16, {T, K}), tdx = to_device(dx, DType::BF16, {T, K});
@@ -199,7 +199,7 @@ TEST_P(CudaAddNormLinearMulti, MatchesReference) {
       EXPECT_LT(rel_err(gpu().download_f32(outs[i]), ref), 1e-2) << "output " << i << ", fused " << fused;
     }
   }
-  gpu().gemv_dense_max_tokens = saved_dense;
+  gpu().tuning.gemv_dense_max_tokens = saved_dense;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaAddNormLinearMulti, ::testing::Values(1, 3, 6));

@@ -151,7 +151,7 @@ TEST(CudaDecodeGraphsBig, Fp8PathsInsideGraphsMatchPaddedEager) {
   }
   {
     auto be = make_cuda_backend(0);
-    be->prefill_paths_in_graphs = false;
+    be->tuning.prefill_paths_in_graphs = false;
     CudaBackend* cb = be.get();
     RankExecutor ex(std::move(be), eo);
     old_graphs = run_big(ex, &ref);

@@ -354,10 +354,10 @@ TEST(CudaMla, PrefillChunksAndMixedBatch) {
   BigCase cs;
   cs.H = 128;
   cs.seqs = {{0, 300}, {500, 40}, {77, 1}};
-  const size_t keep = gpu().mla_chunk_bytes;
-  gpu().mla_chunk_bytes = size_t(120) * 128 * (576 + 512) * 2;
+  const size_t keep = gpu().tuning.mla_chunk_bytes;
+  gpu().tuning.mla_chunk_bytes = size_t(120) * 128 * (576 + 512) * 2;
   expect_big("prefill 300 + chunk 40 over 500 + decode (128 heads, 120-token passes)", cs);
-  gpu().mla_chunk_bytes = keep;
+  gpu().tuning.mla_chunk_bytes = keep;
 }
 
 TEST(CudaMla, OddLatentDimsTakeTheElementPath) {

@@ -24,7 +24,7 @@ class CudaRouter : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 TEST_P(CudaRouter, MatchesReference) {
   SKIP_WITHOUT_GPU();
   const int T = std::get<0>(GetParam());
-  gpu().fuse_router = std::get<1>(GetParam());
+  gpu().tuning.fuse_router = std::get<1>(GetParam());
   std::mt19937 rng(11 + T);
   const int H = 3072, E = 256, K = 8;
   auto x = randn(size_t(T) * H, rng);
@@ -59,7 +59,7 @@ TEST_P(CudaRouter, MatchesReference) {
       EXPECT_NEAR(w[size_t(t) * K + j], s[order[j]] / sum, 1e-4);
     }
   }
-  gpu().fuse_router = true;
+  gpu().tuning.fuse_router = true;
 }
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaRouter,
                          ::testing::Combine(::testing::Values(1, 6, 8, 20), ::testing::Values(true, false)));
@@ -121,22 +121,22 @@ TEST_P(CudaMoeExperts, MatchesReference) {
   // with the kernels: docs/bench/cuda_switch_inventory.md.)
   std::vector<std::vector<float>> results(4);
   for (int mode = 0; mode < 4; ++mode) {
-    const int saved = gpu().moe_gemv_max_tokens, saved_direct = gpu().moe_direct_max_tokens;
-    gpu().moe_gemv_max_tokens = mode == 2 ? 0 : saved;
-    gpu().moe_direct_max_tokens = mode == 3 ? 1 << 20 : mode == 0 ? saved_direct : 0;
-    gpu().use_gemv_tc = mode != 1;
+    const int saved = gpu().tuning.moe_gemv_max_tokens, saved_direct = gpu().tuning.moe_direct_max_tokens;
+    gpu().tuning.moe_gemv_max_tokens = mode == 2 ? 0 : saved;
+    gpu().tuning.moe_direct_max_tokens = mode == 3 ? 1 << 20 : mode == 0 ? saved_direct : 0;
+    gpu().tuning.use_gemv_tc = mode != 1;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
-    gpu().moe_gemv_max_tokens = saved;
-    gpu().moe_direct_max_tokens = saved_direct;
-    gpu().use_gemv_tc = true;
+    gpu().tuning.moe_gemv_max_tokens = saved;
+    gpu().tuning.moe_direct_max_tokens = saved_direct;
+    gpu().tuning.use_gemv_tc = true;
     auto got = gpu().download_f32(out);
     results[mode] = got;
     // The grouped GEMM from fp8_act_min_tokens rows quantises x and silu(g) * u to FP8 (each
     // within 2^-4 relative): the documented expert bound 2 x (2^-4 + 1e-2); measured 0.043 at
     // T = 250 / 300 on the H200. Every other path keeps bf16 activations: 2e-2.
-    const bool fp8_act = c.fp8 && gpu().use_fp8_act_gemm && c.T >= gpu().fp8_act_min_tokens &&
-                         (mode == 2 || c.T > gpu().moe_gemv_max_tokens);
+    const bool fp8_act = c.fp8 && gpu().tuning.use_fp8_act_gemm && c.T >= gpu().tuning.fp8_act_min_tokens &&
+                         (mode == 2 || c.T > gpu().tuning.moe_gemv_max_tokens);
     EXPECT_LT(rel_err(got, ref), fp8_act ? 2 * (0.0625 + 1e-2) : 2e-2) << "mode " << mode;
   }
 }

@@ -105,14 +105,14 @@ TEST_P(CudaMoeInt4, MatchesCpuBackend) {
   const auto got = gpu().download_f32(out);
   const double err = rel_err(got, want);
   std::printf("[int4 moe] T=%d H=%d I=%d E=%d/%d top-%d group %d (%s): rel err %.3g\n", c.T, c.H, c.I, c.E_local, c.E,
-              c.K, c.group, c.T <= gpu().moe_gemv_max_tokens ? "GEMV tiles" : "GEMM tiles", err);
+              c.K, c.group, c.T <= gpu().tuning.moe_gemv_max_tokens ? "GEMV tiles" : "GEMM tiles", err);
   EXPECT_LT(err, 1e-2);
   // The other path at the same T (GEMM tiles at decode sizes, GEMV tiles at prefill sizes).
-  const int saved = gpu().moe_gemv_max_tokens;
-  gpu().moe_gemv_max_tokens = c.T <= saved ? 0 : 1 << 20;
+  const int saved = gpu().tuning.moe_gemv_max_tokens;
+  gpu().tuning.moe_gemv_max_tokens = c.T <= saved ? 0 : 1 << 20;
   Tensor out2 = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
   gpu().moe_experts(dx, dev, r, out2);
-  gpu().moe_gemv_max_tokens = saved;
+  gpu().tuning.moe_gemv_max_tokens = saved;
   const double err2 = rel_err(gpu().download_f32(out2), want);
   std::printf("[int4 moe]   other tiles: rel err %.3g\n", err2);
   EXPECT_LT(err2, 1e-2);

@@ -171,24 +171,24 @@ TEST_P(CudaLinear, MatchesReference) {
   Tensor dx = to_device(x, DType::BF16, {c.T, c.K});
   auto ref = ref_linear(x, w.deq, c.T, c.N, c.K);
   // Default dispatch, then each path forced: GEMM only, GEMV only.
-  const int saved_max = gpu().linear_gemv_max_tokens, saved_narrow = gpu().linear_gemv_narrow_n;
-  const int saved_tc = gpu().linear_gemv_tc_max_tokens;
+  const int saved_max = gpu().tuning.linear_gemv_max_tokens, saved_narrow = gpu().tuning.linear_gemv_narrow_n;
+  const int saved_tc = gpu().tuning.linear_gemv_tc_max_tokens;
   // Modes 2 and 3 force the GEMV with and without the tensor-core FP8 kernel.
   for (int mode = 0; mode < 4; ++mode) {
-    gpu().linear_gemv_max_tokens = mode == 0 ? saved_max : mode == 1 ? 0 : 1 << 20;
-    gpu().linear_gemv_narrow_n = mode == 1 ? 0 : saved_narrow;
-    gpu().linear_gemv_tc_max_tokens = mode == 1 ? 0 : saved_tc;
-    gpu().use_gemv_tc = mode != 3;
+    gpu().tuning.linear_gemv_max_tokens = mode == 0 ? saved_max : mode == 1 ? 0 : 1 << 20;
+    gpu().tuning.linear_gemv_narrow_n = mode == 1 ? 0 : saved_narrow;
+    gpu().tuning.linear_gemv_tc_max_tokens = mode == 1 ? 0 : saved_tc;
+    gpu().tuning.use_gemv_tc = mode != 3;
     for (DType od : {DType::BF16, DType::F32}) {
       Tensor out = gpu().alloc(od, {c.T, c.N});
       gpu().linear(dx, w.dev, out);
       EXPECT_LT(rel_err(gpu().download_f32(out), ref), 1e-2) << "out " << dtype_name(od) << " mode " << mode;
     }
   }
-  gpu().use_gemv_tc = true;
-  gpu().linear_gemv_tc_max_tokens = saved_tc;
-  gpu().linear_gemv_max_tokens = saved_max;
-  gpu().linear_gemv_narrow_n = saved_narrow;
+  gpu().tuning.use_gemv_tc = true;
+  gpu().tuning.linear_gemv_tc_max_tokens = saved_tc;
+  gpu().tuning.linear_gemv_max_tokens = saved_max;
+  gpu().tuning.linear_gemv_narrow_n = saved_narrow;
 }
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaLinear,

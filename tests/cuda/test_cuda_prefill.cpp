@@ -102,8 +102,8 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
   const bool fp8_kernels = cuda::code_arch() >= 890;
   for (int path = 0; path < 3; ++path) {
     if (!fp8_kernels && path > 0) continue;
-    b.use_lt_fp8 = path == 0;
-    cuda::g_fp8_gemm_wgmma = path != 2;
+    b.tuning.use_lt_fp8 = path == 0;
+    b.tuning.fp8_gemm_wgmma = path != 2;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.N, NAN), DType::BF16, {c.T, c.N});
     b.linear(dx, w.dev, out);
     const auto got = b.download_f32(out);
@@ -113,8 +113,8 @@ TEST_P(CudaPrefillLinear, Fp8ActivationsWithinBound) {
     EXPECT_LT(fp8_kernels ? eq : std::min(eq, e), 1e-2) << "path " << path;
     EXPECT_LT(e, kLinQuantBound) << "path " << path;
   }
-  b.use_lt_fp8 = true;
-  cuda::g_fp8_gemm_wgmma = true;
+  b.tuning.use_lt_fp8 = true;
+  b.tuning.fp8_gemm_wgmma = true;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillLinear,
                          ::testing::Values(PCase{128, 512, 512},    // smallest T on the path, K/128 = 4
@@ -137,7 +137,7 @@ TEST(CudaPrefill, RouterGemmMatchesReference) {
   moe.score_bias = to_device(bias, DType::F32, {E});
   moe.num_experts = E, moe.top_k = K;
   MoeRouting r;
-  ASSERT_GE(T, gpu().router_gemm_min_tokens);
+  ASSERT_GE(T, gpu().tuning.router_gemm_min_tokens);
   gpu().moe_route(to_device(x, DType::BF16, {T, H}), moe, r);
   auto ids = gpu().download_f32(r.expert_ids), w = gpu().download_f32(r.weights);
   int mismatches = 0;
@@ -210,11 +210,11 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
   // the forced scalar combine / single-block align left the tree with their switches:
   // docs/bench/cuda_switch_inventory.md.)
   // Every case on the grouped GEMMs (decode-sized T would otherwise take the GEMV tiles).
-  const int saved_gemv = gpu().moe_gemv_max_tokens;
-  gpu().moe_gemv_max_tokens = 0;
+  const int saved_gemv = gpu().tuning.moe_gemv_max_tokens;
+  gpu().tuning.moe_gemv_max_tokens = 0;
   for (int mode : {2, 1, 0}) {
-    gpu().use_fp8_act_gemm = mode > 0;
-    cuda::g_fp8_gemm_wgmma = mode >= 2;
+    gpu().tuning.use_fp8_act_gemm = mode > 0;
+    gpu().tuning.fp8_gemm_wgmma = mode >= 2;
     Tensor out = to_device(std::vector<float>(size_t(c.T) * c.H, NAN), DType::BF16, {c.T, c.H});
     gpu().moe_experts(dx, moe, r, out);
     const std::vector<float> got = gpu().download_f32(out);
@@ -223,9 +223,9 @@ TEST_P(CudaPrefillExperts, MatchesCpuOp) {
                 c.K, c.skew, mode, e);
     EXPECT_LT(e, mode > 0 ? 2 * kLinQuantBound : 2e-2) << "mode " << mode;
   }
-  gpu().use_fp8_act_gemm = true;
-  cuda::g_fp8_gemm_wgmma = true;
-  gpu().moe_gemv_max_tokens = saved_gemv;
+  gpu().tuning.use_fp8_act_gemm = true;
+  gpu().tuning.fp8_gemm_wgmma = true;
+  gpu().tuning.moe_gemv_max_tokens = saved_gemv;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillExperts,
                          ::testing::Values(ECase{130, 256, 128, 8, 2, 0},     // just above the threshold

@@ -45,7 +45,7 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
   std::vector<uint16_t> res[2], x[2], y[2];
   std::vector<float> ids[2], w[2];
   for (int fused = 0; fused < 2; ++fused) {
-    be.prefill_moe_norm_quant = fused == 1;
+    be.tuning.prefill_moe_norm_quant = fused == 1;
     const uint64_t uses = be.prequant_uses();
     Tensor dres = to_device(res0, DType::BF16, {T, H});
     Tensor dx = be.alloc(DType::BF16, {T, H}), dy = to_device(std::vector<float>(size_t(T) * H, NAN), DType::BF16, {T, H});
@@ -56,7 +56,7 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
     ids[fused] = be.download_f32(r.expert_ids), w[fused] = be.download_f32(r.weights);
     EXPECT_EQ(be.prequant_uses() - uses, uint64_t(fused)) << "the experts took the norm's codes";
   }
-  be.prefill_moe_norm_quant = true;
+  be.tuning.prefill_moe_norm_quant = true;
   EXPECT_EQ(res[0], res[1]) << "residual";
   EXPECT_EQ(x[0], x[1]) << "normed x";
   EXPECT_EQ(ids[0], ids[1]) << "expert ids";
@@ -72,7 +72,7 @@ TEST(CudaPrefillFused, NormQuantExpertsSameAsUnfused) {
   cpu->moe_experts(host_f32(xf, {T, H}), hmoe, hr, hout);
   const double e = rel_err(yf, std::vector<float>(hout.ptr<float>(), hout.ptr<float>() + hout.numel()));
   std::printf("[prefill fused] norm + experts' quantisation T=%d: vs CPU op %.3e\n", T, e);
-  ASSERT_GT(T, be.moe_gemv_max_tokens);
+  ASSERT_GT(T, be.tuning.moe_gemv_max_tokens);
   EXPECT_LT(e, 2 * kQuantBound);
 }
 
@@ -103,13 +103,13 @@ TEST(CudaPrefillFusedBench, M25Ops8k) {
     b.fill_random(add, 42, 0.01f);  // (small: the residual barely grows over the repetitions)
     b.fill_random(nw, 43, 1.f);
     MoeRouting r;
-    const bool saved_nq = b.prefill_moe_norm_quant, saved_vec = b.prefill_moe_quant_vec;
+    const bool saved_nq = b.tuning.prefill_moe_norm_quant, saved_vec = b.tuning.prefill_moe_quant_vec;
     for (int round = 0; round < 4; ++round) {
       std::vector<std::pair<const char*, double>> v;
       for (int k = 0; k < 4; ++k) {  // before, quantisations on the vec kernel, x's fused into the norm, both
         const int mode = round % 2 ? 3 - k : k;
-        b.prefill_moe_quant_vec = mode & 1;
-        b.prefill_moe_norm_quant = mode & 2;
+        b.tuning.prefill_moe_quant_vec = mode & 1;
+        b.tuning.prefill_moe_norm_quant = mode & 2;
         const char* n[4] = {"before", "quant_vec", "norm fused", "both"};
         v.push_back({n[mode], event_median_ms([&] {
                        b.add_rms_norm_route(res, add, nw, 1e-6f, x, moe, r);
@@ -118,7 +118,7 @@ TEST(CudaPrefillFusedBench, M25Ops8k) {
       }
       pr("norm + route + experts", v);
     }
-    b.prefill_moe_norm_quant = saved_nq, b.prefill_moe_quant_vec = saved_vec;
+    b.tuning.prefill_moe_norm_quant = saved_nq, b.tuning.prefill_moe_quant_vec = saved_vec;
   }
 }
 

@@ -107,10 +107,10 @@ struct GpuRoute {
   void run() { gpu().moe_route(x, m, r); }
   // gemm = false: the logits GEMV even where eager steps take the router GEMM (T >= 64).
   void run(bool gemm) {
-    const int keep = gpu().router_gemm_min_tokens;
-    if (!gemm) gpu().router_gemm_min_tokens = 1 << 30;
+    const int keep = gpu().tuning.router_gemm_min_tokens;
+    if (!gemm) gpu().tuning.router_gemm_min_tokens = 1 << 30;
     run();
-    gpu().router_gemm_min_tokens = keep;
+    gpu().tuning.router_gemm_min_tokens = keep;
   }
   Routed get() {
     gpu().synchronize();
@@ -131,7 +131,7 @@ TEST_P(CudaRouteGrouped, ExactSelection) {
     const Routed ref = run_cpu(*f, c, T);
     GpuRoute g(*f, c, T);
     for (bool gemm : {false, true}) {
-      if (gemm && T < gpu().router_gemm_min_tokens) continue;
+      if (gemm && T < gpu().tuning.router_gemm_min_tokens) continue;
       g.run(gemm);
       const Routed got = g.get();
       SCOPED_TRACE(gemm ? "router GEMM" : "logits GEMV");
@@ -158,7 +158,7 @@ TEST_P(CudaRouteGrouped, RandomInputs) {
     const Routed ref = run_cpu(*f, c, T);
     GpuRoute g(*f, c, T);
     for (bool gemm : {false, true}) {
-      if (gemm && T < gpu().router_gemm_min_tokens) continue;
+      if (gemm && T < gpu().tuning.router_gemm_min_tokens) continue;
       g.run(gemm);
       const Routed got = g.get();
       SCOPED_TRACE(gemm ? "router GEMM" : "logits GEMV");

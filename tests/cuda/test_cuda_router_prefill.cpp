@@ -116,7 +116,7 @@ TEST_P(CudaRouterPrefill, SplitBf16MatchesReference) {
   EXPECT_LT(le.split_rel, std::ldexp(1.0, -15));
   // Selection through the backend (default path: split-bf16 GEMM + warp top-k).
   CudaBackend& b = gpu();
-  ASSERT_TRUE(b.router_split_bf16 && cuda::g_route_topk_warp != 0);
+  ASSERT_TRUE(b.tuning.router_split_bf16 && b.tuning.route_topk_warp != 0);
   const MoeWeights moe = device_router(c);
   MoeRouting r;
   b.moe_route(to_device(c.x, DType::BF16, {T, H}), moe, r);
@@ -175,12 +175,12 @@ TEST(CudaRouterPrefill, SameAsF32Path) {
   Tensor dx = to_device(c.x, DType::BF16, {T, H});
   std::vector<float> ids[2], w[2];
   for (int path = 0; path < 2; ++path) {
-    b.router_split_bf16 = path == 0;
-    cuda::g_route_topk_warp = path == 0 ? 2 : 0;
+    b.tuning.router_split_bf16 = path == 0;
+    b.tuning.route_topk_warp = path == 0 ? 2 : 0;
     route_once(dx, moe, ids[path], w[path]);
   }
-  b.router_split_bf16 = true;
-  cuda::g_route_topk_warp = 2;
+  b.tuning.router_split_bf16 = true;
+  b.tuning.route_topk_warp = 2;
   int diff = 0;
   std::vector<double> l, mag;
   for (int t = 0; t < T; ++t) {
@@ -209,17 +209,17 @@ TEST(CudaRouterPrefill, GateSplitCacheSameAsPerCall) {
   SKIP_WITHOUT_GPU();
   const int T = 256, H = 3072, E = 256, K = 8;
   CudaBackend& b = gpu();
-  ASSERT_TRUE(b.router_split_bf16);
+  ASSERT_TRUE(b.tuning.router_split_bf16);
   for (int round = 0; round < 3; ++round) {
     const RouterCase c = make_router_case(T, H, E, K, 300 + round);
     const MoeWeights moe = device_router(c);
     Tensor dx = to_device(c.x, DType::BF16, {T, H});
     std::vector<float> ids[3], w[3];
     for (int path = 0; path < 3; ++path) {  // per call, cache miss, cache hit
-      b.gate_split_cache = path > 0;
+      b.tuning.gate_split_cache = path > 0;
       route_once(dx, moe, ids[path], w[path]);
     }
-    b.gate_split_cache = true;
+    b.tuning.gate_split_cache = true;
     for (int path = 1; path < 3; ++path) {
       EXPECT_EQ(ids[path], ids[0]) << "round " << round << " path " << path;
       EXPECT_EQ(0, std::memcmp(w[path].data(), w[0].data(), w[0].size() * 4)) << "round " << round << " path " << path;
@@ -251,11 +251,11 @@ TEST(CudaRouterPrefill, WarpTopkSameAsRouteKernel) {
       p.T = T, p.E = E, p.top_k = K, p.bias = db.ptr<float>();
       p.logits = dl.ptr<float>(), p.logits_split = split;
       p.ids = di.ptr<int32_t>(), p.weights = dw.ptr<float>();
-      cuda::g_route_topk_warp = k;
+      p.topk_warp = k;
       cuda::launch_moe_route_topk(p, b.stream());
       ids[k] = b.download_f32(di), w[k] = b.download_f32(dw);
     }
-    cuda::g_route_topk_warp = 2;
+    b.tuning.route_topk_warp = 2;
     for (int k = 1; k < 3; ++k) {
       int bad = 0;
       for (size_t i = 0; i < ids[0].size(); ++i)
@@ -328,7 +328,7 @@ TEST(CudaNormQuant, NormLinearMultiSameAsUnfused) {
   for (int norm = 0; norm < 2; ++norm) {
     std::vector<float> got[2][4];
     for (int path = 0; path < 2; ++path) {
-      b.prefill_norm_quant = path == 0;
+      b.tuning.prefill_norm_quant = path == 0;
       Tensor dx = to_device(x, DType::BF16, {T, K}), dr = to_device(res, DType::BF16, {T, K});
       Tensor out = b.alloc(DType::BF16, {T, K});
       Tensor o[3] = {b.alloc(DType::BF16, {T, Ns[0]}), b.alloc(DType::BF16, {T, Ns[1]}), b.alloc(DType::BF16, {T, Ns[2]})};
@@ -346,7 +346,7 @@ TEST(CudaNormQuant, NormLinearMultiSameAsUnfused) {
     const auto ref = ref_linear(got[0][3], w[0].deq, T, Ns[0], K);
     EXPECT_LT(rel_err(got[0][0], ref), 0.0725);
   }
-  b.prefill_norm_quant = true;
+  b.tuning.prefill_norm_quant = true;
 }
 
 // Vectorised prefill QK-norm + RoPE + KV write vs the generic kernel (same launcher, switch
@@ -381,13 +381,13 @@ TEST(CudaQkRopePrefill, SameAsGenericKernel) {
       p.q_sumsq = c.sums ? dqs.ptr<float>() : nullptr, p.k_sumsq = c.sums ? dks.ptr<float>() : nullptr;
       p.head_dim = c.D, p.rotary_dim = c.rot, p.theta = 5e6f, p.eps = 1e-6f;
       p.v = dv.data, p.kc = kc.data, p.vc = vc.data, p.slots = dslot.ptr<int32_t>(), p.num_slots = slots;
-      cuda::g_qk_rope_vec = path == 0;
+      p.rope_vec = path == 0;
       ASSERT_EQ(cuda::qk_rope_vec_supported(p), path == 0);
       cuda::launch_qk_norm_rope(p, b.stream());
       gq[path] = b.download_f32(dq), gk[path] = b.download_f32(dk);
       gkc[path] = b.download_f32(kc), gvc[path] = b.download_f32(vc);
     }
-    cuda::g_qk_rope_vec = true;
+    b.tuning.qk_rope_vec = true;
     auto close = [](const std::vector<float>& a, const std::vector<float>& r, const char* what) {
       int off = 0;
       for (size_t i = 0; i < a.size(); ++i)
@@ -494,11 +494,11 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
     b.fill_random(moe.score_bias, 22, 0.1f);
     moe.num_experts = E, moe.top_k = K;
     MoeRouting r{b.alloc(DType::I32, {T, K}), b.alloc(DType::F32, {T, K})};
-    b.router_split_bf16 = false;
-    cuda::g_route_topk_warp = 0;
+    b.tuning.router_split_bf16 = false;
+    b.tuning.route_topk_warp = 0;
     const double old_ms = med_ms([&] { b.moe_route(xn, moe, r); });
-    b.router_split_bf16 = true;
-    cuda::g_route_topk_warp = 2;
+    b.tuning.router_split_bf16 = true;
+    b.tuning.route_topk_warp = 2;
     const double new_ms = med_ms([&] { b.moe_route(xn, moe, r); });
     pr("router (f32 GEMM+topk | split+warp)", old_ms, new_ms);
     Tensor l2 = b.alloc(DType::F32, {T, 2 * E}), w2 = b.alloc(DType::BF16, {2 * E, H});
@@ -511,10 +511,10 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
     p.ids = r.expert_ids.ptr<int32_t>(), p.weights = r.weights.ptr<float>();
     double tk[3];
     for (int k = 0; k < 3; ++k) {
-      cuda::g_route_topk_warp = k;
+      p.topk_warp = k;
       tk[k] = med_ms([&] { cuda::launch_moe_route_topk(p, b.stream()); });
     }
-    cuda::g_route_topk_warp = 2;
+    b.tuning.route_topk_warp = 2;
     std::printf("[small bench] router parts: gate split %.4f ms, bf16 GEMM [%d,%d]x[%d,%d]^T %.4f ms (%.0f TF/s), "
                 "top-k route_kernel %.4f ms, warp shuffle %.4f ms, warp redux %.4f ms\n",
                 split, T, H, 2 * E, H, gemm, 2.0 * T * 2 * E * H / gemm / 1e9, tk[0], tk[1], tk[2]);
@@ -525,9 +525,9 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
     const LinearWeight* ws[3] = {&wq, &wk, &wv};
     Tensor q = b.alloc(DType::BF16, {T, QW}), k = b.alloc(DType::BF16, {T, KW}), v = b.alloc(DType::BF16, {T, KW});
     Tensor* outs[3] = {&q, &k, &v};
-    b.prefill_norm_quant = false;
+    b.tuning.prefill_norm_quant = false;
     const double old_ms = med_ms([&] { b.add_rms_norm_linear_multi(res, x, nw, 1e-6f, xn, ws, outs, 3); });
-    b.prefill_norm_quant = true;
+    b.tuning.prefill_norm_quant = true;
     const double new_ms = med_ms([&] { b.add_rms_norm_linear_multi(res, x, nw, 1e-6f, xn, ws, outs, 3); });
     pr("norm + q/k/v (unfused | fused)", old_ms, new_ms);
     double g[3];
@@ -547,17 +547,17 @@ TEST(CudaSmallPrefillBench, M25Ops8k) {
     a.rope = {128, 64, 5e6f};
     AttentionMeta m;
     m.slot_mapping = slots;
-    cuda::g_qk_rope_vec = false;
+    b.tuning.qk_rope_vec = false;
     const double qk_old = med_ms([&] { b.qk_norm_rope_write_kv(a, v, kv, m); });
-    cuda::g_qk_rope_vec = true;
+    b.tuning.qk_rope_vec = true;
     const double qk_new = med_ms([&] { b.qk_norm_rope_write_kv(a, v, kv, m); });
     pr("qk-norm + RoPE + KV write", qk_old, qk_new);
     // o_proj (quant + GEMM) for reference.
     LinearWeight wo = rand_fp8(H, QW, 51);
     Tensor o = b.alloc(DType::BF16, {T, H});
-    b.prefill_quant_vec = false;
+    b.tuning.prefill_quant_vec = false;
     const double op_old = med_ms([&] { b.linear(q, wo, o); });
-    b.prefill_quant_vec = true;
+    b.tuning.prefill_quant_vec = true;
     const double op = med_ms([&] { b.linear(q, wo, o); });
     pr("o_proj incl. quant (k_quant | vec)", op_old, op);
   }

@@ -43,7 +43,7 @@ struct SpecRun {
 };
 
 struct RunOpts {
-  bool verify_kernel = true;  // CudaBackend::use_attention_verify
+  bool verify_kernel = true;  // CudaBackend::tuning.use_attention_verify
   bool on_cpu = false;        // the CPU reference backend instead of CUDA
   // Token budget per step. 256 prefills all six prompts (204 tokens) in the first step, so no
   // later step mixes decode rows with a long prefill chunk: such a step takes the prefill
@@ -69,7 +69,7 @@ SpecRun run(bool spec, bool enforce_eager, const SpecConfig* draft = nullptr, co
     be = make_cpu_backend();
   } else {
     auto cuda = make_cuda_backend(0);
-    cuda->use_attention_verify = ro.verify_kernel;
+    cuda->tuning.use_attention_verify = ro.verify_kernel;
     be = std::move(cuda);
   }
   eo.device_sampler = backend_device_sampler(*be);

@@ -149,12 +149,12 @@ TEST_P(CudaFp8GroupedGemm, KernelsMatchHost) {
                            p.out_f32 ? DType::F32 : DType::BF16, {std::max(P, 1), c.N});
     p.out = out.data;
     if (table && path == 2) use_table(t128, n128, 128);
-    cuda::g_fp8_gemm_wgmma = false;
+    p.fp8_wgmma = false;  // launch_gemm_fp8: the mma.sync kernel
     if (path == 0)
       cuda::launch_gemm_fp8(p, act, gpu().stream());
     else
       cuda::launch_gemm_fp8_wgmma(p, act, gpu().stream());
-    cuda::g_fp8_gemm_wgmma = true;
+    p.fp8_wgmma = true;
     gpu().synchronize();
     ASSERT_EQ(cudaGetLastError(), cudaSuccess);
     auto got = gpu().download_f32(out);

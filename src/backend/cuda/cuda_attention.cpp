@@ -175,26 +175,18 @@ void CudaBackend::mla_attention(const MlaArgs& a) {
   fp.num_seqs = m.num_seqs, fp.max_blocks_per_seq = m.max_blocks_per_seq, fp.block_size = int(a.kv->k.dim(1));
   fp.H = H, fp.R = R, fp.C = C;
   pp.num_seqs = m.num_seqs;
-  // Tokens per pass: q_abs [chunk, H, L] and o_lat [chunk, H, C] (bf16) within mla_chunk_bytes, so
-  // a long prefill runs in chunks (a decode step is one pass).
-  const size_t tok_bytes = size_t(H) * (L + C) * 2;
-  const int chunk = int(std::clamp<int64_t>(int64_t(mla_chunk_bytes / tok_bytes), 16, std::max<int64_t>(T, 16)));
+  MlaOpDesc md;
+  md.T = int(T), md.num_seqs = m.num_seqs, md.max_query_len = m.max_query_len, md.max_context_len = m.max_context_len;
+  md.H = H, md.nope = a.qk_nope_head_dim, md.R = R, md.C = C, md.V = a.v_head_dim, md.cache_fp8 = a.kv->fp8();
+  md.ws = workspace_view();
+  const MlaKernel mk = select_mla(md, caps_, tuning);
+  // Tokens per pass (mla_chunk_bytes), so a long prefill runs in chunks (a decode step is one pass).
+  const int chunk = mk.chunk, splits = mk.splits;
   const int qmax = m.max_query_len > 0 ? std::min<int>(m.max_query_len, chunk) : std::min<int>(int(T), chunk);
   fp.row_tiles = ceil_div(qmax * H, kMlaRowTile);
-  // Split-KV when (sequences x row tiles) is under one CTA per SM (one CTA of ~193 KB fits an
-  // SM): batch 1 gets up to 128 splits of >= 64 keys, batch 8 (Kimi's 64 heads) 16, batch 64 2.
-  int splits = 1;
-  const int64_t base = int64_t(std::max(1, m.num_seqs)) * fp.row_tiles;
-  if (T <= chunk && base < num_sms_ && m.max_context_len >= 128)
-    splits = int(std::min<int64_t>({num_sms_ / base, ceil_div(m.max_context_len, 64), 128}));
   const int Tc = int(std::min<int64_t>(T, chunk));
-  const size_t qa_bytes = size_t(Tc) * H * L * 2, ol_bytes = size_t(Tc) * H * C * 2;
-  const size_t head = (qa_bytes + ol_bytes + 255) / 256 * 256;
-  const size_t split_bytes = size_t(Tc) * H * (C + 2) * 4;
-  if (splits > 1 && capturing_ && workspace_capacity(kAttnPart) < head + split_bytes * splits)
-    splits = int(std::max<size_t>(1, (workspace_capacity(kAttnPart) - std::min(head, workspace_capacity(kAttnPart))) /
-                                         split_bytes));
-  splits = std::max(splits, 1);
+  const size_t qa_bytes = size_t(Tc) * H * L * 2;
+  const size_t head = mla_head_bytes(Tc, H, C, R), split_bytes = mla_split_bytes(Tc, H, C);
   char* ws = static_cast<char*>(workspace(kAttnPart, head + (splits > 1 ? split_bytes * splits : 0)));
   pp.q_abs = ws, fp.q_abs = ws;
   pp.o_lat = ws + qa_bytes, fp.o_lat = ws + qa_bytes;
@@ -218,50 +210,27 @@ void CudaBackend::mla_attention(const MlaArgs& a) {
 void CudaBackend::attention(const AttentionArgs& a) {
   AttnParams p = attention_params(a);
   const AttentionMeta& m = *a.meta;
-  // Decode and verify steps (<= 32 query rows per sequence and kv head): the tensor-core
-  // kernel that reads each sequence's KV once; splits from max_context_len (max_model_len in
-  // a decode graph), so the captured grid is fixed.
-  if (use_attention_verify && attention_verify_supported(p)) {
-    int splits = attention_verify_splits(num_sms_, p.num_seqs * p.Hkv, m.max_context_len);
+  AttentionOpDesc d;
+  d.T = p.T, d.num_seqs = p.num_seqs, d.max_query_len = p.max_query_len, d.max_context_len = m.max_context_len;
+  d.Hq = p.Hq, d.Hkv = p.Hkv, d.D = p.D, d.block_size = p.block_size, d.kv_fp8 = p.kv_fp8;
+  d.ws = workspace_view();
+  const AttentionKernel k = select(d);
+  // Split-KV partials (splits from max_context_len, so a captured grid is fixed; clamped to the
+  // workspace inside a capture by the selector).
+  if (k.splits > 1) {
     const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
-    if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
-    splits = std::max(splits, 1);
-    if (splits > 1) {
-      float* ws = static_cast<float*>(workspace(kAttnPart, per_split * splits));
-      p.part_o = ws;
-      p.part_ml = ws + size_t(splits) * p.T * p.Hq * p.D;
-    }
-    p.splits = splits;
-    launch_attention_verify(p, stream_);
-    return;
+    float* ws = static_cast<float*>(workspace(kAttnPart, per_split * k.splits));
+    p.part_o = ws;
+    p.part_ml = ws + size_t(k.splits) * p.T * p.Hq * p.D;
   }
-  // Split the KV range when (kv heads x query tiles) alone would not fill the GPU.
-  const int qtiles = ceil_div(std::max(1, m.max_query_len), attn_query_tile(std::max(1, p.Hq / std::max(1, p.Hkv))));
-  const int64_t base = int64_t(p.Hkv) * p.num_seqs * qtiles;
-  int splits = 1;
-  if (base < 8 * num_sms_ && m.max_context_len > 512) {
-    // Aim at ~8 blocks per SM (about 2 waves at this kernel's occupancy), >= 64 keys (one K/V
-    // tile) per split: batch 1 at 1k context gets 16 splits x 8 kv heads = 128 blocks, batch
-    // 64 (512 blocks of 16 serial tiles, one partial wave) 3 splits.
-    splits = int(std::min<int64_t>((8 * num_sms_ + base - 1) / base, std::min(32, m.max_context_len / 64)));
-    const size_t per_split = size_t(std::max(1, p.T)) * p.Hq * (p.D + 2) * 4;
-    if (capturing_) splits = int(std::min<size_t>(splits, workspace_capacity(kAttnPart) / per_split));
-    splits = std::max(splits, 1);
-    if (splits > 1) {
-      float* ws = static_cast<float*>(workspace(kAttnPart, per_split * splits));
-      p.part_o = ws;
-      p.part_ml = ws + size_t(splits) * p.T * p.Hq * p.D;
-    }
+  p.splits = k.splits;
+  switch (k.id) {
+    case AttentionKernel::kVerify: return launch_attention_verify(p, stream_);
+    case AttentionKernel::kWgmma: return launch_attention_wgmma(p, stream_);
+    case AttentionKernel::kPrefill: return launch_attention_prefill(p, stream_);
+    case AttentionKernel::kTc: return launch_attention_tc(p, stream_);
+    default: return launch_attention(p, stream_);
   }
-  p.splits = splits;
-  if (use_attention_tc && use_attention_wgmma && splits == 1 && attention_wgmma_supported(p)) {
-    launch_attention_wgmma(p, stream_);
-  } else if (use_attention_tc && use_attention_prefill && splits == 1 && attention_prefill_supported(p))
-    launch_attention_prefill(p, stream_);
-  else if (use_attention_tc && splits == 1 && attention_tc_supported(p))
-    launch_attention_tc(p, stream_);
-  else
-    launch_attention(p, stream_);
 }
 
 }  // namespace moeserve

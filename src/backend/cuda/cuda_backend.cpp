@@ -151,42 +151,45 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   int major = 0, minor = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  cc_ = major * 10 + minor;
-  cuda::attention_wgmma_available();  // probes (a synchronous copy) here, never inside a capture
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const size_t cbytes = size_t(kAttnCounterBase + kAttnCounterSlots) * sizeof(int);
   CUDA_CHECK(cudaMalloc(&counters_, cbytes));
   CUDA_CHECK(cudaMemsetAsync(counters_, 0, cbytes, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // What the device runs, probed once here (never inside a capture): the selectors read it.
+  caps_.name = device_name();
+  caps_.code_arch = code_arch();
+  caps_.sm90a = code_has_sm90a();
+  caps_.cc = major * 10 + minor;
+  caps_.num_sms = num_sms_;
+  caps_.attn_wgmma = cuda::attention_wgmma_available();
+  caps_.fp8_wgmma = cuda::fp8_wgmma_available();
+  caps_.sample_resident = cuda::sample_max_resident();
   // The debug registry's narrowing switches (core/debug_flags.h; read once per process).
   // Tests set these fields per instance after construction instead.
-  const DebugFlags& f = debug_flags();
-  decode_mega = f.decode_mega;
-  if (f.decode_off_has("router")) fuse_router = false;
-  if (f.decode_off_has("moe")) moe_direct_max_tokens = 0;
-  if (f.decode_off_has("qkv")) fuse_linear_multi = false;
-  if (f.decode_off_has("qk_kv")) fuse_qk_write_kv = false;
-  if (f.decode_off_has("attn_decode")) attn_decode_max_tokens = 0;
-  if (f.decode_off_has("dense_gemv")) gemv_dense_max_tokens = 0;
-  if (f.decode_off_has("dense_norm")) fuse_norm_dense = false;
-  if (f.decode_off_has("route_dense")) route_norm_dense = false;
-  // MOESERVE_PREFILL_OFF: accuracy narrowing (scripts/realshape_check.py); each item names the
-  // fallback it runs instead in debug_flags.cpp's table.
-  if (f.prefill_off_has("fp8_act")) use_fp8_act_gemm = false;
-  if (f.prefill_off_has("lt")) use_lt_fp8 = false;
-  if (f.prefill_off_has("attn")) use_attention_prefill = false;
-  if (f.prefill_off_has("attn_wgmma")) use_attention_wgmma = false;
-  if (f.prefill_off_has("gemm_wgmma")) cuda::g_fp8_gemm_wgmma = false;
-  if (f.prefill_off_has("router")) router_gemm_min_tokens = 0;
-  if (f.prefill_off_has("router_split")) router_split_bf16 = false;
-  if (f.prefill_off_has("gate_cache")) gate_split_cache = false;
-  if (f.prefill_off_has("moe_nq")) prefill_moe_norm_quant = false;
-  if (f.prefill_off_has("moe_quant_vec")) prefill_moe_quant_vec = false;
-  if (f.prefill_off_has("topk")) cuda::g_route_topk_warp = 0;
-  if (f.prefill_off_has("topk_redux")) cuda::g_route_topk_warp = 1;
-  if (f.prefill_off_has("norm_quant")) prefill_norm_quant = false;
-  if (f.prefill_off_has("qk_rope")) cuda::g_qk_rope_vec = false;
-  if (f.prefill_off_has("quant_vec")) prefill_quant_vec = false;
+  tuning.apply_debug_flags(debug_flags());
+  check_tuning();
+}
+
+void CudaBackend::check_tuning() const {
+  const std::string e = tuning.validate();
+  MS_CHECK(e.empty(), "cuda backend: {}", e);
+}
+
+void CudaBackend::set_tuning(const CudaTuning& t) {
+  const std::string e = t.validate();
+  MS_CHECK(e.empty(), "cuda backend: {}", e);
+  tuning = t;
+}
+
+WorkspaceView CudaBackend::workspace_view() const {
+  WorkspaceView v;
+  if (!capturing_) return v;  // every slot grows on demand
+  v.capturing = true;
+  v.quant_x = ws_[kQuantX].bytes, v.quant_act = ws_[kQuantAct].bytes, v.lt = ws_[kLt].bytes;
+  v.router = ws_[kRouter].bytes, v.router_x = ws_[kRouterX].bytes, v.attn_part = ws_[kAttnPart].bytes;
+  v.lt_handle = lt_ != nullptr;
+  return v;
 }
 
 CudaBackend::~CudaBackend() {
@@ -302,6 +305,8 @@ void* CudaBackend::workspace(Slot s, size_t bytes) {
 }
 
 void CudaBackend::reserve(const WorkspacePlan& p) {
+  check_tuning();
+  const CudaTuning& t = tuning;
   const size_t P = size_t(p.max_tokens) * p.top_k;
   const size_t tiles = size_t(moe_max_tiles(int(P), kGemvTile, p.num_local_experts));
   workspace(kMoeMeta, (3 * P + 3 * tiles + 1) * 4 + 64);
@@ -310,7 +315,7 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
   // Router logits [T, E]: E is the global expert count, at least the local one (256 for M2.5).
   // (x2: the split-bf16 router GEMM writes [T, 2E].)
   workspace(kRouter, size_t(p.max_tokens) * std::max(p.num_local_experts, 256) * 4 *
-                         (router_gemm_min_tokens > 0 && router_split_bf16 ? 2 : 1));
+                         (t.router_gemm_min_tokens > 0 && t.router_split_bf16 ? 2 : 1));
   // Split-KV partials: splits > 1 only when (kv heads x sequences x query tiles) is below
   // 2 x SMs, i.e. for few tokens; 16 splits of 512 tokens covers that (clamped at launch
   // during capture, grown on demand otherwise).
@@ -320,14 +325,14 @@ void CudaBackend::reserve(const WorkspacePlan& p) {
   // columns; the experts' [T, H] is smaller), the experts' SiLU output [T x top_k, I], the
   // cuBLASLt workspace and the router GEMM's f32 copy of x. Sized here so that warm-ups of the
   // large decode buckets do not reallocate (which would drop every captured graph).
-  if (p.fp8 && use_fp8_act_gemm && p.max_tokens >= fp8_act_min_tokens) {
+  if (p.fp8 && t.use_fp8_act_gemm && p.max_tokens >= t.fp8_act_min_tokens) {
     auto q8 = [](size_t rows, size_t k) { return (rows * k + 255) / 256 * 256 + rows * (k / 128) * 4; };
     const size_t T = size_t(p.max_tokens);
     const size_t kmax = std::max<size_t>(size_t(p.hidden), size_t(p.num_q_heads) * p.head_dim);
     workspace(kQuantX, q8(T, kmax) + T * (kmax / 128) * 4);  // (+ attention's second scale layout)
     workspace(kQuantAct, q8(P, size_t(p.intermediate)));
-    if (cc_ == 90 && (use_lt_fp8 || router_gemm_min_tokens > 0)) workspace(kLt, LtGemm::kWorkspaceBytes);
-    if (router_gemm_min_tokens > 0)  // f32 copy of x, or the split gate [2E, H] bf16
+    if (caps_.cc == 90 && (t.use_lt_fp8 || t.router_gemm_min_tokens > 0)) workspace(kLt, LtGemm::kWorkspaceBytes);
+    if (t.router_gemm_min_tokens > 0)  // f32 copy of x, or the split gate [2E, H] bf16
       workspace(kRouterX, std::max(T * p.hidden * 4, size_t(2) * std::max(p.num_local_experts, 256) * p.hidden * 2));
   }
 }
@@ -341,6 +346,7 @@ void CudaBackend::fill_random(Tensor& t, uint64_t seed, float scale) {
 
 void CudaBackend::begin_capture() {
   MS_CHECK(!capturing_, "begin_capture: already capturing");
+  check_tuning();
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   capturing_ = true;
 }
@@ -403,132 +409,6 @@ void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& 
   launch_rms_norm(p, stream_);
 }
 
-// Checks one linear and fills its GEMV/GEMM parameters (single-matrix fields). Not file-local:
-// cuda_prefill.cpp uses it too.
-LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc) {
-  check_dev(x, "linear", "x");
-  check_dev(w.weight, "linear", "weight");
-  check_dev(out, "linear", "out");
-  MS_CHECK(x.dtype == DType::BF16, "linear: activations must be BF16, got {}", dtype_name(x.dtype));
-  MS_CHECK(w.weight.rank() == 2, "linear: weight must be 2-D, got {}", shape_str(w.weight.shape));
-  const int N = int(w.out_features()), K = int(w.in_features()), T = rows_of(x);
-  MS_CHECK(x.dim(-1) == K && out.numel() == int64_t(T) * N, "linear: x {} weight {} out {}", shape_str(x.shape),
-           shape_str(w.weight.shape), shape_str(out.shape));
-  LinParams p;
-  p.tc = tc;
-  p.mode = LinMode::kStore;
-  p.x = x.data, p.ldx = K, p.M = T;
-  p.w = w.weight.data, p.N = N, p.K = K;
-  if (w.fp8()) {
-    check_dev(w.scale_inv, "linear", "scale_inv");
-    MS_CHECK(w.scale_inv.dtype == DType::F32 && w.block_out > 0 && w.block_in > 0, "linear: bad FP8 block scales");
-    MS_CHECK(w.scale_inv.rank() == 2 && w.scale_inv.dim(0) == ceil_div(N, w.block_out) &&
-                 w.scale_inv.dim(1) == ceil_div(K, w.block_in),
-             "linear: scale_inv {} does not match weight {} with blocks [{}, {}]", shape_str(w.scale_inv.shape),
-             shape_str(w.weight.shape), w.block_out, w.block_in);
-    p.fp8 = true, p.s = w.scale_inv.ptr<float>(), p.bo = w.block_out, p.bi = w.block_in;
-    p.s_cols = int(w.scale_inv.dim(1));
-  } else {
-    MS_CHECK(w.weight.dtype == DType::BF16, "linear: weight dtype {} unsupported on CUDA (BF16 or F8_E4M3)",
-             dtype_name(w.weight.dtype));
-    p.fp8 = false, p.bo = p.bi = 128;
-  }
-  p.out = out.data, p.ldo = N, p.out_f32 = !is_bf16(out, "linear", "out");
-  return p;
-}
-
-void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
-  const LinParams p = linear_params(x, w, out, use_gemv_tc);
-  const int T = p.M, N = p.N;
-  // x's FP8 form from the op before (prefill attention), if made.
-  if (const Prequant pq = take_prequant(p.x, T, p.K); pq.q && linear_prequant(p, pq)) {
-    ++prequant_uses_;
-    return;
-  }
-  // Narrow outputs (k/v projections: N = 1024) give the 64 x 128 GEMM tiles too few blocks at
-  // decode batch sizes; the GEMV path (8-row tiles sharing weight rows through L2) measured
-  // ~3x faster there at 64 rows on the H200, and slower for wide N, so only narrow N uses it.
-  // FP8 linears the tensor-core GEMV supports take it up to linear_gemv_tc_max_tokens rows:
-  // at 64 rows the 64 x 128 GEMM gives q/o projections only 24-48 blocks (~140 GB/s).
-  if (T >= fp8_act_min_tokens && linear_fp8_act(p)) return;
-  if (dense_gemv(p)) return;
-  if (T <= linear_gemv_max_tokens || (T <= 64 && N <= linear_gemv_narrow_n) ||
-      (T <= linear_gemv_tc_max_tokens && gemv_tc_supported(p)))
-    launch_gemv(p, stream_);
-  else
-    launch_gemm(p, stream_);
-}
-
-// The dense decode GEMV (k_gemv_dense.cu) for q/k/v (several weights or the fused norm)
-// where it applies; false: nothing launched. Single linears (o_proj) measured slower on it
-// than on k_gemv_tc.cu inside the batch-1 graph and keep that kernel.
-bool CudaBackend::dense_gemv(const LinParams& p) {
-  if (p.nseg == 0 && !p.norm) return false;
-  if (!(use_gemv_tc && p.M <= gemv_dense_max_tokens && p.M <= linear_gemv_tc_max_tokens && gemv_dense_supported(p)))
-    return false;
-  launch_gemv_dense(p, num_sms_, stream_);
-  ++gemv_dense_launches;
-  return true;
-}
-
-namespace {
-// One tensor-core GEMV launch over all weights (q/k/v at decode: 256 blocks instead of
-// 192 + 32 + 32 in three dependent launches) when every weight takes that path.
-bool multi_params(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n, int max_tokens,
-                  LinParams* m) {
-  if (n < 1 || n > LinParams::kMaxSegs) return false;
-  for (int i = 0; i < n; ++i) {
-    const LinParams p = linear_params(x, *ws[i], *outs[i], true);
-    if (i == 0) *m = p;
-    if (!(p.M <= max_tokens && gemv_tc_supported(p) && p.K == m->K && p.out_f32 == m->out_f32)) return false;
-    m->seg[i] = {p.w, p.s, p.out, p.N, p.s_cols, p.ldo};
-    m->seg_block[i + 1] = m->seg_block[i] + ceil_div(p.N, 32) * ceil_div(p.M, kGemvTile);
-  }
-  m->nseg = n;
-  return true;
-}
-}  // namespace
-
-void CudaBackend::linear_multi(const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs, int n) {
-  if (rows_of(x) >= fp8_act_min_tokens && linear_multi_fp8_act(x, nullptr, ws, outs, n)) return;
-  LinParams m;
-  if (fuse_linear_multi && n > 1 && use_gemv_tc && multi_params(x, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
-    if (!dense_gemv(m)) launch_gemv_tc(m, stream_);
-    return;
-  }
-  for (int i = 0; i < n; ++i) linear(x, *ws[i], *outs[i]);
-}
-
-void CudaBackend::add_rms_norm_linear_multi(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                                            Tensor& out, const LinearWeight* const* ws, Tensor* const* outs, int n) {
-  const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
-                  out.dtype == DType::BF16;
-  LinParams m;
-  const bool dense_norm = fuse_norm_dense && gemv_dense_max_tokens > 0;
-  if (dense_norm && use_gemv_tc && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
-      weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
-      out.numel() == x.numel() && out.shape == x.shape && weight.numel() == x.dim(-1) &&
-      aligned16({residual.data, x.data, weight.data, out.data}) &&
-      multi_params(out, ws, outs, n, linear_gemv_tc_max_tokens, &m)) {
-    m.norm = true;
-    m.x = x.data;
-    m.norm_res = residual.data, m.norm_w = weight.data, m.norm_out = out.data, m.eps = eps;
-    m.norm_counter = counters_ + 1;
-    if (dense_gemv(m)) return;
-  }
-  if (bf && rows_of(x) >= fp8_act_min_tokens && residual.numel() == x.numel() && out.numel() == x.numel() &&
-      out.shape == x.shape && weight.numel() == x.dim(-1)) {
-    check_dev(residual, "add_rms_norm_linear_multi", "residual");
-    check_dev(x, "add_rms_norm_linear_multi", "x");
-    check_dev(weight, "add_rms_norm_linear_multi", "weight");
-    check_dev(out, "add_rms_norm_linear_multi", "out");
-    NormFuse nf{&residual, &x, &weight, eps};
-    if (linear_multi_fp8_act(out, &nf, ws, outs, n)) return;
-  }
-  add_rms_norm(residual, x, weight, eps, out);
-  linear_multi(out, ws, outs, n);
-}
-
 void CudaBackend::row_sum_squares(const Tensor& x, Tensor& out) {
   check_dev(x, "row_sum_squares", "x");
   check_dev(out, "row_sum_squares", "out");
@@ -541,7 +421,7 @@ void CudaBackend::qk_norm_rope(const QkNormRopeArgs& a) { qk_norm_rope_impl(a, n
 
 void CudaBackend::qk_norm_rope_write_kv(const QkNormRopeArgs& a, const Tensor& v, KVCacheLayer& kv,
                                         const AttentionMeta& meta) {
-  if (!fuse_qk_write_kv) {
+  if (!tuning.fuse_qk_write_kv) {
     qk_norm_rope_impl(a, nullptr, nullptr, nullptr);
     write_kv(*a.k, v, kv, meta);
     return;
@@ -549,27 +429,37 @@ void CudaBackend::qk_norm_rope_write_kv(const QkNormRopeArgs& a, const Tensor& v
   qk_norm_rope_impl(a, &v, &kv, &meta);
 }
 
+namespace {
+AttentionOpDesc attention_desc(const AttnParams& p, const AttentionMeta& m, const WorkspaceView& ws) {
+  AttentionOpDesc d;
+  d.T = p.T, d.num_seqs = p.num_seqs, d.max_query_len = p.max_query_len, d.max_context_len = m.max_context_len;
+  d.Hq = p.Hq, d.Hkv = p.Hkv, d.D = p.D, d.block_size = p.block_size, d.kv_fp8 = p.kv_fp8;
+  d.ws = ws;
+  return d;
+}
+}  // namespace
+
 void CudaBackend::qk_norm_rope_attention(const QkNormRopeArgs& qk, const Tensor& v, KVCacheLayer& kv,
                                          const AttentionMeta& meta, const AttentionArgs& attn) {
   MS_CHECK(attn.q == qk.q && attn.kv == &kv && attn.meta == &meta,
            "qk_norm_rope_attention: attention must read the normed q and the written cache");
   // The fused decode kernels implement full-width QK-norm with plain NeoX RoPE only.
   if (!qk_fast_spec(qk)) return Backend::qk_norm_rope_attention(qk, v, kv, meta, attn);
-  if (meta.num_tokens > 0 && meta.num_tokens <= attn_decode_max_tokens && meta.max_query_len == 1) {
+  if (meta.num_tokens > 0 && meta.num_tokens <= tuning.attn_decode_max_tokens && meta.max_query_len == 1) {
     const QkNormRopeParams n = qk_norm_rope_params(qk, &v, &kv, &meta);
     const AttnParams p = attention_params(attn);
-    if (attn_decode_version == 2 && attn_decode2_supported(p, n)) {
-      const int groups = p.num_seqs * p.Hkv;
-      int splits = attn_decode2_splits(num_sms_, groups, meta.max_context_len, attn_decode_max_splits);
-      // 16-block clusters only when all of them fit on the device at once.
-      if (splits == 16 && attn_decode2_max_cluster(16) < groups) splits = 8;
-      launch_attn_decode2(p, n, splits, stream_);
-      return;
-    }
-    if (attn_decode_supported(p, n)) {
-      launch_attn_decode(p, n, attn_decode_splits(num_sms_, p.num_seqs * p.Hkv, meta.max_context_len), stream_);
-      return;
-    }
+    DecodeAttnOpDesc d;
+    d.attn = attention_desc(p, meta, workspace_view());
+    d.attn.kv_fp8 = p.kv_fp8 || n.cache_fp8 || !n.cache_bf16;
+    d.act_bf16 = n.act_bf16, d.w_bf16 = n.w_bf16;
+    d.rope_head_dim = n.head_dim, d.rotary_dim = n.rotary_dim, d.q_width = n.q_width, d.k_width = n.k_width;
+    d.qk_T = n.T;
+    // 16-block clusters: ask the device once whether they all fit (only when allowed at all).
+    if (tuning.attn_decode_max_splits >= 16 && caps_.max_clusters16 < 0)
+      caps_.max_clusters16 = attn_decode2_max_cluster(16);
+    const AttentionKernel k = select_decode_attention(d, caps_, tuning);
+    if (k.id == AttentionKernel::kDecode2) return launch_attn_decode2(p, n, k.splits, stream_);
+    if (k.id == AttentionKernel::kDecode1) return launch_attn_decode(p, n, k.splits, stream_);
   }
   qk_norm_rope_write_kv(qk, v, kv, meta);
   attention(attn);
@@ -582,7 +472,16 @@ bool CudaBackend::qk_fast_spec(const QkNormRopeArgs& a) {
 void CudaBackend::qk_norm_rope_impl(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
                                     const AttentionMeta* meta) {
   if (qk_fast_spec(a)) {
-    launch_qk_norm_rope(qk_norm_rope_params(a, v, kv, meta), stream_);
+    QkNormRopeParams p = qk_norm_rope_params(a, v, kv, meta);
+    QkNormRopeOpDesc d;
+    d.T = p.T, d.act_bf16 = p.act_bf16, d.w_bf16 = p.w_bf16, d.write_kv = p.kc != nullptr, d.cache_bf16 = p.cache_bf16;
+    d.head_dim = p.head_dim, d.rotary_dim = p.rotary_dim, d.q_width = p.q_width, d.k_width = p.k_width;
+    d.aligned = aligned16({p.q, p.k, p.q_w, p.k_w, p.v, p.kc, p.vc});
+    CudaTuning t = tuning;
+    t.fuse_qk_write_kv = true;  // (qk_norm_rope_write_kv decided that: kv is null when not fused)
+    const QkNormRopeKernel k = select_qk_norm_rope(d, caps_, t);
+    p.rope_vec = k.id == QkNormRopeKernel::kRopeVec;
+    launch_qk_norm_rope(p, stream_);
     return;
   }
   // Other QK-norm modes / RoPE specs: the generic kernel, then the KV write.

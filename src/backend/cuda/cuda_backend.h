@@ -21,6 +21,12 @@
 
 #include "backend/backend.h"
 #include "backend/decode_layer_op.h"
+#include "backend/cuda/attention/select_attention.h"
+#include "backend/cuda/common/tuning.h"
+#include "backend/cuda/linear/select_linear.h"
+#include "backend/cuda/moe/select_moe.h"
+#include "backend/cuda/norm_rope/select_norm_rope.h"
+#include "backend/cuda/sampling/select_sampling.h"
 
 namespace moeserve {
 namespace cuda {
@@ -167,124 +173,33 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // Path thresholds (tokens): linear uses the GEMV path up to this many rows, else the
-  // tensor-core GEMM; moe_experts likewise.
-  int linear_gemv_max_tokens = 8;
-  // ... and up to 64 rows when N <= this (narrow outputs fill too few GEMM tiles); 0: off.
-  int linear_gemv_narrow_n = 2048;
-  // ... and up to this many rows for FP8 linears the tensor-core GEMV supports; 0: off.
-  int linear_gemv_tc_max_tokens = 64;
-  // Experts: GEMV tiles (8 pairs of one expert) up to this many tokens, else the grouped GEMM
-  // (FP8 activations from fp8_act_min_tokens). 256: at decode batch 256 (M2.5, ~8 pairs per
-  // expert, one H200) the GEMV step measured 45.5 ms against 52.5 ms with the FP8 grouped
-  // GEMM (16 layers, graphs); at 128 the GEMV is also faster (29.9 vs 41.3 ms).
-  int moe_gemv_max_tokens = 256;
-  // Up to this many tokens moe_experts skips the align step (direct pair tiles, tensor-core
-  // GEMV only) and folds the combine into the down GEMV; 0: off.
-  int moe_direct_max_tokens = 1;
-  // Router logits + top-k in one kernel (T <= 8). MOESERVE_DECODE_OFF=router: off.
-  bool fuse_router = true;
-  // linear_multi as one tensor-core GEMV launch where every weight allows it (else a loop).
-  bool fuse_linear_multi = true;
-  // Dense decode GEMV (k_gemv_dense.cu: whole weight slice per block into shared memory
-  // before the PDL wait) for linear_multi / add_rms_norm_linear_multi (q/k/v) up to this many
-  // tokens; 0: off (the k_gemv_tc.cu path; MOESERVE_DECODE_OFF=dense_gemv).
-  // Batch 1 only: at 2-8 tokens the dense q/k/v measured slower than the old path
-  // (docs/bench/log.md, "Batch-1 dense decode").
-  int gemv_dense_max_tokens = 1;
-  // add_rms_norm_linear_multi with the norm inside that kernel (false: the separate norm
-  // kernel, then the dense GEMV; MOESERVE_DECODE_OFF=dense_norm).
-  bool fuse_norm_dense = true;
-  // add_rms_norm_route as one decode kernel (k_route_dense.cu: the norm in every logits
-  // block, top-k in the last); false: norm kernel + router (MOESERVE_DECODE_OFF=route_dense).
-  bool route_norm_dense = true;
-  // Launch counts of the two kernels above (tests check that a path really ran).
+  // Every threshold and kernel toggle of this instance (common/tuning.h): the debug registry's
+  // narrowing lists are applied when the backend is made; tests set fields here per instance.
+  // Checked (validate(), an Error naming the field) by set_tuning(), reserve() and
+  // begin_capture().
+  CudaTuning tuning;
+  void set_tuning(const CudaTuning& t);
+  // What this device runs (the loaded code, its features), as the kernel selectors read it.
+  const DeviceCaps& caps() const { return caps_; }
+  // The workspaces as a selector sees them now (a capture cannot grow them).
+  cuda::WorkspaceView workspace_view() const;
+  // The kernel each op family's selector picks for an op on this backend (the same function
+  // dispatch calls, so a supports query and the launch cannot disagree).
+  cuda::LinearKernel select(const cuda::LinearOpDesc& d) const { return cuda::select_linear(d, caps_, tuning); }
+  cuda::AttentionKernel select(const cuda::AttentionOpDesc& d) const {
+    return cuda::select_attention(d, caps_, tuning);
+  }
+  cuda::MoeExpertsKernel select(const cuda::MoeExpertsOpDesc& d) const {
+    return cuda::select_moe_experts(d, caps_, tuning);
+  }
+  cuda::MoeRouteKernel select(const cuda::MoeRouteOpDesc& d) const { return cuda::select_moe_route(d, caps_, tuning); }
+  // Launch counts of the dense decode GEMV and the fused norm + router (tests check a path ran).
   uint64_t gemv_dense_launches = 0, route_dense_launches = 0;
-  // qk_norm_rope_write_kv as one kernel.
-  bool fuse_qk_write_kv = true;
-  // qk_norm_rope_attention as one kernel (k_attn_decode.cu: norm + RoPE + KV write + split-KV
-  // attention + in-cluster merge) for decode batches of up to this many sequences; 0: off.
-  int attn_decode_max_tokens = 64;
-  // Which fused decode attention kernel: 2 = k_attn_decode2.cu (tensor-core key loop, per-warp
-  // cp.async rings, one-round prologue, 8 warps, pushed split merge; default), 1 =
-  // k_attn_decode.cu (scalar key loop), which also serves the shapes version 2 refuses
-  // (rotary_dim % 16, wide q or k rows). Tests set 1 to cover that fallback.
-  int attn_decode_version = 2;
-  // Largest split count of version 2 (a power of two <= 16; 16 = non-portable clusters, used
-  // only when the device can co-schedule them).
-  int attn_decode_max_splits = 8;
-  // decode_layer as the persistent one-kernel layer where it applies (MOESERVE_DECODE_MEGA=1).
-  // Off by default: on one H200 it is faster than the separate ops at 8192 context (5.45 vs
-  // 5.73 ms, 30 layers) but slower at 1024 (4.21 vs 3.26 ms); docs/bench/log.md. Kept for
-  // a selector that picks it by context (issue 23 item 2).
-  bool decode_mega = false;
-  // Layers run by that kernel / refused (default body), and why the last refusal (tests, logs).
+  // Layers run by the persistent decode_layer kernel / refused (default body), and why the last
+  // refusal (tests, logs).
   uint64_t decode_mega_launches() const { return mega_launches_; }
   uint64_t decode_mega_refusals() const { return mega_refusals_; }
   const std::string& decode_mega_last_refusal() const { return mega_why_; }
-  // Prefill attention (>= 64 query tokens of head_dim 128) on the tensor-core kernel.
-  bool use_attention_tc = true;
-  // ... on the pipelined kernel (k_attn_prefill.cu) rather than k_attn_tc.cu.
-  bool use_attention_prefill = true;
-  // ... on the Hopper wgmma kernel (k_attn_wgmma.cu) where the device and build allow it
-  // (compute capability 9.x, sm_90a code); else the pipelined mma.sync kernel above.
-  bool use_attention_wgmma = true;
-  // MLA (k_mla_flash.cu): bf16 q_abs [chunk, H, kv_lora + rope] + o_lat [chunk, H, kv_lora] per
-  // pass stay within this many bytes, so a long prefill runs in token chunks (Kimi-K2.5's 64
-  // heads: 1,927 tokens; tests lower it to cross chunks).
-  size_t mla_chunk_bytes = size_t(256) << 20;
-  // Decode-like attention (every sequence 1..32 / G query rows: decode, speculative verify)
-  // on the tensor-core kernel of k_attn_verify.cu (KV read once per sequence and kv head for
-  // all its query rows); false: the generic kernel of k_attention.cu. The fused decode kernels
-  // (attn_decode_*) still take bf16 one-token decode before attention() is reached.
-  bool use_attention_verify = true;
-  // GEMV rows (decode) of FP8 128x128-block linears and experts on the tensor-core kernel.
-  bool use_gemv_tc = true;
-  // Prefill path (cuda_prefill.cpp): from this many rows, FP8 128x128-block linears and
-  // experts quantise their bf16 activations per (token, 128 columns) to FP8 and run FP8 x FP8
-  // tensor-core GEMMs (cuBLASLt block-scaled on sm_90 for linears, k_gemm_fp8.cu otherwise
-  // and for the grouped expert GEMM). Adds the activation rounding (<= 2^-4 relative per
-  // element) that the bf16 GEMM does not have; see src/backend/cuda/README.md, "Prefill numerics".
-  bool use_fp8_act_gemm = true;
-  int fp8_act_min_tokens = 128;
-  bool use_lt_fp8 = true;  // cuBLASLt for the dense linears (else k_gemm_fp8.cu)
-  // Router logits as one f32 cuBLASLt GEMM (no TF32) from this many tokens; 0: off
-  // (MOESERVE_PREFILL_OFF=router).
-  int router_gemm_min_tokens = 64;
-  // ... as the split-bf16 tensor-core GEMM (x bf16 against the gate's bf16 hi / lo halves,
-  // f32 accumulation) rather than the f32 CUDA-core GEMM; MOESERVE_PREFILL_OFF=router_split.
-  bool router_split_bf16 = true;
-  // ... with the gate split once per gate tensor and kept (gate_split(), +2 bytes x 2 E H per
-  // layer); MOESERVE_PREFILL_OFF=gate_cache splits per call instead.
-  bool gate_split_cache = true;
-  // Prefill fusion into the FP8 activation format (cuda_prefill.cpp; MOESERVE_PREFILL_OFF=
-  // moe_nq): the post-attention add + RMSNorm (add_rms_norm_route) also writes the experts'
-  // FP8 input.
-  bool prefill_moe_norm_quant = true;
-  // moe_quant_vec: the FP8 experts' activation quantisations (x when not fused into the norm,
-  // and the [T x top_k, I] SiLU * up intermediate) on the 16-byte-load kernel
-  // (launch_quant_fp8_vec, same bits) instead of k_quant.cu's warp-per-group one.
-  bool prefill_moe_quant_vec = true;
-  // Prefill linear_multi / add_rms_norm_linear_multi (q/k/v): quantise the (normed) input once
-  // (fused with the add + RMSNorm) for all weights instead of once per weight after a separate
-  // norm; MOESERVE_PREFILL_OFF=norm_quant.
-  bool prefill_norm_quant = true;
-  // The dense prefill linears' activation quantisation on the 16-byte-load kernel
-  // (k_norm_quant.cu; same bits); MOESERVE_PREFILL_OFF=quant_vec.
-  bool prefill_quant_vec = true;
-  // Layout of the activation scales handed to cuBLASLt (false: token-fastest [K/128, T]).
-  bool lt_act_scale_kmajor = false;
-  // The paths above (FP8-activation GEMMs, cuBLASLt, the router GEMM) also run inside captured
-  // graphs (decode buckets of >= fp8_act_min_tokens rows; the router GEMM only from that many
-  // rows in a graph, so smaller buckets keep their kernels). Everything they need is fixed
-  // at capture: the MoE tile table is built on the device into buffers sized for the worst
-  // case (tiles past the device-side count exit), workspaces were sized by reserve() or the
-  // bucket's eager warm-up, and the cuBLASLt plan (algorithm from the heuristic, fixed
-  // workspace) was made by that warm-up for the bucket's row count. A workspace too small
-  // during capture makes the op take its previous kernel (counted in graph_fallbacks()).
-  // false: captured steps take the previous kernels (the A/B baseline of test_cuda_graphs_big;
-  // its environment switch left the tree).
-  bool prefill_paths_in_graphs = true;
   // FP8-activation / cuBLASLt / router-GEMM launches recorded while capturing, and ops that
   // fell back to their previous kernel during a capture (tests, logs).
   uint64_t graph_fp8_ops() const { return graph_fp8_ops_; }
@@ -302,8 +217,12 @@ class CudaBackend final : public Backend {
     const Tensor* weight;
     float eps;
   };
-  bool moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf);
-  bool dense_gemv(const cuda::LinParams& p);
+  void moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf,
+                      const cuda::MoeRouteKernel* sel);
+  cuda::MoeRouteOpDesc route_desc(const Tensor& x, const MoeWeights& moe) const;
+  cuda::LinearOpDesc multi_desc(cuda::LinearOp op, const Tensor& x, const LinearWeight* const* ws, Tensor* const* outs,
+                                int n) const;
+  void dense_gemv(const cuda::LinParams& p);
   // Fills the QK-norm parameters (with the KV write when kv is given); launches nothing.
   cuda::QkNormRopeParams qk_norm_rope_params(const QkNormRopeArgs& a, const Tensor* v, KVCacheLayer* kv,
                                              const AttentionMeta* meta);
@@ -313,7 +232,7 @@ class CudaBackend final : public Backend {
   cuda::AttnParams attention_params(const AttentionArgs& a);
   bool run_moe_direct(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out);
   // Prefill paths (cuda_prefill.cpp); each returns false when it does not apply.
-  bool linear_fp8_act(const cuda::LinParams& p);
+  bool linear_fp8_act(const cuda::LinParams& p, const cuda::LinearKernel& k);
   // An FP8 activation made by the op before (the attention epilogue, the fused post-attention
   // norm) in kQuantX for x (still written as bf16 too): codes [T, K], scales token-fastest
   // (s_tok; null if not made) and row-major (s_row). Taken by the next linear() / moe_experts()
@@ -333,13 +252,13 @@ class CudaBackend final : public Backend {
     return p.x && p.x == x && p.T == T && p.K == K ? p : Prequant{};
   }
   // linear() from prequant_; false (nothing launched) when no FP8 GEMM takes this weight.
-  bool linear_prequant(const cuda::LinParams& p, const Prequant& pq);
+  bool linear_prequant(const cuda::LinParams& p, const Prequant& pq, const cuda::LinearKernel& k);
   // add_rms_norm_route() at prefill: the add + norm also quantising for the experts.
-  bool norm_quant_for_experts(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
-                              const MoeWeights& moe);
-  bool moe_experts_fp8_act(const cuda::LinParams& up, const cuda::LinParams& down, int T, const Prequant& pq);
+  void norm_quant_for_experts(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+  void moe_experts_fp8_act(cuda::LinParams up, cuda::LinParams down, int T, const Prequant& pq,
+                           const cuda::MoeExpertsKernel& k);
   // Router logits as a GEMM (p: x, T, H, E set); sets p.logits (and p.logits_split) on success.
-  bool route_logits_gemm(const Tensor& gate, cuda::RouteParams& p);
+  bool route_logits_gemm(const Tensor& gate, cuda::RouteParams& p, const cuda::MoeRouteKernel& k);
   // The split-bf16 router's gate halves [2E, H] per f32 gate tensor, made on its first use
   // outside a capture and kept while the gate's owner lives (a gate is a weight: it never
   // changes); null (split per call) for borrowed gates or inside a capture on a miss.
@@ -351,11 +270,10 @@ class CudaBackend final : public Backend {
   const void* gate_split(const Tensor& gate, int E, int H);
   // q/k/v-style linears sharing x at prefill: x (optionally with its fused add + RMSNorm)
   // quantised to FP8 once, then one cuBLASLt block-scaled GEMM per weight.
-  bool linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws, Tensor* const* outs,
-                            int n);
+  void linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws, Tensor* const* outs,
+                            int n, const cuda::LinearKernel& k);
   cuda::LtGemm* lt();
-  void quant_dense(const cuda::QuantParams& q);
-  void quant_moe(const cuda::QuantParams& q);
+  void quant_fp8(const cuda::QuantParams& q, bool vec_on);
   // The device table of expert pointers (built outside capture); null if the experts are not
   // FP8 128x128 blocks. *I = intermediate size.
   const cuda::ExpertPtrs* expert_ptrs_fp8(const MoeWeights& moe, int* I);
@@ -378,12 +296,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<GraphCapture> capture_cap_;   // made in the constructor (cuda_backend.cpp)
   std::unique_ptr<DeviceSampler> sampler_cap_;
   uint64_t graph_fp8_ops_ = 0, graph_fallbacks_ = 0;
-  // A prefill path may run now: eagerly, or in a capture when prefill_paths_in_graphs.
-  bool prefill_path_allowed() const { return !capturing_ || prefill_paths_in_graphs; }
-  // Outside capture always true (workspace() grows); in capture: the slot already holds `bytes`.
-  bool ws_fits(Slot s, size_t bytes) const { return !capturing_ || ws_[s].bytes >= bytes; }
-  // The FP8 expert path's quantisation workspaces for T tokens, P = T * top_k pairs (cuda_prefill.cpp).
-  bool fp8_experts_ws_fit(int T, int P, int H, int I) const;
+  DeviceCaps caps_;
+  void check_tuning() const;
   struct Buf {
     void* ptr = nullptr;
     size_t bytes = 0;
@@ -401,7 +315,6 @@ class CudaBackend final : public Backend {
   // sampling kernel are queued behind the step and the GPU never idles between them.
   cudaEvent_t pinned_copied_ = nullptr;
   std::unordered_map<const void*, std::shared_ptr<ExpertTable>> expert_tables_;
-  int cc_ = 0;  // compute capability, major * 10 + minor
   std::unique_ptr<cuda::LtGemm> lt_;
 };
 

@@ -21,7 +21,7 @@ namespace moeserve {
 using namespace cuda;
 
 void CudaBackend::decode_layer(const DecodeLayerArgs& a) {
-  if (decode_mega && decode_layer_mega(a)) {
+  if (tuning.decode_mega && decode_layer_mega(a)) {
     ++mega_launches_;
     return;
   }

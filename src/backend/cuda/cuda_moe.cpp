@@ -124,29 +124,54 @@ std::string CudaBackend::int4_weights_problem(const std::string& tensor) const {
                      tensor);
 }
 
-void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) {
-  moe_route_impl(x, moe, out, nullptr);
+MoeRouteOpDesc CudaBackend::route_desc(const Tensor& x, const MoeWeights& moe) const {
+  MoeRouteOpDesc d;
+  d.T = x.rank() == 1 ? 1 : int(x.numel() / x.dim(-1));
+  d.H = int(x.dim(-1)), d.E = moe.num_experts, d.top_k = moe.top_k;
+  d.x_bf16 = x.dtype == DType::BF16, d.gate_f32 = moe.gate.dtype == DType::F32;
+  d.sigmoid_renorm = moe.route.sigmoid_renorm();
+  d.sigmoid = moe.route.scoring == RouteScoring::Sigmoid;
+  d.n_group = moe.route.n_group, d.topk_group = moe.route.topk_group;
+  d.gate_aligned = aligned16({moe.gate.data});
+  d.x_aligned = reinterpret_cast<uintptr_t>(x.data) % (x.dtype == DType::BF16 ? 8 : 16) == 0;
+  d.experts_fp8 = !moe.experts.empty() && moe.experts[0].w1.fp8();
+  d.ws = workspace_view();
+  return d;
 }
 
 void CudaBackend::add_rms_norm_route(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out,
                                      const MoeWeights& moe, MoeRouting& routing) {
   const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
                   out.dtype == DType::BF16;
-  if (fuse_router && route_norm_dense && bf && residual.device == Device::CUDA && x.device == Device::CUDA &&
-      weight.device == Device::CUDA && out.device == Device::CUDA && residual.numel() == x.numel() &&
-      out.numel() == x.numel() && weight.numel() == x.dim(-1) &&
-      aligned16({residual.data, x.data, weight.data, out.data})) {
+  MoeRouteOpDesc d = route_desc(x, moe);
+  d.x_bf16 = out.dtype == DType::BF16;
+  d.with_norm = true;
+  d.norm_ok = bf && residual.device == Device::CUDA && x.device == Device::CUDA && weight.device == Device::CUDA &&
+              out.device == Device::CUDA && residual.numel() == x.numel() && out.numel() == x.numel() &&
+              weight.numel() == x.dim(-1);
+  d.aligned = aligned16({residual.data, x.data, weight.data, out.data});
+  const MoeRouteKernel k = select(d);
+  if (k.norm == MoeRouteKernel::kNormFused) {
     NormFuse nf{&residual, &x, &weight, eps};
-    if (moe_route_impl(out, moe, routing, &nf)) return;
+    moe_route_impl(out, moe, routing, &nf, &k);
+    return;
   }
-  if (norm_quant_for_experts(residual, x, weight, eps, out, moe)) return moe_route(out, moe, routing);
-  add_rms_norm(residual, x, weight, eps, out);
-  moe_route(out, moe, routing);
+  if (k.norm == MoeRouteKernel::kNormQuant) {
+    norm_quant_for_experts(residual, x, weight, eps, out);
+  } else {
+    add_rms_norm(residual, x, weight, eps, out);
+  }
+  moe_route_impl(out, moe, routing, nullptr, &k);
+}
+
+void CudaBackend::moe_route(const Tensor& x, const MoeWeights& moe, MoeRouting& out) {
+  moe_route_impl(x, moe, out, nullptr, nullptr);
 }
 
 // nf: fused add + RMSNorm whose output is x (the kernel reads nf's tensors and writes x).
-// Returns false, having launched nothing, when the fused form does not apply.
-bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf) {
+// sel: the selector's choice when the caller made it (add_rms_norm_route), else made here.
+void CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRouting& out, const NormFuse* nf,
+                                 const MoeRouteKernel* sel) {
   MS_CHECK(x.defined() && x.device == Device::CUDA && moe.gate.device == Device::CUDA, "moe_route: tensors must be on the GPU");
   const int T = x.rank() == 1 ? 1 : int(x.numel() / x.dim(-1));
   const int H = int(x.dim(-1)), E = moe.num_experts, k = moe.top_k;
@@ -164,29 +189,35 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
   if (moe.score_bias.defined())
     MS_CHECK(moe.score_bias.dtype == DType::F32 && moe.score_bias.numel() == E && moe.score_bias.device == Device::CUDA,
              "moe_route: score_bias must be F32 [{}] on the GPU", E);
-  if (!moe.route.sigmoid_renorm()) {
-    // Softmax / grouped / unnormalised / scaled routing: the generic kernel (no fused norm).
-    if (nf) return false;
+  // (Workspaces are as they were when the caller selected: nothing above allocates one.)
+  const MoeRouteKernel r = sel ? *sel : select(route_desc(x, moe));
+  if (r.capture_fallback) ++graph_fallbacks_;
+  if (r.id == MoeRouteKernel::kGeneric || r.id == MoeRouteKernel::kGrouped) {
+    // Softmax / grouped / unnormalised / scaled routing (no fused norm).
     GenericRouteParams g;
     g.x = x.data, g.x_bf16 = x.dtype == DType::BF16;
     g.gate = moe.gate.data, g.gate_bf16 = moe.gate.dtype == DType::BF16;
     g.bias = moe.score_bias.defined() ? moe.score_bias.ptr<float>() : nullptr;
     g.T = T, g.H = H, g.E = E, g.top_k = k, g.spec = moe.route;
     g.ids = out.expert_ids.ptr<int32_t>(), g.weights = out.weights.ptr<float>();
-    if (route_grouped_supported(g)) {  // DeepSeek-V3 family (k_route_grouped.cu): GEMV, then per-token top-k
-      RouteParams r;  // eager prefill: the logits by the router GEMM, as the fast path's
-      r.x = g.x, r.x_bf16 = g.x_bf16, r.gate = g.gate, r.T = T, r.H = H, r.E = E, r.top_k = k;
-      if (route_logits_gemm(moe.gate, r)) {
-        g.logits = r.logits, g.logits_split = r.logits_split;
-      } else {
-        g.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
-        launch_route_grouped_logits(g, stream_);
-      }
-      launch_route_grouped_topk(g, stream_);
-      return true;
+    if (r.id == MoeRouteKernel::kGeneric) {
+      launch_moe_route_generic(g, stream_);
+      return;
     }
-    launch_moe_route_generic(g, stream_);
-    return true;
+    // DeepSeek-V3 family (k_route_grouped.cu): the logits by its GEMV or, at prefill, the router
+    // GEMM the selector named, then the grouped top-k per token.
+    RouteParams lp;
+    lp.x = g.x, lp.x_bf16 = g.x_bf16, lp.gate = g.gate, lp.T = T, lp.H = H, lp.E = E, lp.top_k = k;
+    MoeRouteKernel gemm = r;
+    gemm.id = r.grouped_logits;
+    if (r.grouped_logits != MoeRouteKernel::kGrouped && route_logits_gemm(moe.gate, lp, gemm)) {
+      g.logits = lp.logits, g.logits_split = lp.logits_split;
+    } else {
+      g.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
+      launch_route_grouped_logits(g, stream_);
+    }
+    launch_route_grouped_topk(g, stream_);
+    return;
   }
   RouteParams p;
   p.x = x.data, p.x_bf16 = x.dtype == DType::BF16;
@@ -195,24 +226,24 @@ bool CudaBackend::moe_route_impl(const Tensor& x, const MoeWeights& moe, MoeRout
   p.T = T, p.H = H, p.E = E, p.top_k = k;
   p.ids = out.expert_ids.ptr<int32_t>(), p.weights = out.weights.ptr<float>();
   p.logits = static_cast<float*>(workspace(kRouter, size_t(T) * E * sizeof(float)));
-  p.counter = fuse_router ? counters_ : nullptr;
-  if (nf) {
+  p.counter = tuning.fuse_router ? counters_ : nullptr;
+  p.topk_warp = r.topk == MoeRouteKernel::kTopkRedux ? 2 : r.topk == MoeRouteKernel::kTopkShfl ? 1 : 0;
+  if (r.id == MoeRouteKernel::kRouteNormDense) {  // k_route_dense.cu
+    MS_CHECK(nf, "moe_route: the fused norm + router kernel without its norm");
     p.norm = true;
     p.x = nf->addend->data, p.x_bf16 = true;
     p.residual = nf->residual->data, p.norm_w = nf->weight->data, p.norm_out = x.data, p.eps = nf->eps;
-    if (route_norm_dense && route_norm_decode_supported(p)) {  // k_route_dense.cu
-      launch_route_norm_decode(p, stream_);
-      ++route_dense_launches;
-      return true;
-    }
-    return false;  // (the first fused norm + router kernel measured 3x slower; removed)
+    p.fast_tail = r.one_token_tail;
+    launch_route_norm_decode(p, stream_);
+    ++route_dense_launches;
+    return;
   }
-  // Prefill (eager, >= 64 tokens, no fused norm): logits as an f32 GEMM, then top-k alone.
-  if (!nf && route_logits_gemm(moe.gate, p))
+  // Prefill (>= router_gemm_min_tokens, no fused norm): logits as a GEMM, then top-k alone; a
+  // shape cuBLASLt has no algorithm for takes the kernels below.
+  if ((r.id == MoeRouteKernel::kGemmSplit || r.id == MoeRouteKernel::kGemmF32) && route_logits_gemm(moe.gate, p, r))
     launch_moe_route_topk(p, stream_);
   else
     launch_moe_route(p, stream_);
-  return true;
 }
 
 void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeRouting& routing, Tensor& out) {
@@ -229,20 +260,20 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   if (T == 0) return;
   const int P = T * k;
   MS_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32, "moe_experts: out dtype {}", dtype_name(out.dtype));
-  if (!et.int4 && T <= moe_direct_max_tokens && T <= moe_gemv_max_tokens && run_moe_direct(x, moe, routing, out))
+  MoeExpertsOpDesc d;
+  d.T = T, d.top_k = k, d.H = H, d.I = et.I, d.E_local = E_local;
+  d.fp8 = et.fp8, d.int4 = et.int4, d.bo = et.bo, d.bi = et.bi;
+  d.prequant = pq.q != nullptr;
+  d.aligned = aligned16({x.data}), d.out_aligned = aligned16({out.data});
+  d.ws = workspace_view();
+  const MoeExpertsKernel sel = select(d);
+  if (sel.capture_fallback) ++graph_fallbacks_;
+  if (sel.id == MoeExpertsKernel::kDirect) {
+    MS_CHECK(run_moe_direct(x, moe, routing, out), "moe_experts: the direct path refused the shapes its selector took");
     return;
-  const bool gemv = T <= moe_gemv_max_tokens;
-  // FP8 prefill on the Hopper wgmma kernel's 128 x 256 tiles: the align builds 128-row tiles; same predicate as
-  // moe_experts_fp8_act, which must then run and take that kernel (its 32-bit offset bound is
-  // checked here too).
-  const bool fp8_pair = !gemv && !et.int4 && prefill_path_allowed() && use_fp8_act_gemm && T >= fp8_act_min_tokens && et.fp8 && et.bo == 128 &&
-                        et.bi == 128 && H % 128 == 0 && et.I % 128 == 0 && g_fp8_gemm_wgmma &&
-                        fp8_wgmma_available() &&
-                        int64_t(P) * std::max(H, et.I) < (int64_t(1) << 31) &&
-                        // in a capture its quantisation workspaces must already be there
-                        // (moe_experts_fp8_act checks the same; eager steps always fit)
-                        fp8_experts_ws_fit(T, P, H, et.I);
-  const int tile_rows = gemv ? kGemvTile : fp8_pair ? kFp8PairTileM : kGemmTileM;
+  }
+  MS_CHECK(sel.id != MoeExpertsKernel::kUnsupported, "moe_experts: {}", moe_int4_problem(H, et.I, et.bi));
+  const int tile_rows = sel.tile_rows;
   const int max_tiles = moe_max_tiles(P, tile_rows, E_local);
 
   // Workspaces (the ints first, then sorted weights).
@@ -266,7 +297,8 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   launch_moe_align(a, stream_);
 
   LinParams up;
-  up.tc = use_gemv_tc;
+  up.tc = tuning.use_gemv_tc;
+  up.fp8_wgmma = tuning.fp8_gemm_wgmma;
   up.mode = LinMode::kSwiglu;
   up.x = x.data, up.ldx = H, up.x_rows = a.sorted_token, up.M = P;
   up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
@@ -278,26 +310,28 @@ void CudaBackend::moe_experts(const Tensor& x, const MoeWeights& moe, const MoeR
   down.x = act, down.ldx = et.I, down.x_rows = nullptr;
   down.N = H, down.K = et.I, down.s_cols = et.s_cols_down;
   // f32 pair rows, summed by the combine (4 columns per thread where aligned).
-  const bool vec_ok = H % 4 == 0 && aligned16({ypair, out.data});
   down.out = ypair, down.ldo = H, down.out_f32 = true, down.row_scale = a.sorted_weight;
-  if (et.int4) {
-    // W4A16 (k_moe_int4.cu): the decode GEMV tiles (<= 8 pairs) or the prefill GEMM tiles (64).
-    MS_CHECK(moe_int4_supported(up) && moe_int4_supported(down),
-             "moe_experts: INT4 experts with H={} I={} group {} are not supported by the W4A16 kernels (group % 32, "
-             "H and I multiples of the group)",
-             H, et.I, et.bi);
-    launch_moe_int4(up, stream_);
-    launch_moe_int4(down, stream_);
-  } else if (gemv) {
-    launch_gemv(up, stream_);
-    launch_gemv(down, stream_);
-  } else if (fp8_pair) {
-    MS_CHECK(moe_experts_fp8_act(up, down, T, pq), "moe_experts: FP8 128-row-tile path refused its own shapes");
-  } else if (!moe_experts_fp8_act(up, down, T, pq)) {
-    launch_gemm(up, stream_);
-    launch_gemm(down, stream_);
+  switch (sel.id) {
+    case MoeExpertsKernel::kInt4Gemv:
+    case MoeExpertsKernel::kInt4Gemm:
+      // W4A16 (k_moe_int4.cu): the decode GEMV tiles (<= 8 pairs) or the prefill GEMM tiles (64).
+      launch_moe_int4(up, stream_);
+      launch_moe_int4(down, stream_);
+      break;
+    case MoeExpertsKernel::kGemv:
+      up.tc = sel.up == LinearKernel::kGemvTc, down.tc = sel.down == LinearKernel::kGemvTc;
+      launch_gemv(up, stream_);
+      launch_gemv(down, stream_);
+      break;
+    case MoeExpertsKernel::kFp8Wide:
+    case MoeExpertsKernel::kFp8:
+      moe_experts_fp8_act(up, down, T, pq, sel);
+      break;
+    default:
+      launch_gemm(up, stream_);
+      launch_gemm(down, stream_);
   }
-  if (vec_ok)
+  if (sel.combine4 && aligned16({ypair}))
     launch_moe_combine4(ypair, false, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
   else
     launch_moe_combine(ypair, a.pair_pos, T, k, H, out.data, out.dtype == DType::BF16, stream_);
@@ -315,7 +349,7 @@ bool CudaBackend::run_moe_direct(const Tensor& x, const MoeWeights& moe, const M
   const int down_blocks = ceil_div(H, 32);
   if (int64_t(T) * down_blocks > kMoeCounterSlots) return false;
   LinParams up;
-  up.tc = use_gemv_tc;
+  up.tc = tuning.use_gemv_tc;
   up.mode = LinMode::kSwiglu;
   up.x = x.data, up.ldx = H, up.M = P, up.x_row_div = k;
   up.experts = et.dev, up.fp8 = et.fp8, up.N = et.I, up.K = H, up.bo = et.bo, up.bi = et.bi, up.s_cols = et.s_cols_up;
@@ -387,6 +421,7 @@ void CudaBackend::sample(const Tensor& logits, const std::vector<GpuSamplingPara
   l.logits = logits.data, l.logits_bf16 = logits.dtype == DType::BF16, l.rows = R, l.vocab = V;
   l.params = dp, l.out_ids = out_ids.ptr<int32_t>();
   l.scratch = workspace(kSampleScratch, sample_scratch_bytes(R, V));
+  l.max_resident = caps_.sample_resident;
   l.any_sampling = l.any_topk = l.any_topp = false;
   for (const auto& p : params) {
     l.any_sampling |= p.temperature > 0.f;

@@ -28,21 +28,16 @@
 namespace moeserve {
 using namespace cuda;
 
-namespace {
-size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-}  // namespace
+// cuda_backend.cpp
+LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc);
+Fp8GemmDesc fp8_gemm_desc(const LinParams& p);
 
-// Activation quantisation of the dense linears: the vectorised kernel where it applies.
-void CudaBackend::quant_dense(const QuantParams& q) {
-  if (prefill_quant_vec && quant_vec_supported(q))
-    launch_quant_fp8_vec(q, stream_);
-  else
-    launch_quant_fp8(q, stream_);
-}
 
-// ... and of the FP8 experts (x [T, H], the SiLU * up rows [P, I]).
-void CudaBackend::quant_moe(const QuantParams& q) {
-  if (prefill_moe_quant_vec && quant_vec_supported(q))
+// Activation quantisation (dense linears: prefill_quant_vec; experts: prefill_moe_quant_vec):
+// the vectorised kernel where select_quant takes it (quant_vec_supported checks the same).
+void CudaBackend::quant_fp8(const QuantParams& q, bool vec_on) {
+  const bool aligned = aligned16({q.x}) && reinterpret_cast<uintptr_t>(q.q) % 8 == 0 && q.ldx % 8 == 0;
+  if (select_quant(q.K, aligned, vec_on) == QuantKernel::kVec)
     launch_quant_fp8_vec(q, stream_);
   else
     launch_quant_fp8(q, stream_);
@@ -56,78 +51,61 @@ LtGemm* CudaBackend::lt() {
   return lt_.get();
 }
 
-bool CudaBackend::linear_fp8_act(const LinParams& p) {
-  if (!prefill_path_allowed() || !use_fp8_act_gemm || !p.fp8 || p.bo != 128 || p.bi != 128 || p.K % kQuantGroup != 0 ||
-      p.ldx != p.K)
-    return false;
+// select_linear's kFp8Lt (cuBLASLt on lt_rows rows, the FP8 kernel on the rest) or an FP8
+// kernel on all rows, from a fresh quantisation of x. False (nothing launched): cuBLASLt found
+// no algorithm and no FP8 kernel takes the weight.
+bool CudaBackend::linear_fp8_act(const LinParams& p, const LinearKernel& k) {
   const int T = p.M, K = p.K, G = K / kQuantGroup;
   const size_t qbytes = round_up(size_t(T) * K, 256);
-  if (!ws_fits(kQuantX, qbytes + size_t(T) * G * 4)) {
-    ++graph_fallbacks_;
-    return false;
-  }
   if (capturing_) ++graph_fp8_ops_;
   uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, qbytes + size_t(T) * G * 4));
   float* xs = reinterpret_cast<float*>(xq + qbytes);
   QuantParams q;
   q.x = p.x, q.ldx = K, q.R = T, q.K = K, q.q = xq, q.s = xs;
-  // cuBLASLt block scaling is a Hopper feature; K / 128 % 4 keeps the scale rows 16-byte
-  // aligned. cuBLASLt found no algorithm for row counts that are not a multiple of 4 or 8
-  // (T = 333 fell back in the H200 tests; 128 and 136 ran), so it takes the first T & ~7
-  // rows and the kernel the (< 8) rows left.
-  const bool lt_shape = cc_ == 90 && !p.out_f32 && G % 4 == 0 && p.N % 128 == 0 && p.ldo == p.N;
-  const int T0 = T & ~7;
-  // Rows cuBLASLt cannot take go to the mma.sync kernel; without it (no e4m3 mma.sync code
-  // for this device) the whole linear stays on the bf16 path.
-  const bool kernel_ok = gemm_fp8_supported(p);
-  if (!kernel_ok && !(use_lt_fp8 && lt_shape && !p.experts && T0 == T)) return false;
   int done = 0;
-  if (use_lt_fp8 && lt_shape && !p.experts && T0 > 0 && ws_fits(kLt, LtGemm::kWorkspaceBytes)) {
-    LtGemm* g = lt();  // null in a capture when no eager step created it: the kernel takes all rows
-    if (g) {
-      q.R = T0;
-      q.s_row = lt_act_scale_kmajor ? G : 1;
-      q.s_grp = lt_act_scale_kmajor ? 1 : T0;
-      quant_dense(q);
-      LtFp8Args a;
-      a.T = T0, a.N = p.N, a.K = K, a.xq = xq, a.xs = xs;
-      a.w = static_cast<const uint8_t*>(p.w), a.ws = p.s, a.out = p.out;
-      void* ws = workspace(kLt, LtGemm::kWorkspaceBytes);
-      if (g->fp8_block(a, ws, LtGemm::kWorkspaceBytes, stream_, capturing_)) done = T0;
-    }
+  if (k.id == LinearKernel::kFp8Lt) {
+    // cuBLASLt found no algorithm for row counts that are not a multiple of 8 (T = 333 fell
+    // back in the H200 tests): it takes the first T & ~7 rows and the kernel the rest.
+    const int T0 = k.lt_rows;
+    LtGemm* g = lt();
+    q.R = T0;
+    q.s_row = tuning.lt_act_scale_kmajor ? G : 1;
+    q.s_grp = tuning.lt_act_scale_kmajor ? 1 : T0;
+    quant_fp8(q, tuning.prefill_quant_vec);
+    LtFp8Args a;
+    a.T = T0, a.N = p.N, a.K = K, a.xq = xq, a.xs = xs;
+    a.w = static_cast<const uint8_t*>(p.w), a.ws = p.s, a.out = p.out;
+    void* ws = workspace(kLt, LtGemm::kWorkspaceBytes);
+    if (g && g->fp8_block(a, ws, LtGemm::kWorkspaceBytes, stream_, capturing_)) done = T0;
   }
   if (done == T) return true;
-  if (!kernel_ok) {
+  // Rows [done, T): row-major scales, the FP8 kernel (the selector's tail, or all rows when
+  // cuBLASLt had no algorithm).
+  Fp8GemmDesc gd = fp8_gemm_desc(p);
+  gd.M = T - done;
+  if (!fp8_gemm_supported(gd, caps_)) {
     MS_CHECK(done == 0, "linear: FP8 tail rows without a kernel");
     return false;
   }
-  // Rows [done, T): row-major scales, the mma.sync kernel.
   LinParams tail = p;
   tail.M = T - done;
+  tail.fp8_wgmma = (k.id == LinearKernel::kFp8Lt ? select_fp8_gemm(gd, caps_, tuning) : k.id) == LinearKernel::kFp8Wgmma;
   tail.out = static_cast<char*>(p.out) + size_t(done) * p.ldo * (p.out_f32 ? 4 : 2);
   q.x = static_cast<const char*>(p.x) + size_t(done) * K * 2;
   q.R = T - done, q.s_row = G, q.s_grp = 1;
-  quant_dense(q);
+  quant_fp8(q, tuning.prefill_quant_vec);
   launch_gemm_fp8(tail, Fp8Act{xq, xs}, stream_);
   return true;
 }
 
-bool CudaBackend::fp8_experts_ws_fit(int T, int P, int H, int I) const {
-  return ws_fits(kQuantX, round_up(size_t(T) * H, 256) + size_t(T) * (H / kQuantGroup) * 4) &&
-         ws_fits(kQuantAct, round_up(size_t(P) * I, 256) + size_t(P) * (I / kQuantGroup) * 4);
-}
-
-bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down, int T, const Prequant& pq) {
-  if (!prefill_path_allowed() || !use_fp8_act_gemm || T < fp8_act_min_tokens || !gemm_fp8_supported(up) ||
-      !gemm_fp8_supported(down) || up.ldx != up.K || down.ldx != down.K)
-    return false;
+// The experts on FP8 activations (select_moe_experts' kFp8Wide / kFp8): up and down on the
+// kernels it named.
+void CudaBackend::moe_experts_fp8_act(LinParams up, LinParams down, int T, const Prequant& pq,
+                                      const MoeExpertsKernel& k) {
   const int H = up.K, I = down.K, P = up.M;
-  // Tokens' rows [T, H] quantised once; the gate/up GEMM gathers them through sorted_token.
   const size_t xbytes = round_up(size_t(T) * H, 256);
-  if (!fp8_experts_ws_fit(T, P, H, I)) {
-    ++graph_fallbacks_;
-    return false;
-  }
+  up.fp8_wgmma = k.up == LinearKernel::kFp8Wgmma;
+  down.fp8_wgmma = k.down == LinearKernel::kFp8Wgmma;
   if (capturing_) ++graph_fp8_ops_;
   uint8_t* xq = pq.q;  // made by the fused post-attention norm (row-major scales), or:
   float* xs = pq.s_row;
@@ -137,7 +115,7 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
     xs = reinterpret_cast<float*>(xq + xbytes);
     QuantParams q;
     q.x = up.x, q.ldx = H, q.R = T, q.K = H, q.q = xq, q.s = xs, q.s_row = H / kQuantGroup, q.s_grp = 1;
-    quant_moe(q);
+    quant_fp8(q, tuning.prefill_moe_quant_vec);
   }
   const size_t abytes = round_up(size_t(P) * I, 256);
   uint8_t* aq = static_cast<uint8_t*>(workspace(kQuantAct, abytes + size_t(P) * (I / kQuantGroup) * 4));
@@ -147,53 +125,38 @@ bool CudaBackend::moe_experts_fp8_act(const LinParams& up, const LinParams& down
   // SiLU(gate) * up rows [P, I] (bf16, in down.x) -> e4m3 + scales for the down GEMM.
   QuantParams qa;
   qa.x = down.x, qa.ldx = I, qa.R = P, qa.K = I, qa.q = aq, qa.s = as, qa.s_row = I / kQuantGroup, qa.s_grp = 1;
-  quant_moe(qa);
+  quant_fp8(qa, tuning.prefill_moe_quant_vec);
   launch_gemm_fp8(down, Fp8Act{aq, as}, stream_);
-  return true;
 }
 
-LinParams linear_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool tc);  // cuda_backend.cpp
 
-bool CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws,
-                                       Tensor* const* outs, int n) {
+// select_linear's kQuantLt / kNormQuantLt: x (with the fused add + RMSNorm) quantised once,
+// then one cuBLASLt block-scaled GEMM per weight on all rows.
+void CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, const LinearWeight* const* ws,
+                                       Tensor* const* outs, int n, const LinearKernel& k) {
   prequant_ = {};  // kQuantX is rewritten below
-  if (!prefill_path_allowed() || !prefill_norm_quant || !use_fp8_act_gemm || !use_lt_fp8 || cc_ != 90 || n < 1 ||
-      n > LinParams::kMaxSegs)
-    return false;
   LinParams ps[LinParams::kMaxSegs];
-  for (int i = 0; i < n; ++i) ps[i] = linear_params(x, *ws[i], *outs[i], use_gemv_tc);
+  for (int i = 0; i < n; ++i) ps[i] = linear_params(x, *ws[i], *outs[i], tuning.use_gemv_tc);
   const int T = ps[0].M, K = ps[0].K, G = K / kQuantGroup;
-  // Every weight on cuBLASLt's block-scaled path with all T rows (T % 8: see linear_fp8_act).
-  if (T < fp8_act_min_tokens || T % 8 != 0 || K % kQuantGroup != 0 || G % 4 != 0) return false;
-  for (int i = 0; i < n; ++i) {
-    const LinParams& p = ps[i];
-    if (!p.fp8 || p.bo != 128 || p.bi != 128 || p.K != K || p.ldx != K || p.out_f32 || p.N % 128 != 0 || p.ldo != p.N)
-      return false;
-  }
   NormQuantParams nq;
   if (nf) {
     nq.x = nf->addend->data, nq.residual = nf->residual->data, nq.w = nf->weight->data, nq.out = x.data;
     nq.R = T, nq.K = K, nq.eps = nf->eps;
-    if (!norm_quant_supported(nq)) return false;
   }
   const size_t qbytes = round_up(size_t(T) * K, 256), need = qbytes + size_t(T) * G * 4;
-  if (!ws_fits(kQuantX, need) || !ws_fits(kLt, LtGemm::kWorkspaceBytes)) {
-    ++graph_fallbacks_;
-    return false;
-  }
   LtGemm* g = lt();
-  if (!g) return false;  // in a capture with no eager warm-up: the unfused path
+  MS_CHECK(g && k.lt_rows == T, "linear_multi: cuBLASLt path without its handle");
   if (capturing_) ++graph_fp8_ops_;
   uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, need));
   float* xs = reinterpret_cast<float*>(xq + qbytes);
-  const int64_t s_row = lt_act_scale_kmajor ? G : 1, s_grp = lt_act_scale_kmajor ? 1 : T;
+  const int64_t s_row = tuning.lt_act_scale_kmajor ? G : 1, s_grp = tuning.lt_act_scale_kmajor ? 1 : T;
   if (nf) {
     nq.q = xq, nq.s = xs, nq.s_row = s_row, nq.s_grp = s_grp;
     launch_norm_quant_fp8(nq, stream_);
   } else {
     QuantParams q;
     q.x = x.data, q.ldx = K, q.R = T, q.K = K, q.q = xq, q.s = xs, q.s_row = s_row, q.s_grp = s_grp;
-    quant_dense(q);
+    quant_fp8(q, tuning.prefill_quant_vec);
   }
   void* lws = workspace(kLt, LtGemm::kWorkspaceBytes);
   for (int i = 0; i < n; ++i) {
@@ -204,14 +167,13 @@ bool CudaBackend::linear_multi_fp8_act(const Tensor& x, const NormFuse* nf, cons
     // (normed) x, which requantises into kQuantX, so the later weights requantise too.
     if (!g->fp8_block(a, lws, LtGemm::kWorkspaceBytes, stream_, capturing_)) {
       for (int j = i; j < n; ++j) linear(x, *ws[j], *outs[j]);
-      return true;
+      return;
     }
   }
-  return true;
 }
 
 const void* CudaBackend::gate_split(const Tensor& gate, int E, int H) {
-  if (!gate.owner || !gate_split_cache) return nullptr;
+  if (!gate.owner || !tuning.gate_split_cache) return nullptr;
   auto same_owner = [&](const GateSplit& g) {
     return !g.owner.expired() && !g.owner.owner_before(gate.owner) && !gate.owner.owner_before(g.owner);
   };
@@ -229,30 +191,20 @@ const void* CudaBackend::gate_split(const Tensor& gate, int E, int H) {
   return w2;
 }
 
-bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
+// select_moe_route's kGemmSplit / kGemmF32. False: cuBLASLt found no algorithm (the caller's
+// kernels take over; p.logits points at the kRouter workspace).
+bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p, const MoeRouteKernel& k) {
   const int T = p.T, H = p.H, E = p.E;
-  if (!prefill_path_allowed() || router_gemm_min_tokens <= 0 || T < router_gemm_min_tokens || gate.dtype != DType::F32 ||
-      H % 4 != 0)
-    return false;
-  // In a graph only from fp8_act_min_tokens rows: smaller buckets keep the fused router kernel.
-  if (capturing_ && T < fp8_act_min_tokens) return false;
-  // Split-bf16 (default for bf16 x, H % 8 == 0): the gate's bf16 halves stacked as [2E, H]
-  // (3 MB for M2.5; split once per gate tensor and kept, gate_split()), one bf16 tensor-core GEMM x [T, H] @ [2E, H]^T
-  // -> [T, 2E] f32, and the top-k adds the halves. x is bf16 already, so the only error next
-  // to the f32 GEMM is the split's 2^-17 |w| per weight, and the tensor cores' f32
-  // accumulation order (tests/cuda/test_cuda_router_prefill.cpp measures both).
-  const bool split = router_split_bf16 && p.x_bf16 && H % 8 == 0;
+  // Split-bf16: the gate's bf16 halves stacked as [2E, H] (3 MB for M2.5; split once per gate
+  // tensor and kept, gate_split()), one bf16 tensor-core GEMM x [T, H] @ [2E, H]^T -> [T, 2E]
+  // f32, and the top-k adds the halves. x is bf16 already, so the only error next to the f32
+  // GEMM is the split's 2^-17 |w| per weight, and the tensor cores' f32 accumulation order
+  // (tests/cuda/test_cuda_router_prefill.cpp measures both).
+  const bool split = k.id == MoeRouteKernel::kGemmSplit;
   const size_t logit_bytes = size_t(T) * E * 4 * (split ? 2 : 1);
   const size_t xbytes = split ? size_t(2) * E * H * 2 : (p.x_bf16 ? size_t(T) * H * 4 : 0);
-  if (!ws_fits(kLt, LtGemm::kWorkspaceBytes) || !ws_fits(kRouter, logit_bytes) || (xbytes && !ws_fits(kRouterX, xbytes))) {
-    ++graph_fallbacks_;
-    return false;
-  }
   LtGemm* g = lt();
-  if (!g) {
-    if (capturing_) ++graph_fallbacks_;
-    return false;
-  }
+  MS_CHECK(g, "moe_route: cuBLASLt router GEMM without its handle");
   void* ws = workspace(kLt, LtGemm::kWorkspaceBytes);
   float* logits = static_cast<float*>(workspace(kRouter, logit_bytes));
   bool ok = false;
@@ -282,18 +234,15 @@ bool CudaBackend::route_logits_gemm(const Tensor& gate, RouteParams& p) {
 
 // ---- FP8 activations made by the op before (prequant_) ----
 
-// A linear from prequant_ (linear_fp8_act's conditions): cuBLASLt on all rows (token-fastest
-// scales), else the mma.sync kernel (row-major scales). False: not an FP8-activation linear.
-bool CudaBackend::linear_prequant(const LinParams& p, const Prequant& pq) {
-  if (!prefill_path_allowed() || !use_fp8_act_gemm || !p.fp8 || p.bo != 128 || p.bi != 128 || p.ldx != p.K ||
-      p.M < fp8_act_min_tokens)
-    return false;
-  const int T = p.M, K = p.K, G = K / kQuantGroup;
-  const bool lt_shape = cc_ == 90 && !p.out_f32 && G % 4 == 0 && p.N % 128 == 0 && p.ldo == p.N;
-  if (use_lt_fp8 && lt_shape && T % 8 == 0 && pq.s_tok && ws_fits(kLt, LtGemm::kWorkspaceBytes)) {
+// A linear from prequant_ (select_linear's prequant choice): cuBLASLt on all rows (token-fastest
+// scales), else the FP8 kernel (row-major scales). False (nothing launched): cuBLASLt found no
+// algorithm and no FP8 kernel takes the weight.
+bool CudaBackend::linear_prequant(const LinParams& p, const Prequant& pq, const LinearKernel& k) {
+  const int T = p.M, K = p.K;
+  if (k.id == LinearKernel::kFp8Lt) {
     if (LtGemm* g = lt()) {
       LtFp8Args a;
-      a.T = T, a.N = p.N, a.K = K, a.xq = pq.q, a.xs = lt_act_scale_kmajor ? pq.s_row : pq.s_tok;
+      a.T = T, a.N = p.N, a.K = K, a.xq = pq.q, a.xs = tuning.lt_act_scale_kmajor ? pq.s_row : pq.s_tok;
       a.w = static_cast<const uint8_t*>(p.w), a.ws = p.s, a.out = p.out;
       if (g->fp8_block(a, workspace(kLt, LtGemm::kWorkspaceBytes), LtGemm::kWorkspaceBytes, stream_, capturing_)) {
         if (capturing_) ++graph_fp8_ops_;
@@ -301,38 +250,29 @@ bool CudaBackend::linear_prequant(const LinParams& p, const Prequant& pq) {
       }
     }
   }
-  if (!gemm_fp8_supported(p)) return false;
+  const Fp8GemmDesc gd = fp8_gemm_desc(p);
+  if (!fp8_gemm_supported(gd, caps_)) return false;
+  LinParams q = p;
+  q.fp8_wgmma = (k.id == LinearKernel::kFp8Lt ? select_fp8_gemm(gd, caps_, tuning) : k.id) == LinearKernel::kFp8Wgmma;
   if (capturing_) ++graph_fp8_ops_;
-  launch_gemm_fp8(p, Fp8Act{pq.q, pq.s_row}, stream_);
+  launch_gemm_fp8(q, Fp8Act{pq.q, pq.s_row}, stream_);
   return true;
 }
 
 // The post-attention add + RMSNorm at prefill, quantising its output for the FP8 experts as
 // well (k_norm_quant.cu: codes and scales bit-identical to quantising `out`, which is still
 // written for the router). The experts' quantisation pass over [T, H] goes away.
-bool CudaBackend::norm_quant_for_experts(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                                         Tensor& out, const MoeWeights& moe) {
-  if (!prefill_moe_norm_quant || !prefill_path_allowed() || !use_fp8_act_gemm || moe.experts.empty() ||
-      !moe.experts[0].w1.fp8() || x.rank() < 1)
-    return false;
+void CudaBackend::norm_quant_for_experts(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                                         Tensor& out) {
   const int H = int(x.dim(-1)), T = int(x.numel() / std::max<int64_t>(1, H)), G = H / kQuantGroup;
-  const bool bf = residual.dtype == DType::BF16 && x.dtype == DType::BF16 && weight.dtype == DType::BF16 &&
-                  out.dtype == DType::BF16;
-  // (Up to moe_gemv_max_tokens the experts run the GEMVs on bf16 x: nothing would read the codes.)
-  if (T < fp8_act_min_tokens || T <= moe_gemv_max_tokens || !bf || residual.device != Device::CUDA || x.device != Device::CUDA ||
-      weight.device != Device::CUDA || out.device != Device::CUDA || residual.numel() != x.numel() ||
-      out.numel() != x.numel() || weight.numel() != H)
-    return false;
   NormQuantParams nq;
   nq.x = x.data, nq.residual = residual.data, nq.w = weight.data, nq.out = out.data;
   nq.R = T, nq.K = H, nq.eps = eps;
   const size_t qbytes = round_up(size_t(T) * H, 256), need = qbytes + size_t(T) * G * 4;
-  if (!norm_quant_supported(nq) || !ws_fits(kQuantX, need)) return false;
   uint8_t* xq = static_cast<uint8_t*>(workspace(kQuantX, need));
   nq.q = xq, nq.s = reinterpret_cast<float*>(xq + qbytes), nq.s_row = G, nq.s_grp = 1;
   launch_norm_quant_fp8(nq, stream_);
   prequant_ = {out.data, T, H, xq, nullptr, nq.s};
-  return true;
 }
 
 }  // namespace moeserve

@@ -13,6 +13,7 @@
 // fits bf16), so the shared-memory tiles and the inner loops are the bf16 kernel's. k_scale is
 // folded into the query scale and v_scale into the output (softmax(s * k_scale * q.k8) V8 *
 // v_scale = attention over the dequantised cache). The bf16 instantiation has no FP8 code.
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -304,4 +305,9 @@ void launch_attention_combine(const AttnParams& p, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kRows == limits::kAttnGenericRows);
 }  // namespace moeserve::cuda

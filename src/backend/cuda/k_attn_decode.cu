@@ -20,6 +20,7 @@
 #include <atomic>
 #include <string>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -329,4 +330,9 @@ void launch_attn_decode(const AttnParams& a, const QkNormRopeParams& n, int spli
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode_kernel, a, n));
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kRows == limits::kDecodeRows && kMaxSplits == limits::kDecode1MaxSplits);
 }  // namespace moeserve::cuda

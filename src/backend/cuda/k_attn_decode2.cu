@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -639,4 +640,9 @@ void launch_attn_decode2(const AttnParams& a, const QkNormRopeParams& n, int spl
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, a, n));
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kRows == limits::kDecodeRows && kMaxSplits == limits::kDecode2MaxSplits && kChunk == limits::kDecode2Chunk && kMaxQWidth == limits::kDecode2MaxQWidth);
 }  // namespace moeserve::cuda

@@ -13,6 +13,7 @@
 //   K/V through L2), query tiles last-first (the causal diagonal makes late tiles longest).
 // Math per tile as before: S = Q K^T (scale * log2 e folded into Q), online softmax in base 2,
 // O += P V with P re-packed from the S accumulators as the A operand.
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
@@ -213,4 +214,9 @@ void launch_attention_prefill(const AttnParams& p, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kQ == limits::kAttnTcQuery);
 }  // namespace moeserve::cuda

@@ -9,6 +9,7 @@
 //                  that share a row),
 //   O += P V       (P re-packed from the S accumulators as the A operand: the FA2 layout trick).
 // Decode and short queries keep the scalar split-KV kernel (k_attention.cu).
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
@@ -189,4 +190,9 @@ void launch_attention_tc(const AttnParams& p, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kQ == limits::kAttnTcQuery);
 }  // namespace moeserve::cuda

@@ -26,6 +26,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/attn_mma.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_frag.cuh"
@@ -398,4 +399,9 @@ void launch_attention_verify(const AttnParams& p, cudaStream_t s) {
   if (p.splits > 1) launch_attention_combine(p, s);
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kMaxRows == limits::kAttnVerifyMaxRows && kChunk == limits::kAttnVerifyChunk);
 }  // namespace moeserve::cuda

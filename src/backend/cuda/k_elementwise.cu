@@ -6,6 +6,7 @@
 
 #include <cooperative_groups.h>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_prefill.h"
@@ -319,4 +320,9 @@ void launch_write_kv(const void* k, const void* v, bool src_bf16, void* kc, void
   CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kQkRopeVecMinTokens == limits::kQkRopeVecMinTokens);
 }  // namespace moeserve::cuda

@@ -229,7 +229,7 @@ void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s) {
   CU_REQUIRE(gemm_fp8_supported(p), "gemm_fp8: unsupported shape or device (needs FP8 128x128 blocks, K % 128 == 0, sm_89+)");
   // Hopper: the wgmma kernel for expert tables and linears of >= 128 rows (below that the
   // 256-column tiles leave most SMs idle).
-  if (g_fp8_gemm_wgmma && (p.tile_expert || p.M >= 128) && gemm_fp8_wgmma_supported(p))
+  if (p.fp8_wgmma && (p.tile_expert || p.M >= 128) && gemm_fp8_wgmma_supported(p))
     return launch_gemm_fp8_wgmma(p, a, s);
   CU_REQUIRE(!p.tile_expert || p.tile_rows <= BM, "gemm_fp8: tile table taller than the 64-row kernel's tiles");
   CU_REQUIRE(!p.out_q, "gemm_fp8: the quantising epilogue (out_q) exists only in the wgmma kernel");

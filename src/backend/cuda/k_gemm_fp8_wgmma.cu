@@ -20,6 +20,7 @@
 // other half the same rows of W3, so silu(g) * u is formed in registers.
 // The producer runs ahead across tiles, so the consumers' epilogue overlaps the next tile's
 // loads.
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/mma_fp8.cuh"
@@ -35,8 +36,7 @@ namespace moeserve::cuda {
 // (plain row ranges) and 64-row tables on 64 x 256 (kShapeN). The 128 x 192 tiles
 // (kShapePair), 128 x 256 for linears and the fused quantising epilogue (QOUT) measured slower
 // and are not built (their code paths stay in the templates below, uninstantiated;
-// docs/bench/cuda_switch_inventory.md). PREFILL_OFF=gemm_wgmma clears g_fp8_gemm_wgmma.
-bool g_fp8_gemm_wgmma = true;
+// docs/bench/cuda_switch_inventory.md). PREFILL_OFF=gemm_wgmma clears LinParams::fp8_wgmma.
 
 namespace wgmma_detail {  // named: the sm_80 device pass does not use every member
 
@@ -615,4 +615,9 @@ void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s) 
   }
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kFp8PairTileM == limits::kFp8PairTileM && kQuantGroup == limits::kQuantGroup);
 }  // namespace moeserve::cuda

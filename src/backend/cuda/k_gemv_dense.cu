@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_frag.cuh"
 #include "backend/cuda/kernels.h"
@@ -390,4 +391,9 @@ void launch_gemv_dense(const LinParams& p0, int num_sms, cudaStream_t s) {
   }
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kDTok == limits::kDenseMaxTokens && kDMaxK == limits::kDenseMaxK && kDNormK == limits::kDenseNormMaxK && kDSmemMax == int(limits::kDenseSmemMax) && kDW == limits::kDenseWarps);
 }  // namespace moeserve::cuda

@@ -15,6 +15,7 @@
 // (max, sum) for k_mla_combine. No allocation, no host sync: graph-capturable.
 #include <cuda_bf16.h>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_mla.h"
 #include "backend/cuda/mma_bf16.cuh"
@@ -326,4 +327,9 @@ void launch_mla_flash(const MlaFlashParams& p, cudaStream_t s) {
   }
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kMlaRowTile == limits::kMlaRowTile && kMlaMaxC == limits::kMlaMaxC && kMlaMaxR == limits::kMlaMaxR);
 }  // namespace moeserve::cuda

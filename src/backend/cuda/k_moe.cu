@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -556,7 +557,6 @@ __global__ void combine4_kernel(const void* ypair, const int32_t* pair_pos, int 
 
 }  // namespace
 
-int g_route_topk_warp = 2;
 
 void launch_split_gate_bf16(const float* gate, void* out, int E, int H, cudaStream_t s) {
   const int64_t n = int64_t(E) * H;
@@ -604,8 +604,8 @@ void launch_moe_route(const RouteParams& p, cudaStream_t s) {
 void launch_moe_route_topk(const RouteParams& p, cudaStream_t s) {
   CU_REQUIRE(p.E <= kMaxExperts && p.top_k <= p.E && p.logits != nullptr, "moe_route_topk: bad arguments");
   if (p.T == 0) return;
-  if (g_route_topk_warp && p.top_k <= 32 && p.E <= 256) {
-    launch_pdl(g_route_topk_warp == 2 ? route_topk_warp_kernel<8, true> : route_topk_warp_kernel<8, false>,
+  if (p.topk_warp && p.top_k <= 32 && p.E <= 256) {
+    launch_pdl(p.topk_warp == 2 ? route_topk_warp_kernel<8, true> : route_topk_warp_kernel<8, false>,
                dim3(ceil_div(p.T, kTopkWarps)), dim3(kTopkWarps * 32), 0, s, p);
   } else {
     route_kernel<<<p.T, 32, 0, s>>>(p);
@@ -650,4 +650,9 @@ void launch_moe_combine4(const void* ypair, bool ypair_bf16, const int32_t* pair
   CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kRouteTok == limits::kRouteTok && kRoutePre == limits::kRoutePre && kGemvTile == limits::kGemvTile && kGemmTileM == limits::kGemmTileM);
 }  // namespace moeserve::cuda

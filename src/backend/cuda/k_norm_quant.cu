@@ -10,6 +10,7 @@
 // threads (half a warp): the group maximum is four xor-shuffles.
 #include <cstdlib>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels_fp8.h"
 #include "backend/cuda/kernels_prefill.h"
@@ -125,4 +126,9 @@ void launch_norm_quant_fp8(const NormQuantParams& p, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(8 * kThreads * kQuantV == limits::kQuantVecMaxK && 8 * kThreads * kMaxV == limits::kNormQuantMaxK);
 }  // namespace moeserve::cuda

@@ -19,7 +19,6 @@
 
 namespace moeserve::cuda {
 
-bool g_qk_rope_vec = true;
 
 namespace {
 
@@ -170,7 +169,7 @@ bool pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 bool qk_rope_vec_supported(const QkNormRopeParams& p) {
   auto a16 = [](const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
   const int D = p.head_dim, rot = p.rotary_dim;
-  return g_qk_rope_vec && p.act_bf16 && p.w_bf16 && (!p.kc || p.cache_bf16) && D % 8 == 0 && pow2(D / 8) &&
+  return p.rope_vec && p.act_bf16 && p.w_bf16 && (!p.kc || p.cache_bf16) && D % 8 == 0 && pow2(D / 8) &&
          D / 8 <= 32 && rot % 16 == 0 && rot <= D && rot / 2 <= kMaxHalf && pow2(rot / 16) && p.q_width % D == 0 &&
          p.k_width % D == 0 && p.q_width <= 8 * kThreads * kQV && p.k_width <= 8 * kThreads * kKV && a16(p.q) &&
          a16(p.k) && a16(p.q_w) && a16(p.k_w) && a16(p.v) && a16(p.kc) && a16(p.vc);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -224,7 +225,6 @@ bool a16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
 
 }  // namespace
 
-bool g_route_fast_tail = true;
 
 bool route_norm_decode_supported(const RouteParams& p) {
   return p.norm && p.counter && p.x_bf16 && !p.gate_bf16 && !p.logits_split && p.T >= 1 && p.T <= kRTok &&
@@ -241,10 +241,15 @@ void launch_route_norm_decode(const RouteParams& p, cudaStream_t s) {
   static const bool diag = debug_flags().route_diag;
   const int threads = 8 * 32;  // 8 warps (experts) per block (4 measured no faster)
   RouteParams d = p;
-  d.decode_tail = diag ? 2 : g_route_fast_tail && p.T == 1 && p.E <= threads && p.top_k <= 8 ? 1 : 0;
+  d.decode_tail = diag ? 2 : p.fast_tail && p.T == 1 && p.E <= threads && p.top_k <= 8 ? 1 : 0;
   const size_t smem = size_t(p.T) * p.H * 2;  // <= 32 KB (T <= 4, H <= 4096): no opt-in needed
   launch_pdl(route_norm_decode_kernel<8>, dim3(ceil_div(p.E, 8)), dim3(8 * 32), smem, s, d);
   CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace moeserve::cuda
+
+// The selectors (common/select_common.h) check these limits.
+namespace moeserve::cuda {
+static_assert(kRTok == limits::kRouteDenseTok && kRMaxH == limits::kRouteDenseMaxH && kRMaxE == limits::kRouteDenseMaxE);
 }  // namespace moeserve::cuda

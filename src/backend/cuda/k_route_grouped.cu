@@ -19,6 +19,7 @@
 //    renormalised) * routed_scaling_factor, the CPU's operations in its order.
 #include <cfloat>
 
+#include "backend/cuda/common/select_common.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_generic.h"
@@ -214,6 +215,9 @@ __global__ void __launch_bounds__(kTopkWarps * 32) grouped_topk_kernel(GenericRo
 
 }  // namespace
 
+static_assert(kRouteGroupedMaxExperts == limits::kRouteGroupedMaxExperts, "select_moe.cpp mirrors this limit");
+
+// Mirrored by select_moe.cpp's route_grouped_ok (the selector picks kGrouped on the same shapes).
 bool route_grouped_supported(const GenericRouteParams& p) {
   const int G = p.spec.n_group > 1 ? p.spec.n_group : 1;
   return p.spec.scoring == RouteScoring::Sigmoid && !p.gate_bf16 && p.E >= 1 && p.E <= kRouteGroupedMaxExperts &&

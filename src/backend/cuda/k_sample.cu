@@ -29,8 +29,10 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/sampling/select_sampling.h"
 
 namespace moeserve::cuda {
+static_assert(kSampleChunk == limits::kSampleChunk && kSampleRowsPerLaunch == limits::kSampleRowsPerLaunch);
 namespace {
 
 namespace cg = cooperative_groups;
@@ -468,17 +470,18 @@ size_t sample_scratch_bytes(int rows, int vocab) {
   return R * NC * (3 * 4 + 2 * kBins * 4) + 256;
 }
 
+int sample_max_resident() {
+  // Blocks that can be resident at once (the cooperative launch's bound).
+  int per_sm = 0, dev = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sample_kernel<true>, kThreads, 0));
+  return per_sm * sms;
+}
+
 void launch_sample(const SampleLaunch& l, cudaStream_t s) {
   if (l.rows == 0) return;
   const int NC = (l.vocab + kSampleChunk - 1) / kSampleChunk;
-  // Blocks that can be resident at once (the cooperative launch's bound), once per process.
-  static const int max_resident = [] {
-    int per_sm = 0, dev = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sample_kernel<true>, kThreads, 0));
-    return per_sm * sms;
-  }();
   for (int r0 = 0; r0 < l.rows; r0 += kSampleRowsPerLaunch) {
     const int R = std::min(kSampleRowsPerLaunch, l.rows - r0);
     const size_t NCs = size_t(NC);
@@ -492,7 +495,7 @@ void launch_sample(const SampleLaunch& l, cudaStream_t s) {
     a.scratch.hist = reinterpret_cast<float*>(p + size_t(R) * NCs * 12);
     a.any_sampling = l.any_sampling, a.any_topk = l.any_topk, a.any_topp = l.any_topp;
     // Blocks per row: enough to cover the sub-chunks, as many as stay resident with R rows.
-    const int S = std::max(1, std::min(NC, max_resident / R));
+    const int S = sample_blocks_per_row(R, l.vocab, l.max_resident);  // (select_sample)
     if (S > 1) {
       void* args[] = {&a};
       CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(sample_kernel<true>), dim3(S, R), dim3(kThreads),

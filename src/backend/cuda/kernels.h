@@ -59,6 +59,9 @@ struct QkNormRopeParams {
   float k_scale = 1.f, v_scale = 1.f;
   const int32_t* slots = nullptr;
   int64_t num_slots = 0;
+  // Prefill (T >= kQkRopeVecMinTokens): the 16-byte-load kernel (k_rope_prefill.cu) where it
+  // applies (CudaTuning::qk_rope_vec).
+  bool rope_vec = true;
 };
 void launch_qk_norm_rope(const QkNormRopeParams& p, cudaStream_t s);
 // __CUDA_ARCH__ of the code the current device runs (e.g. 800 for the sm_80 SASS or the
@@ -133,6 +136,9 @@ struct LinParams {
   // slower than the separate quantisation); every launcher refuses out_q != null.
   uint8_t* out_q = nullptr;
   float* out_qs = nullptr;
+  // launch_gemm_fp8: the Hopper wgmma kernel where it applies (select_fp8_gemm; the backend
+  // sets it from its choice, CudaTuning::fp8_gemm_wgmma), else the mma.sync kernel.
+  bool fp8_wgmma = true;
   bool tc = true;  // GEMV: tensor-core FP8 path (k_gemv_tc.cu) where gemv_tc_supported
   // Direct pair tiles (MoE decode at very few tokens; tensor-core GEMV only; no align step):
   // tile t (grid.y = T * top_k) is routing pair t, one row, expert pair_ids[t] - first_local.
@@ -220,6 +226,14 @@ struct RouteParams {
   // block_rank_topk, 1 the one-token tail (last_block_tail_t1), 2 MOESERVE_ROUTE_DIAG=1
   // (timing only: fixed distinct experts, no top-k).
   int decode_tail = 0;
+  // k_route_dense.cu: the one-token last-block tail where it applies (loads first, per-warp then
+  // warp-0 argmax top-k); false: residual loop then block_rank_topk (the tail for T > 1; tests
+  // compare the two at T = 1). CudaTuning::route_fast_tail.
+  bool fast_tail = true;
+  // launch_moe_route_topk: warp-per-token register top-k for E <= 256 (2: redux.sync rounds,
+  // default; 1: 64-bit shuffle rounds) instead of the shared-memory route_kernel (0). All give
+  // the same ids and weights. CudaTuning::route_topk_warp.
+  int topk_warp = 2;
   // Optional L2 prefetch of the gate/up weights (pf_bytes each, a multiple of 16) of the
   // experts chosen for the first pf_pairs (token, k) pairs, issued as they are chosen.
   const ExpertPtrs* pf_experts = nullptr;
@@ -230,10 +244,6 @@ bool route_norm_supported(const RouteParams& p);
 // Decode add + RMSNorm + router in one kernel (k_route_dense.cu): p.norm set, T <= 4, f32
 // gate, H % 128 == 0, H <= 4096, top_k <= 32, p.counter set.
 bool route_norm_decode_supported(const RouteParams& p);
-// k_route_dense.cu: the one-token last-block tail where it applies (loads first, per-warp then
-// warp-0 argmax top-k); false: residual loop then block_rank_topk (the tail for T > 1; tests
-// compare the two at T = 1).
-extern bool g_route_fast_tail;
 void launch_route_norm_decode(const RouteParams& p, cudaStream_t s);
 void launch_moe_route(const RouteParams& p, cudaStream_t s);
 
@@ -367,7 +377,11 @@ struct SampleLaunch {
   // Launch-uniform: some row samples (else all greedy), uses top-k, uses top-p. They decide
   // which passes run; a row that does not use a filter skips its work in that pass.
   bool any_sampling = true, any_topk = true, any_topp = true;
+  // Blocks of the cooperative kernel resident at once (sample_max_resident(); DeviceCaps).
+  int max_resident = 0;
 };
+// Blocks of the cooperative sampling kernel resident at once on the current device.
+int sample_max_resident();
 size_t sample_scratch_bytes(int rows, int vocab);
 void launch_sample(const SampleLaunch& launch, cudaStream_t s);
 

@@ -45,10 +45,9 @@ void launch_gemm_fp8(const LinParams& p, const Fp8Act& a, cudaStream_t s);
 // build on a 9.0 device and N % 64 == 0. Tile tables of 64 rows and plain row ranges on 64 x
 // 256-weight-row tiles, tables of 128 rows (p.tile_rows == kFp8PairTileM, what the MoE align
 // builds for the FP8 prefill experts) on 128 x 256 tiles (two N halves per consumer).
-// launch_gemm_fp8 takes it by itself where supported while g_fp8_gemm_wgmma is set (default;
-// MOESERVE_PREFILL_OFF=gemm_wgmma clears it).
+// launch_gemm_fp8 takes it where supported while p.fp8_wgmma is set (the backend sets it from
+// select_fp8_gemm; MOESERVE_PREFILL_OFF=gemm_wgmma clears CudaTuning::fp8_gemm_wgmma).
 constexpr int kFp8PairTileM = 128;
-extern bool g_fp8_gemm_wgmma;
 bool fp8_wgmma_available();
 bool gemm_fp8_wgmma_supported(const LinParams& p);
 void launch_gemm_fp8_wgmma(const LinParams& p, const Fp8Act& a, cudaStream_t s);

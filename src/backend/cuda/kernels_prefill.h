@@ -15,10 +15,7 @@ namespace moeserve::cuda {
 // bf16(gate)). x [T, H] bf16 @ out^T (f32 accumulation) gives logits [T, 2E] whose halves sum
 // to the f32 logits within ~2^-17 sum |x w| (RouteParams::logits_split reads them).
 void launch_split_gate_bf16(const float* gate, void* out, int E, int H, cudaStream_t s);
-// launch_moe_route_topk: warp-per-token register top-k for E <= 256 (2: redux.sync rounds,
-// default; 1: 64-bit shuffle rounds) instead of the shared-memory route_kernel (0;
-// MOESERVE_PREFILL_OFF=topk). All give the same ids and weights.
-extern int g_route_topk_warp;
+// launch_moe_route_topk: the top-k kernel named by p.topk_warp (kernels.h).
 
 // The warp-specialised prefill attention kernel's FP8-output operand (k_attn_ws.cu). Its
 // FP8 epilogue (o_proj's input written by the attention) measured slower and is not built;
@@ -57,9 +54,9 @@ void launch_norm_quant_fp8(const NormQuantParams& p, cudaStream_t s);
 // contract as launch_qk_norm_rope, which takes it for p.T >= kQkRopeVecMinTokens (decode
 // batches stay on the generic / cluster kernel) where supported: bf16 activations, weights
 // and cache, head_dim / 8 a power of two <= 32, rotary_dim / 16 a power of two, q width <=
-// 8192, k width <= 2048, 16-byte aligned rows. MOESERVE_PREFILL_OFF=qk_rope clears g_qk_rope_vec.
+// 8192, k width <= 2048, 16-byte aligned rows. p.rope_vec off: never
+// (CudaTuning::qk_rope_vec, MOESERVE_PREFILL_OFF=qk_rope).
 constexpr int kQkRopeVecMinTokens = 512;
-extern bool g_qk_rope_vec;
 bool qk_rope_vec_supported(const QkNormRopeParams& p);
 void launch_qk_rope_vec(const QkNormRopeParams& p, cudaStream_t s);
 
