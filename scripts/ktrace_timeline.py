@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Per-kernel timeline of one traced CUDA-graph replay (MOESERVE_KTRACE build, see
-src/backend/cuda/ktrace.h).  Usage: ktrace_timeline.py PREFIX [ROWS_SHOWN]
+src/backend/cuda/common/ktrace.h).  Usage: ktrace_timeline.py PREFIX [ROWS_SHOWN]
 
 PREFIX.csv: one row per block (thread 0 at its pdl_wait: global timer before/after the wait).
 PREFIX.launches.csv: the PDL launches noted at capture, in launch order.

@@ -22,7 +22,7 @@
 #include <set>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/event_timer.h"
+#include "backend/cuda/common/event_timer.h"
 #include "core/debug_flags.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -30,7 +30,7 @@
 #include "tools/bench_synth.h"
 #include "tools/bench_verify.h"
 #ifdef MOESERVE_KTRACE
-#include "backend/cuda/ktrace.h"
+#include "backend/cuda/common/ktrace.h"
 #endif
 
 namespace moeserve::tools {

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/common/kernels.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "tools/bench_model.h"

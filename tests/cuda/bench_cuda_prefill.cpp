@@ -7,7 +7,7 @@
 #include <numeric>
 #include <random>
 
-#include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/linear/kernels_fp8.h"
 #include "test_util.h"
 
 namespace moeserve::test {

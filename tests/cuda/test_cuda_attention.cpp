@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <numeric>
 
-#include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/linear/kernels_fp8.h"
 #include "test_util.h"
 
 namespace moeserve::test {

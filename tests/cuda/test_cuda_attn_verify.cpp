@@ -14,7 +14,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/common/kernels.h"
 #include "core/fp8_e4m3.h"
 #include "test_util.h"
 

@@ -11,7 +11,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/common/kernels.h"
 #include "test_util.h"
 
 namespace moeserve::test {

@@ -17,7 +17,7 @@
 #include <mutex>
 #include <random>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/common/kernels.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/structured_sampling.h"

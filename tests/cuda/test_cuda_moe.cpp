@@ -9,7 +9,7 @@
 #include <numeric>
 #include <tuple>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/common/kernels.h"
 #include "test_util.h"
 
 namespace moeserve::test {

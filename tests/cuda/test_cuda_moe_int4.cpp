@@ -15,7 +15,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/kernels_int4.h"
+#include "backend/cuda/moe/kernels_int4.h"
 #include "test_util.h"
 
 namespace moeserve::test {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <tuple>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/common/kernels.h"
 #include "test_util.h"
 
 namespace moeserve::test {

@@ -16,7 +16,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/linear/kernels_fp8.h"
 #include "test_util.h"
 
 namespace moeserve::test {

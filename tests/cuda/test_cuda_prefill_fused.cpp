@@ -13,8 +13,8 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/kernels_fp8.h"
-#include "backend/cuda/kernels_prefill.h"
+#include "backend/cuda/linear/kernels_fp8.h"
+#include "backend/cuda/common/kernels_prefill.h"
 #include "test_util.h"
 
 namespace moeserve::test {

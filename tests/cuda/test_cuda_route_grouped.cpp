@@ -18,7 +18,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/kernels_generic.h"
+#include "backend/cuda/common/kernels_generic.h"
 #include "test_util.h"
 
 namespace moeserve::test {

@@ -15,10 +15,10 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/cublaslt.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/kernels_fp8.h"
-#include "backend/cuda/kernels_prefill.h"
+#include "backend/cuda/linear/cublaslt.h"
+#include "backend/cuda/common/kernels.h"
+#include "backend/cuda/linear/kernels_fp8.h"
+#include "backend/cuda/common/kernels_prefill.h"
 #include "test_util.h"
 
 namespace moeserve::test {

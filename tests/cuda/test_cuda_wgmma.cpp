@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cuda/kernels_fp8.h"
+#include "backend/cuda/linear/kernels_fp8.h"
 #include "test_util.h"
 
 namespace moeserve::test {

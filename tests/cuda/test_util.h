@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/event_timer.h"
+#include "backend/cuda/common/event_timer.h"
 #include "core/dtype.h"
 #include "core/error.h"
 

@@ -51,7 +51,7 @@ def test_planted_violation_fails(tree, where, text, expect):
 
 def test_through_a_header(tree):
     # A header of model/ that includes CUDA makes every file including it fail, with the chain.
-    plant(tree / "model" / "model.h", '\n#include "backend/cuda/kernels.h"\n')
+    plant(tree / "model" / "model.h", '\n#include "backend/cuda/common/kernels.h"\n')
     r = check(tree)
     assert r.returncode == 1
     assert "runtime/model_executor.cpp" in r.stdout and "includes model/model.h" in r.stdout, r.stdout

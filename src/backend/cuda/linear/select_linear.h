@@ -1,6 +1,6 @@
 // The linear family's kernel selector: linear, linear_multi (q/k/v sharing x),
 // add_rms_norm_linear_multi, and the FP8 activation quantisation they use. Pure host code
-// (common/select_common.h); CudaBackend's linear ops (cuda_backend.cpp, cuda_prefill.cpp) launch
+// (common/select_common.h); CudaBackend's linear ops (cuda_linear.cpp, cuda_prefill.cpp) launch
 // what select_linear names.
 #pragma once
 #include <string>
